@@ -1,0 +1,78 @@
+"""Model registry in the style of timm: ``@register_model`` entry points, ``create_model``,
+``list_models``. Architecture lives in one file per family; pretrained weight locations live in
+``models/pretrained.py``, apart from the architecture.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+
+from torch import nn
+
+__all__ = ["register_model", "create_model", "list_models", "model_entrypoint", "is_model"]
+
+_model_entrypoints: dict[str, Callable[..., nn.Module]] = {}
+_model_family: dict[str, str] = {}
+
+
+def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """Register a model entry point ``fn(**kwargs) -> nn.Module`` under its function name."""
+    name = fn.__name__
+    if name in _model_entrypoints:
+        raise ValueError(f"model {name!r} is registered twice")
+    _model_entrypoints[name] = fn
+    _model_family[name] = fn.__module__.split(".")[-1]
+    return fn
+
+
+def _ensure_families_imported() -> None:
+    # Importing the family modules runs their @register_model decorators.
+    from . import families  # noqa: F401
+
+
+def list_models(pattern: str | None = None, family: str | None = None) -> list[str]:
+    """Sorted names of the registered models, optionally filtered by a glob ``pattern`` or by
+    ``family`` (the family module's name, e.g. ``"zipsplat"``)."""
+    _ensure_families_imported()
+    names = sorted(_model_entrypoints)
+    if pattern is not None:
+        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
+    if family is not None:
+        names = [n for n in names if _model_family[n] == family]
+    return names
+
+
+def is_model(name: str) -> bool:
+    _ensure_families_imported()
+    return name in _model_entrypoints
+
+
+def model_entrypoint(name: str) -> Callable[..., nn.Module]:
+    _ensure_families_imported()
+    if name not in _model_entrypoints:
+        valid = ", ".join(sorted(_model_entrypoints))
+        raise ValueError(f"unknown model {name!r}; valid names: {valid}")
+    return _model_entrypoints[name]
+
+
+def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.Module:
+    """Build a registered model.
+
+    Args:
+        name: a name from ``list_models()``.
+        pretrained: ``False`` for random weights; ``True`` for the registry's default weights;
+            or a weights location string: ``"hf-hub:org/repo"`` or ``"local-dir:/path"``
+            (a ``save_pretrained`` folder).
+        **overrides: constructor keyword arguments replacing the entry point's defaults.
+
+    Returns:
+        The model (an ``nn.Module``), in eval mode when weights were loaded.
+    """
+    entrypoint = model_entrypoint(name)
+    if not pretrained:
+        return entrypoint(**overrides)
+    from .pretrained import load_pretrained
+
+    model = entrypoint(**overrides)
+    return load_pretrained(model, name, pretrained)
