@@ -313,7 +313,7 @@ class Gaussians:
 
         means = torch.from_numpy(column(["x", "y", "z"]))
         dc = torch.from_numpy(column([f"f_dc_{i}" for i in range(3)]))
-        rest = torch.from_numpy(column(rest_names)).reshape(-1, 3, coefficients - 1)
+        rest = torch.from_numpy(column(rest_names)).reshape(len(vertex.data), 3, coefficients - 1)
         opacity = torch.sigmoid(torch.from_numpy(column(["opacity"]))[:, 0])
         scales = torch.exp(torch.from_numpy(column([f"scale_{i}" for i in range(3)])))
         rotations = torch.from_numpy(column([f"rot_{i}" for i in range(4)]))

@@ -1,0 +1,33 @@
+"""Shared pytest fixtures and markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """``../shared/data`` beside the repository (never copied into it)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
