@@ -70,9 +70,10 @@ def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.M
         The model (an ``nn.Module``), in eval mode when weights were loaded.
     """
     entrypoint = model_entrypoint(name)
+    model = entrypoint(**overrides)
+    model.registry_name = name  # checkpoints and exports record which entry built the model
     if not pretrained:
-        return entrypoint(**overrides)
+        return model
     from .pretrained import load_pretrained
 
-    model = entrypoint(**overrides)
     return load_pretrained(model, name, pretrained)

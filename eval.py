@@ -1,0 +1,102 @@
+"""Evaluate a checkpoint: ``python eval.py model=pixel_aligned ckpt_path=PATH [data=synthetic]``.
+
+Follows the RE10K protocol: the data's evaluation index picks context and target views, each scene
+is scored by the mean over its targets, then scenes are averaged. Writes ``metrics.json``, a
+per-scene ``scenes.csv`` and sample renders into the run folder, and prints a table. Pose-free
+models are scored with and without test-time target-pose refinement.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from models.cli import UserError, exit_on_user_error, instantiate_group
+
+
+def summarise(records: list[dict]) -> dict[str, float]:
+    """Mean over scenes of every numeric per-scene field."""
+    keys = [k for k in records[0] if k != "scene"]
+    return {k: sum(r[k] for r in records) / len(records) for k in keys}
+
+
+def write_outputs(folder: str, records: list[dict], samples: list[dict], meta: dict) -> dict:
+    from torchvision.utils import save_image
+
+    summary = summarise(records)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "metrics.json"), "w") as handle:
+        json.dump({**meta, "scenes": len(records), "metrics": summary}, handle, indent=2)
+    with open(os.path.join(folder, "scenes.csv"), "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    render_dir = os.path.join(folder, "renders")
+    os.makedirs(render_dir, exist_ok=True)
+    for i, sample in enumerate(samples):
+        # one row per target: context views | target | render
+        rows = []
+        for target, rendered in zip(sample["target"], sample["render"]):
+            rows.append(torch.cat([*sample["context"], target, rendered.clamp(0, 1)], dim=-1))
+        save_image(torch.cat(rows, dim=-2), os.path.join(render_dir, f"{i:02d}_{sample['scene']}.png"))
+    return summary
+
+
+def print_table(summary: dict[str, float], scenes: int) -> None:
+    rows = [("metric", "value")] + [
+        (k, f"{v:.4f}" if not math.isnan(v) else "nan") for k, v in summary.items()
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"\nEvaluated {scenes} scenes")
+    print(f"| {'metric'.ljust(width)} | value |")
+    print(f"|{'-' * (width + 2)}|-------|")
+    for key, value in rows[1:]:
+        print(f"| {key.ljust(width)} | {value} |")
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    from models.pretrained import load_pretrained
+
+    L.seed_everything(cfg.seed, workers=True)
+    with open_dict(cfg):
+        cfg.model.refine_target_poses = cfg.refine_target_poses
+        cfg.model.eval_kwargs = cfg.eval_kwargs
+        cfg.model.num_val_images = cfg.num_renders
+    datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    module = hydra.utils.instantiate(cfg.model)
+    net = module.net
+    load_pretrained(net, getattr(net, "registry_name", type(net).__name__), cfg.ckpt_path)
+    loggers = instantiate_group(cfg.get("logger"))
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False)
+    trainer.test(module, datamodule=datamodule)
+    if not module.test_records:
+        raise UserError("the test split produced no scenes (check data.root and the evaluation index)")
+    meta = {
+        "model": getattr(net, "registry_name", type(net).__name__),
+        "ckpt_path": str(cfg.ckpt_path),
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "eval_kwargs": OmegaConf.to_container(cfg.eval_kwargs, resolve=True),
+        "refine_target_poses": bool(cfg.refine_target_poses) and bool(getattr(net, "pose_free", False)),
+    }
+    summary = write_outputs(cfg.paths.output_dir, module.test_records, module.test_samples, meta)
+    print_table(summary, len(module.test_records))
+    print(f"results in {cfg.paths.output_dir}")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="eval.yaml")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
+    main()
