@@ -28,6 +28,7 @@ __all__ = [
     "dwt2",
     "luminance_dwt",
     "detail_bands",
+    "detail_energy",
     "high_frequency_energy",
 ]
 
@@ -114,6 +115,23 @@ def detail_bands(image: Tensor, wavelet: str = "haar", mode: str = "symmetric") 
     return torch.cat([lh, hl, hh], dim=-3)
 
 
+def detail_energy(detail: Tensor, size: tuple[int, int] | None = None) -> Tensor:
+    """``sqrt(LH² + HL² + HH²)`` of stacked detail bands ``[..., 3, h, w]`` -> ``[..., h, w]``.
+
+    Args:
+        detail: the output of ``detail_bands``.
+        size: ``(H, W)`` of the image the bands came from: repeat each coefficient over its 2x2
+            pixels and crop, giving one value per input pixel. ``None``: half resolution.
+    """
+    # vector_norm's gradient is zero (not NaN) at exactly flat regions.
+    energy = torch.linalg.vector_norm(detail, dim=-3)  # [..., h, w]
+    if size is not None:
+        h, w = size
+        energy = energy.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+        energy = energy[..., :h, :w]
+    return energy
+
+
 def high_frequency_energy(
     image: Tensor,
     wavelet: str = "haar",
@@ -133,12 +151,5 @@ def high_frequency_energy(
         ``[..., H/2, W/2]`` (or ``[..., H, W]``), zero on constant regions; a one-pixel black and
         white checkerboard gives 1 with Haar (the largest possible value for images in [0, 1]).
     """
-    detail = detail_bands(image, wavelet, mode)  # [..., 3, h, w]
-    # The epsilon keeps the gradient finite at exactly flat regions; it is removed afterwards.
-    energy = (detail.square().sum(dim=-3) + 1e-12).sqrt() - 1e-6  # [..., h, w]
-    energy = energy.clamp_min(0.0)
-    if full_resolution:
-        h, w = image.shape[-2:]
-        energy = energy.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
-        energy = energy[..., :h, :w]
-    return energy
+    size = tuple(image.shape[-2:]) if full_resolution else None
+    return detail_energy(detail_bands(image, wavelet, mode), size)

@@ -1,0 +1,630 @@
+"""Reconstruct 3D Gaussians from your own images or video, and render them.
+
+    python infer.py input=PATH output=DIR [model=NAME] [weights=PATH|local-dir:...|hf-hub:...]
+        [views=N] [compression=R] [iterations=K] [image_size=S] [cameras=PATH] [overwrite=true]
+
+``input`` is a folder of images, a video (sampled to ``views`` frames) or one image. Pose-free models
+need no cameras; posed models read ``cameras.json`` or a COLMAP model (``cameras=`` or found in the
+input folder). ``output`` receives:
+
+- ``gaussians.ply``: the Gaussians (INRIA 3DGS layout; opens in SuperSplat and other viewers);
+- ``cameras.json``: the input cameras in the scene frame (given, or predicted by a pose-free model),
+  in the input images' pixels, plus the rendered path's cameras;
+- ``renders/view_XX.png``: the input views rendered from the Gaussians;
+- ``path/frame_XXXX.png`` and ``path.mp4``: a camera path interpolated between the input views
+  (a small orbit around the first view when there is one view or the poses are unknown);
+- ``summary.json``: model, weights, Gaussian count, timings per stage, device.
+
+Everything is written to a temporary folder beside ``output`` and renamed into place at the end, so
+an interrupted run never leaves half an output. Bad input (no images, too few views, unreadable
+files, weights of another model, a posed model without poses, an existing output without
+``overwrite=true``) is one line on stderr naming the path, and exit status 2.
+
+The configuration is ``configs/infer.yaml`` (Hydra). ``model=NAME`` names a registry model (it is
+read before Hydra, whose ``configs/model`` group holds the training configs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch import Tensor
+
+REPO_ROOT = Path(__file__).resolve().parent
+if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another folder
+    sys.path.insert(0, str(REPO_ROOT))
+
+from datamodules.errors import DataError  # noqa: E402
+from models.pretrained import PretrainedError  # noqa: E402
+
+__all__ = ["InferError", "run", "interpolate_cameras", "orbit_cameras", "main"]
+
+_MODEL_OVERRIDE: list[str] = []  # ``model=NAME`` taken from the command line before Hydra
+
+
+class InferError(ValueError):
+    """Unusable input or settings; reported as one line naming ``path``."""
+
+    def __init__(self, path: str | os.PathLike, message: str) -> None:
+        self.path = os.fspath(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _progress(iterable=None, **kwargs):
+    """tqdm on an interactive stderr only (pipes and logs stay clean)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=None, leave=False, dynamic_ncols=True, **kwargs)
+
+
+class _Timer:
+    """Wall time per stage, in seconds."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, device: torch.device | None = None) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.stages[name] = round(time.perf_counter() - start, 4)
+
+
+def choose_device(spec: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; anything else is parsed by ``torch.device``."""
+    if spec in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError) as error:
+        raise InferError(f"device={spec}", "not a device (auto, cpu, cuda, cuda:N)") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InferError(f"device={spec}", "CUDA is not available on this machine (use device=cpu)")
+    return device
+
+
+def _check_output(output: Path, overwrite: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise InferError(output, "exists and is not a folder")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise InferError(output, "already holds files (pass overwrite=true to replace them)")
+
+
+def _publish(staging: Path, output: Path) -> None:
+    """Move the finished ``staging`` folder to ``output`` (replacing an old one)."""
+    if output.exists():
+        backup = output.with_name(f".{output.name}.old-{os.getpid()}")
+        output.rename(backup)
+        staging.rename(output)
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        staging.rename(output)
+
+
+def _save_png(image: Tensor, path: Path) -> None:
+    """``[3, H, W]`` in [0, 1] → PNG."""
+    from PIL import Image
+
+    array = (image.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    Image.fromarray(array).save(path)
+
+
+def _to_uint8(images: Tensor) -> np.ndarray:
+    """``[N, 3, H, W]`` in [0, 1] → ``[N, H, W, 3]`` uint8."""
+    return (
+        (images.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    )
+
+
+def _write_video(frames: np.ndarray, path: Path, fps: int) -> None:
+    """``[N, H, W, 3]`` uint8 → H.264 MP4 (imageio-ffmpeg)."""
+    import imageio.v2 as imageio
+
+    with imageio.get_writer(
+        path, fps=fps, codec="libx264", quality=8, macro_block_size=2, ffmpeg_log_level="error"
+    ) as writer:
+        for frame in frames:
+            writer.append_data(frame)
+
+
+# --------------------------------------------------------------------------- cameras
+
+
+def _slerp(q0: np.ndarray, q1: np.ndarray, t: float) -> np.ndarray:
+    if np.dot(q0, q1) < 0:
+        q1 = -q1
+    dot = float(np.clip(np.dot(q0, q1), -1.0, 1.0))
+    if dot > 0.9995:
+        q = q0 + t * (q1 - q0)
+        return q / np.linalg.norm(q)
+    theta = math.acos(dot)
+    return (math.sin((1 - t) * theta) * q0 + math.sin(t * theta) * q1) / math.sin(theta)
+
+
+def interpolate_cameras(
+    extrinsics: Tensor, intrinsics: Tensor, frames: int
+) -> tuple[Tensor, Tensor]:
+    """A camera path through the given cameras, in order.
+
+    Rotations are slerped, camera centres and intrinsics linearly interpolated between neighbours.
+
+    Args:
+        extrinsics: ``[V, 4, 4]`` camera-to-world, ``V >= 2``.
+        intrinsics: ``[V, 3, 3]`` normalised.
+        frames: cameras on the path (the first and last are the first and last input cameras).
+
+    Returns:
+        ``[frames, 4, 4]`` and ``[frames, 3, 3]``.
+    """
+    from datamodules.colmap import qvec_to_rotmat, rotmat_to_qvec
+
+    poses = extrinsics.detach().double().cpu().numpy()
+    ks = intrinsics.detach().double().cpu().numpy()
+    quats = [rotmat_to_qvec(p[:3, :3]) for p in poses]
+    out_e, out_k = [], []
+    for s in np.linspace(0.0, len(poses) - 1, frames):
+        i = min(int(math.floor(s)), len(poses) - 2)
+        t = s - i
+        pose = np.eye(4)
+        pose[:3, :3] = qvec_to_rotmat(_slerp(quats[i], quats[i + 1], t))
+        pose[:3, 3] = (1 - t) * poses[i][:3, 3] + t * poses[i + 1][:3, 3]
+        out_e.append(pose)
+        out_k.append((1 - t) * ks[i] + t * ks[i + 1])
+    dtype = extrinsics.dtype
+    return torch.tensor(np.stack(out_e), dtype=dtype), torch.tensor(np.stack(out_k), dtype=dtype)
+
+
+def orbit_cameras(
+    center: Tensor, look_at_depth: float, intrinsics: Tensor, frames: int, radius: float
+) -> tuple[Tensor, Tensor]:
+    """A small circular orbit around a camera, looking at a point in front of it.
+
+    Args:
+        center: ``[4, 4]`` camera-to-world of the orbit's centre camera.
+        look_at_depth: distance along its optical axis of the point every camera looks at.
+        intrinsics: ``[3, 3]`` normalised (used for every frame).
+        frames: cameras on the orbit.
+        radius: orbit radius in scene units (in the camera's image plane).
+
+    Returns:
+        ``[frames, 4, 4]`` and ``[frames, 3, 3]``.
+    """
+    base = center.detach().double().cpu()
+    target = torch.tensor([0.0, 0.0, look_at_depth], dtype=torch.float64)
+    poses = []
+    for angle in np.linspace(0.0, 2 * math.pi, frames, endpoint=False):
+        position = torch.tensor(
+            [radius * math.cos(angle), radius * math.sin(angle), 0.0], dtype=torch.float64
+        )
+        forward = target - position
+        forward = forward / forward.norm()
+        right = torch.linalg.cross(torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64), forward)
+        right = right / right.norm()
+        down = torch.linalg.cross(forward, right)
+        local = torch.eye(4, dtype=torch.float64)
+        local[:3, 0], local[:3, 1], local[:3, 2], local[:3, 3] = right, down, forward, position
+        poses.append(base @ local)
+    dtype = center.dtype
+    return torch.stack(poses).to(dtype), intrinsics.detach().cpu().expand(frames, 3, 3).to(dtype)
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def _pop_model_override(argv: list[str]) -> list[str]:
+    """Take ``model=NAME`` out of the command line (Hydra would read it as the training-config
+    group ``configs/model``); ``run`` applies it."""
+    rest = []
+    for arg in argv:
+        if arg.startswith("model="):
+            _MODEL_OVERRIDE[:] = [arg.split("=", 1)[1]]
+        else:
+            rest.append(arg)
+    return rest
+
+
+def _pose_free_models() -> list[str]:
+    """Registry tiny models that need no poses (built on the meta device: no memory, no init)."""
+    from models import create_model, list_models
+
+    names = []
+    for name in list_models("*_tiny"):
+        try:
+            with torch.device("meta"):
+                model = create_model(name)
+        except Exception:  # a family that cannot build on meta: leave it out of the hint
+            continue
+        if getattr(model, "pose_free", False):
+            names.append(name)
+    return names
+
+
+def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str]:
+    """Build ``cfg.model`` with its weights; returns the model and a weights description."""
+    from models import create_model, is_model, list_models
+
+    name = str(cfg.model)
+    if not is_model(name):
+        raise InferError(f"model={name}", f"unknown model; valid names: {', '.join(list_models())}")
+    weights = cfg.weights
+    pretrained: bool | str = True if weights in (None, "", True) else str(weights)
+    if isinstance(pretrained, str) and not pretrained.startswith(("hf-hub:", "local-dir:")):
+        if not Path(pretrained).expanduser().exists():
+            raise InferError(
+                pretrained,
+                "weights not found (a folder, .safetensors, .ckpt, "
+                "local-dir:/path or hf-hub:org/repo)",
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # config differences are reported below
+        model = create_model(name, pretrained=pretrained)
+    if pretrained is True:
+        from models.pretrained import default_weights
+
+        described = default_weights(name)
+    else:
+        described = str(pretrained)
+    return model, described
+
+
+def load_inputs(cfg: DictConfig, model: torch.nn.Module, image_size: int) -> tuple[Any, list[str]]:
+    """Load the input views for ``model``; returns the ``ImageSet`` and warnings (one line each).
+
+    Raises:
+        DataError, InferError: one line naming the input, with the skipped files when too few
+        views remain.
+    """
+    from datamodules.image_folder import VIDEO_EXTENSIONS, load_images
+
+    source = Path(str(cfg.input)).expanduser()
+    pose_free = bool(getattr(model, "pose_free", False))
+    min_views = int(getattr(model, "min_views", 1))
+    poses = "none" if pose_free else "auto"
+    cameras = cfg.cameras
+    if cameras and not pose_free:
+        cameras_path = Path(str(cameras)).expanduser()
+        if not cameras_path.exists():
+            raise InferError(cameras_path, "cameras file or COLMAP folder not found")
+        poses = str(cameras_path) if cameras_path.is_file() else "colmap"
+        if cameras_path.is_dir() and cameras_path.resolve() not in (
+            source.resolve(),
+            *[p.resolve() for p in (source / "sparse", source / "sparse" / "0")],
+        ):
+            raise InferError(
+                cameras_path,
+                "a COLMAP model must be the input folder's sparse/ (or pass a cameras.json file)",
+            )
+    if not pose_free and source.is_file():
+        kind = "a video" if source.suffix.lower() in VIDEO_EXTENSIONS else "a single image"
+        raise _needs_poses(source, str(cfg.model), f"{kind} has no camera poses")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            images = load_images(
+                source,
+                image_shape=(image_size, image_size),
+                num_views=int(cfg.views) if cfg.views is not None else None,
+                min_views=min_views,
+                poses=poses,
+            )
+        except DataError as error:
+            skipped = [str(w.message) for w in caught if "(skipped)" in str(w.message)]
+            if skipped:
+                names = ", ".join(Path(m.split(":", 1)[0]).name for m in skipped[:5])
+                more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+                raise DataError(f"{error} (skipped unreadable: {names}{more})") from error
+            raise
+    notes = [" ".join(str(w.message).split()) for w in caught]
+    if not pose_free and images.extrinsics is None:
+        raise _needs_poses(source, str(cfg.model), "no cameras.json or COLMAP sparse/ model found")
+    return images, notes
+
+
+def _needs_poses(source: Path, name: str, reason: str) -> InferError:
+    hint = ", ".join(_pose_free_models()) or "a pose-free model"
+    return InferError(
+        source,
+        f"model {name} needs camera poses ({reason}); add cameras.json or a COLMAP model, "
+        f"pass cameras=PATH, or use a pose-free model: model={hint}",
+    )
+
+
+def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
+    """The forward knobs set in ``cfg`` (``compression``, ``iterations``, ``max_gaussians``),
+    refused by name when the model's forward does not take them."""
+    accepted = inspect.signature(model.forward).parameters
+    kwargs = {}
+    for key in ("compression", "iterations", "max_gaussians"):
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if key not in accepted:
+            raise InferError(f"{key}={value}", f"model {cfg.model} has no {key!r} setting")
+        kwargs[key] = value
+    if "compression" in kwargs and not 0 < float(kwargs["compression"]) <= 1:
+        raise InferError(f"compression={kwargs['compression']}", "must be in (0, 1]")
+    for key in ("iterations", "max_gaussians"):
+        if key in kwargs and int(kwargs[key]) < 0:
+            raise InferError(f"{key}={kwargs[key]}", "must be >= 0")
+    return kwargs
+
+
+def _image_size(cfg: DictConfig, model: torch.nn.Module) -> int:
+    if cfg.image_size is not None:
+        size = int(cfg.image_size)
+    else:
+        config = getattr(model, "_hub_mixin_config", None) or {}
+        size = int(config.get("img_size") or getattr(model, "img_size", 0) or 64)
+    if size < 8:
+        raise InferError(f"image_size={size}", "must be at least 8 pixels")
+    return size
+
+
+def render_views(
+    gaussians,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    backend: str,
+    desc: str,
+) -> Tensor:
+    """Render each camera in turn (one progress step per view); returns ``[N, 3, H, W]`` on CPU."""
+    from models import render
+
+    out = []
+    for i in _progress(range(extrinsics.shape[0]), desc=desc, unit="view"):
+        color = render(
+            gaussians,
+            extrinsics[None, i : i + 1],
+            intrinsics[None, i : i + 1],
+            shape,
+            backend=backend,
+        ).color  # [1, 1, 3, H, W]
+        out.append(color[0, 0].float().cpu())
+    return torch.stack(out)
+
+
+def _pixel_intrinsics(k_norm: Tensor, out_shape: tuple[int, int], original: tuple[int, int]):
+    """Normalised intrinsics of the model-size crop → pixels of the original image."""
+    from datamodules.transforms import cover_shape, crop_transform
+    from models.cameras import intrinsics_to_pixels
+
+    if tuple(original) == tuple(out_shape):
+        a = torch.eye(3)
+    else:
+        a, _, _ = crop_transform(cover_shape(tuple(original), tuple(out_shape)), tuple(out_shape))
+    k = torch.linalg.inv(a.double()) @ k_norm.double().cpu()
+    return intrinsics_to_pixels(k, tuple(original))
+
+
+def _camera_entry(pose: Tensor, k_pixels: Tensor, size: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "camera_to_world": [[float(x) for x in row] for row in pose.double().cpu()],
+        "fx": float(k_pixels[0, 0]),
+        "fy": float(k_pixels[1, 1]),
+        "cx": float(k_pixels[0, 2]),
+        "cy": float(k_pixels[1, 2]),
+        "width": int(size[1]),
+        "height": int(size[0]),
+    }
+
+
+def _psnr(a: Tensor, b: Tensor) -> float:
+    mse = (a.clamp(0, 1) - b.clamp(0, 1)).square().mean().clamp_min(1e-10)
+    return float(-10 * torch.log10(mse))
+
+
+# --------------------------------------------------------------------------- main
+
+
+def run(cfg: DictConfig) -> Path:
+    """Run inference as configured; returns the output folder.
+
+    Raises:
+        InferError, DataError, PretrainedError: bad input (one line naming the path).
+    """
+    from models.cameras import intrinsics_to_pixels
+
+    timer = _Timer()
+    total_start = time.perf_counter()
+    missing = [k for k in ("input", "output") if OmegaConf.is_missing(cfg, k) or not cfg[k]]
+    if missing:
+        raise InferError("infer.py", "usage: python infer.py input=PATH output=DIR [model=NAME]")
+    output = Path(str(cfg.output)).expanduser()
+    source = Path(str(cfg.input)).expanduser()
+    overwrite = bool(cfg.overwrite)
+    _check_output(output, overwrite)
+    if not source.exists():
+        raise InferError(source, "input not found")
+    if output.resolve() == source.resolve() or source.resolve() in output.resolve().parents:
+        raise InferError(output, "output must not be inside the input")
+    if int(cfg.orbit_frames) < 1 or int(cfg.fps) < 1:
+        raise InferError(f"orbit_frames={cfg.orbit_frames}", "orbit_frames and fps must be >= 1")
+    device = choose_device(str(cfg.device))
+    torch.manual_seed(int(cfg.seed))
+
+    with timer("load_model"):
+        model, weights = load_model(cfg)
+        model = model.to(device).eval()
+    kwargs = forward_kwargs(model, cfg)
+    size = _image_size(cfg, model)
+    shape = (size, size)
+    with timer("load_inputs"):
+        images, notes = load_inputs(cfg, model, size)
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+
+    pose_free = bool(getattr(model, "pose_free", False))
+    context = images.context(default_fov=float(cfg.fov))
+    context = {k: v.to(device) for k, v in context.items()}
+    views = len(images)
+    with timer("inference", device), torch.inference_mode():
+        for _ in _progress(range(1), desc="inference", unit="forward"):
+            pred = model(context, **kwargs)
+    gaussians = pred.gaussians.detach()
+    count = int(gaussians.count()[0])
+    if count == 0:
+        raise InferError(source, f"model {cfg.model} produced no Gaussians for this input")
+
+    # Cameras of the input views in the scene frame (view 0 = identity).
+    intrinsics = context["intrinsics"][0].float()  # [V, 3, 3]
+    unknown: list[str] = []
+    if not pose_free:
+        extrinsics = context["extrinsics"][0].float()
+        pose_note = f"input ({images.pose_source})"
+        pose_kind = ["input"] * views
+    elif isinstance(pred.extras.get("extrinsics"), Tensor):
+        extrinsics = pred.extras["extrinsics"][0].float()
+        if isinstance(pred.extras.get("intrinsics"), Tensor):
+            intrinsics = pred.extras["intrinsics"][0].float()
+        pose_note = f"predicted by {cfg.model}"
+        pose_kind = ["identity"] + ["predicted"] * (views - 1)
+    else:
+        extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
+        pose_note = f"unknown (pose-free {cfg.model} does not predict cameras)"
+        pose_kind = ["identity"] + ["unknown"] * (views - 1)
+        unknown = images.names[1:]
+    known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
+
+    staging: Path | None = None
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+        with timer("save_ply"):
+            gaussians.save_ply(staging / "gaussians.ply")
+
+        with timer("render_inputs", device), torch.inference_mode():
+            rendered = render_views(
+                gaussians, extrinsics[known], intrinsics[known], shape, cfg.backend, "input views"
+            )
+        (staging / "renders").mkdir()
+        for i, image in zip(known, rendered):
+            _save_png(image, staging / "renders" / f"view_{i:02d}.png")
+        input_psnr = [_psnr(r, images.images[i]) for i, r in zip(known, rendered)]
+
+        frames = int(cfg.orbit_frames)
+        if len(known) >= 2:
+            path_e, path_k = interpolate_cameras(
+                extrinsics[known].cpu(), intrinsics[known].cpu(), frames
+            )
+            path_kind = "interpolated between the input cameras"
+        else:
+            depth = gaussians.means[0, :, 2][gaussians.valid_mask()[0]]
+            depth = depth[depth > 0]
+            look_at = float(depth.median()) if depth.numel() else 1.0
+            path_e, path_k = orbit_cameras(
+                extrinsics[0].cpu(), look_at, intrinsics[0].cpu(), frames, radius=0.1 * look_at
+            )
+            path_kind = "orbit around the first view"
+        with timer("render_path", device), torch.inference_mode():
+            path = render_views(
+                gaussians, path_e.to(device), path_k.to(device), shape, cfg.backend, "camera path"
+            )
+        (staging / "path").mkdir()
+        for i, image in enumerate(path):
+            _save_png(image, staging / "path" / f"frame_{i:04d}.png")
+        with timer("write_video"):
+            _write_video(_to_uint8(path), staging / "path.mp4", int(cfg.fps))
+
+        cameras = {
+            "frame": "scene frame of the Gaussians: view 0 is the identity (OpenCV axes, "
+            "camera-to-world); posed inputs are scaled to a largest camera distance of 1",
+            "poses": pose_note,
+            "frames": [
+                {
+                    "file": images.names[i],
+                    "render": f"renders/view_{i:02d}.png",
+                    "pose": pose_kind[i],
+                    **_camera_entry(
+                        extrinsics[i],
+                        _pixel_intrinsics(intrinsics[i], shape, images.original_sizes[i]),
+                        images.original_sizes[i],
+                    ),
+                }
+                for i in known
+            ],
+            "path": [
+                {
+                    "render": f"path/frame_{j:04d}.png",
+                    **_camera_entry(e, intrinsics_to_pixels(k, shape), shape),
+                }
+                for j, (e, k) in enumerate(zip(path_e, path_k))
+            ],
+        }
+        if unknown:
+            cameras["unknown_poses"] = unknown
+        (staging / "cameras.json").write_text(json.dumps(cameras, indent=2), encoding="utf-8")
+
+        timer.stages["total"] = round(time.perf_counter() - total_start, 4)
+        summary = {
+            "model": str(cfg.model),
+            "family": getattr(model, "family", None),
+            "pose_free": pose_free,
+            "weights": weights,
+            "input": str(source),
+            "views": views,
+            "view_names": images.names,
+            "image_size": [size, size],
+            "forward_kwargs": dict(kwargs),
+            "gaussians": count,
+            "poses": pose_note,
+            "camera_path": f"{frames} frames, {path_kind}",
+            "input_view_psnr": [round(p, 3) for p in input_psnr],
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "render_backend": str(cfg.backend),
+            "timings_s": timer.stages,
+            "warnings": notes,
+        }
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        _check_output(output, overwrite)  # nothing appeared there meanwhile
+        _publish(staging, output)
+        staging = None
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    print(
+        f"{output}: {count} Gaussians from {views} view(s) with {cfg.model} "
+        f"in {timer.stages['total']:.1f} s on {device}"
+    )
+    return output
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="infer")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: bad input → one line on stderr, exit status 2."""
+    if _MODEL_OVERRIDE:
+        with open_dict(cfg):
+            cfg.model = _MODEL_OVERRIDE[-1]
+    try:
+        run(cfg)
+    except (InferError, DataError, PretrainedError) as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = _pop_model_override(sys.argv[1:])
+    main()

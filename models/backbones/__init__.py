@@ -1,0 +1,14 @@
+"""Backbones shared by the families: a multi-view ViT (DINOv2-compatible) and a DPT head."""
+
+from .dpt import DPTHead, FusionBlock, ResidualConvUnit
+from .multiview_vit import VIT_SIZES, BackboneOutput, MultiViewTransformer, default_out_layers
+
+__all__ = [
+    "BackboneOutput",
+    "DPTHead",
+    "FusionBlock",
+    "MultiViewTransformer",
+    "ResidualConvUnit",
+    "VIT_SIZES",
+    "default_out_layers",
+]

@@ -1,0 +1,119 @@
+"""Real spherical harmonics with gsplat's constants and sign convention.
+
+The basis is the one of gsplat's CUDA kernel (``sh_coeffs_to_color_fast``, after Sloan, "Efficient
+Spherical Harmonic Evaluation", JCGT 2013), which is also the one of the original 3DGS code: e.g.
+``Y_1 = -C1 * y``, ``Y_2 = C1 * z``, ``Y_3 = -C1 * x`` for unit directions ``(x, y, z)``.
+Coefficients are stored channel-major, ``[..., 3, K]`` with ``K = (d + 1)^2``; the renderer turns
+the result into a colour with ``max(SH + 0.5, 0)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["MAX_SH_DEGREE", "eval_sh", "eval_sh_bases", "num_sh_bases", "sh_degree_of"]
+
+MAX_SH_DEGREE = 4
+
+_C0 = 0.2820947917738781
+_C1 = 0.48860251190292
+
+
+def num_sh_bases(degree: int) -> int:
+    """Number of coefficients ``(d + 1)^2`` of degree ``d``."""
+    return (degree + 1) ** 2
+
+
+def sh_degree_of(num_bases: int) -> int:
+    """Degree of a coefficient count; ``ValueError`` when it is not ``(d + 1)^2`` with d <= 4."""
+    degree = math.isqrt(num_bases) - 1
+    if num_bases < 1 or (degree + 1) ** 2 != num_bases or degree > MAX_SH_DEGREE:
+        raise ValueError(
+            f"harmonics must have (d+1)^2 coefficients with 0 <= d <= {MAX_SH_DEGREE}, "
+            f"got {num_bases}"
+        )
+    return degree
+
+
+def eval_sh_bases(degree: int, directions: Tensor) -> Tensor:
+    """Real SH basis functions at ``directions`` (normalised here), gsplat's convention.
+
+    Args:
+        degree: SH degree in ``0..4``.
+        directions: ``[..., 3]`` directions, any non-zero length.
+
+    Returns:
+        ``[..., (degree + 1)^2]`` basis values.
+    """
+    if not 0 <= degree <= MAX_SH_DEGREE:
+        raise ValueError(f"degree must be in 0..{MAX_SH_DEGREE}, got {degree}")
+    constant = torch.full_like(directions[..., 0], _C0)  # [...]
+    if degree == 0:
+        return constant[..., None]
+    unit = torch.nn.functional.normalize(directions, dim=-1)
+    x, y, z = unit.unbind(-1)  # [...] each
+    bases = [constant, -_C1 * y, _C1 * z, -_C1 * x]
+    if degree >= 2:
+        z2 = z * z
+        tmp_b = -1.092548430592079 * z
+        c1 = x * x - y * y
+        s1 = 2.0 * x * y
+        sh6 = 0.9461746957575601 * z2 - 0.3153915652525201
+        bases += [0.5462742152960395 * s1, tmp_b * y, sh6, tmp_b * x, 0.5462742152960395 * c1]
+    if degree >= 3:
+        tmp_c = -2.285228997322329 * z2 + 0.4570457994644658
+        tmp_b = 1.445305721320277 * z
+        c2 = x * c1 - y * s1
+        s2 = x * s1 + y * c1
+        sh12 = z * (1.865881662950577 * z2 - 1.119528997770346)
+        bases += [
+            -0.5900435899266435 * s2,
+            tmp_b * s1,
+            tmp_c * y,
+            sh12,
+            tmp_c * x,
+            tmp_b * c1,
+            -0.5900435899266435 * c2,
+        ]
+    if degree >= 4:
+        tmp_d = z * (-4.683325804901025 * z2 + 2.007139630671868)
+        tmp_c = 3.31161143515146 * z2 - 0.47308734787878
+        tmp_b = -1.770130769779931 * z
+        c3 = x * c2 - y * s2
+        s3 = x * s2 + y * c2
+        sh20 = 1.984313483298443 * z * sh12 - 1.006230589874905 * sh6
+        bases += [
+            0.6258357354491763 * s3,
+            tmp_b * s2,
+            tmp_c * s1,
+            tmp_d * y,
+            sh20,
+            tmp_d * x,
+            tmp_c * c1,
+            tmp_b * c2,
+            0.6258357354491763 * c3,
+        ]
+    return torch.stack(bases, dim=-1)
+
+
+def eval_sh(harmonics: Tensor, directions: Tensor) -> Tensor:
+    """Evaluate SH coefficients along view directions.
+
+    Args:
+        harmonics: ``[..., 3, K]`` coefficients, ``K = (d + 1)^2``, ``d <= 4``.
+        directions: ``[..., 3]`` directions (camera centre to Gaussian), broadcastable against
+            ``harmonics[..., 0, 0]``'s batch shape; normalised here.
+
+    Returns:
+        ``[..., 3]`` raw SH values (no ``+ 0.5`` offset, no clamping).
+    """
+    if harmonics.ndim < 2 or harmonics.shape[-2] != 3:
+        raise ValueError(f"harmonics must be [..., 3, K], got {tuple(harmonics.shape)}")
+    if directions.shape[-1] != 3:
+        raise ValueError(f"directions must be [..., 3], got {tuple(directions.shape)}")
+    degree = sh_degree_of(harmonics.shape[-1])
+    bases = eval_sh_bases(degree, directions.to(harmonics.dtype))  # [..., K]
+    return (harmonics * bases[..., None, :]).sum(dim=-1)  # [..., 3]

@@ -1,0 +1,131 @@
+"""kNN search and point attention (models/point_transformer.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.point_transformer import (
+    GlobalAttention,
+    KNNAttention,
+    PointTransformer,
+    gather_neighbors,
+    knn,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These small models run fastest on one thread (and a shared CPU is not oversubscribed)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _brute_force(queries: torch.Tensor, points: torch.Tensor, k: int) -> torch.Tensor:
+    dist = ((queries[:, :, None, :] - points[:, None, :, :]) ** 2).sum(-1)  # [B, M, N]
+    return dist.argsort(dim=-1)[..., :k]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1024])
+def test_knn_matches_brute_force(chunk: int) -> None:
+    points = torch.randn(2, 97, 3, dtype=torch.float64)
+    index = knn(points, 16, chunk=chunk)
+    assert index.shape == (2, 97, 16) and index.dtype == torch.long
+    assert torch.equal(index, _brute_force(points, points, 16))
+    # Each point is its own nearest neighbour.
+    assert torch.equal(index[..., 0], torch.arange(97).expand(2, 97))
+
+
+def test_knn_separate_queries_and_mask() -> None:
+    points = torch.randn(3, 50, 3, dtype=torch.float64)
+    queries = torch.randn(3, 20, 3, dtype=torch.float64)
+    assert torch.equal(knn(points, 5, queries=queries, chunk=6), _brute_force(queries, points, 5))
+
+    mask = torch.rand(3, 50) > 0.4
+    mask[:, :8] = True  # at least k valid points per scene
+    index = knn(points, 8, mask=mask)
+    assert bool(torch.gather(mask, 1, index.flatten(1)).all()), "a masked point was returned"
+    far = points.masked_fill(~mask[..., None], 1e6)  # invalid points moved far away
+    assert torch.equal(index, _brute_force(points, far, 8))
+
+
+def test_knn_float32_agrees_on_distances() -> None:
+    points = torch.rand(1, 300, 3) * 10
+    index = knn(points, 16, chunk=64)
+    reference = _brute_force(points.double(), points.double(), 16)
+    d = lambda i: (gather_neighbors(points.double(), i) - points.double()[:, :, None]).norm(dim=-1)  # noqa: E731
+    torch.testing.assert_close(d(index), d(reference), rtol=1e-5, atol=1e-5)
+
+
+def test_knn_rejects_bad_k() -> None:
+    points = torch.randn(1, 10, 3)
+    with pytest.raises(ValueError, match="k must be in 1..10"):
+        knn(points, 11)
+    with pytest.raises(ValueError, match="k must be"):
+        knn(points, 0)
+
+
+def test_gather_neighbors() -> None:
+    values = torch.arange(2 * 5 * 3).reshape(2, 5, 3)
+    index = torch.tensor([[[4, 0]], [[1, 1]]])  # [B=2, M=1, k=2]
+    out = gather_neighbors(values, index)
+    assert out.shape == (2, 1, 2, 3)
+    assert torch.equal(out[0, 0, 0], values[0, 4]) and torch.equal(out[1, 0, 1], values[1, 1])
+
+
+def test_knn_attention_is_local() -> None:
+    """A point's output depends only on the features of its k nearest neighbours."""
+    attention = KNNAttention(32, heads=4, k=8).eval()
+    points = torch.randn(1, 60, 3)
+    x = torch.randn(1, 60, 32)
+    index = knn(points, 8)
+    out = attention(x, points)
+    outside = torch.ones(60, dtype=torch.bool)
+    outside[index[0, 0]] = False
+    changed = x.clone()
+    changed[0, outside] += torch.randn(int(outside.sum()), 32)
+    out_changed = attention(changed, points)
+    torch.testing.assert_close(out_changed[0, 0], out[0, 0])
+    assert not torch.allclose(out_changed, out), "points that have changed neighbours must change"
+
+
+def test_knn_attention_similarity_invariance_and_equivariance() -> None:
+    """Relative positions normalised by the neighbourhood radius: translating and scaling the cloud
+    changes nothing; permuting the points permutes the output."""
+    attention = KNNAttention(32, heads=4, k=8).double().eval()
+    points = torch.randn(2, 40, 3, dtype=torch.float64)
+    x = torch.randn(2, 40, 32, dtype=torch.float64)
+    out = attention(x, points)
+    moved = attention(x, points * 3.5 + torch.tensor([1.0, -2.0, 5.0], dtype=torch.float64))
+    torch.testing.assert_close(moved, out)
+    perm = torch.randperm(40)
+    torch.testing.assert_close(attention(x[:, perm], points[:, perm]), out[:, perm])
+
+
+def test_global_attention_mask_hides_keys() -> None:
+    attention = GlobalAttention(16, heads=2).eval()
+    x = torch.randn(1, 10, 16)
+    mask = torch.ones(1, 10, dtype=torch.bool)
+    mask[0, 6:] = False
+    out = attention(x, mask)
+    changed = x.clone()
+    changed[0, 6:] = torch.randn(4, 16)
+    torch.testing.assert_close(attention(changed, mask)[0, :6], out[0, :6])
+
+
+def test_point_transformer_forward_backward() -> None:
+    model = PointTransformer(32, depth=3, heads=4, k=16)
+    assert [b.mode for b in model.blocks] == ["knn", "global", "knn"]
+    only_knn = PointTransformer(32, depth=2, global_attention=False)
+    assert [b.mode for b in only_knn.blocks] == ["knn", "knn"]
+    x = torch.randn(2, 12, 32, requires_grad=True)  # fewer points than k: k is clipped
+    points = torch.randn(2, 12, 3, requires_grad=True)
+    out = model(x, points)
+    assert out.shape == (2, 12, 32)
+    out.square().mean().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    assert points.grad is not None and torch.isfinite(points.grad).all()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name

@@ -1,0 +1,319 @@
+"""SplatWeaver: the router, its experts, the wavelet prior and the regulariser."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models import create_model, list_models, render
+from models.splatweaver import (
+    SplatWeaver,
+    quantile_targets,
+    straight_through_gumbel,
+    target_usage_distribution,
+)
+
+SIZE = 32  # small images keep the tests fast; the tiny backbone works at any size
+
+
+def small_model(**overrides) -> SplatWeaver:
+    return create_model("splatweaver_tiny", img_size=SIZE, **overrides)
+
+
+def make_context(b: int = 2, v: int = 2, size: int = SIZE, image: torch.Tensor | None = None):
+    if image is None:
+        image = torch.rand(b, v, 3, size, size)
+    return {
+        "image": image,
+        "near": torch.full((b, v), 0.5),
+        "far": torch.full((b, v), 20.0),
+    }
+
+
+def force_route(model: SplatWeaver, cardinality: int) -> None:
+    """Make the router pick ``cardinality`` at every pixel."""
+    last = model.router.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.fill_(-50.0)
+        last.bias[cardinality] = 50.0
+
+
+def checkerboard(size: int) -> torch.Tensor:
+    index = torch.arange(size)
+    return (index[:, None] + index[None, :]).remainder(2).float()
+
+
+def cameras(b: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    extrinsics = torch.eye(4).repeat(b, v, 1, 1)
+    extrinsics[:, :, 0, 3] = torch.linspace(0.0, 0.5, v)
+    intrinsics = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    return extrinsics, intrinsics.repeat(b, v, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def model() -> SplatWeaver:
+    """A model whose router varies across pixels (like a trained one) even under argmax."""
+    torch.manual_seed(0)
+    model = small_model()
+    with torch.no_grad():
+        model.router.net[-1].weight.normal_(0.0, 3.0)
+        model.router.net[-1].bias.zero_()
+    return model
+
+
+def test_registered() -> None:
+    names = list_models(family="splatweaver")
+    assert names == ["splatweaver_base", "splatweaver_small", "splatweaver_tiny"]
+    assert SplatWeaver.pose_free and SplatWeaver.family == "splatweaver"
+
+
+def test_target_usage_distribution() -> None:
+    for mean in (0.3, 0.5, 1.0, 2.2):
+        usage = torch.tensor(target_usage_distribution(mean, 3))
+        assert usage.shape == (4,)
+        assert torch.isclose(usage.sum(), torch.tensor(1.0))
+        assert torch.isclose((usage * torch.arange(4)).sum(), torch.tensor(mean), atol=1e-5)
+    few = target_usage_distribution(0.5, 3)
+    assert few == sorted(few, reverse=True)  # favours few Gaussians
+    with pytest.raises(ValueError, match="target_gaussians_per_pixel"):
+        target_usage_distribution(3.0, 3)
+    with pytest.raises(ValueError, match="target_usage"):
+        small_model(target_usage=[0.5, 0.5])
+
+
+def test_router_starts_near_the_target_usage() -> None:
+    model = small_model()
+    target = torch.tensor(target_usage_distribution(0.5, 3))
+    model.train()  # sampled routing: usage follows the softmax, i.e. the initial bias
+    with torch.no_grad():
+        pred = model(make_context(b=4))
+    usage = pred.extras["expert_usage"]
+    assert (usage - target).abs().max() < 0.05
+    assert 0.35 < pred.extras["gaussians_per_pixel"] < 0.65
+    model.eval()  # argmax of an untrained router: the most likely expert, 0, nearly everywhere
+    with torch.no_grad():
+        pred = model(make_context(b=4))
+    assert pred.extras["expert_usage"][0] > 0.9
+
+
+def test_expert_zero_contributes_no_gaussians() -> None:
+    model = small_model().eval()
+    force_route(model, 0)
+    with torch.no_grad():
+        pred = model(make_context())
+    assert pred.gaussians.count().tolist() == [0, 0]
+    assert (pred.extras["routing_map"] == 0).all()
+    force_route(model, 2)
+    with torch.no_grad():
+        pred = model(make_context())
+    assert pred.gaussians.count().tolist() == [2 * 2 * SIZE * SIZE] * 2
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_count_equals_sum_of_routed_cardinalities(model: SplatWeaver, training: bool) -> None:
+    model.train(training)
+    with torch.no_grad():
+        pred = model(make_context(b=3))
+    routed = pred.extras["routing_map"]  # [B, V, H, W]
+    assert routed.shape == (3, 2, SIZE, SIZE)
+    assert len(routed.unique()) == 4  # every expert is used somewhere
+    assert 0 <= routed.min() and routed.max() <= 3
+    expected = routed.sum(dim=(1, 2, 3))
+    assert torch.equal(pred.gaussians.count(), expected)
+    assert pred.gaussians.num_slots == int(expected.max())
+    if len(set(expected.tolist())) > 1:  # different counts: padded with a mask
+        assert pred.gaussians.mask is not None
+    pred.gaussians.validate()
+    usage = pred.extras["expert_usage"]
+    assert torch.isclose(usage.sum(), torch.tensor(1.0))
+    assert torch.isclose(
+        pred.extras["gaussians_per_pixel"], expected.sum().float() / routed.numel()
+    )
+    model.eval()
+
+
+def test_gaussians_sit_at_their_pixel_points() -> None:
+    model = small_model(offset_bound=1.0).eval()
+    force_route(model, 1)
+    context = make_context(b=1)
+    with torch.no_grad():
+        pred = model(context)
+    points = pred.extras["points"].reshape(1, -1, 3)  # pixel order == slot order for expert 1
+    depth = pred.extras["depth"].reshape(1, -1)
+    footprint = depth / SIZE  # default focal 1: one pixel at depth z is z / W wide
+    distance = (pred.gaussians.means - points).abs().amax(dim=-1)
+    assert (distance <= footprint * 1.0001).all()
+    assert pred.gaussians.means.shape == (1, 2 * SIZE * SIZE, 3)
+
+
+def test_inference_is_deterministic(model: SplatWeaver) -> None:
+    model.eval()
+    context = make_context()
+    with torch.no_grad():
+        first = model(context)
+        second = model(context)
+    assert torch.equal(first.extras["routing_map"], second.extras["routing_map"])
+    assert first.gaussians.count().min() > 0
+    for name in ("means", "scales", "rotations", "opacities", "harmonics"):
+        assert torch.equal(getattr(first.gaussians, name), getattr(second.gaussians, name))
+    # Training mode samples Gumbel noise: the routing changes between calls.
+    model.train()
+    with torch.no_grad():
+        noisy = [model(context).extras["routing_map"] for _ in range(2)]
+    model.eval()
+    assert not torch.equal(noisy[0], noisy[1])
+    # ... and so does routing="gumbel" in eval mode (the public release's behaviour).
+    with torch.no_grad():
+        sampled = model(context, routing="gumbel").extras["routing_map"]
+    assert not torch.equal(sampled, first.extras["routing_map"])
+
+
+def test_straight_through_gumbel() -> None:
+    logits = torch.randn(5, 4, 3, 3, requires_grad=True)
+    gates, index = straight_through_gumbel(logits, tau=0.5, dim=1)
+    assert index.shape == (5, 3, 3)
+    torch.testing.assert_close(gates.detach().sum(dim=1), torch.ones(5, 3, 3))
+    chosen = gates.detach().gather(1, index[:, None]).squeeze(1)
+    torch.testing.assert_close(chosen, torch.ones_like(chosen))  # one-hot forward
+    (gates * torch.randn_like(gates)).sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_straight_through_gate_passes_gradients_to_the_router() -> None:
+    model = small_model(routing_weight=0.0).train()  # no regulariser: only the gate's path
+    pred = model(make_context(b=1))
+    assert float(pred.extras["loss/routing"].detach()) == 0.0
+    extrinsics, intrinsics = cameras(1, 2)
+    out = render(pred.gaussians, extrinsics, intrinsics, (SIZE, SIZE), backend="torch")
+    loss = (out.color - 0.3).square().mean()
+    loss.backward()
+    for name, param in model.router.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+    assert model.router.net[-1].bias.grad.abs().sum() > 0
+    assert model.prior.net[-1].weight.grad.abs().sum() > 0  # through the router's input
+
+
+def test_wavelet_prior_flat_zero_checkerboard_high() -> None:
+    model = small_model().eval()
+    flat = torch.full((1, 2, 3, SIZE, SIZE), 0.4)
+    board = checkerboard(SIZE).expand(1, 2, 3, SIZE, SIZE).clone()
+    half = flat.clone()
+    half[..., SIZE // 2 :] = board[..., SIZE // 2 :]
+    with torch.no_grad():
+        energy_flat = model(make_context(b=1, image=flat)).extras["hf_energy"]
+        energy_board = model(make_context(b=1, image=board)).extras["hf_energy"]
+        energy_half = model(make_context(b=1, image=half)).extras["hf_energy"]
+    assert energy_flat.shape == (1, 2, SIZE, SIZE)
+    assert energy_flat.abs().max() < 1e-6
+    assert energy_board.min() > 0.9
+    # The routing targets: flat pixels want expert 0, checkerboard pixels more Gaussians.
+    usage = model.target_usage
+    assert (quantile_targets(energy_flat, usage, model.energy_floor) == 0).all()
+    targets = quantile_targets(energy_half, usage, model.energy_floor)
+    assert (targets[..., : SIZE // 2] == 0).all()
+    assert (targets[..., SIZE // 2 :] >= 1).all()
+
+
+def test_quantile_targets_follow_the_usage() -> None:
+    usage = torch.tensor(target_usage_distribution(0.5, 3))
+    energy = torch.rand(4, 50, 50) + 0.1
+    targets = quantile_targets(energy, usage)
+    fractions = torch.bincount(targets.flatten(), minlength=4).float() / targets.numel()
+    torch.testing.assert_close(fractions, usage, atol=1e-3, rtol=0)
+    # Higher energy never gets a lower class.
+    order = energy.flatten().argsort()
+    assert (targets.flatten()[order].diff() >= 0).all()
+
+
+def test_routing_regulariser(model: SplatWeaver) -> None:
+    model.train()
+    pred = model(make_context())
+    model.eval()
+    loss = pred.extras["loss/routing"]
+    ce, penalty = pred.extras["routing_ce"], pred.extras["routing_usage_penalty"]
+    assert loss.requires_grad and torch.isfinite(loss)
+    assert ce > 0 and penalty >= 0
+    torch.testing.assert_close(loss.detach(), model.routing_weight * (ce + model.usage_weight * penalty))
+
+
+def test_forward_backward_on_cpu() -> None:
+    model = small_model().train()
+    context = make_context()
+    context["extrinsics"], context["intrinsics"] = cameras(2, 2)  # ignored (pose-free)
+    pred = model(context)
+    extrinsics, intrinsics = cameras(2, 1)
+    out = render(pred.gaussians, extrinsics, intrinsics, (SIZE, SIZE), backend="torch")
+    assert out.color.shape == (2, 1, 3, SIZE, SIZE)
+    loss = out.color.square().mean() + pred.extras["loss/routing"]
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    for prefix in ("backbone.", "dpt.", "depth_head.", "router.", "prior.", "experts.0."):
+        assert any(n.startswith(prefix) and g.abs().sum() > 0 for n, g in grads.items()), prefix
+    extras = pred.extras
+    assert extras["depth"].shape == (2, 2, SIZE, SIZE)
+    assert extras["points"].shape == (2, 2, SIZE, SIZE, 3)
+    assert extras["extrinsics"].shape == (2, 2, 4, 4)
+    torch.testing.assert_close(extras["extrinsics"][:, 0], torch.eye(4).expand(2, 4, 4))
+    assert extras["intrinsics"].shape == (2, 2, 3, 3)
+    assert extras["expert_usage"].shape == (4,)
+
+
+def test_max_gaussians_prunes(model: SplatWeaver) -> None:
+    model.eval()
+    with torch.no_grad():
+        full = model(make_context())
+        pred = model(make_context(), max_gaussians=50)
+    assert (full.gaussians.count() > 50).all()
+    assert (pred.gaussians.count() == 50).all()
+    assert pred.gaussians.num_slots <= 50
+
+
+def test_use_intrinsics_keeps_view_zero_on_its_rays() -> None:
+    model = small_model(use_intrinsics=True).eval()
+    with torch.no_grad():  # make the point correction non-zero
+        model.point_head[-1].bias.fill_(0.3)
+    context = make_context(b=1)
+    intrinsics = torch.tensor([[1.4, 0.0, 0.45], [0.0, 1.2, 0.55], [0.0, 0.0, 1.0]])
+    context["intrinsics"] = intrinsics.repeat(1, 2, 1, 1)
+    with torch.no_grad():
+        pred = model(context)
+    points = pred.extras["points"][0, 0]  # [H, W, 3] of view 0
+    u = points[..., 0] / points[..., 2] * 1.4 + 0.45
+    v = points[..., 1] / points[..., 2] * 1.2 + 0.55
+    centres = (torch.arange(SIZE) + 0.5) / SIZE
+    torch.testing.assert_close(u, centres[None].expand(SIZE, SIZE))
+    torch.testing.assert_close(v, centres[:, None].expand(SIZE, SIZE))
+    assert not torch.allclose(pred.extras["points"][0, 1][..., 2], pred.extras["depth"][0, 1])
+
+
+def test_intrinsics_free_focal_estimate() -> None:
+    model = small_model(default_focal=1.3).eval()
+    with torch.no_grad():
+        pred = model(make_context(b=1))
+    # Zero-initialised correction: view 0's points lie on the canonical rays.
+    torch.testing.assert_close(
+        pred.extras["intrinsics"][0, :, 0, 0], torch.full((2,), 1.3), atol=1e-4, rtol=0
+    )
+
+
+def test_neighbour_aggregation_and_db2() -> None:
+    model = create_model(
+        "splatweaver_tiny", img_size=16, neighbour_aggregation=True, neighbour_k=8, wavelet="db2"
+    ).train()
+    pred = model(make_context(b=1, size=16))
+    loss = pred.gaussians.opacities.sum() + pred.gaussians.means.sum() + pred.extras["loss/routing"]
+    loss.backward()
+    assert model.neighbour.attn.q.weight.grad.abs().sum() > 0
+    assert torch.equal(pred.gaussians.count(), pred.extras["routing_map"].sum(dim=(1, 2, 3)))
+
+
+def test_bad_arguments(model: SplatWeaver) -> None:
+    with pytest.raises(ValueError, match="routing"):
+        model(make_context(), routing="soft")
+    with pytest.raises(ValueError, match="image"):
+        model({"image": torch.rand(1, 2, 4, SIZE, SIZE)})
+    with pytest.raises(ValueError, match="gumbel_tau"):
+        small_model(gumbel_tau=0.0)
