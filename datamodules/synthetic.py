@@ -23,8 +23,8 @@ near/far planes of ``configs/data/synthetic.yaml`` for the gaps it samples.
 
 Surfaces carry procedural solid textures (checker, stripes, smooth value noise summed over several
 frequencies) with Lambertian shading. Fields of view are 50-90 degrees, square pixels, principal
-point within 2 % of the centre. Colours are supersampled (``--supersample``^2 rays per pixel); depth
-is the exact z-depth of the pixel-centre ray.
+point within 2 % of the centre. Anti-aliasing is adaptive: pixels on silhouettes or colour edges get
+``--supersample``^2 rays; depth is the exact z-depth of the pixel-centre ray.
 
 Output (``DIR``): ``train/`` and ``test/`` chunk splits (see ``datamodules.chunks``; every scene
 stores ``depths``, 16-bit PNG z-depth with ``depth_scale``), ``evaluation_index.json`` for the test
@@ -245,7 +245,7 @@ class Primitive:
     center: np.ndarray
     size: np.ndarray
     yaw: float
-    texture: Texture
+    texture: Texture | None
 
     @property
     def bounding_radius(self) -> float:
@@ -360,22 +360,22 @@ class SceneSpec:
     sky: np.ndarray = field(default_factory=lambda: np.zeros((2, 3), dtype=np.float32))
 
 
-def _camera_rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
-    """Camera-to-world rotation, columns (right, down, forward), for a y-up world."""
-    forward = np.array([np.cos(pitch) * np.sin(yaw), np.sin(pitch), np.cos(pitch) * np.cos(yaw)])
-    right = np.cross(forward, [0.0, 1.0, 0.0])
-    right /= np.linalg.norm(right)
-    down = np.cross(forward, right)
-    c, s = np.cos(roll), np.sin(roll)
-    right, down = c * right + s * down, -s * right + c * down
-    return np.stack([right, down, forward], axis=1)
-
-
 def _extrinsics(positions: np.ndarray, yaws, pitches, rolls) -> np.ndarray:
+    """Camera-to-world poses ``[V, 4, 4]``: rotation columns (right, down, forward), y-up world."""
+    yaws, pitches, rolls = (
+        np.broadcast_to(np.asarray(a, float), len(positions)) for a in (yaws, pitches, rolls)
+    )
+    forward = np.stack(
+        [np.cos(pitches) * np.sin(yaws), np.sin(pitches), np.cos(pitches) * np.cos(yaws)], axis=1
+    )  # [V, 3]
+    right = np.stack([-forward[:, 2], np.zeros(len(forward)), forward[:, 0]], axis=1)  # f x up
+    right /= np.linalg.norm(right, axis=1, keepdims=True)
+    down = np.cross(forward, right)
+    c, s = np.cos(rolls)[:, None], np.sin(rolls)[:, None]
+    right, down = c * right + s * down, -s * right + c * down
     poses = np.tile(np.eye(4), (len(positions), 1, 1))
-    for i, (p, y, pi, r) in enumerate(zip(positions, yaws, pitches, rolls)):
-        poses[i, :3, :3] = _camera_rotation(y, pi, r)
-        poses[i, :3, 3] = p
+    poses[:, :3, :3] = np.stack([right, down, forward], axis=2)
+    poses[:, :3, 3] = positions
     return poses
 
 
@@ -395,7 +395,7 @@ def _smooth(rng: np.random.Generator, ts: np.ndarray, amplitude: float) -> np.nd
 
 def _random_primitive(rng: np.random.Generator, ceiling: float) -> Primitive:
     kind = str(rng.choice(["sphere", "box", "cylinder"]))
-    texture = _random_texture(rng, (2.0, 6.0))
+    texture = None  # drawn once the primitive is placed (most candidates are rejected)
     if kind == "sphere":
         radius = rng.uniform(0.25, 0.6)
         lift = rng.uniform(0.3, 1.0) if rng.random() < 0.3 else 0.0
@@ -412,9 +412,10 @@ def _random_primitive(rng: np.random.Generator, ceiling: float) -> Primitive:
     return Primitive(kind, np.array([0, half, 0.0]), np.array([radius, half, 0]), 0.0, texture)
 
 
-def _place(prim: Primitive, xz: np.ndarray) -> Primitive:
+def _place(rng: np.random.Generator, prim: Primitive, xz: np.ndarray) -> Primitive:
     prim.center = np.array([xz[0], prim.center[1], xz[1]], dtype=np.float32)
     prim.size = prim.size.astype(np.float32)
+    prim.texture = _random_texture(rng, (2.0, 6.0))
     return prim
 
 
@@ -498,7 +499,7 @@ def _sample_room(rng: np.random.Generator, num_views: int) -> SceneSpec:
             if (xz < bounds[0, [0, 2]] + margin).any() or (xz > bounds[1, [0, 2]] - margin).any():
                 continue
             if _free(xz, prim.footprint, positions, placed):
-                placed.append(_place(prim, xz))
+                placed.append(_place(rng, prim, xz))
         if len(placed) < 3:
             continue
         floor = _random_texture(rng, (0.8, 2.5))
@@ -554,7 +555,7 @@ def _sample_object(rng: np.random.Generator, num_views: int) -> SceneSpec:
             prim = _random_primitive(rng, ceiling=3.0)
             xz = rng.uniform(-1.5, 1.5, size=2)
             if np.linalg.norm(xz) <= 1.5 and _free(xz, prim.footprint, positions, placed):
-                placed.append(_place(prim, xz))
+                placed.append(_place(rng, prim, xz))
         if len(placed) < 3:
             continue
         sun_elevation, sun_azimuth = rng.uniform(0.5, 1.2), rng.uniform(0, 2 * np.pi)
@@ -605,77 +606,79 @@ def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _screen_box(
-    spec: SceneSpec, view: int, center: np.ndarray, radius: float, n: int
-) -> tuple[int, int, int, int] | None:
-    """Conservative pixel rectangle ``(r0, r1, c0, c1)`` covering a sphere in one view (None if
-    it is behind the camera)."""
+    spec: SceneSpec, view: int, center: np.ndarray, radius: float
+) -> tuple[float, float, float, float] | None:
+    """Conservative normalised image rectangle ``(u0, u1, v0, v1)`` covering a sphere in one view
+    (None if the sphere is behind the camera)."""
     pose = spec.extrinsics[view]
     x, y, z = pose[:3, :3].T @ (center - pose[:3, 3])
     if z + radius <= 0:
         return None
     if z - radius <= 0.05:
-        return 0, n, 0, n
+        return -np.inf, np.inf, -np.inf, np.inf
     k = spec.intrinsics
-    bounds = []
-    for value, focal, principal in ((y, k[1, 1], k[1, 2]), (x, k[0, 0], k[0, 2])):
+    box = []
+    for value, focal, principal in ((x, k[0, 0], k[0, 2]), (y, k[1, 1], k[1, 2])):
         corners = [(value + a) / (z + b) for a in (-radius, radius) for b in (-radius, radius)]
-        low = (focal * min(corners) + principal) * n - 0.5
-        high = (focal * max(corners) + principal) * n - 0.5
-        bounds.append((max(0, int(np.floor(low))), min(n, int(np.ceil(high)) + 1)))
-    (r0, r1), (c0, c1) = bounds
-    if r0 >= r1 or c0 >= c1:
-        return None
-    return r0, r1, c0, c1
+        box += [focal * min(corners) + principal, focal * max(corners) + principal]
+    return box[0], box[1], box[2], box[3]
 
 
-def _cast(spec: SceneSpec, origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _cast(
+    spec: SceneSpec, origins: np.ndarray, dirs: np.ndarray, views: np.ndarray, uv: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """First hit of every ray.
 
     Args:
-        origins: ``[V, 3]`` camera centres.
-        dirs: ``[V, n, n, 3]`` ray directions.
+        origins: ``[N, 3]`` ray origins (camera centres).
+        dirs: ``[N, 3]`` directions.
+        views: ``[N]`` view of each ray, sorted.
+        uv: ``[N, 2]`` normalised image coordinates of each ray (for per-view culling).
 
     Returns:
-        Ray parameter ``t [V, n, n]`` and surface id ``[V, n, n]`` (int16).
+        Ray parameter ``t [N]`` and surface id ``[N]`` (int16).
     """
-    views, n = dirs.shape[0], dirs.shape[1]
-    flat_dirs = dirs.reshape(-1, 3)
-    flat_origins = np.repeat(origins, n * n, axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         if spec.kind == "room":
             lo, hi = spec.bounds.astype(np.float32)
-            t_axis = np.where(flat_dirs > 0, hi - flat_origins, lo - flat_origins) / flat_dirs
-            t_axis = np.where(flat_dirs == 0, np.inf, t_axis)  # [N, 3]
+            t_axis = np.where(dirs > 0, hi - origins, lo - origins) / dirs
+            t_axis = np.where(dirs == 0, np.inf, t_axis)  # [N, 3]
             tx, ty, tz = t_axis[:, 0], t_axis[:, 1], t_axis[:, 2]
             t = np.minimum(np.minimum(tx, ty), tz)
-            positive = flat_dirs > 0
+            positive = dirs > 0
             surface = np.where(
                 t == tx, positive[:, 0], np.where(t == ty, 2 + positive[:, 1], 4 + positive[:, 2])
             ).astype(np.int16)
         else:
-            b = _rowdot(flat_origins, flat_dirs)
-            a = _rowdot(flat_dirs, flat_dirs)
-            c = _rowdot(flat_origins, flat_origins) - np.float32(spec.dome_radius**2)
+            b = _rowdot(origins, dirs)
+            a = _rowdot(dirs, dirs)
+            c = _rowdot(origins, origins) - np.float32(spec.dome_radius**2)
             t = (-b + np.sqrt(np.maximum(b * b - a * c, 0))) / a
-            t_ground = -flat_origins[:, 1] / flat_dirs[:, 1]
-            ground = (flat_dirs[:, 1] < 0) & (t_ground > EPS) & (t_ground < t)
+            t_ground = -origins[:, 1] / dirs[:, 1]
+            ground = (dirs[:, 1] < 0) & (t_ground > EPS) & (t_ground < t)
             t = np.where(ground, t_ground, t)
             surface = np.where(ground, 0, 1).astype(np.int16)
-    t = t.astype(np.float32).reshape(views, n, n)
-    surface = surface.reshape(views, n, n)
+    t = t.astype(np.float32)
+    starts = np.searchsorted(views, np.arange(len(spec.extrinsics) + 1))
     for i, prim in enumerate(spec.primitives):
-        for view in range(views):
-            box = _screen_box(spec, view, prim.center, prim.bounding_radius, n)
+        for view in range(len(spec.extrinsics)):
+            first, last = starts[view], starts[view + 1]
+            box = (
+                None
+                if first == last
+                else _screen_box(spec, view, prim.center, prim.bounding_radius)
+            )
             if box is None:
                 continue
-            r0, r1, c0, c1 = box
-            block_dirs = dirs[view, r0:r1, c0:c1].reshape(-1, 3)
-            block_origins = np.broadcast_to(origins[view], block_dirs.shape)
-            t_prim = prim.hit(block_origins, block_dirs).reshape(r1 - r0, c1 - c0)
-            block_t, block_surface = t[view, r0:r1, c0:c1], surface[view, r0:r1, c0:c1]
-            closer = t_prim < block_t
-            block_t[closer] = t_prim[closer]
-            block_surface[closer] = ROOM_FACES + i
+            u, v = uv[first:last, 0], uv[first:last, 1]
+            inside = (u >= box[0]) & (u <= box[1]) & (v >= box[2]) & (v <= box[3])
+            idx = first + np.nonzero(inside)[0]
+            if not len(idx):
+                continue
+            t_prim = prim.hit(origins[idx], dirs[idx])
+            closer = t_prim < t[idx]
+            t[idx[closer]] = t_prim[closer]
+            surface[idx[closer]] = ROOM_FACES + i
     return t, surface
 
 
@@ -779,26 +782,34 @@ def _shade(spec: SceneSpec, origins, dirs, t, surface) -> np.ndarray:
     return np.clip(albedo * shading[:, None], 0.0, 1.0)
 
 
-def _rays(spec: SceneSpec, resolution: int, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """World rays of every view at ``samples x samples`` sub-pixel positions per pixel.
+def _rays(spec: SceneSpec, views: np.ndarray, uv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """World rays through normalised image points ``uv [N, 2]`` of views ``views [N]``.
 
     Returns:
-        Camera centres ``[V, 3]`` and directions ``[V, n, n, 3]`` (``n = R * samples``) with
-        camera-frame z = 1, so the ray parameter of a hit is its z-depth.
+        Origins and directions ``[N, 3]``; directions have camera-frame z = 1, so the ray
+        parameter of a hit is its z-depth.
     """
-    n = resolution * samples
-    coords = (np.arange(n, dtype=np.float64) + 0.5) / n
-    v, u = np.meshgrid(coords, coords, indexing="ij")  # rows (y), columns (x)
     k = spec.intrinsics
-    d_cam = np.stack([(u - k[0, 2]) / k[0, 0], (v - k[1, 2]) / k[1, 1], np.ones_like(u)], axis=-1)
-    rotation = spec.extrinsics[:, None, None, :3, :3].astype(np.float32)  # [V, 1, 1, 3, 3]
-    d_cam = d_cam.astype(np.float32)[None]  # [1, n, n, 3]
-    dirs = (  # [V, n, n, 3]: rotation @ d_cam, without einsum/BLAS
-        d_cam[..., 0:1] * rotation[..., 0]
-        + d_cam[..., 1:2] * rotation[..., 1]
-        + d_cam[..., 2:3] * rotation[..., 2]
-    )
-    return spec.extrinsics[:, :3, 3].astype(np.float32), dirs
+    d_cam = np.stack(
+        [(uv[:, 0] - k[0, 2]) / k[0, 0], (uv[:, 1] - k[1, 2]) / k[1, 1], np.ones(len(uv))], axis=1
+    ).astype(np.float32)  # [N, 3]
+    dirs = np.empty_like(d_cam)
+    starts = np.searchsorted(views, np.arange(len(spec.extrinsics) + 1))
+    for view in range(len(spec.extrinsics)):
+        first, last = starts[view], starts[view + 1]
+        dirs[first:last] = _mul(d_cam[first:last], spec.extrinsics[view, :3, :3].T)
+    origins = spec.extrinsics[:, :3, 3].astype(np.float32)[views]
+    return origins, dirs
+
+
+def _trace(spec: SceneSpec, views: np.ndarray, uv: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Cast and shade rays: colour ``[N, 3]``, depth ``[N]`` and surface id ``[N]``."""
+    origins, dirs = _rays(spec, views, uv)
+    t, surface = _cast(spec, origins, dirs, views, uv)
+    return _shade(spec, origins, dirs, t, surface), t, surface
+
+
+EDGE_CONTRAST = 0.06
 
 
 def render_scene(
@@ -806,22 +817,51 @@ def render_scene(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ray-cast all views of a scene.
 
+    One ray per pixel centre gives the depth and the colour; pixels on a silhouette (a neighbour
+    sees another surface) or at a colour edge (contrast above ``EDGE_CONTRAST``) are re-rendered
+    with ``supersample x supersample`` rays and averaged (adaptive anti-aliasing).
+
     Returns:
         Images uint8 ``[V, R, R, 3]`` and pixel-centre z-depth float32 ``[V, R, R]``.
     """
-    views, n = len(spec.extrinsics), resolution * supersample
-    origins, dirs = _rays(spec, resolution, supersample)
-    t, surface = _cast(spec, origins, dirs)
-    flat_origins = np.repeat(origins, n * n, axis=0)
-    color = _shade(spec, flat_origins, dirs.reshape(-1, 3), t.reshape(-1), surface.reshape(-1))
-    color = color.reshape(views, resolution, supersample, resolution, supersample, 3).mean((2, 4))
+    num_views, n = len(spec.extrinsics), resolution
+    view_ids, rows, cols = np.meshgrid(
+        np.arange(num_views), np.arange(n), np.arange(n), indexing="ij"
+    )
+    views = view_ids.reshape(-1)
+    uv = np.stack([(cols.reshape(-1) + 0.5) / n, (rows.reshape(-1) + 0.5) / n], axis=1)
+    color, depth, surface = _trace(spec, views, uv)
+    color = color.reshape(num_views, n, n, 3)
+    surface = surface.reshape(num_views, n, n)
+    if supersample > 1:
+        edge = np.zeros((num_views, n, n), dtype=bool)
+        for axis in (1, 2):
+            step = [slice(None)] * 3
+            before, after = list(step), list(step)
+            before[axis], after[axis] = slice(None, -1), slice(1, None)
+            differs = surface[tuple(before)] != surface[tuple(after)]
+            delta = np.abs(color[tuple(before)] - color[tuple(after)])
+            contrast = np.maximum(np.maximum(delta[..., 0], delta[..., 1]), delta[..., 2])
+            differs |= contrast > EDGE_CONTRAST
+            edge[tuple(before)] |= differs
+            edge[tuple(after)] |= differs
+        v_idx, r_idx, c_idx = np.nonzero(edge)
+        if len(v_idx):
+            offsets = (np.arange(supersample) + 0.5) / supersample
+            oy, ox = np.meshgrid(offsets, offsets, indexing="ij")
+            count = supersample * supersample
+            sub_views = np.repeat(v_idx, count)
+            sub_uv = np.stack(
+                [
+                    (np.repeat(c_idx, count) + np.tile(ox.reshape(-1), len(c_idx))) / n,
+                    (np.repeat(r_idx, count) + np.tile(oy.reshape(-1), len(r_idx))) / n,
+                ],
+                axis=1,
+            )
+            sub_color, _, _ = _trace(spec, sub_views, sub_uv)
+            color[v_idx, r_idx, c_idx] = sub_color.reshape(-1, count, 3).mean(axis=1)
     images = np.round(color * 255).astype(np.uint8)  # [V, R, R, 3]
-    if supersample == 1:
-        depth = t
-    else:
-        origins, dirs = _rays(spec, resolution, 1)
-        depth, _ = _cast(spec, origins, dirs)
-    return images, depth.reshape(views, resolution, resolution)
+    return images, depth.reshape(num_views, n, n)
 
 
 # ----------------------------------------------------------------------------- dataset
@@ -972,7 +1012,10 @@ def generate_dataset(
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: output path exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise DataError(f"{out}: output folder exists and is not empty (use --overwrite)")
+        raise DataError(
+            f"{out}: output folder exists, is not empty and is not a complete synthetic "
+            "dataset (remove it, or pass --overwrite)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

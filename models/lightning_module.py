@@ -23,6 +23,7 @@ from torchmetrics.functional.image import structural_similarity_index_measure
 
 from .base import ModelOutput
 from .gaussians import Gaussians
+from .registry import to_plain
 from .render import render
 
 __all__ = ["SplatLitModule", "psnr_per_image", "ssim_per_image", "build_lpips", "net_identity"]
@@ -45,21 +46,27 @@ def ssim_per_image(prediction: Tensor, target: Tensor) -> Tensor:
     return values.reshape(lead)
 
 
+VGG16_WEIGHTS = "vgg16-397923af.pth"  # the torchvision file torchmetrics' LPIPS loads
+
+
 def build_lpips(required: bool) -> nn.Module | None:
     """torchmetrics' VGG LPIPS, or ``None`` (with a warning) when its weights are not available.
 
     The VGG weights come from torchvision's cache (``$TORCH_HOME/hub/checkpoints``); offline without
     them LPIPS cannot be computed. ``required=True`` turns the warning into an error.
     """
+    vgg_file = os.path.join(torch.hub.get_dir(), "checkpoints", VGG16_WEIGHTS)
     try:
+        if not os.path.isfile(vgg_file):  # never try a download: offline machines hang or fail
+            raise FileNotFoundError(f"{vgg_file} is missing")
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
         metric = LearnedPerceptualImagePatchSimilarity(net_type="vgg", normalize=True)
     except Exception as error:  # no weights offline, or lpips extras missing
         message = (
             "LPIPS (VGG) weights are not available locally "
-            f"({type(error).__name__}: {str(error).splitlines()[0][:120]}); "
-            "put vgg16 weights in the torchvision cache to enable it"
+            f"({type(error).__name__}: {str(error).splitlines()[0][:160]}); "
+            "put torchvision's vgg16 weights there to enable it"
         )
         if required:
             raise RuntimeError(message) from error
@@ -129,6 +136,9 @@ class SplatLitModule(L.LightningModule):
         if photometric_loss not in ("mse", "l1"):
             raise ValueError(f"photometric_loss must be 'mse' or 'l1', got {photometric_loss!r}")
         self.save_hyperparameters(ignore=["net"], logger=False)
+        # Hydra passes OmegaConf containers; checkpoints must load with weights_only=True.
+        for key, value in list(self.hparams.items()):
+            self.hparams[key] = to_plain(value)
         self.hparams.update(net_identity(net))
         self.net = net
         self.lpips = build_lpips(required=False) if lpips_weight > 0 else None

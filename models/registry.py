@@ -10,7 +10,14 @@ from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["register_model", "create_model", "list_models", "model_entrypoint", "is_model"]
+__all__ = [
+    "register_model",
+    "create_model",
+    "list_models",
+    "model_entrypoint",
+    "is_model",
+    "to_plain",
+]
 
 _model_entrypoints: dict[str, Callable[..., nn.Module]] = {}
 _model_family: dict[str, str] = {}
@@ -56,6 +63,15 @@ def model_entrypoint(name: str) -> Callable[..., nn.Module]:
     return _model_entrypoints[name]
 
 
+def to_plain(value):
+    """OmegaConf containers (what Hydra passes) to plain lists/dicts, so configs stay JSON."""
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
 def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.Module:
     """Build a registered model.
 
@@ -70,7 +86,7 @@ def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.M
         The model (an ``nn.Module``), in eval mode when weights were loaded.
     """
     entrypoint = model_entrypoint(name)
-    model = entrypoint(**overrides)
+    model = entrypoint(**{key: to_plain(value) for key, value in overrides.items()})
     model.registry_name = name  # checkpoints and exports record which entry built the model
     if not pretrained:
         return model

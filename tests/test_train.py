@@ -1,0 +1,261 @@
+"""The training stack: Hydra configs compose, train.py/eval.py run on CPU, resume, sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = str(REPO / "configs")
+MODEL_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "model").glob("*.yaml"))
+DATA_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
+
+# Small and fast: 64x64 synthetic scenes, few steps, no workers.
+FAST = [
+    "data.generator.scenes=12",
+    "data.generator.views=24",
+    "data.batch_size=2",
+    "data.val_batch_size=2",
+    "data.num_workers=0",
+    "data.persistent_workers=false",
+    "data.val_scenes=2",
+    "data.num_target_views=2",
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "logger=csv",
+    "callbacks.model_summary=null",
+]
+
+
+def compose_config(name: str, overrides: list[str], tmp: Path) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose(name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp / "out")
+        cfg.paths.log_dir = str(tmp / "logs")
+        cfg.hydra.runtime.output_dir = str(tmp / "out")
+        cfg.hydra.job.num = 0
+    HydraConfig().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """A tiny synthetic dataset generated once for the module (12 scenes of 24 views at 64²)."""
+    root = tmp_path_factory.mktemp("synthetic")
+    subprocess.run(
+        [sys.executable, "-m", "datamodules.synthetic", "--out", str(root), "--scenes", "12",
+         "--resolution", "64", "--views", "24", "--seed", "0", "--workers", "1"],
+        check=True, cwd=REPO, capture_output=True,
+    )
+    return root
+
+
+@pytest.mark.parametrize("model", MODEL_CONFIGS)
+@pytest.mark.parametrize("data", DATA_CONFIGS)
+def test_train_config_composes(model, data, tmp_path):
+    cfg = compose_config("train.yaml", [f"model={model}", f"data={data}"], tmp_path)
+    assert cfg.model._target_ == "models.lightning_module.SplatLitModule"
+    assert cfg.model.net._target_ == "models.create_model"
+    assert cfg.data._target_.endswith("SplatDataModule")
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiments_compose(experiment, tmp_path):
+    cfg = compose_config("train.yaml", [f"experiment={experiment}"], tmp_path)
+    from models import is_model
+
+    assert is_model(cfg.model.net.name)
+    assert cfg.task_name == experiment
+
+
+def test_eval_config_requires_ckpt_path(tmp_path):
+    from omegaconf.errors import MissingMandatoryValue
+
+    cfg = compose_config("eval.yaml", [], tmp_path)
+    with pytest.raises(MissingMandatoryValue):
+        _ = cfg.ckpt_path
+
+
+def test_fast_dev_run_every_family(data_root, tmp_path):
+    """One train step + one val step for each model config, through train.train()."""
+    import train
+
+    for model in MODEL_CONFIGS:
+        cfg = compose_config(
+            "train.yaml",
+            [f"model={model}", f"data.root={data_root}", "+trainer.fast_dev_run=true", *FAST],
+            tmp_path / model,
+        )
+        metrics = train.train(cfg)
+        assert "train/loss" in metrics, model
+        assert torch.isfinite(torch.tensor(metrics["train/loss"])), model
+
+
+def test_train_resume_and_eval(data_root, tmp_path):
+    """Train 4 steps, resume to 6 (step count continues), then eval.py on the checkpoint."""
+    import train
+
+    common = [f"data.root={data_root}", "model=pixel_aligned", "trainer.val_check_interval=2",
+              "trainer.limit_val_batches=1", "callbacks.model_checkpoint.every_n_train_steps=2",
+              *FAST]
+    cfg = compose_config("train.yaml", [*common, "trainer.max_steps=4"], tmp_path)
+    train.train(cfg)
+    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["global_step"] == 4
+    assert state["hyper_parameters"]["model_name"] == "pixel_aligned_tiny"
+
+    cfg = compose_config("train.yaml", [*common, "trainer.max_steps=6", "ckpt_path=last"], tmp_path)
+    train.train(cfg)
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["global_step"] == 6
+
+    out = tmp_path / "eval"
+    result = subprocess.run(
+        [sys.executable, "eval.py", "model=pixel_aligned", f"ckpt_path={last}",
+         f"data.root={data_root}", "data.num_workers=0", "data.persistent_workers=false",
+         "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"hydra.run.dir={out}",
+         f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["scenes"] >= 1
+    for key in ("psnr", "ssim", "baseline_nearest_view_psnr", "baseline_mean_color_psnr"):
+        assert key in metrics["metrics"], key
+    assert (out / "scenes.csv").read_text().count("\n") == metrics["scenes"] + 1
+    assert any((out / "renders").glob("*.png"))
+    assert "| psnr" in result.stdout
+
+
+def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
+    import train
+
+    cfg = compose_config(
+        "train.yaml",
+        [f"data.root={data_root}", "model=pixel_aligned", "+trainer.fast_dev_run=true", *FAST],
+        tmp_path,
+    )
+    train.train(cfg)
+    # fast_dev_run saves no checkpoint: save one by hand through Lightning's format.
+    from models import create_model
+    from models.lightning_module import SplatLitModule
+
+    module = SplatLitModule(create_model("pixel_aligned_tiny"))
+    ckpt = tmp_path / "pa.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
+    result = subprocess.run(
+        [sys.executable, "eval.py", "model=zipsplat", f"ckpt_path={ckpt}",
+         f"data.root={data_root}", "data.num_workers=0", f"hydra.run.dir={tmp_path / 'e'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "pixel_aligned_tiny" in result.stderr and "zipsplat_tiny" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_model_lists_valid_names(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "train.py", "model.net.name=not_a_model", f"hydra.run.dir={tmp_path}",
+         "data.generate_if_missing=false", f"data.root={tmp_path / 'none'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "not_a_model" in result.stderr and "pixel_aligned_tiny" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_eval_without_ckpt_path_is_hydra_missing_value(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "eval.py", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "ckpt_path" in result.stderr and "Missing mandatory value" in result.stderr
+
+
+def test_few_steps_lower_the_loss(data_root):
+    """Overfit one synthetic batch: the loss must fall."""
+    from datamodules.datamodule import SplatDataModule
+    from models import create_model
+    from models.lightning_module import SplatLitModule
+
+    dm = SplatDataModule(root=str(data_root), image_shape=[64, 64], num_context_views=2,
+                         num_target_views=2, batch_size=2, num_workers=0,
+                         generate_if_missing=False, near=0.25, far=50.0)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    module = SplatLitModule(create_model("pixel_aligned_tiny"), lr=2e-3, warmup_steps=0)
+    optimizer = torch.optim.Adam(module.parameters(), lr=2e-3)
+    losses = []
+    for step in range(12):
+        loss, _ = module.compute_loss(batch, step)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert min(losses[-3:]) < 0.7 * losses[0], losses
+
+
+def test_nan_loss_step_is_skipped(data_root):
+    from datamodules.datamodule import SplatDataModule
+    from models import create_model
+    from models.lightning_module import SplatLitModule
+
+    dm = SplatDataModule(root=str(data_root), image_shape=[64, 64], num_context_views=2,
+                         num_target_views=2, batch_size=1, num_workers=0,
+                         generate_if_missing=False, near=0.25, far=50.0)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    batch["target"]["image"] = torch.full_like(batch["target"]["image"], float("nan"))
+    module = SplatLitModule(create_model("pixel_aligned_tiny"))
+    with pytest.warns(UserWarning, match="non-finite loss"):
+        assert module.training_step(batch, 0) is None
+    assert module.skipped_steps == 1
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(data_root, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+         "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
+         f"data.root={data_root}", "data.num_workers=0", "data.persistent_workers=false",
+         "data.batch_size=1", "data.num_target_views=2", "trainer.enable_progress_bar=false",
+         f"hydra.run.dir={tmp_path / 'ddp'}", "callbacks.model_summary=null"],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PROJECT_ROOT": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", map_location="cpu",
+                      weights_only=True)
+    assert ckpt["global_step"] == 3
+
+
+@pytest.mark.slow
+def test_optuna_sweep_two_trials(data_root, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+         "hydra.sweeper.sampler.n_startup_trials=2", "trainer.max_steps=2",
+         "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+         f"data.root={data_root}", "data.num_workers=0", "data.persistent_workers=false",
+         "data.batch_size=1", "data.num_target_views=2", "trainer.enable_progress_bar=false",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}", "callbacks.model_summary=null"],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+    assert "best_value" in results
