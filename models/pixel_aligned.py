@@ -10,10 +10,10 @@ offset, and its scales are measured in pixel footprints at that depth.
 Pose-free (``pose_free=True``, NoPoSplat-style): no pose tokens (optionally intrinsics-only ray
 tokens); Gaussians are predicted directly in the first view's camera frame. Each view predicts a
 depth map in its own frame and a 3D correction: view 0's anchor points are its pixels unprojected
-at their depth (exact rays: view 0 is the scene frame), the other views' anchors are their own
-unprojection plus the predicted correction (a free 3D point map in view 0's frame), and the head
-runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered by a
-rigid fit between their own-frame points and their view-0-frame anchors
+at their depth (exact rays: view 0 is the scene frame); the other views' anchors are their own
+unprojection plus the correction times the depth (together a point map in view 0's frame). The
+head runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered
+by a rigid fit between their own-frame points and their view-0-frame anchors
 (``extras["extrinsics"]``).
 """
 
@@ -100,8 +100,9 @@ class PixelAligned(SplatModel):
         gaussians_per_pixel: Gaussians ``G`` per pixel (each with its own depth).
         sh_degree: SH degree of the colours.
         head_hidden_dim: hidden width of the Gaussian head MLP (``None``: linear).
-        scale_factor: Gaussian scale at ``softplus(0)``-ish, in pixel footprints (the scale is
-            ``softplus(x - 4) * scale_factor`` pixels, times depth x pixel size in world units).
+        scale_factor: multiplier of ``softplus(x - 4)``. Scales are measured in pixel footprints
+            (the head multiplies them by depth x pixel size at unit depth), so the default 30
+            starts Gaussians at about half a pixel.
         max_scale: cap of the scale in pixel footprints.
         offset_bound: sub-pixel offset bound in pixels (posed); anchor offset bound in pixel
             footprints (pose-free).
@@ -131,7 +132,7 @@ class PixelAligned(SplatModel):
         feature_dim: int = 32,
         shallow_dim: int = 16,
         num_depth_candidates: int = 64,
-        near: float = 0.5,
+        near: float = 1.0,
         far: float = 100.0,
         depth_refine: bool = True,
         refine_dim: int = 32,
@@ -233,19 +234,14 @@ class PixelAligned(SplatModel):
     def _depth_range(
         self, context: dict[str, Tensor], shape: tuple[int, int], like: Tensor
     ) -> tuple[Tensor, Tensor]:
-        near = context.get("near")
-        far = context.get("far")
-        near = (
-            torch.full(shape, self.near, dtype=like.dtype, device=like.device)
-            if near is None
-            else near
-        )
-        far = (
-            torch.full(shape, self.far, dtype=like.dtype, device=like.device)
-            if far is None
-            else far
-        )
-        return near.to(like.dtype), far.to(like.dtype)
+        """``near``, ``far`` ``[B, V]`` from the context, else the constructor's values."""
+        out = []
+        for key, default in (("near", self.near), ("far", self.far)):
+            value = context.get(key)
+            if value is None:
+                value = torch.full(shape, default, dtype=like.dtype, device=like.device)
+            out.append(value.to(like.dtype))
+        return out[0], out[1]
 
     def _predict_depth(
         self, features: Tensor, near: Tensor, far: Tensor, b: int, v: int
@@ -282,8 +278,11 @@ class PixelAligned(SplatModel):
 
         Returns:
             ``ModelOutput`` with ``V * H * W * gaussians_per_pixel`` Gaussians (fewer when
-            pruned) and extras ``depth [B, V, H, W]``, ``depth_coarse [B, V, H, W]``; pose-free
-            also ``extrinsics [B, V, 4, 4]`` (view 0 identity) and ``intrinsics``.
+            pruned) and extras ``depth [B, V, H, W]`` (z-depth in each view's own frame; with
+            several Gaussians per pixel, the first one's), ``depth_coarse`` (before the
+            refinement); pose-free also ``points [B, V, H, W, 3]`` (anchors in view 0's frame),
+            ``extrinsics [B, V, 4, 4]`` (a rigid fit of each view's own-frame points to its
+            anchors, no gradient; view 0 is the identity) and the ``intrinsics`` used.
         """
         b, v, h, w = check_context(context, require_poses=not self.pose_free)
         images = context["image"]  # [B, V, 3, H, W]
@@ -429,4 +428,4 @@ def pixel_aligned_base(**kwargs) -> PixelAligned:
 @register_model
 def noposplat_tiny(**kwargs) -> PixelAligned:
     """Pose-free (NoPoSplat-style) pixel-aligned model with a tiny multi-view ViT."""
-    return PixelAligned(**{**_TINY, "pose_free": True, "near": 0.1, **kwargs})
+    return PixelAligned(**{**_TINY, "pose_free": True, **kwargs})
