@@ -214,6 +214,7 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
         raise ExportError(path, f"model {name!r} from the checkpoint is not registered")
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
     kwargs.pop("pretrained_backbone", None)  # the checkpoint's weights replace any initial ones
+    kwargs.pop("init_checkpoint", None)  # ReSplat stage 2: same (the file may be gone)
     try:
         model = create_model(name, **kwargs)
     except (TypeError, ValueError) as error:

@@ -314,7 +314,7 @@ class RecurrentUpdate(nn.Module):
         x = torch.cat([error, rays], dim=2)
         x = self.error_in(rearrange(x, "b v c h w -> b (v h w) c"))
         for block in self.error_attention:
-            x = block(x, x)  # global blocks ignore the positions
+            x = block(x)  # global attention: no positions needed
         return self.error_norm(x)
 
     def forward(
@@ -588,7 +588,9 @@ class ReSplat(SplatModel):
         if iterations > 0:
             with torch.no_grad():
                 image_features = self.extractor(images, (h, w))
-                rays = plucker_embedding(extrinsics, intrinsics, (h, w))  # [B, V, 6, h, w]
+                # Latent pixels' rays, relative to view 0 at unit baseline (frame invariant).
+                scene_extrinsics = normalize_scene(extrinsics)[0]
+                rays = plucker_embedding(scene_extrinsics, intrinsics, (h, w))  # [B, V, 6, h, w]
             raw = encode_gaussians(gaussians)
             for _ in range(iterations):
                 raw = raw.detach()
