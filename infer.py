@@ -10,7 +10,7 @@ input folder). ``output`` receives:
 - ``gaussians.ply``: the Gaussians (INRIA 3DGS layout; opens in SuperSplat and other viewers);
 - ``cameras.json``: the input cameras in the scene frame (given, or predicted by a pose-free model),
   in the input images' pixels, plus the rendered path's cameras;
-- ``renders/view_XX.png``: the input views rendered from the Gaussians;
+- ``renders/NN_<name>.png``: the input views rendered from the Gaussians (poses known);
 - ``path/frame_XXXX.png`` and ``path.mp4``: a camera path interpolated between the input views
   (a small orbit around the first view when there is one view or the poses are unknown);
 - ``summary.json``: model, weights, Gaussian count, timings per stage, device.
@@ -53,9 +53,18 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another fo
 from datamodules.errors import DataError  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
-__all__ = ["InferError", "run", "interpolate_cameras", "orbit_cameras", "main"]
+__all__ = [
+    "InferError",
+    "compose",
+    "run",
+    "run_cli",
+    "interpolate_cameras",
+    "orbit_cameras",
+    "main",
+]
 
 _MODEL_OVERRIDE: list[str] = []  # ``model=NAME`` taken from the command line before Hydra
+_TEMPORARY_FILES: list[str] = []  # removed when ``run`` ends
 
 
 class InferError(ValueError):
@@ -260,8 +269,9 @@ def _pose_free_models() -> list[str]:
     return names
 
 
-def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str]:
-    """Build ``cfg.model`` with its weights; returns the model and a weights description."""
+def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str, list[str]]:
+    """Build ``cfg.model`` with its weights; returns the model, a weights description and the
+    loader's warnings (one line each, e.g. constructor arguments that differ from the weights')."""
     from models import create_model, is_model, list_models
 
     name = str(cfg.model)
@@ -276,16 +286,22 @@ def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str]:
                 "weights not found (a folder, .safetensors, .ckpt, "
                 "local-dir:/path or hf-hub:org/repo)",
             )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # config differences are reported below
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         model = create_model(name, pretrained=pretrained)
+    notes = [  # this project's warnings (not third-party libraries' notices)
+        " ".join(str(w.message).split())
+        for w in caught
+        if issubclass(w.category, UserWarning)
+        and Path(w.filename).resolve().is_relative_to(REPO_ROOT)
+    ]
     if pretrained is True:
         from models.pretrained import default_weights
 
         described = default_weights(name)
     else:
         described = str(pretrained)
-    return model, described
+    return model, described, notes
 
 
 def load_inputs(cfg: DictConfig, model: torch.nn.Module, image_size: int) -> tuple[Any, list[str]]:
@@ -300,21 +316,15 @@ def load_inputs(cfg: DictConfig, model: torch.nn.Module, image_size: int) -> tup
     source = Path(str(cfg.input)).expanduser()
     pose_free = bool(getattr(model, "pose_free", False))
     min_views = int(getattr(model, "min_views", 1))
-    poses = "none" if pose_free else "auto"
+    poses = "auto"
     cameras = cfg.cameras
-    if cameras and not pose_free:
+    if cameras:
         cameras_path = Path(str(cameras)).expanduser()
         if not cameras_path.exists():
             raise InferError(cameras_path, "cameras file or COLMAP folder not found")
-        poses = str(cameras_path) if cameras_path.is_file() else "colmap"
-        if cameras_path.is_dir() and cameras_path.resolve() not in (
-            source.resolve(),
-            *[p.resolve() for p in (source / "sparse", source / "sparse" / "0")],
-        ):
-            raise InferError(
-                cameras_path,
-                "a COLMAP model must be the input folder's sparse/ (or pass a cameras.json file)",
-            )
+        poses = (
+            str(cameras_path) if cameras_path.is_file() else _colmap_as_cameras_json(cameras_path)
+        )
     if not pose_free and source.is_file():
         kind = "a video" if source.suffix.lower() in VIDEO_EXTENSIONS else "a single image"
         raise _needs_poses(source, str(cfg.model), f"{kind} has no camera poses")
@@ -330,16 +340,45 @@ def load_inputs(cfg: DictConfig, model: torch.nn.Module, image_size: int) -> tup
                 poses=poses,
             )
         except DataError as error:
-            skipped = [str(w.message) for w in caught if "(skipped)" in str(w.message)]
+            skipped = [
+                str(w.message)
+                for w in caught
+                if issubclass(w.category, UserWarning) and "(skipped)" in str(w.message)
+            ]
             if skipped:
                 names = ", ".join(Path(m.split(":", 1)[0]).name for m in skipped[:5])
                 more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
                 raise DataError(f"{error} (skipped unreadable: {names}{more})") from error
             raise
-    notes = [" ".join(str(w.message).split()) for w in caught]
+    notes = [
+        " ".join(str(w.message).split()) for w in caught if issubclass(w.category, UserWarning)
+    ]
     if not pose_free and images.extrinsics is None:
         raise _needs_poses(source, str(cfg.model), "no cameras.json or COLMAP sparse/ model found")
     return images, notes
+
+
+def _colmap_as_cameras_json(folder: Path) -> str:
+    """The COLMAP model in ``folder`` (``sparse/0``, ``sparse`` or the folder) as a temporary
+    ``cameras.json`` (read by the data stack's COLMAP reader); returns its path."""
+    from datamodules.image_folder import _colmap_poses
+
+    table = _colmap_poses(folder)
+    if table is None:
+        raise InferError(folder, "no COLMAP model (cameras, images) found in this folder")
+    frames = [
+        {
+            "file": name,
+            "camera_to_world": entry["camera_to_world"].double().tolist(),
+            **{k: entry[k] for k in ("fx", "fy", "cx", "cy", "width", "height") if k in entry},
+        }
+        for name, entry in table.items()
+    ]
+    handle, path = tempfile.mkstemp(prefix="splatzoo-colmap-", suffix=".json")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        json.dump({"frames": frames}, file)
+    _TEMPORARY_FILES.append(path)
+    return path
 
 
 def _needs_poses(source: Path, name: str, reason: str) -> InferError:
@@ -389,21 +428,26 @@ def render_views(
     shape: tuple[int, int],
     backend: str,
     desc: str,
+    views_per_call: int = 8,
 ) -> Tensor:
-    """Render each camera in turn (one progress step per view); returns ``[N, 3, H, W]`` on CPU."""
+    """Render every camera, ``views_per_call`` at a time (batched views are several times cheaper
+    per view on the torch backend); returns ``[N, 3, H, W]`` on CPU."""
     from models import render
 
     out = []
-    for i in _progress(range(extrinsics.shape[0]), desc=desc, unit="view"):
-        color = render(
-            gaussians,
-            extrinsics[None, i : i + 1],
-            intrinsics[None, i : i + 1],
-            shape,
-            backend=backend,
-        ).color  # [1, 1, 3, H, W]
-        out.append(color[0, 0].float().cpu())
-    return torch.stack(out)
+    with _progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
+        for start in range(0, extrinsics.shape[0], views_per_call):
+            stop = min(start + views_per_call, extrinsics.shape[0])
+            color = render(
+                gaussians,
+                extrinsics[None, start:stop],
+                intrinsics[None, start:stop],
+                shape,
+                backend=backend,
+            ).color  # [1, n, 3, H, W]
+            out.append(color[0].float().cpu())
+            bar.update(stop - start)
+    return torch.cat(out)
 
 
 def _pixel_intrinsics(k_norm: Tensor, out_shape: tuple[int, int], original: tuple[int, int]):
@@ -463,22 +507,29 @@ def run(cfg: DictConfig) -> Path:
     if int(cfg.orbit_frames) < 1 or int(cfg.fps) < 1:
         raise InferError(f"orbit_frames={cfg.orbit_frames}", "orbit_frames and fps must be >= 1")
     device = choose_device(str(cfg.device))
+    if cfg.backend not in ("auto", "torch", "gsplat"):
+        raise InferError(f"backend={cfg.backend}", "must be auto, torch or gsplat")
+    if cfg.backend == "gsplat" and device.type != "cuda":
+        raise InferError("backend=gsplat", f"needs a CUDA device (device is {device})")
     torch.manual_seed(int(cfg.seed))
 
     with timer("load_model"):
-        model, weights = load_model(cfg)
+        model, weights, model_notes = load_model(cfg)
         model = model.to(device).eval()
     kwargs = forward_kwargs(model, cfg)
     size = _image_size(cfg, model)
     shape = (size, size)
     with timer("load_inputs"):
         images, notes = load_inputs(cfg, model, size)
+    notes = model_notes + notes
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
 
     pose_free = bool(getattr(model, "pose_free", False))
     context = images.context(default_fov=float(cfg.fov))
     context = {k: v.to(device) for k, v in context.items()}
+    # Pose-free models get no poses (they only render the result when the model predicts none).
+    input_extrinsics = context.pop("extrinsics", None) if pose_free else None
     views = len(images)
     with timer("inference", device), torch.inference_mode():
         for _ in _progress(range(1), desc="inference", unit="forward"):
@@ -501,12 +552,19 @@ def run(cfg: DictConfig) -> Path:
             intrinsics = pred.extras["intrinsics"][0].float()
         pose_note = f"predicted by {cfg.model}"
         pose_kind = ["identity"] + ["predicted"] * (views - 1)
+    elif input_extrinsics is not None:
+        # The model saw no poses; its scene frame is the same normalised frame (view 0 = identity,
+        # unit baseline), so the given cameras render it.
+        extrinsics = input_extrinsics[0].float()
+        pose_note = f"input ({images.pose_source}); pose-free {cfg.model} does not predict cameras"
+        pose_kind = ["input"] * views
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
         pose_note = f"unknown (pose-free {cfg.model} does not predict cameras)"
         pose_kind = ["identity"] + ["unknown"] * (views - 1)
         unknown = images.names[1:]
     known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
+    render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(images.names)]
 
     staging: Path | None = None
     try:
@@ -521,7 +579,7 @@ def run(cfg: DictConfig) -> Path:
             )
         (staging / "renders").mkdir()
         for i, image in zip(known, rendered):
-            _save_png(image, staging / "renders" / f"view_{i:02d}.png")
+            _save_png(image, staging / "renders" / render_names[i])
         input_psnr = [_psnr(r, images.images[i]) for i, r in zip(known, rendered)]
 
         frames = int(cfg.orbit_frames)
@@ -555,7 +613,7 @@ def run(cfg: DictConfig) -> Path:
             "frames": [
                 {
                     "file": images.names[i],
-                    "render": f"renders/view_{i:02d}.png",
+                    "render": f"renders/{render_names[i]}",
                     "pose": pose_kind[i],
                     **_camera_entry(
                         extrinsics[i],
@@ -612,9 +670,8 @@ def run(cfg: DictConfig) -> Path:
     return output
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="infer")
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point: bad input → one line on stderr, exit status 2."""
+def run_cli(cfg: DictConfig) -> int:
+    """``run`` with bad input reported as one line on stderr; returns the exit status (0 or 2)."""
     if _MODEL_OVERRIDE:
         with open_dict(cfg):
             cfg.model = _MODEL_OVERRIDE[-1]
@@ -622,7 +679,38 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except (InferError, DataError, PretrainedError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    finally:
+        while _TEMPORARY_FILES:
+            with contextlib.suppress(OSError):
+                os.remove(_TEMPORARY_FILES.pop())
+    return 0
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The configuration for command-line ``overrides`` (Hydra's compose API, ``model=`` included),
+    for running ``run_cli`` from Python."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    model = [a.split("=", 1)[1] for a in overrides if a.startswith("model=")]
+    rest = [a for a in overrides if not a.startswith("model=")]
+    with initialize_config_dir(
+        version_base="1.3", config_dir=str(REPO_ROOT / "configs"), job_name="infer"
+    ):
+        cfg = hydra_compose(config_name="infer", overrides=rest)
+    if model:
+        with open_dict(cfg):
+            cfg.model = model[-1]
+    return cfg
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="infer")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: bad input → one line on stderr, exit status 2."""
+    status = run_cli(cfg)
+    if status:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,12 @@ from typing import Any
 
 from torch import nn
 
-from .pretrained import PretrainedError, load_checkpoint_state_dict, load_state_dict_strict
+from .pretrained import (
+    _INIT_ONLY_ARGS,
+    PretrainedError,
+    load_checkpoint_state_dict,
+    load_state_dict_strict,
+)
 from .pretrained import save_pretrained as save_with_metadata
 
 __all__ = ["ExportError", "export_checkpoint", "model_card", "push_folder", "main"]
@@ -99,7 +104,9 @@ def _training_facts(checkpoint: dict, data: str | None) -> dict[str, str]:
         **_flatten(hparams if isinstance(hparams, dict) else {}),
     }
     facts: dict[str, str] = {}
-    dataset = data or _find(flat, "data_name", "dataset", "data.name", "data._target_", "data.root")
+    dataset = data or _find(
+        flat, "data_name", "dataset", "data.name", "data._target_", "data.root", "root"
+    )
     facts["training data"] = (
         str(dataset) if dataset is not None else "not recorded in the checkpoint"
     )
@@ -213,8 +220,8 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     if not is_model(name):
         raise ExportError(path, f"model {name!r} from the checkpoint is not registered")
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
-    kwargs.pop("pretrained_backbone", None)  # the checkpoint's weights replace any initial ones
-    kwargs.pop("init_checkpoint", None)  # ReSplat stage 2: same (the file may be gone)
+    for key in _INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
+        kwargs.pop(key, None)  # may be gone)
     try:
         model = create_model(name, **kwargs)
     except (TypeError, ValueError) as error:

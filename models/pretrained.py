@@ -59,9 +59,10 @@ WEIGHTS_NAME = "model.safetensors"
 # config.json key holding what the weights are (family, registry name, class); written by
 # ``save_pretrained`` below and by ``models.export``. Constructor arguments sit beside it.
 METADATA_KEY = "splatzoo"
-# Constructor arguments that only fetch initial weights (the saved weights replace them); saved as
-# False so that rebuilding a model from config.json never downloads anything.
-_INIT_ONLY_ARGS = ("pretrained_backbone", "init_checkpoint")
+# Constructor arguments that only fetch initial weights (the saved weights replace them), with the
+# value saved in config.json so that rebuilding a model from it never downloads or reads anything
+# (ReSplat's init_checkpoint: the stage-1 file may be gone; its weights are in model.safetensors).
+_INIT_ONLY_ARGS = {"pretrained_backbone": False, "init_checkpoint": None}
 
 # Published Hub repositories: registry name -> "hf-hub:org/repo[@revision]". Only weights that exist.
 HUB_WEIGHTS: dict[str, str] = {}
@@ -568,9 +569,9 @@ def model_config(model: nn.Module, name: str | None = None) -> dict[str, Any]:
             f"{type(model).__name__}: constructor arguments {', '.join(missing)} are not in its "
             "config (they must be plain JSON-serialisable keyword arguments)"
         )
-    for key in _INIT_ONLY_ARGS:
+    for key, value in _INIT_ONLY_ARGS.items():
         if key in config:
-            config[key] = False
+            config[key] = value
     config[METADATA_KEY] = {
         "family": getattr(model, "family", None),
         "model_name": name,
