@@ -125,7 +125,8 @@ def refine_target_poses(
 
     # Evaluation runs under inference_mode; clones made outside it are ordinary tensors.
     with torch.inference_mode(False), torch.enable_grad():
-        frozen = gaussians.map(lambda t: t.detach().clone())
+        dtype = torch.promote_types(gaussians.dtype, torch.float32)  # never optimise in half
+        frozen = gaussians.map(lambda t: t.detach().clone()).to(dtype)
         target = image.detach().clone().to(frozen.dtype)
         start = extrinsics.detach().clone().to(frozen.dtype)
         intrinsics = intrinsics.detach().clone().to(frozen.dtype)

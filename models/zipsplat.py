@@ -26,13 +26,16 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
 4. **Head.** The shared ``GaussianHead`` in ``free`` mode decodes each scene token into
    ``gaussians_per_token`` (``G``) Gaussians with unconstrained means ``sign(y) * expm1(|y|)``
    (clamped) in the frame of context view 0; the DC colour starts at the token's patch colour.
-   Exactly ``K * G`` Gaussians come out. Two additions of ours, both documented as such: the head
-   also sees ``log`` of the cluster size, and a cluster's Gaussian scales are multiplied by the
-   square root of its size (a cluster of ``m`` patches has ``m`` patches' area to cover; at
-   ``r = 1`` the factor is 1); and, with ``ray_anchor_depth`` set, the free means are offsets from
-   a fixed point on the token's pixel ray at that depth, each view's ray taken in its own camera as
-   if it sat at view 0 (NoPoSplat's start), which makes the CPU-budget training converge; set it
-   to ``None`` for the paper's plain free means.
+   Exactly ``K * G`` Gaussians come out. Additions of ours (not in the paper): the head also sees
+   ``log`` of the cluster size, and a cluster's Gaussian scales are multiplied by the square root
+   of its size (a cluster of ``m`` patches has ``m`` patches' area to cover; at ``r = 1`` the
+   factor is 1); and, with ``ray_anchor_depth`` set, the free means are offsets from a fixed point
+   on the token's patch-centre ray at that depth (each view's ray taken in its own camera as if it
+   sat at view 0, NoPoSplat's starting point), with the G offsets initialised to a sunflower
+   pattern covering the patch. That is an initialisation choice for short CPU-budget training (the
+   first renders cover the image instead of stacking every Gaussian at the origin); the offsets
+   are as unconstrained as the paper's means. ``ray_anchor_depth=None`` gives the paper's plain
+   free means.
 
 Scene frame and scale: a pose-free model cannot know the metric scale or the other cameras. The
 data convention (``DESIGN.md``) fixes both: every batch is expressed in the frame of context view 0
@@ -220,12 +223,14 @@ class ZipSplat(SplatModel):
         sh_degree: SH degree of the colours.
         head_hidden_dim: hidden width of the head MLP (``None``: ``dim``).
         scale_factor: the scale is ``softplus(x - 4) * scale_factor`` (scene units) times the
-            square root of the cluster size.
+            square root of the cluster size; 8 starts at ~0.15, about a seventh of the width of
+            an 8-pixel patch at depth 6 in the synthetic data.
         max_scale: cap of the scale before the cluster-size factor.
         free_mean_max: clamp of the free mean offsets.
         opacity_bias: initial opacity logit.
-        ray_anchor_depth: depth of the fixed ray anchor the free means start from; ``None`` for
-            plain free means (see the module docstring).
+        ray_anchor_depth: depth of the fixed ray anchor the free means start from (scene units,
+            where the context baseline is 1; the synthetic rooms' median depth is ~6); ``None``
+            for plain free means (see the module docstring).
         default_focal: normalised focal length assumed when the context has no intrinsics.
         compression: default cluster ratio ``r`` in ``(0, 1]`` (a forward keyword overrides it).
         kmeans_iterations: Lloyd iterations.
@@ -263,11 +268,11 @@ class ZipSplat(SplatModel):
         gaussians_per_token: int = 10,
         sh_degree: int = 1,
         head_hidden_dim: int | None = None,
-        scale_factor: float = 5.0,
+        scale_factor: float = 8.0,
         max_scale: float = 1.0,
         free_mean_max: float = 100.0,
         opacity_bias: float = 0.0,
-        ray_anchor_depth: float | None = 4.0,
+        ray_anchor_depth: float | None = 6.0,
         default_focal: float = 1.0,
         compression: float = 1.0,
         kmeans_iterations: int = 5,
@@ -618,6 +623,11 @@ class ZipSplat(SplatModel):
             anchors = gather_tokens(self._ray_anchors(intrinsics, grid, b, v, images), index)
             anchors = repeat(anchors, "b k c -> b (k g) c", g=self.gaussians_per_token)
             gaussians = gaussians.replace(means=gaussians.means + anchors)
+        if offset is None and self.camera_prior_embed is not None and torch.is_grad_enabled():
+            # Keep the unused prior weights in the graph (a zero term): DDP requires every
+            # parameter to get a gradient in every step.
+            unused = sum(p.sum() for p in self.camera_prior_embed.parameters())
+            gaussians = gaussians.replace(means=gaussians.means + 0.0 * unused)
 
         extras: dict[str, Tensor | float | int] = {
             "scene_token_index": index,
@@ -653,7 +663,7 @@ _TINY = dict(
     color_dim=32,
     gaussians_per_token=10,
     sh_degree=1,
-    ray_anchor_depth=4.0,
+    ray_anchor_depth=6.0,
 )
 _SMALL = dict(
     size="small",

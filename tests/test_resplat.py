@@ -76,7 +76,7 @@ def test_registry(fresh: ReSplat) -> None:
     assert {"resplat_tiny", "resplat_small", "resplat_base"} <= set(list_models(family="resplat"))
     assert fresh.family == "resplat" and not fresh.pose_free
     config = model_config(fresh, "resplat_tiny")
-    assert config["init_checkpoint"] is False and config["iterations"] == 2
+    assert config["init_checkpoint"] is None and config["iterations"] == 2
 
 
 def test_encode_decode_round_trip(fresh: ReSplat) -> None:

@@ -162,9 +162,13 @@ def test_forward_backward_any_number_of_views(views):
     k = cluster_count(n, 0.5 if views > 1 else 1.0)
     assert pred.gaussians.means.shape == (2, k * model.gaussians_per_token, 3)
     g = pred.gaussians
-    loss = g.means.square().mean() + g.harmonics.square().mean() + g.scales.mean() + g.opacities.mean()
+    loss = (
+        g.means.square().mean() + g.harmonics.square().mean() + g.scales.mean() + g.opacities.mean()
+    )
     loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    # Every parameter is in the graph (the unused camera prior as a zero term), as DDP needs.
+    assert set(grads) == {name for name, _ in model.named_parameters()}
     assert all(torch.isfinite(v).all() for v in grads.values())
     for part in ("backbone.blocks.0", "refine.0", "color_refine", "color_embed", "gaussian_head"):
         assert any(name.startswith(part) and v.abs().sum() > 0 for name, v in grads.items()), part
