@@ -531,7 +531,12 @@ def load_pretrained(model: nn.Module, name: str, pretrained: bool | str) -> nn.M
     _, path = resolve_weights(name, pretrained)
     differences: list[str] = []
     if path.is_file() and path.suffix == ".ckpt":
-        state, _ = load_checkpoint_state_dict(path)
+        state, checkpoint = load_checkpoint_state_dict(path)
+        trained = checkpoint.get("hyper_parameters", {}).get("model_name")
+        if trained is not None and trained != name:
+            raise PretrainedError(
+                path, f"checkpoint holds model {trained!r}, but {name!r} was asked for"
+            )
     else:
         folder = path.parent if path.is_file() else path
         path = path if path.is_file() else path / WEIGHTS_NAME

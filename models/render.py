@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor
 
 from .cameras import intrinsics_to_pixels, world_to_camera
@@ -55,6 +56,8 @@ EPS2D = 0.3
 BOX_EXTEND = 3.33  # gsplat's bounding-box extent in standard deviations
 BACKENDS = ("auto", "torch", "gsplat")
 MAX_NORMALISED_FOCAL = 50.0  # larger focal lengths are pixel intrinsics passed by mistake
+_MAX_CHUNK = 1024  # largest number of Gaussians per tile per round
+_NEG_SIGMA_FLOOR = -20.0  # exp(-20) * opacity < 1/255: such alphas are skipped anyway
 
 
 @dataclass
@@ -121,7 +124,7 @@ def _quaternion_to_matrix(quaternions: Tensor) -> Tensor:
 def _per_view(value: float | Tensor, like: Tensor) -> Tensor:
     """A float or ``[B, V]`` tensor as ``[B, V, 1]`` in ``like``'s dtype and device."""
     if isinstance(value, Tensor):
-        return value.to(like.dtype).reshape(*like.shape[:2], 1)
+        return value.to(like).reshape(*like.shape[:2], 1)
     return torch.full((*like.shape[:2], 1), float(value), dtype=like.dtype, device=like.device)
 
 
@@ -317,6 +320,72 @@ def _bin_tiles(
     return keys % stride, tile_start, tile_end
 
 
+def _composite_step(
+    gathered: Tensor,
+    in_list: Tensor,
+    origin: Tensor,
+    centres: Tensor,
+    t_before: Tensor,
+    was_done: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Composite the next ``C`` Gaussians of ``n`` tiles over the tiles' pixels.
+
+    Args:
+        gathered: ``[n, C, 11]`` features of each tile's next Gaussians (see
+            :func:`_composite_tiles`).
+        in_list: ``[n, C]`` bool, false for padding past the end of a tile's list.
+        origin: ``[n, 2]`` pixel coordinates (x, y) of each tile's top-left corner.
+        centres: ``[t]`` pixel-centre offsets within a tile, ``0.5 .. t - 0.5``.
+        t_before: ``[n, p]`` transmittance before these Gaussians.
+        was_done: ``[n, p]`` bool, pixels that stopped earlier (or lie outside the image).
+
+    Returns:
+        ``contribution [n, p, 5]`` (r, g, b, depth, alpha), ``t_after [n, p]`` and
+        ``now_done [n, p]``.
+    """
+    n, pixels = t_before.shape
+    dtype = t_before.dtype
+    # sigma = a dx^2 / 2 + c dy^2 / 2 + b dx dy with d = mean - pixel centre, separable over the
+    # tile's rows and columns, evaluated in gsplat's order; the features hold -a/2, -b, -c/2, so
+    # this is exactly -sigma. Layout [n, pixel, Gaussian].
+    per_gaussian = gathered.transpose(1, 2)[:, :, None, :]  # [n, 11, 1, C]
+    dx = per_gaussian[:, 0] - (origin[:, 0, None, None] + centres[:, None])  # [n, t, C]
+    dy = per_gaussian[:, 1] - (origin[:, 1, None, None] + centres[:, None])
+    quad_x = per_gaussian[:, 2] * dx * dx  # [n, t, C]
+    quad_y = per_gaussian[:, 4] * dy * dy
+    cross_x = per_gaussian[:, 3] * dx
+    neg_sigma = torch.addcmul(
+        quad_y[:, :, None] + quad_x[:, None],
+        dy[:, :, None],
+        cross_x[:, None],
+    ).reshape(n, pixels, -1)  # [n, p, C], pixel = row * t + column
+    opacity = torch.where(in_list, gathered[..., 5], 0.0)[:, None]  # [n, 1, C]
+    # exp of a floored -sigma: alphas that small are skipped anyway, and the floor keeps exp away
+    # from denormal results, which are an order of magnitude slower on CPUs.
+    alpha = torch.exp(torch.clamp_min(neg_sigma, _NEG_SIGMA_FLOOR))
+    alpha = torch.clamp_max(opacity * alpha, MAX_ALPHA)  # [n, p, C]
+    with torch.no_grad():
+        # Skip sigma < 0 and alpha < 1/255. Masks are built from sign() in float: exact, and far
+        # faster than boolean tensors on CPUs.
+        keep = torch.maximum(neg_sigma, ALPHA_THRESHOLD - alpha).sign_()
+        keep = keep.neg_().add_(1.0).clamp_(0.0, 1.0)
+    alpha = alpha * keep
+    t_after = t_before[:, :, None] * torch.cumprod(1.0 - alpha, dim=2)  # [n, p, C]
+    weights = alpha * torch.cat([t_before[:, :, None], t_after[:, :, :-1]], dim=2)
+    with torch.no_grad():
+        # gsplat: the Gaussian that would take T to <= 1e-4 is not composited and the pixel
+        # stops. T only decreases, so the kept Gaussians are a prefix.
+        stops = (t_after[:, :, -1] <= TRANSMITTANCE_MIN) & ~was_done  # [n, p]
+        now_done = was_done | stops
+        alive = (~was_done).to(dtype)[..., None]  # [n, p, 1]
+    if bool(stops.any()):
+        with torch.no_grad():
+            before_stop = (t_after - TRANSMITTANCE_MIN).sign_().clamp_(0.0, 1.0)
+        weights = weights * before_stop
+    contribution = torch.bmm(weights, gathered[..., 6:]) * alive  # [n, p, 5]
+    return contribution, t_after[:, :, -1].contiguous(), now_done
+
+
 def _composite_tiles(
     features: Tensor,
     pair_ids: Tensor,
@@ -326,14 +395,17 @@ def _composite_tiles(
     tile_size: int,
     chunk: int,
     max_elements: int,
+    recompute: bool,
 ) -> Tensor:
     """Front-to-back compositing of each tile's depth-sorted Gaussians.
 
-    All tiles advance together, ``chunk`` Gaussians of each per round (lists padded to a multiple of
-    ``chunk``); a tile leaves the active set once its list is exhausted or all its pixels have
-    stopped. Within a round the active tiles are split so that no intermediate tensor holds more
-    than ``max_elements`` entries. The alpha-skip and transmittance-stop rules are applied as
-    masks, so autograd differentiates exactly what the forward pass composited.
+    All active tiles advance together through their lists, at least ``chunk`` Gaussians per round
+    (lists are padded at their ends); a tile leaves the active set once its list is exhausted or
+    all its pixels have stopped (early termination). Within a round the active tiles are split into
+    steps of at most ``max_elements`` (tile, pixel, Gaussian) entries, so no all-pixels x
+    all-Gaussians tensor is ever built; when few tiles remain, rounds take more Gaussians per tile
+    to use that budget. The alpha-skip and transmittance-stop rules are applied as masks, so
+    autograd differentiates exactly what the forward pass composited.
 
     Args:
         features: ``[P, 11]`` per pair: ``x, y`` (pixels), ``-a/2, -b, -c/2`` of the conic,
@@ -343,8 +415,11 @@ def _composite_tiles(
         tile_end: ``[T]`` one past its last.
         image_shape: ``(H, W)``.
         tile_size: tile side in pixels.
-        chunk: Gaussians per tile per round.
-        max_elements: bound on ``tiles * chunk * tile_size^2`` per step.
+        chunk: Gaussians per tile per round (at least).
+        max_elements: bound on the entries of one step, ``tiles * Gaussians * tile_size^2``.
+        recompute: under autograd, keep only each step's inputs and recompute the step in the
+            backward pass (activation checkpointing), so memory does not grow with the number of
+            entries composited.
 
     Returns:
         ``[T, tile_size^2, 5]`` accumulated ``r, g, b, depth, alpha`` per tile pixel.
@@ -355,8 +430,7 @@ def _composite_tiles(
     num_tiles = tile_start.shape[0]
     pixels = tile_size * tile_size
     offsets = torch.arange(pixels, device=device)
-    local_x = (offsets % tile_size).to(dtype) + 0.5  # [p]
-    local_y = (offsets // tile_size).to(dtype) + 0.5
+    centres = torch.arange(tile_size, device=device).to(dtype) + 0.5  # [t] pixel centres
 
     lengths = tile_end - tile_start  # [T]
     active = torch.nonzero(lengths > 0).squeeze(1)  # [A] flat tile ids
@@ -370,48 +444,39 @@ def _composite_tiles(
     # Per active tile; the zero-times-features term keeps outputs attached to the inputs.
     accumulated = features.new_zeros(active.shape[0], pixels, 5) + 0.0 * features[:, 6:].sum()
     finished_ids, finished_values = [active[:0]], [accumulated[:0]]
-    steps = torch.arange(chunk, device=device)
     last = max(pair_ids.shape[0] - 1, 0)
-    per_step = max(1, max_elements // (chunk * pixels))
-
-    round_index = 0
+    start = 0  # list position of this round's first Gaussian
     while active.numel() > 0:
+        # Once few tiles remain active, take more of each list per round (fewer, larger steps),
+        # but never more than the longest remaining list.
+        size = max(chunk, min(max_elements // (active.shape[0] * pixels), _MAX_CHUNK))
+        size = min(size, int((lengths[active] - start).max()))
+        steps = torch.arange(size, device=device)
+        per_step = max(1, max_elements // (size * pixels))
         next_t, next_done, next_acc = [], [], []
         for s in range(0, active.shape[0], per_step):
             tiles = active[s : s + per_step]  # [n]
             t_before = transmittance[s : s + per_step]  # [n, p]
             was_done = done[s : s + per_step]  # [n, p]
-            position = tile_start[tiles, None] + round_index * chunk + steps  # [n, C]
+            position = tile_start[tiles, None] + start + steps  # [n, C]
             gathered = features[pair_ids[position.clamp_max(last)]]  # [n, C, 11]
-            in_list = (position < tile_end[tiles, None])[..., None]  # [n, C, 1]
-            px = (tiles % tiles_x * tile_size).to(dtype)[:, None, None] + local_x  # [n, 1, p]
-            py = (tiles // tiles_x % tiles_y * tile_size).to(dtype)[:, None, None] + local_y
-            dx = gathered[..., 0, None] - px  # [n, C, p]
-            dy = gathered[..., 1, None] - py
-            neg_sigma = dx * torch.addcmul(gathered[..., 3, None] * dy, gathered[..., 2, None], dx)
-            neg_sigma = torch.addcmul(neg_sigma, gathered[..., 4, None] * dy, dy)  # -sigma
-            opacity = torch.where(in_list, gathered[..., 5, None], 0.0)  # [n, C, 1]
-            alpha = torch.clamp_max(opacity * torch.exp(neg_sigma), MAX_ALPHA)
-            alpha = torch.where((alpha >= ALPHA_THRESHOLD) & (neg_sigma <= 0), alpha, 0.0)
-            t_after = t_before[:, None] * torch.cumprod(1.0 - alpha, dim=1)  # [n, C, p]
-            weights = alpha * torch.cat([t_before[:, None], t_after[:, :-1]], dim=1)
-            with torch.no_grad():
-                # gsplat: the Gaussian that would take T to <= 1e-4 is not composited and the
-                # pixel stops. T only decreases, so the kept Gaussians are a prefix.
-                stops = (t_after[:, -1] <= TRANSMITTANCE_MIN) & ~was_done  # [n, p]
-                now_done = was_done | stops
-            if bool(stops.any()):
-                weights = torch.where(t_after > TRANSMITTANCE_MIN, weights, 0.0)
-            contribution = torch.bmm(weights.transpose(1, 2), gathered[..., 6:])  # [n, p, 5]
-            contribution = torch.where(was_done[..., None], 0.0, contribution)
+            in_list = position < tile_end[tiles, None]  # [n, C]
+            origin = torch.stack([tiles % tiles_x, tiles // tiles_x % tiles_y], 1) * tile_size
+            args = (gathered, in_list, origin.to(dtype), centres, t_before, was_done)
+            if recompute and torch.is_grad_enabled() and gathered.requires_grad:
+                contribution, t_last, now_done = torch.utils.checkpoint.checkpoint(
+                    _composite_step, *args, use_reentrant=False
+                )
+            else:
+                contribution, t_last, now_done = _composite_step(*args)
             next_acc.append(accumulated[s : s + per_step] + contribution)
-            next_t.append(t_after[:, -1])
+            next_t.append(t_last)
             next_done.append(now_done)
-        round_index += 1
+        start += size
         accumulated = torch.cat(next_acc)
         transmittance = torch.cat(next_t)
         done = torch.cat(next_done)
-        remaining = (lengths[active] > round_index * chunk) & ~done.all(dim=1)
+        remaining = (lengths[active] > start) & ~done.all(dim=1)
         finished_ids.append(active[~remaining])
         finished_values.append(accumulated[~remaining])
         active, accumulated = active[remaining], accumulated[remaining]
@@ -431,6 +496,7 @@ def _render_torch(
     tile_size: int,
     chunk: int,
     max_elements: int,
+    recompute: bool,
 ) -> RenderOutput:
     """The tiled PyTorch rasteriser (any device, differentiable through autograd)."""
     height, width = image_shape
@@ -489,7 +555,15 @@ def _render_torch(
     )
     tiles_y, tiles_x = math.ceil(height / tile_size), math.ceil(width / tile_size)
     accumulated = _composite_tiles(
-        features, pair_ids, tile_start, tile_end, image_shape, tile_size, chunk, max_elements
+        features,
+        pair_ids,
+        tile_start,
+        tile_end,
+        image_shape,
+        tile_size,
+        chunk,
+        max_elements,
+        recompute,
     )  # [T, p, 5]
     image = accumulated.reshape(batch, views, tiles_y, tiles_x, tile_size, tile_size, 5)
     image = image.permute(0, 1, 6, 2, 4, 3, 5).reshape(
@@ -516,7 +590,7 @@ def _render_gsplat(
     from gsplat import rasterization
 
     height, width = image_shape
-    near_value, far_value = _scalar_plane(near, "near"), _scalar_plane(far, "far")
+    near_value, far_value = _scalar_plane(near), _scalar_plane(far)
     if near_value is None or far_value is None:
         # Per-view planes: gsplat takes one plane per call, so render view by view.
         outputs = [
@@ -545,7 +619,7 @@ def _render_gsplat(
         quats=gaussians.rotations,
         scales=gaussians.scales,
         opacities=opacities,
-        colors=gaussians.harmonics.transpose(-1, -2),  # [B, N, K, 3]
+        colors=gaussians.harmonics.transpose(-1, -2).contiguous(),  # [B, N, K, 3]
         viewmats=world_to_camera(extrinsics),
         Ks=intrinsics_to_pixels(intrinsics, image_shape),
         width=width,
@@ -556,7 +630,7 @@ def _render_gsplat(
         sh_degree=gaussians.sh_degree,
         packed=False,
         tile_size=TILE_SIZE,
-        backgrounds=background,
+        backgrounds=background.contiguous(),
         render_mode="RGB+D",  # accumulated depth sum_i w_i z_i (not divided by alpha)
         rasterize_mode="classic",
     )  # [B, V, H, W, 4], [B, V, H, W, 1]
@@ -569,7 +643,7 @@ def _render_gsplat(
     )
 
 
-def _scalar_plane(value: float | Tensor, name: str) -> float | None:
+def _scalar_plane(value: float | Tensor) -> float | None:
     """A near/far plane as one float, or ``None`` when it differs between views."""
     if not isinstance(value, Tensor):
         return float(value)
@@ -700,7 +774,8 @@ def render(
     far: float | Tensor = 1e10,
     tile_size: int = TILE_SIZE,
     chunk: int = 32,
-    max_elements: int = 1 << 18,
+    max_elements: int = 1 << 20,
+    recompute: bool = True,
 ) -> RenderOutput:
     """Render Gaussians into every view of every scene.
 
@@ -715,9 +790,13 @@ def render(
         near: near plane (camera z), a float or ``[B, V]``; closer Gaussians are culled.
         far: far plane, a float or ``[B, V]``.
         tile_size: torch backend: tile side in pixels (gsplat uses 16).
-        chunk: torch backend: Gaussians per tile composited per round.
-        max_elements: torch backend: bound on ``tiles * chunk * tile_size^2`` entries per step
-            (the memory knob: intermediates are a few times ``max_elements`` floats).
+        chunk: torch backend: Gaussians per tile composited per round (at least).
+        max_elements: torch backend: bound on the (tile, pixel, Gaussian) entries of one step,
+            the memory knob: without autograd, the intermediates are a few times
+            ``max_elements`` floats.
+        recompute: torch backend under autograd: recompute each compositing step in the
+            backward pass instead of keeping its intermediates (memory stays bounded by
+            ``max_elements`` instead of growing with the work; about 20% slower).
 
     Returns:
         A :class:`RenderOutput`; ``depth`` is the expected z ``sum_i w_i z_i``, *not* divided by
@@ -751,9 +830,10 @@ def render(
             f"got fx, fy up to {focal.abs().max().item():.4g}: pixel intrinsics passed by mistake?"
         )
     if (centre.abs() > MAX_NORMALISED_FOCAL).any():
+        largest = centre.abs().max().item()
         raise ValueError(
-            f"intrinsics must be normalised, got a principal point of {centre.abs().max().item():.4g}"
-            " image sizes: pixel intrinsics passed by mistake?"
+            f"intrinsics must be normalised, got a principal point {largest:.4g} image sizes "
+            "from the corner: pixel intrinsics passed by mistake?"
         )
     near = _check_plane("near", near, batch, views)
     far = _check_plane("far", far, batch, views)
@@ -778,7 +858,10 @@ def render(
             raise ValueError(f"backend='gsplat' needs CUDA tensors, got gaussians on {device}")
         if gaussians.dtype != torch.float32:
             raise ValueError(f"backend='gsplat' needs float32 gaussians, got {gaussians.dtype}")
-        return _render_gsplat(gaussians, extrinsics, intrinsics, image_shape, background, near, far)
+        if bool(gaussians.valid_mask().any()):  # gsplat is not meant for empty sets
+            return _render_gsplat(
+                gaussians, extrinsics, intrinsics, image_shape, background, near, far
+            )
     return _render_torch(
         gaussians,
         extrinsics,
@@ -790,4 +873,5 @@ def render(
         tile_size,
         chunk,
         max_elements,
+        recompute,
     )

@@ -17,7 +17,7 @@ from models.sh import eval_sh
 ALPHA_MIN = 1.0 / 255.0
 
 
-# ----------------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------------ helpers
 def random_gaussians(
     batch: int,
     num: int,
@@ -97,41 +97,43 @@ def reference_render(
         valid_entries = gaussians.valid_mask()[b]
         for v in range(views):
             view = torch.linalg.inv(extrinsics[b, v])
-            fx = intrinsics[b, v, 0, 0] * width
-            fy = intrinsics[b, v, 1, 1] * height
-            cx = intrinsics[b, v, 0, 2] * width
-            cy = intrinsics[b, v, 1, 2] * height
+            fx = intrinsics[b, v, 0, 0].item() * width
+            fy = intrinsics[b, v, 1, 1].item() * height
+            cx = intrinsics[b, v, 0, 2].item() * width
+            cy = intrinsics[b, v, 1, 2].item() * height
             bg = torch.zeros(3, dtype=dtype) if background is None else background[b, v]
             records = []
             for i in range(gaussians.means.shape[1]):
                 if not valid_entries[i]:
                     continue
                 mean = gaussians.means[b, i]
-                p = view[:3, :3] @ mean + view[:3, 3]
-                x, y, z = p.tolist()
+                x, y, z = view[:3, :3] @ mean + view[:3, 3]
                 if z < near or z > far:
                     continue
-                opacity = float(gaussians.opacities[b, i])
+                opacity = gaussians.opacities[b, i]
                 if opacity < ALPHA_MIN:
                     continue
-                w, qx, qy, qz = (
-                    gaussians.rotations[b, i] / gaussians.rotations[b, i].norm()
-                ).tolist()
-                rot = torch.tensor(
+                w, qx, qy, qz = gaussians.rotations[b, i] / gaussians.rotations[b, i].norm()
+                rot = torch.stack(
                     [
-                        [1 - 2 * (qy**2 + qz**2), 2 * (qx * qy - w * qz), 2 * (qx * qz + w * qy)],
-                        [2 * (qx * qy + w * qz), 1 - 2 * (qx**2 + qz**2), 2 * (qy * qz - w * qx)],
-                        [2 * (qx * qz - w * qy), 2 * (qy * qz + w * qx), 1 - 2 * (qx**2 + qy**2)],
-                    ],
-                    dtype=dtype,
-                )
+                        torch.stack([1 - 2 * (qy**2 + qz**2), 2 * (qx * qy - w * qz), 2 * (qx * qz + w * qy)]),
+                        torch.stack([2 * (qx * qy + w * qz), 1 - 2 * (qx**2 + qz**2), 2 * (qy * qz - w * qx)]),
+                        torch.stack([2 * (qx * qz - w * qy), 2 * (qy * qz + w * qx), 1 - 2 * (qx**2 + qy**2)]),
+                    ]
+                )  # fmt: skip
                 cov = rot @ torch.diag(gaussians.scales[b, i] ** 2) @ rot.T
                 cov_cam = view[:3, :3] @ cov @ view[:3, :3].T
                 tan_x, tan_y = 0.5 * width / fx, 0.5 * height / fy
-                tx = z * min(max(x / z, -(cx / fx + 0.3 * tan_x)), (width - cx) / fx + 0.3 * tan_x)
-                ty = z * min(max(y / z, -(cy / fy + 0.3 * tan_y)), (height - cy) / fy + 0.3 * tan_y)
-                jac = torch.tensor(
-                    [[fx / z, 0.0, -fx * tx / z**2], [0.0, fy / z, -fy * ty / z**2]], dtype=dtype
+                lim_x = (cx / fx + 0.3 * tan_x, (width - cx) / fx + 0.3 * tan_x)
+                lim_y = (cy / fy + 0.3 * tan_y, (height - cy) / fy + 0.3 * tan_y)
+                tx = z * torch.clamp(x / z, -lim_x[0], lim_x[1])
+                ty = z * torch.clamp(y / z, -lim_y[0], lim_y[1])
+                zero = torch.zeros((), dtype=dtype)
+                jac = torch.stack(
+                    [
+                        torch.stack([fx / z, zero, -fx * tx / z**2]),
+                        torch.stack([zero, fy / z, -fy * ty / z**2]),
+                    ]
                 )
                 cov2d = jac @ cov_cam @ jac.T + 0.3 * torch.eye(2, dtype=dtype)
                 conic = torch.linalg.inv(cov2d)
@@ -140,7 +142,7 @@ def reference_render(
                 sh = _spherical_harmonics(degree, direction, gaussians.harmonics[b, i].T)
                 color = torch.clamp_min(sh + 0.5, 0.0)
                 records.append((z, i, centre, conic, opacity, color))
-            records.sort(key=lambda r: (r[0], r[1]))
+            records.sort(key=lambda r: (r[0].item(), r[1]))
             trans = torch.ones(height * width, dtype=dtype)
             done = torch.zeros(height * width, dtype=torch.bool)
             acc = torch.zeros(height * width, 4, dtype=dtype)
@@ -156,7 +158,7 @@ def reference_render(
                 done = done | stop
                 use = ~skip & ~stop
                 weight = torch.where(use, alpha * trans, 0.0)
-                acc += weight[:, None] * torch.cat([color, torch.tensor([z], dtype=dtype)])
+                acc = acc + weight[:, None] * torch.cat([color, z[None]])
                 trans = torch.where(use, next_trans, trans)
             colors_out[b, v] = (acc[:, :3] + trans[:, None] * bg).T.reshape(3, height, width)
             depth_out[b, v] = acc[:, 3].reshape(height, width)
@@ -169,7 +171,7 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-# ----------------------------------------------------------------------------------- SH
+# ------------------------------------------------------------------------------ SH
 @pytest.mark.parametrize("degree", [0, 1, 2, 3, 4])
 def test_sh_matches_gsplat(degree: int):
     from gsplat.cuda._torch_impl import _spherical_harmonics
@@ -192,7 +194,7 @@ def test_sh_sign_convention():
         eval_sh(torch.zeros(3, 5), torch.ones(3))
 
 
-# ----------------------------------------------------------------------------------- (a) closed form
+# ------------------------------------------------------------------------------ (a) closed form
 def single_gaussian(mean, scale, opacity, rgb, dtype=torch.float64) -> Gaussians:
     return Gaussians(
         means=torch.tensor([[mean]], dtype=dtype),
@@ -256,7 +258,7 @@ def test_alpha_clamp_and_transmittance_stop():
     assert out.alpha[0, 0, 15, 25].item() == pytest.approx(1 - (1 - a1) * (1 - a2), abs=1e-12)
 
 
-# ----------------------------------------------------------------------------------- (b) reference
+# ------------------------------------------------------------------------------ (b) reference
 @pytest.mark.parametrize(
     ("batch", "views", "num", "degree", "shape", "masked"),
     [
@@ -298,8 +300,40 @@ def test_chunking_does_not_change_the_result():
     g = random_gaussians(1, 300, degree=2)
     extrinsics, intrinsics = cameras(1, 2)
     a = render(g, extrinsics, intrinsics, (50, 70), backend="torch", chunk=64)
-    b = render(g, extrinsics, intrinsics, (50, 70), backend="torch", chunk=3, max_elements=2000)
+    b = render(g, extrinsics, intrinsics, (50, 70), backend="torch", chunk=3, max_elements=3000)
     assert max_abs(a.color, b.color) < 1e-6 and max_abs(a.alpha, b.alpha) < 1e-6
+
+
+def test_tile_size_does_not_change_the_result():
+    g = random_gaussians(1, 200, degree=1)
+    extrinsics, intrinsics = cameras(1, 1)
+    a = render(g, extrinsics, intrinsics, (45, 61), backend="torch")
+    b = render(g, extrinsics, intrinsics, (45, 61), backend="torch", tile_size=8)
+    assert max_abs(a.color, b.color) < 1e-6 and max_abs(a.depth, b.depth) < 1e-5
+
+
+def test_near_and_far_planes_per_view():
+    g = random_gaussians(1, 100, depth=(1.0, 6.0))
+    extrinsics, intrinsics = cameras(1, 2)
+    near = torch.tensor([[0.01, 3.0]])
+    far = torch.tensor([[4.0, 1e10]])
+    both = render(g, extrinsics, intrinsics, (24, 24), near=near, far=far, backend="torch")
+    for v in range(2):
+        one = render(
+            g,
+            extrinsics[:, v : v + 1],
+            intrinsics[:, v : v + 1],
+            (24, 24),
+            near=float(near[0, v]),
+            far=float(far[0, v]),
+            backend="torch",
+        )
+        assert max_abs(both.color[:, v : v + 1], one.color) < 1e-6
+    full = render(g, extrinsics, intrinsics, (24, 24), backend="torch")
+    assert max_abs(both.color, full.color) > 0.05  # the planes did cull something
+    assert (
+        both.depth[0, 1][both.alpha[0, 1] > 0.5] / both.alpha[0, 1][both.alpha[0, 1] > 0.5]
+    ).min() > 2.5
 
 
 def test_batch_equals_separate_scenes():
@@ -327,7 +361,7 @@ def test_masked_entries_never_render():
     assert (masked.radii[0, 0, ~keep] == 0).all()
 
 
-# ----------------------------------------------------------------------------------- (c) gradients
+# ------------------------------------------------------------------------------ (c) gradients
 def test_gradcheck_float64():
     g = random_gaussians(1, 4, degree=1, dtype=torch.float64, spread=0.5, scale=(0.1, 0.25))
     g.opacities = 0.3 + 0.5 * g.opacities  # away from the 0.999 clamp
@@ -352,7 +386,44 @@ def test_gradcheck_float64():
     )
     color = fn(*inputs)[0]
     assert color.requires_grad
-    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=True)
+    # fast_mode checks a random projection of the full Jacobian (analytical vs finite
+    # differences); no custom autograd.Function here, so the undefined-grad check adds nothing.
+    assert torch.autograd.gradcheck(
+        fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=True, check_undefined_grad=False
+    )
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_gradients_match_reference_with_saturation(recompute: bool):
+    # Autograd through the masks (alpha skip, transmittance stop, early termination) must give
+    # the gradient of what was composited: compare with autograd through the sequential reference.
+    g = random_gaussians(1, 60, degree=1, dtype=torch.float64, spread=0.3, scale=(0.2, 0.5))
+    g.opacities = 0.6 + 0.39 * g.opacities
+    extrinsics, intrinsics = cameras(1, 1, torch.float64)
+    names = ("means", "scales", "rotations", "opacities", "harmonics")
+    grads = []
+    for renderer in ("tiled", "reference"):
+        params = {k: getattr(g, k).clone().requires_grad_(True) for k in names}
+        scene = Gaussians(**params)
+        if renderer == "tiled":
+            out = render(
+                scene,
+                extrinsics,
+                intrinsics,
+                (24, 20),
+                backend="torch",
+                chunk=4,
+                recompute=recompute,
+            )
+            color, depth, alpha = out.color, out.depth, out.alpha
+        else:
+            color, depth, alpha, stopped = reference_render(scene, extrinsics, intrinsics, (24, 20))
+            assert stopped.float().mean() > 0.15
+        weight = torch.linspace(0.5, 1.5, color.numel(), dtype=torch.float64).reshape(color.shape)
+        loss = (weight * color).sum() + depth.sum() + alpha.sum()
+        grads.append(torch.autograd.grad(loss, list(params.values())))
+    for name, ours, ref in zip(names, *grads):
+        assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-9), name
 
 
 def test_gradients_reach_every_parameter_and_are_finite():
@@ -374,7 +445,7 @@ def test_gradients_reach_every_parameter_and_are_finite():
     assert (g.means.grad[0, 5] == 0).all()
 
 
-# ----------------------------------------------------------------------------------- (d) projection
+# ------------------------------------------------------------------------------ (d) projection
 def test_projection_matches_gsplat_torch_impl():
     from gsplat.cuda._torch_impl import _fully_fused_projection, _quat_scale_to_covar_preci
 
@@ -399,7 +470,7 @@ def test_projection_matches_gsplat_torch_impl():
     assert max_abs(ours.depths, depths) < 1e-12
 
 
-# ----------------------------------------------------------------------------------- (e) real scene
+# ------------------------------------------------------------------------------ (e) real scene
 def garden_inputs(data_dir, scale_down: int):
     path = data_dir / "gsplat_test_garden.npz"
     if not path.is_file():
@@ -411,7 +482,7 @@ def garden_inputs(data_dir, scale_down: int):
     num = means.shape[1]
     g = Gaussians(
         means=means,
-        scales=torch.full((1, num, 3), 0.02),
+        scales=torch.full((1, num, 3), 0.01),
         rotations=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(1, num, 1),
         opacities=torch.full((1, num), 0.8),
         harmonics=rgb_to_sh(rgb)[..., None],
@@ -441,7 +512,7 @@ def test_garden_scene_full_resolution(shared_data):
     assert torch.isfinite(out.color).all() and (out.alpha > 0.5).float().mean() > 0.8
 
 
-# ----------------------------------------------------------------------------------- (f) gsplat parity
+# ------------------------------------------------------------------------------ (f) gsplat parity
 def parity_fraction(a: torch.Tensor, b: torch.Tensor, tol: float) -> float:
     return ((a - b).abs() > tol).float().mean().item()
 
@@ -462,7 +533,9 @@ def test_torch_matches_gsplat(degree: int):
     assert parity_fraction(ours.alpha, ref.alpha, 1e-4) < 1e-3
     assert parity_fraction(ours.depth, ref.depth, 1e-4 * ref.depth.abs().max().item()) < 1e-3
     assert (ours.color - ref.color).abs().mean() < 1e-5
-    assert torch.equal(ours.radii, ref.radii)
+    # Radii are ceil()s of float32 products (gsplat uses fast-math logs): rare off-by-one.
+    assert (ours.radii - ref.radii).abs().max() <= 1
+    assert (ours.radii == ref.radii).float().mean() > 0.999
 
 
 @pytest.mark.gpu
@@ -477,7 +550,7 @@ def test_torch_matches_gsplat_on_garden(shared_data):
     assert render(g, extrinsics, intrinsics, shape).color.shape == ours.color.shape  # auto
 
 
-# ----------------------------------------------------------------------------------- (g) bad input
+# ------------------------------------------------------------------------------ (g) bad input
 def test_bad_inputs_raise_value_error_naming_the_argument():
     g = random_gaussians(2, 10)
     extrinsics, intrinsics = cameras(2, 1)
@@ -521,7 +594,7 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
     bad("gsplat", backend="gsplat")  # CPU tensors
 
 
-# ----------------------------------------------------------------------------------- (h) degenerate
+# ------------------------------------------------------------------------------ (h) degenerate
 def test_behind_camera_and_empty_sets_render_background():
     extrinsics, intrinsics = cameras(1, 2)
     bg = torch.tensor([0.25, 0.5, 0.75])

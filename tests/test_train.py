@@ -196,7 +196,8 @@ def test_few_steps_lower_the_loss(data_root):
 
     dm = SplatDataModule(root=str(data_root), image_shape=[64, 64], num_context_views=2,
                          num_target_views=2, batch_size=2, num_workers=0,
-                         generate_if_missing=False, near=0.25, far=50.0)
+                         min_context_gap=8, max_context_gap=12, generate_if_missing=False,
+                         near=0.25, far=50.0)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     module = SplatLitModule(create_model("pixel_aligned_tiny"), lr=2e-3, warmup_steps=0)
@@ -218,7 +219,8 @@ def test_nan_loss_step_is_skipped(data_root):
 
     dm = SplatDataModule(root=str(data_root), image_shape=[64, 64], num_context_views=2,
                          num_target_views=2, batch_size=1, num_workers=0,
-                         generate_if_missing=False, near=0.25, far=50.0)
+                         min_context_gap=8, max_context_gap=12, generate_if_missing=False,
+                         near=0.25, far=50.0)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     batch["target"]["image"] = torch.full_like(batch["target"]["image"], float("nan"))
