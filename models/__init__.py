@@ -4,12 +4,7 @@ families. Importing this package needs neither Lightning, Hydra nor wandb."""
 from .base import ModelOutput, SplatModel
 from .gaussians import Gaussians
 from .registry import create_model, is_model, list_models, register_model
-
-try:  # the renderer lands with the foundation issue
-    from .render import RenderOutput, render
-except ModuleNotFoundError as _error:  # pragma: no cover - removed once render.py exists
-    if _error.name != f"{__name__}.render":
-        raise
+from .render import RenderOutput, render
 
 __all__ = [
     "Gaussians",

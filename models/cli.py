@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 

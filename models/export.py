@@ -364,6 +364,8 @@ def _read_metrics(path: str) -> dict[str, float]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ExportError(path, f"cannot read metrics JSON ({error})") from error
+    if isinstance(data, dict) and isinstance(data.get("metrics"), dict):
+        data = {"test": data["metrics"]}  # eval.py's layout: the rest is run metadata
     flat = _flatten(data) if isinstance(data, dict) else {}
     metrics = {k: n for k, v in flat.items() if (n := _number(v)) is not None}
     if not metrics:

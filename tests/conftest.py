@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
-import torch
+# OpenMP's default busy-wait makes torch's CPU kernels crawl on an oversubscribed machine (e.g.
+# several pytest or training processes on 2 cores); passive waiting costs little when idle.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
