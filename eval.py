@@ -45,7 +45,9 @@ def write_outputs(folder: str, records: list[dict], samples: list[dict], meta: d
         rows = []
         for target, rendered in zip(sample["target"], sample["render"]):
             rows.append(torch.cat([*sample["context"], target, rendered.clamp(0, 1)], dim=-1))
-        save_image(torch.cat(rows, dim=-2), os.path.join(render_dir, f"{i:02d}_{sample['scene']}.png"))
+        save_image(
+            torch.cat(rows, dim=-2), os.path.join(render_dir, f"{i:02d}_{sample['scene']}.png")
+        )
     return summary
 
 
@@ -77,13 +79,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False)
     trainer.test(module, datamodule=datamodule)
     if not module.test_records:
-        raise UserError("the test split produced no scenes (check data.root and the evaluation index)")
+        raise UserError(
+            "the test split produced no scenes (check data.root and the evaluation index)"
+        )
     meta = {
         "model": getattr(net, "registry_name", type(net).__name__),
         "ckpt_path": str(cfg.ckpt_path),
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "eval_kwargs": OmegaConf.to_container(cfg.eval_kwargs, resolve=True),
-        "refine_target_poses": bool(cfg.refine_target_poses) and bool(getattr(net, "pose_free", False)),
+        "refine_target_poses": bool(cfg.refine_target_poses)
+        and bool(getattr(net, "pose_free", False)),
     }
     summary = write_outputs(cfg.paths.output_dir, module.test_records, module.test_samples, meta)
     print_table(summary, len(module.test_records))

@@ -60,7 +60,9 @@ def main(cfg: DictConfig) -> float | None:
     if name is None:
         return None
     if name not in metrics:
-        print(f"optimized_metric {name!r} was not logged; logged: {sorted(metrics)}", file=sys.stderr)
+        print(
+            f"optimized_metric {name!r} was not logged; logged: {sorted(metrics)}", file=sys.stderr
+        )
         return None
     return metrics[name]
 

@@ -149,9 +149,10 @@ def project(points: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> tuple[Ten
 
 def transform_points(transform: Tensor, points: Tensor) -> Tensor:
     """Apply a ``[..., 4, 4]`` rigid transform to points ``[..., P, 3]``."""
-    return torch.einsum("...ij,...pj->...pi", transform[..., :3, :3], points) + transform[
-        ..., None, :3, 3
-    ]
+    return (
+        torch.einsum("...ij,...pj->...pi", transform[..., :3, :3], points)
+        + transform[..., None, :3, 3]
+    )
 
 
 def invert_extrinsics(extrinsics: Tensor) -> Tensor:

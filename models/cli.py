@@ -93,7 +93,9 @@ def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig) -> str | None:
     here = os.path.join(cfg.paths.output_dir, "checkpoints", "last.ckpt")
     if os.path.isfile(here):
         return here
-    pattern = os.path.join(cfg.paths.log_dir, cfg.task_name, "runs", "*", "checkpoints", "last.ckpt")
+    pattern = os.path.join(
+        cfg.paths.log_dir, cfg.task_name, "runs", "*", "checkpoints", "last.ckpt"
+    )
     candidates = sorted(glob.glob(pattern), key=os.path.getmtime)
     if not candidates:
         print(f"ckpt_path=last: no checkpoint matches {pattern}; starting fresh", file=sys.stderr)

@@ -111,7 +111,9 @@ class Gaussians:
     def count(self) -> Tensor:
         """Valid Gaussians per scene, ``[B]`` int64."""
         if self.mask is None:
-            return torch.full((self.batch_size,), self.num_slots, dtype=torch.long, device=self.device)
+            return torch.full(
+                (self.batch_size,), self.num_slots, dtype=torch.long, device=self.device
+            )
         return self.mask.sum(dim=1)
 
     def valid_mask(self) -> Tensor:
@@ -122,7 +124,9 @@ class Gaussians:
 
     def map(self, fn) -> Gaussians:
         """Apply ``fn`` to every tensor field (the mask too, when it is not ``None``)."""
-        return Gaussians(**{k: (fn(v) if v is not None else None) for k, v in self._tensors().items()})
+        return Gaussians(
+            **{k: (fn(v) if v is not None else None) for k, v in self._tensors().items()}
+        )
 
     def to(self, *args, **kwargs) -> Gaussians:
         """Like ``Tensor.to``; the mask keeps its bool dtype."""

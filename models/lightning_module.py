@@ -211,7 +211,9 @@ class SplatLitModule(L.LightningModule):
             out = self.render_views(gaussians, target)
             term = self._photometric(out.color, target["image"])
             if use_lpips:
-                term = term + self.hparams.lpips_weight * self._lpips_loss(out.color, target["image"])
+                term = term + self.hparams.lpips_weight * self._lpips_loss(
+                    out.color, target["image"]
+                )
             if depth_weight > 0 and "depth" in target and "depth" not in pred.extras:
                 term = term + depth_weight * self._depth_loss(out.depth, out.alpha, target["depth"])
             photometric = photometric + weight * term
@@ -313,7 +315,10 @@ class SplatLitModule(L.LightningModule):
             return
         rows = []
         for i in range(n):
-            parts = list(batch["context"]["image"][i]) + [batch["target"]["image"][i, 0], rendered[i, 0]]
+            parts = list(batch["context"]["image"][i]) + [
+                batch["target"]["image"][i, 0],
+                rendered[i, 0],
+            ]
             rows.append(torch.cat([p.clamp(0, 1) for p in parts], dim=-1))
         grid = torch.cat(rows, dim=-2).detach().float().cpu()  # [3, h, w]
         from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
@@ -356,8 +361,12 @@ class SplatLitModule(L.LightningModule):
             results.update(self._scores("refined_", out_refined.color, images))
             out = out_refined
         if self.hparams.compute_baselines:
-            results.update(self._scores("baseline_mean_color_", _mean_color(context, images), images))
-            results.update(self._scores("baseline_nearest_view_", _nearest_view(context, target), images))
+            results.update(
+                self._scores("baseline_mean_color_", _mean_color(context, images), images)
+            )
+            results.update(
+                self._scores("baseline_nearest_view_", _nearest_view(context, target), images)
+            )
         counts = gaussians.count()
         for i, scene in enumerate(batch.get("scene", [str(batch_idx)] * images.shape[0])):
             record = {"scene": scene, "gaussians": int(counts[i])}
@@ -409,7 +418,10 @@ class SplatLitModule(L.LightningModule):
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 def _mean_color(context: dict[str, Tensor], target_images: Tensor) -> Tensor:

@@ -16,18 +16,24 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    (``extras["intrinsics"]``). With ``use_intrinsics=True`` the context intrinsics (when given)
    define the rays and view 0's points stay on them, exactly as ``noposplat_tiny``.
 3. **High-frequency prior.** A one-level wavelet transform (``models.wavelet``, Haar or db2) of the
-   luminance; the detail sub-bands (LH, HL, HH) go through two small convolutions, are upsampled
-   to full resolution and a sigmoid makes a per-channel gate; the router sees
-   ``features + features * gate``.
+   luminance; the detail sub-bands (LH, HL, HH), log-compressed, go through two small
+   convolutions, are upsampled to full resolution and a sigmoid makes a per-channel gate; the
+   router sees ``features + features * gate``.
 4. **Router and cardinality experts.** ``M + 1`` experts (``num_experts = M = 3``); expert ``k`` is
    a small MLP (the shared ``GaussianHead`` with a hidden layer, ``anchor_offset`` mode,
    ``gaussians_per_location = k``) emitting ``k`` Gaussians at the pixel's point plus tanh-bounded
-   offsets measured in pixel footprints; expert 0 emits none. The router is two 1x1 convolutions
-   giving ``M + 1`` logits per pixel; its biases start at the log of the target usage, so it
-   starts by favouring few Gaussians. In training the choice is a straight-through hard
-   Gumbel-softmax sample (``gumbel_tau = 0.5``); each expert's opacities are multiplied by its gate
-   value (1 in the forward pass for the chosen expert, with the soft sample's gradient), so the
-   rendering loss reaches the router.
+   offsets measured in pixel footprints; expert 0 emits none. The router is a per-pixel
+   LayerNorm and two 1x1 convolutions giving ``M + 1`` logits. In training the choice is a
+   straight-through hard Gumbel-softmax sample (``gumbel_tau = 0.5``); each expert's opacities
+   are multiplied by its gate value (1 in the forward pass for the chosen expert, with the soft
+   sample's gradient), so the rendering loss reaches the router.
+   *Our addition* (``energy_ladder=True``, default): an ordinal log-energy "ladder" is added to
+   the logits (``CardinalityRouter``), with thresholds fitted to the target usage on the first
+   training batch. Without it, a router trained from scratch starts with near-constant logits
+   that favour few Gaussians (biases at the log target usage), so its argmax routes every pixel
+   to expert 0 (no Gaussians at all at inference) for the first hundreds of steps, and the
+   sampled (training) and argmax (inference) Gaussian counts disagree. ``energy_ladder=False``
+   gives the paper's feature-only router.
 5. **Inference is deterministic:** the router takes the argmax of its logits in eval mode (the
    public release samples Gumbel noise at inference too, so its output is random). Pass
    ``routing="gumbel"`` to sample anyway.
@@ -35,9 +41,9 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
    wavelet energy ``sqrt(LH² + HL² + HH²)`` at per-batch quantiles (the flattest pixels get
    expert 0, the most textured ones expert ``M``; bin sizes follow the target usage; pixels
-   below ``energy_floor`` are always expert 0), plus a
-   penalty ``KL(mean usage || target usage)`` on the router's mean probabilities. The target usage
-   is the maximum-entropy distribution over ``0..M`` whose mean is
+   below ``energy_floor`` are always expert 0), plus a penalty ``KL(mean usage || target usage)``
+   on the router's mean probabilities (the expected usage of the sampled routing). The target
+   usage is the maximum-entropy distribution over ``0..M`` whose mean is
    ``target_gaussians_per_pixel`` (or an explicit ``target_usage``).
 7. **Optional neighbour aggregation** (``neighbour_aggregation=True``): a kNN point-attention block
    (``models.point_transformer``) over all context pixels' 3D points refines the experts' input
@@ -177,13 +183,17 @@ class HighFrequencyPrior(nn.Module):
         out_dim: gate channels (the feature width it modulates).
         hidden_dim: channels of the small convolutions.
         wavelet: ``"haar"`` or ``"db2"``.
+        detail_scale: coefficients are compressed as ``sign(d) log(1 + |d| / detail_scale)``.
     """
 
-    def __init__(self, out_dim: int, hidden_dim: int = 16, wavelet: str = "haar") -> None:
+    def __init__(
+        self, out_dim: int, hidden_dim: int = 16, wavelet: str = "haar", detail_scale: float = 0.01
+    ) -> None:
         super().__init__()
         if wavelet not in WAVELETS:
             raise ValueError(f"wavelet must be one of {sorted(WAVELETS)}, got {wavelet!r}")
         self.wavelet = wavelet
+        self.detail_scale = detail_scale
         self.net = nn.Sequential(
             nn.Conv2d(3, hidden_dim, 3, padding=1),
             nn.GELU(),
@@ -192,36 +202,118 @@ class HighFrequencyPrior(nn.Module):
 
     def forward(self, detail: Tensor, size: tuple[int, int]) -> Tensor:
         """``detail [N, 3, h, w]`` (LH, HL, HH) -> gate ``[N, out_dim, H, W]`` in (0, 1)."""
+        # Log-compress the coefficients (0.01 -> 0.69, 0.1 -> 2.4, 1 -> 4.6): typical detail is
+        # ~0.01-0.2, and the routing thresholds sit on a log-like scale. Zero stays zero.
+        detail = torch.sign(detail) * torch.log1p(detail.abs() / self.detail_scale)
         x = self.net(detail)  # [N, C, h, w]
         x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
         return torch.sigmoid(x)
 
 
+class ChannelNorm(nn.Module):
+    """LayerNorm over the channels of every pixel of ``[N, C, H, W]``."""
+
+    def __init__(self, channels: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 class CardinalityRouter(nn.Module):
-    """Per-pixel router: two 1x1 convolutions giving ``M + 1`` logits.
+    """Per-pixel router giving ``M + 1`` logits: a per-pixel LayerNorm (so the routing does not
+    swing with the scale of features that the rendering loss is still changing), two 1x1
+    convolutions, and (``energy_ladder=True``) an ordinal *energy ladder* added to the logits.
+
+    The ladder is ``k * s - (θ_1 + ... + θ_k)`` for expert ``k``, with the pixel's log wavelet
+    energy ``s = gain * log(1 + energy / detail_scale)`` (learned ``gain``) and learned thresholds ``θ``: on its own
+    its argmax is ``k`` when ``θ_k < s < θ_{k+1}``, so the router ranks pixels by high-frequency
+    energy from the first step and its deterministic (argmax) routing already spends 0..M
+    Gaussians by texture; the convolutions learn the rest. The thresholds start at
+    ``gain * log(1 + 0.02 * 2.75^(k-1) / detail_scale)`` (energies 0.02, 0.055, 0.15, ...) and are
+    re-fitted on the first training
+    batch (like ActNorm) so that the ladder's routing matches the target usage on the data; the
+    ``calibrated`` buffer records that this happened. Without the ladder, the output bias starts
+    at the log of the target usage instead.
 
     Args:
         in_dim: input channels.
         hidden_dim: hidden channels.
-        prior: ``M + 1`` initial usage probabilities; the output bias starts at their log (and
-            the output weights small), so the router starts near that usage.
+        prior: ``M + 1`` target usage probabilities.
+        energy_ladder: add the ordinal energy ladder.
+        detail_scale: scale of the log-energy (see above).
+        floor: energy at or below which the ladder routes a pixel to expert 0.
+        gain: initial slope of the score (larger: sharper routing probabilities, so that the
+            sampled routing of training and the argmax routing of inference agree).
     """
 
-    def __init__(self, in_dim: int, hidden_dim: int, prior: Sequence[float]) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_dim: int,
+        prior: Sequence[float],
+        energy_ladder: bool = True,
+        detail_scale: float = 0.01,
+        floor: float = 0.01,
+        gain: float = 4.0,
+    ) -> None:
         super().__init__()
+        experts = len(prior) - 1
+        self.detail_scale = detail_scale
+        self.floor = floor
         self.net = nn.Sequential(
+            ChannelNorm(in_dim),
             nn.Conv2d(in_dim, hidden_dim, 1),
             nn.GELU(),
-            nn.Conv2d(hidden_dim, len(prior), 1),
+            nn.Conv2d(hidden_dim, experts + 1, 1),
         )
-        with torch.no_grad():
-            last = self.net[-1]
-            last.weight.mul_(0.1)
-            last.bias.copy_(torch.tensor(prior).clamp_min(1e-6).log())
+        self.register_buffer(
+            "usage_prior", torch.tensor(prior, dtype=torch.float32), persistent=False
+        )
+        if energy_ladder:
+            start = [gain * math.log1p(0.02 * 2.75**i / detail_scale) for i in range(experts)]
+            self.thresholds = nn.Parameter(torch.tensor(start))  # [M]
+            self.gain = nn.Parameter(torch.tensor(float(gain)))
+            self.register_buffer("calibrated", torch.zeros((), dtype=torch.bool))
+            with torch.no_grad():
+                self.net[-1].bias.zero_()
+        else:
+            self.thresholds = None
+            with torch.no_grad():
+                self.net[-1].bias.copy_(self.usage_prior.clamp_min(1e-6).log())
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``x [N, C, H, W]`` -> logits ``[N, M + 1, H, W]``."""
-        return self.net(x)
+    def score(self, energy: Tensor) -> Tensor:
+        """Ladder score ``s`` of energies ``[...]`` (same shape)."""
+        return self.gain * torch.log1p(energy / self.detail_scale)
+
+    @torch.no_grad()
+    def calibrate(self, energy: Tensor) -> None:
+        """Set the thresholds to the quantiles of the score at the target's cumulative usage."""
+        score = self.score(energy).flatten().float()
+        cumulative = self.usage_prior.to(score.device).cumsum(0)[:-1].clamp(0.0, 1.0)  # [M]
+        values = torch.quantile(score[:: max(1, score.numel() // 100_000)], cumulative)
+        floor = float(self.score(torch.tensor(self.floor, device=score.device)))
+        thresholds = []
+        for value in values.tolist():
+            lowest = floor if not thresholds else thresholds[-1] + 0.1
+            thresholds.append(max(value, lowest))
+        self.thresholds.copy_(torch.tensor(thresholds, device=score.device))
+        self.calibrated.fill_(True)
+
+    def forward(self, x: Tensor, energy: Tensor | None = None) -> Tensor:
+        """``x [N, C, H, W]``, ``energy [N, H, W]`` -> logits ``[N, M + 1, H, W]``."""
+        logits = self.net(x)
+        if self.thresholds is None:
+            return logits
+        if energy is None:
+            raise ValueError("the energy ladder needs the wavelet energy [N, H, W]")
+        if self.training and not bool(self.calibrated):
+            self.calibrate(energy)
+        k = torch.arange(logits.shape[1], device=x.device, dtype=logits.dtype)  # [M + 1]
+        offsets = torch.cat([self.thresholds.new_zeros(1), self.thresholds.cumsum(0)])
+        ladder = k[:, None, None] * self.score(energy)[:, None] - offsets[:, None, None]
+        return logits + ladder
 
 
 class SplatWeaver(SplatModel):
@@ -257,6 +349,8 @@ class SplatWeaver(SplatModel):
         usage_weight: weight of the usage penalty relative to the cross-entropy.
         label_smoothing: label smoothing of the routing cross-entropy.
         energy_floor: wavelet energy at or below which a pixel's routing target is expert 0.
+        energy_ladder: add the router's ordinal log-energy ladder to its logits (see
+            ``CardinalityRouter``); ``False``: the paper's router (features only).
         neighbour_aggregation: refine the experts' input with kNN point attention.
         neighbour_k: neighbours of that attention.
         neighbour_heads: attention heads (must divide ``feature_dim``).
@@ -304,6 +398,7 @@ class SplatWeaver(SplatModel):
         usage_weight: float = 1.0,
         label_smoothing: float = 0.1,
         energy_floor: float = 0.01,
+        energy_ladder: bool = True,
         neighbour_aggregation: bool = False,
         neighbour_k: int = 16,
         neighbour_heads: int = 4,
@@ -386,7 +481,9 @@ class SplatWeaver(SplatModel):
         nn.init.zeros_(self.point_head[-1].bias)
         # --- routing ---
         self.prior = HighFrequencyPrior(feature_dim, prior_dim, wavelet)
-        self.router = CardinalityRouter(feature_dim, router_hidden_dim, usage)
+        self.router = CardinalityRouter(
+            feature_dim, router_hidden_dim, usage, energy_ladder, floor=energy_floor
+        )
         self.register_buffer("target_usage", torch.tensor(usage), persistent=False)
         self.register_buffer(
             "depth_candidates", torch.linspace(0.0, 1.0, num_depth_candidates), persistent=False
@@ -537,9 +634,10 @@ class SplatWeaver(SplatModel):
         detail = detail_bands(images, self.wavelet)  # [B, V, 3, H/2, W/2]
         energy = detail_energy(detail.detach(), (h, w))  # [B, V, H, W]
         gate = self.prior(rearrange(detail, "b v c h w -> (b v) c h w"), (h, w))
-        logits = self.router(features + features * gate)  # [BV, M + 1, H, W]
+        flat_energy = rearrange(energy, "b v h w -> (b v) h w")
+        logits = self.router(features + features * gate, flat_energy)  # [BV, M + 1, H, W]
         gates, choice = self._route(logits, routing)  # [BV, M + 1, H, W], [BV, H, W]
-        ce, penalty = self._routing_losses(logits, rearrange(energy, "b v h w -> (b v) h w"))
+        ce, penalty = self._routing_losses(logits, flat_energy)
 
         # --- experts ---
         expert_in = torch.cat([features, t], dim=1)  # [BV, C + 1, H, W]

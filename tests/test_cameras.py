@@ -87,8 +87,11 @@ def test_invert_and_world_to_camera():
 
 def test_normalize_scene_identity_and_unit_baseline():
     ctx = torch.stack(
-        [pose(rot_y(0.2), [1.0, 0.0, 0.0]), pose(rot_y(-0.1), [1.0, 0.0, 4.0]),
-         pose(rot_y(0.0), [4.0, 0.0, 0.0])]
+        [
+            pose(rot_y(0.2), [1.0, 0.0, 0.0]),
+            pose(rot_y(-0.1), [1.0, 0.0, 4.0]),
+            pose(rot_y(0.0), [4.0, 0.0, 0.0]),
+        ]
     )[None]  # [1, 3, 4, 4]
     target = pose(rot_y(0.5), [2.0, 1.0, 1.0])[None, None]
     ctx_n, (target_n,), scale = cameras.normalize_scene(ctx, target)

@@ -8,8 +8,9 @@ from models.heads import GaussianHead, free_mean_activation
 
 
 def test_activations_and_shapes():
-    head = GaussianHead(8, mean_mode="free", gaussians_per_location=3, sh_degree=2,
-                        scale_factor=0.5, max_scale=0.05)
+    head = GaussianHead(
+        8, mean_mode="free", gaussians_per_location=3, sh_degree=2, scale_factor=0.5, max_scale=0.05
+    )
     g = head(torch.randn(2, 5, 8) * 10, color=torch.rand(2, 5, 3))
     assert g.means.shape == (2, 15, 3) and g.harmonics.shape == (2, 15, 3, 9)
     assert (g.scales > 0).all() and (g.scales <= 0.05).all()
@@ -72,9 +73,14 @@ def test_ray_depth_lands_within_subpixel_offset():
     c2w[:3, 3] = torch.tensor([0.3, -0.2, 0.1])
     pixel = torch.tensor([1 / 32, 1 / 32])
     head = GaussianHead(4, mean_mode="ray_depth", gaussians_per_location=2)
-    g = head(torch.randn(b, n, 4) * 10, depth=depth, coords=coords,
-             pixel_size=pixel.expand(b, n, 2), intrinsics=K.expand(b, n, 3, 3),
-             extrinsics=c2w.expand(b, n, 4, 4))
+    g = head(
+        torch.randn(b, n, 4) * 10,
+        depth=depth,
+        coords=coords,
+        pixel_size=pixel.expand(b, n, 2),
+        intrinsics=K.expand(b, n, 3, 3),
+        extrinsics=c2w.expand(b, n, 4, 4),
+    )
     uv, z = project(g.means, c2w, K)
     expected = coords.repeat_interleave(2, dim=1)
     assert (uv - expected).abs().max() <= pixel.max() / 2 + 1e-6
@@ -93,6 +99,8 @@ def test_bad_configuration():
 def test_gradients_flow():
     head = GaussianHead(8, mean_mode="free", hidden_dim=16)
     g = head(torch.randn(2, 4, 8), color=torch.rand(2, 4, 3))
-    loss = g.means.sum() + g.scales.sum() + g.opacities.sum() + g.harmonics.sum() + g.rotations.sum()
+    loss = (
+        g.means.sum() + g.scales.sum() + g.opacities.sum() + g.harmonics.sum() + g.rotations.sum()
+    )
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in head.parameters())

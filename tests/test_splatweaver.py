@@ -23,6 +23,7 @@ def small_model(**overrides) -> SplatWeaver:
 def make_context(b: int = 2, v: int = 2, size: int = SIZE, image: torch.Tensor | None = None):
     if image is None:
         image = torch.rand(b, v, 3, size, size)
+    b, v = image.shape[:2]
     return {
         "image": image,
         "near": torch.full((b, v), 0.5),
@@ -35,8 +36,8 @@ def force_route(model: SplatWeaver, cardinality: int) -> None:
     last = model.router.net[-1]
     with torch.no_grad():
         last.weight.zero_()
-        last.bias.fill_(-50.0)
-        last.bias[cardinality] = 50.0
+        last.bias.fill_(-1e4)
+        last.bias[cardinality] = 1e4
 
 
 def checkerboard(size: int) -> torch.Tensor:
@@ -51,14 +52,24 @@ def cameras(b: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
     return extrinsics, intrinsics.repeat(b, v, 1, 1)
 
 
+class PatternRouter(torch.nn.Module):
+    """The model's router plus a fixed random per-pixel pattern, so that every expert is used
+    on random images (whose wavelet energy is high everywhere)."""
+
+    def __init__(self, router: torch.nn.Module, size: int) -> None:
+        super().__init__()
+        self.router = router
+        self.register_buffer("pattern", torch.randn(1, 4, size, size) * 3.0)
+
+    def forward(self, x: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
+        return self.router(x, energy) + self.pattern
+
+
 @pytest.fixture(scope="module")
 def model() -> SplatWeaver:
-    """A model whose router varies across pixels (like a trained one) even under argmax."""
     torch.manual_seed(0)
     model = small_model()
-    with torch.no_grad():
-        model.router.net[-1].weight.normal_(0.0, 3.0)
-        model.router.net[-1].bias.zero_()
+    model.router = PatternRouter(model.router, SIZE)
     return model
 
 
@@ -82,19 +93,70 @@ def test_target_usage_distribution() -> None:
         small_model(target_usage=[0.5, 0.5])
 
 
-def test_router_starts_near_the_target_usage() -> None:
-    model = small_model()
+def natural_images(b: int = 2, v: int = 2, size: int = SIZE) -> torch.Tensor:
+    """Smooth shading with a few sharp edges and a textured patch (``[B, V, 3, H, W]``)."""
+    y, x = torch.meshgrid(torch.linspace(0, 1, size), torch.linspace(0, 1, size), indexing="ij")
+    base = 0.3 + 0.1 * x  # a smooth gradient: flat for the wavelet
+    base = torch.where((x > 0.3) & (x < 0.6) & (y > 0.2) & (y < 0.5), base * 0.2, base)  # a box
+    texture = checkerboard(size) * 0.5 + 0.25
+    base = torch.where((y > 0.7) & (x > 0.6), texture, base)  # a textured patch
+    images = base.expand(b, v, 3, size, size).clone()
+    return images + 0.002 * torch.rand_like(images)
+
+
+def graded_images(b: int = 2, v: int = 2, size: int = SIZE) -> torch.Tensor:
+    """Smooth colours plus noise whose amplitude grows along x: a continuum of wavelet energies."""
+    smooth = torch.nn.functional.interpolate(
+        torch.rand(b * v, 3, 4, 4), size=(size, size), mode="bilinear", align_corners=False
+    )
+    amplitude = torch.linspace(0.0, 0.4, size) ** 2 / 0.4
+    images = smooth + amplitude * (torch.rand(b * v, 3, size, size) - 0.5)
+    return images.clamp(0, 1).reshape(b, v, 3, size, size)
+
+
+@pytest.mark.parametrize("ladder", [True, False])
+def test_router_starts_near_the_target_usage(ladder: bool) -> None:
+    model = small_model(energy_ladder=ladder)
     target = torch.tensor(target_usage_distribution(0.5, 3))
-    model.train()  # sampled routing: usage follows the softmax, i.e. the initial bias
+    context = make_context(image=graded_images(b=2))
+    model.train()  # sampled routing
     with torch.no_grad():
-        pred = model(make_context(b=4))
+        pred = model(context)
     usage = pred.extras["expert_usage"]
-    assert (usage - target).abs().max() < 0.05
-    assert 0.35 < pred.extras["gaussians_per_pixel"] < 0.65
-    model.eval()  # argmax of an untrained router: the most likely expert, 0, nearly everywhere
+    assert (usage - target).abs().max() < 0.1, usage
+    assert abs(float(pred.extras["gaussians_per_pixel"]) - 0.5) < 0.1
+    model.eval()  # deterministic routing
     with torch.no_grad():
-        pred = model(make_context(b=4))
-    assert pred.extras["expert_usage"][0] > 0.9
+        pred = model(context)
+    usage = pred.extras["expert_usage"]
+    if ladder:  # the ladder was calibrated on the first training batch: argmax follows it
+        assert bool(model.router.calibrated)
+        assert (usage - target).abs().max() < 0.15, usage
+        assert abs(float(pred.extras["gaussians_per_pixel"]) - 0.5) < 0.1
+    else:  # argmax of an untrained feature-only router: the most likely expert, 0, everywhere
+        assert usage[0] > 0.9
+
+
+def test_energy_ladder_routes_texture_to_more_gaussians() -> None:
+    model = small_model().eval()  # uncalibrated: the default thresholds
+    images = natural_images(b=1)
+    with torch.no_grad():
+        pred = model(make_context(image=images))
+    routed = pred.extras["routing_map"].float()  # [B, V, H, W]
+    energy = pred.extras["hf_energy"]
+    flat, textured = energy <= 0.01, energy >= 0.1
+    assert flat.any() and textured.any()
+    assert routed[flat].mean() < 0.05
+    assert routed[textured].mean() > 1.5
+    thresholds = model.router.thresholds.detach().clone()
+    model.train()
+    with torch.no_grad():
+        model(make_context(image=images))  # first training batch: calibration
+        assert not torch.equal(model.router.thresholds, thresholds)
+        calibrated = model.router.thresholds.detach().clone()
+        model(make_context(image=natural_images(b=1) * 0.5))  # only once
+    assert torch.equal(model.router.thresholds, calibrated)
+    assert (calibrated.diff() > 0).all()
 
 
 def test_expert_zero_contributes_no_gaussians() -> None:
@@ -149,7 +211,7 @@ def test_gaussians_sit_at_their_pixel_points() -> None:
 
 def test_inference_is_deterministic(model: SplatWeaver) -> None:
     model.eval()
-    context = make_context()
+    context = make_context(b=1)
     with torch.no_grad():
         first = model(context)
         second = model(context)
@@ -180,8 +242,10 @@ def test_straight_through_gumbel() -> None:
     assert logits.grad is not None and logits.grad.abs().sum() > 0
 
 
-def test_straight_through_gate_passes_gradients_to_the_router() -> None:
-    model = small_model(routing_weight=0.0).train()  # no regulariser: only the gate's path
+@pytest.mark.parametrize("ladder", [True, False])
+def test_straight_through_gate_passes_gradients_to_the_router(ladder: bool) -> None:
+    # No regulariser: the only path from the loss to the router is the gate on the opacities.
+    model = small_model(routing_weight=0.0, energy_ladder=ladder).train()
     pred = model(make_context(b=1))
     assert float(pred.extras["loss/routing"].detach()) == 0.0
     extrinsics, intrinsics = cameras(1, 2)
@@ -193,6 +257,8 @@ def test_straight_through_gate_passes_gradients_to_the_router() -> None:
         assert torch.isfinite(param.grad).all(), name
     assert model.router.net[-1].bias.grad.abs().sum() > 0
     assert model.prior.net[-1].weight.grad.abs().sum() > 0  # through the router's input
+    if ladder:
+        assert model.router.thresholds.grad.abs().sum() > 0
 
 
 def test_wavelet_prior_flat_zero_checkerboard_high() -> None:
@@ -235,7 +301,9 @@ def test_routing_regulariser(model: SplatWeaver) -> None:
     ce, penalty = pred.extras["routing_ce"], pred.extras["routing_usage_penalty"]
     assert loss.requires_grad and torch.isfinite(loss)
     assert ce > 0 and penalty >= 0
-    torch.testing.assert_close(loss.detach(), model.routing_weight * (ce + model.usage_weight * penalty))
+    torch.testing.assert_close(
+        loss.detach(), model.routing_weight * (ce + model.usage_weight * penalty)
+    )
 
 
 def test_forward_backward_on_cpu() -> None:

@@ -56,9 +56,26 @@ def data_root(tmp_path_factory) -> Path:
     """A tiny synthetic dataset generated once for the module (12 scenes of 24 views at 64²)."""
     root = tmp_path_factory.mktemp("synthetic")
     subprocess.run(
-        [sys.executable, "-m", "datamodules.synthetic", "--out", str(root), "--scenes", "12",
-         "--resolution", "64", "--views", "24", "--seed", "0", "--workers", "1"],
-        check=True, cwd=REPO, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "datamodules.synthetic",
+            "--out",
+            str(root),
+            "--scenes",
+            "12",
+            "--resolution",
+            "64",
+            "--views",
+            "24",
+            "--seed",
+            "0",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
     )
     return root
 
@@ -108,9 +125,14 @@ def test_train_resume_and_eval(data_root, tmp_path):
     """Train 4 steps, resume to 6 (step count continues), then eval.py on the checkpoint."""
     import train
 
-    common = [f"data.root={data_root}", "model=pixel_aligned", "trainer.val_check_interval=2",
-              "trainer.limit_val_batches=1", "callbacks.model_checkpoint.every_n_train_steps=2",
-              *FAST]
+    common = [
+        f"data.root={data_root}",
+        "model=pixel_aligned",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+        *FAST,
+    ]
     cfg = compose_config("train.yaml", [*common, "trainer.max_steps=4"], tmp_path)
     train.train(cfg)
     last = tmp_path / "out" / "checkpoints" / "last.ckpt"
@@ -126,11 +148,23 @@ def test_train_resume_and_eval(data_root, tmp_path):
 
     out = tmp_path / "eval"
     result = subprocess.run(
-        [sys.executable, "eval.py", "model=pixel_aligned", f"ckpt_path={last}",
-         f"data.root={data_root}", "data.num_workers=0", "data.persistent_workers=false",
-         "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"hydra.run.dir={out}",
-         f"paths.log_dir={tmp_path / 'logs'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "eval.py",
+            "model=pixel_aligned",
+            f"ckpt_path={last}",
+            f"data.root={data_root}",
+            "data.num_workers=0",
+            "data.persistent_workers=false",
+            "trainer.accelerator=cpu",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={out}",
+            f"paths.log_dir={tmp_path / 'logs'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -159,9 +193,19 @@ def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
     ckpt = tmp_path / "pa.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
     result = subprocess.run(
-        [sys.executable, "eval.py", "model=zipsplat", f"ckpt_path={ckpt}",
-         f"data.root={data_root}", "data.num_workers=0", f"hydra.run.dir={tmp_path / 'e'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "eval.py",
+            "model=zipsplat",
+            f"ckpt_path={ckpt}",
+            f"data.root={data_root}",
+            "data.num_workers=0",
+            f"hydra.run.dir={tmp_path / 'e'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 2
     assert "pixel_aligned_tiny" in result.stderr and "zipsplat_tiny" in result.stderr
@@ -170,9 +214,18 @@ def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
 
 def test_unknown_model_lists_valid_names(tmp_path):
     result = subprocess.run(
-        [sys.executable, "train.py", "model.net.name=not_a_model", f"hydra.run.dir={tmp_path}",
-         "data.generate_if_missing=false", f"data.root={tmp_path / 'none'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "train.py",
+            "model.net.name=not_a_model",
+            f"hydra.run.dir={tmp_path}",
+            "data.generate_if_missing=false",
+            f"data.root={tmp_path / 'none'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 2
     assert "not_a_model" in result.stderr and "pixel_aligned_tiny" in result.stderr
@@ -182,7 +235,10 @@ def test_unknown_model_lists_valid_names(tmp_path):
 def test_eval_without_ckpt_path_is_hydra_missing_value(tmp_path):
     result = subprocess.run(
         [sys.executable, "eval.py", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode != 0
     assert "ckpt_path" in result.stderr and "Missing mandatory value" in result.stderr
@@ -194,10 +250,19 @@ def test_few_steps_lower_the_loss(data_root):
     from models import create_model
     from models.lightning_module import SplatLitModule
 
-    dm = SplatDataModule(root=str(data_root), image_shape=[64, 64], num_context_views=2,
-                         num_target_views=2, batch_size=2, num_workers=0,
-                         min_context_gap=8, max_context_gap=12, generate_if_missing=False,
-                         near=0.25, far=50.0)
+    dm = SplatDataModule(
+        root=str(data_root),
+        image_shape=[64, 64],
+        num_context_views=2,
+        num_target_views=2,
+        batch_size=2,
+        num_workers=0,
+        min_context_gap=8,
+        max_context_gap=12,
+        generate_if_missing=False,
+        near=0.25,
+        far=50.0,
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     module = SplatLitModule(create_model("pixel_aligned_tiny"), lr=2e-3, warmup_steps=0)
@@ -217,10 +282,19 @@ def test_nan_loss_step_is_skipped(data_root):
     from models import create_model
     from models.lightning_module import SplatLitModule
 
-    dm = SplatDataModule(root=str(data_root), image_shape=[64, 64], num_context_views=2,
-                         num_target_views=2, batch_size=1, num_workers=0,
-                         min_context_gap=8, max_context_gap=12, generate_if_missing=False,
-                         near=0.25, far=50.0)
+    dm = SplatDataModule(
+        root=str(data_root),
+        image_shape=[64, 64],
+        num_context_views=2,
+        num_target_views=2,
+        batch_size=1,
+        num_workers=0,
+        min_context_gap=8,
+        max_context_gap=12,
+        generate_if_missing=False,
+        near=0.25,
+        far=50.0,
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     batch["target"]["image"] = torch.full_like(batch["target"]["image"], float("nan"))
@@ -233,30 +307,63 @@ def test_nan_loss_step_is_skipped(data_root):
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(data_root, tmp_path):
     result = subprocess.run(
-        [sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-         "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
-         f"data.root={data_root}", "data.num_workers=0", "data.persistent_workers=false",
-         "data.batch_size=1", "data.num_target_views=2", "trainer.enable_progress_bar=false",
-         f"hydra.run.dir={tmp_path / 'ddp'}", "callbacks.model_summary=null"],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "train.py",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",
+            "trainer.limit_val_batches=1",
+            f"data.root={data_root}",
+            "data.num_workers=0",
+            "data.persistent_workers=false",
+            "data.batch_size=1",
+            "data.num_target_views=2",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path / 'ddp'}",
+            "callbacks.model_summary=null",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
         env={**os.environ, "PROJECT_ROOT": str(REPO)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    ckpt = torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", map_location="cpu",
-                      weights_only=True)
+    ckpt = torch.load(
+        tmp_path / "ddp" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
     assert ckpt["global_step"] == 3
 
 
 @pytest.mark.slow
 def test_optuna_sweep_two_trials(data_root, tmp_path):
     result = subprocess.run(
-        [sys.executable, "train.py", "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
-         "hydra.sweeper.sampler.n_startup_trials=2", "trainer.max_steps=2",
-         "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
-         f"data.root={data_root}", "data.num_workers=0", "data.persistent_workers=false",
-         "data.batch_size=1", "data.num_target_views=2", "trainer.enable_progress_bar=false",
-         f"hydra.sweep.dir={tmp_path / 'sweep'}", "callbacks.model_summary=null"],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "hparams_search=optuna",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.sampler.n_startup_trials=2",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=1",
+            f"data.root={data_root}",
+            "data.num_workers=0",
+            "data.persistent_workers=false",
+            "data.batch_size=1",
+            "data.num_target_views=2",
+            "trainer.enable_progress_bar=false",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            "callbacks.model_summary=null",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
