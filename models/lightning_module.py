@@ -356,6 +356,7 @@ class SplatLitModule(L.LightningModule):
                     target["intrinsics"].clone(),
                     steps=self.hparams.pose_refinement_steps,
                     backend=self.hparams.render_backend,
+                    background=self._background(images),
                 )
             out_refined = self.render_views(gaussians, target, extrinsics=refined.detach())
             results.update(self._scores("refined_", out_refined.color, images))
