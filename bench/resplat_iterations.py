@@ -38,19 +38,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from datamodules.samplers import load_evaluation_index  # noqa: E402
-from models import Gaussians, create_model, render  # noqa: E402
-from models.lightning_module import psnr_per_image, ssim_per_image  # noqa: E402
-from models.pretrained import (  # noqa: E402
-    METADATA_KEY,
-    load_checkpoint_state_dict,
-    parse_location,
-    read_config,
-    resolve_weights,
+from common import (  # noqa: E402
+    data_config,
+    load_weights,
+    score_targets,
+    test_loader,
+    to_device,
+    widen_index,
 )
 
 GAUSSIAN_RATIO_TARGET = 16.0
@@ -58,110 +54,11 @@ TWO_ITERATION_GAIN_TARGET = 0.5  # dB over the initial set
 
 
 # --------------------------------------------------------------------------- loading
-def load_model(location: str, device: torch.device) -> nn.Module:
-    """Build the registered model that a checkpoint / folder / hub location describes, with its
-    recorded constructor arguments, and load its weights strictly."""
-    kind, target, _ = parse_location(location)
-    path = Path(target)
-    if kind == "file" and path.suffix == ".ckpt":
-        _, checkpoint = load_checkpoint_state_dict(path)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        name = hparams.get("model_name")
-        kwargs = dict(hparams.get("model_config") or {})
-    else:
-        _, resolved = resolve_weights("unknown", location)
-        folder = resolved.parent if resolved.is_file() else resolved
-        config = read_config(folder) or {}
-        name = (config.pop(METADATA_KEY, None) or {}).get("model_name")
-        kwargs = config
-    if not name:
-        raise SystemExit(f"{location}: cannot tell which model these weights belong to")
-    for key in ("pretrained_backbone", "init_checkpoint"):  # the weights replace these
-        kwargs.pop(key, None)
-    model = create_model(name, pretrained=location, **kwargs)
-    return model.to(device).eval()
-
-
-def widen_index(index_path: Path, views: int, out_path: Path) -> tuple[int, int]:
-    """Write an evaluation index with ``views`` context views per scene.
-
-    The outer context frames and the targets of each entry are kept; ``views - 2`` frames strictly
-    between the outer ones are added (evenly spaced, never a target). Entries without enough free
-    frames become ``null``.
-
-    Returns:
-        ``(kept, skipped)`` scene counts.
-    """
-    index = load_evaluation_index(index_path)
-    widened: dict[str, dict[str, list[int]] | None] = {}
-    kept = skipped = 0
-    for key, entry in index.items():
-        if entry is None:
-            widened[key] = None
-            continue
-        first, last = min(entry["context"]), max(entry["context"])
-        free = [f for f in range(first + 1, last) if f not in set(entry["target"])]
-        extra: list[int] = []
-        for m in range(1, views - 1):
-            wanted = first + (last - first) * m / (views - 1)
-            candidates = [f for f in free if f not in extra]
-            if not candidates:
-                break
-            extra.append(min(candidates, key=lambda f: (abs(f - wanted), f)))
-        if len(extra) < views - 2:
-            widened[key] = None
-            skipped += 1
-            continue
-        context = sorted([first, last] + extra)
-        widened[key] = {"context": context, "target": list(entry["target"])}
-        kept += 1
-    out_path.write_text(json.dumps(widened, indent=1), encoding="utf-8")
-    return kept, skipped
-
-
-def data_config(args: argparse.Namespace):
-    """The ``--data`` config (as train.py composes it) with the ``--data-root`` override."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose(config_name="train", overrides=[f"data={args.data}"])
-    if args.data_root:
-        cfg.data.root = args.data_root
-    return cfg.data
-
-
-def load_test_data(data_cfg, views: int, index: Path):
-    """The test loader of ``data_cfg`` with ``views`` context views and the index ``index``."""
-    from hydra.utils import instantiate
-
-    data_cfg = data_cfg.copy()
-    data_cfg.eval_index = str(index)
-    data_cfg.num_context_views = views
-    data_cfg.test_batch_size = 1
-    data_cfg.num_workers = 0
-    data_cfg.persistent_workers = False
-    data_cfg.generate_if_missing = False
-    datamodule = instantiate(data_cfg)
-    datamodule.setup("test")
-    return datamodule.test_dataloader()
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {
-        key: ({k: v.to(device) for k, v in value.items()} if isinstance(value, dict) else value)
-        for key, value in batch.items()
-    }
-
-
 # --------------------------------------------------------------------------- scoring
-def score_set(gaussians: Gaussians, target: dict, backend: str) -> dict[str, float]:
-    """PSNR / SSIM of one scene's targets and the Gaussian count."""
-    shape = tuple(target["image"].shape[-2:])
-    out = render(gaussians, target["extrinsics"], target["intrinsics"], shape, backend=backend)
+def score_scene(gaussians, target: dict, backend: str) -> dict[str, float]:
+    """PSNR / SSIM of one scene's targets and its Gaussian count, as floats."""
     return {
-        "psnr": float(psnr_per_image(out.color, target["image"]).mean()),
-        "ssim": float(ssim_per_image(out.color, target["image"]).mean()),
-        "gaussians": float(gaussians.count().float().mean()),
+        key: float(value.mean()) for key, value in score_targets(gaussians, target, backend).items()
     }
 
 
@@ -189,10 +86,12 @@ def evaluate_views(
             sets = pred.extras["gaussians_per_iteration"]
             for k in [0, *iterations]:
                 label = "init" if k == 0 else f"{k} it"
-                rows.setdefault(label, []).append(score_set(sets[k], batch["target"], backend))
+                rows.setdefault(label, []).append(score_scene(sets[k], batch["target"], backend))
             for name, baseline in baselines.items():
                 out = baseline(batch["context"])
-                rows.setdefault(name, []).append(score_set(out.gaussians, batch["target"], backend))
+                rows.setdefault(name, []).append(
+                    score_scene(out.gaussians, batch["target"], backend)
+                )
     summary = {
         label: {key: sum(r[key] for r in values) / len(values) for key in values[0]}
         | {"scenes": len(values)}
@@ -291,16 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--iterations must be >= 1 and --views >= 2")
     iterations = sorted(set(args.iterations))
     device = torch.device(args.device)
-    model = load_model(args.weights, device)
+    model = load_weights(args.weights, device)
     if getattr(model, "family", None) != "resplat":
         raise SystemExit(f"{args.weights}: not ReSplat weights (family {model.family!r})")
     baselines: dict[str, nn.Module] = {}
     for location in args.baseline:
-        baseline = load_model(location, device)
+        baseline = load_weights(location, device)
         name = getattr(baseline, "registry_name", None) or type(baseline).__name__
         baselines[f"{name} ({Path(location).name})" if name in baselines else name] = baseline
 
-    data_cfg = data_config(args)
+    data_cfg = data_config(args.data, args.data_root, args.index)
     base_index = Path(args.index or str(data_cfg.eval_index))
     results: dict[int, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -308,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             index = Path(tmp) / f"index_{views}.json"
             kept, skipped = widen_index(base_index, views, index)
             print(f"{views} views: {kept} scenes ({skipped} without enough free frames)")
-            loader = load_test_data(data_cfg, views, index)
+            loader = test_loader(data_cfg, views, index)
             results[views] = evaluate_views(
                 model, baselines, loader, iterations, device, args.backend, args.max_scenes
             )

@@ -14,8 +14,8 @@ index of a test split and prints markdown tables:
 and writes, into ``--out``:
 
 - ``cardinality_maps/NN_<scene>.png`` for the first ``--maps`` scenes: one row per context view,
-  [input image | per-pixel cardinality | wavelet energy], magnified ``--zoom`` times; cardinality
-  colours: 0 black, 1 blue, 2 orange, 3 red (further experts: lighter reds);
+  [input image | per-pixel cardinality | wavelet energy], magnified ``--zoom`` times, with a
+  legend; cardinality colours: 0 black, 1 blue, 2 orange, 3 red (further experts: lighter reds);
 - ``routing_vs_energy.png``: mean cardinality per energy decile (bar chart);
 - ``summary.json``: every number printed.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -43,76 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from models import create_model, render  # noqa: E402
+from common import data_config, load_weights, test_loader, to_device  # noqa: E402
+
+from models import render  # noqa: E402
 from models.lightning_module import psnr_per_image, ssim_per_image  # noqa: E402
-from models.pretrained import (  # noqa: E402
-    METADATA_KEY,
-    load_checkpoint_state_dict,
-    parse_location,
-    read_config,
-    resolve_weights,
-)
 
 PALETTE = [(0, 0, 0), (49, 130, 189), (253, 174, 97), (215, 25, 28)]
 EDGE_THRESHOLD = 0.05  # wavelet energy above which a pixel counts as textured / on an edge
-
-
-# --------------------------------------------------------------------------- loading
-def load_model(location: str, device: torch.device) -> nn.Module:
-    """Build the registered model a checkpoint / folder / hub location describes, with its
-    recorded constructor arguments, and load its weights (strict)."""
-    kind, target, _ = parse_location(location)
-    path = Path(target)
-    if kind == "file" and path.suffix == ".ckpt":
-        _, checkpoint = load_checkpoint_state_dict(path)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        name = hparams.get("model_name")
-        kwargs = dict(hparams.get("model_config") or {})
-    else:
-        _, resolved = resolve_weights("unknown", location)
-        folder = resolved.parent if resolved.is_file() else resolved
-        config = read_config(folder) or {}
-        name = (config.pop(METADATA_KEY, None) or {}).get("model_name")
-        kwargs = config
-    if not name:
-        raise SystemExit(f"{location}: cannot tell which model these weights belong to")
-    for key in ("pretrained_backbone", "init_checkpoint"):
-        kwargs.pop(key, None)
-    model = create_model(name, pretrained=location, **kwargs)
-    return model.to(device).eval()
-
-
-def load_test_data(args: argparse.Namespace):
-    """The test loader of the synthetic data config (same resolution, planes and index as
-    eval.py), with ``--data-root`` / ``--index`` overrides."""
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose(config_name="train", overrides=[f"data={args.data}"])
-    data_cfg = cfg.data
-    if args.data_root:
-        data_cfg.root = args.data_root
-    if args.index:
-        data_cfg.eval_index = args.index
-    data_cfg.test_batch_size = 1
-    data_cfg.num_workers = 0
-    data_cfg.persistent_workers = False
-    data_cfg.generate_if_missing = False
-    datamodule = instantiate(data_cfg)
-    datamodule.setup("test")
-    return datamodule.test_dataloader()
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {
-        key: ({k: v.to(device) for k, v in value.items()} if isinstance(value, dict) else value)
-        for key, value in batch.items()
-    }
 
 
 # --------------------------------------------------------------------------- scoring
@@ -238,8 +178,30 @@ def save_cardinality_map(
     grid = torch.cat(rows, dim=-2)[None]
     if zoom > 1:
         grid = F.interpolate(grid, scale_factor=zoom, mode="nearest")
+    grid = torch.cat([grid[0], legend(grid.shape[-1], num_experts)], dim=-2)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_image(grid[0], path)
+    save_image(grid, path)
+
+
+def legend(width: int, num_experts: int, height: int = 18) -> Tensor:
+    """A strip ``[3, height, width]``: the cardinality colours with their counts, and column
+    titles."""
+    from PIL import Image, ImageDraw
+
+    strip = Image.new("RGB", (width, height), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
+    colours = colour_cardinality(torch.arange(num_experts + 1)[None], num_experts)  # [3, 1, M+1]
+    x = 4
+    draw.text((x, 3), "Gaussians/pixel:", fill=(0, 0, 0))
+    x += 100
+    for k in range(num_experts + 1):
+        rgb = tuple(int(c * 255) for c in colours[:, 0, k])
+        draw.rectangle([x, 4, x + 10, 14], fill=rgb, outline=(0, 0, 0))
+        draw.text((x + 13, 3), str(k), fill=(0, 0, 0))
+        x += 30
+    draw.text((x + 10, 3), "columns: image | cardinality | wavelet energy", fill=(0, 0, 0))
+    array = torch.frombuffer(bytearray(strip.tobytes()), dtype=torch.uint8)
+    return array.reshape(height, width, 3).permute(2, 0, 1).float() / 255.0
 
 
 def save_decile_plot(path: Path, stats: dict) -> None:
@@ -253,10 +215,10 @@ def save_decile_plot(path: Path, stats: dict) -> None:
     ax.bar(deciles, stats["decile_cardinality"], color="#3182bd")
     ax.set_xlabel("wavelet energy decile (1 = flattest)")
     ax.set_ylabel("mean Gaussians per pixel")
+    ratio = stats["edge_to_flat_ratio"]
+    ratio_text = "no Gaussians on flat pixels" if math.isinf(ratio) else f"edge/flat {ratio:.1f}x"
     ax.set_title(
-        f"SplatWeaver routing (Spearman {stats['spearman']:.2f}, "
-        f"edge/flat {stats['edge_to_flat_ratio']:.1f}x)",
-        fontsize=9,
+        f"SplatWeaver routing (Spearman {stats['spearman']:.2f}, {ratio_text})", fontsize=9
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -305,12 +267,12 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     out_dir = Path(args.out)
-    model = load_model(args.weights, device)
+    model = load_weights(args.weights, device)
     if getattr(model, "family", None) != "splatweaver":
         raise SystemExit(f"{args.weights}: not SplatWeaver weights (family {model.family!r})")
-    baselines = {location: load_model(location, device) for location in args.baseline}
+    baselines = {location: load_weights(location, device) for location in args.baseline}
     flat_threshold = args.flat_threshold if args.flat_threshold is not None else model.energy_floor
-    loader = load_test_data(args)
+    loader = test_loader(data_config(args.data, args.data_root, args.index))
 
     records: dict[str, list[dict]] = {"splatweaver": []}
     records.update({location: [] for location in baselines})
@@ -415,7 +377,12 @@ def print_report(summary: dict) -> None:
         f"| edge/textured pixels (energy >= {summary['edge_threshold']:g}): share, mean "
         f"cardinality | {s['edge_fraction']:.2f}, {s['edge_mean_cardinality']:.3f} |"
     )
-    print(f"| edge / flat mean cardinality | {s['edge_to_flat_ratio']:.2f}x |")
+    ratio = s["edge_to_flat_ratio"]
+    if math.isinf(ratio):
+        ratio_text = "inf (flat pixels get no Gaussians)"
+    else:
+        ratio_text = f"{ratio:.2f}x"
+    print(f"| edge / flat mean cardinality | {ratio_text} |")
     print("\n| energy decile | mean energy | mean cardinality |")
     print("|---|---|---|")
     for i, (e, c) in enumerate(zip(s["decile_energy"], s["decile_cardinality"]), start=1):

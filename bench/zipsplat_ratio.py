@@ -18,81 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from models import create_model, render  # noqa: E402
+from common import data_config, load_weights, test_loader, to_device  # noqa: E402
+
+from models import render  # noqa: E402
 from models.lightning_module import psnr_per_image, ssim_per_image  # noqa: E402
 from models.pose_refinement import refine_target_poses  # noqa: E402
-from models.pretrained import (  # noqa: E402
-    METADATA_KEY,
-    WEIGHTS_NAME,
-    PretrainedError,
-    load_checkpoint_state_dict,
-    load_state_dict_strict,
-    read_config,
-    read_safetensors,
-)
-
-
-def load_network(path: str | os.PathLike) -> tuple[torch.nn.Module, str]:
-    """Rebuild a network with its recorded constructor arguments and load its weights strictly.
-
-    Args:
-        path: a Lightning ``.ckpt`` (the LightningModule records ``model_name`` and
-            ``model_config``) or a ``save_pretrained`` folder (``config.json`` +
-            ``model.safetensors``).
-
-    Returns:
-        The model in eval mode and its registry name.
-    """
-    path = Path(path).expanduser()
-    if path.is_file() and path.suffix == ".ckpt":
-        state, checkpoint = load_checkpoint_state_dict(path)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        name = hparams.get("model_name")
-        config = dict(hparams.get("model_config") or {})
-    elif path.is_dir():
-        config = read_config(path)
-        if config is None:
-            raise PretrainedError(path, "no config.json in this folder")
-        name = (config.pop(METADATA_KEY, None) or {}).get("model_name")
-        state = read_safetensors(path / WEIGHTS_NAME)
-    else:
-        raise PretrainedError(path, "expected a .ckpt file or a save_pretrained folder")
-    if not name:
-        raise PretrainedError(path, "the weights do not record their registry model name")
-    config.pop("pretrained_backbone", None)  # the loaded weights replace any initial ones
-    model = create_model(name, **config)
-    load_state_dict_strict(model, state, path, name)
-    return model.eval(), name
-
-
-def test_loader(data: str, root: str | None, batch_size: int):
-    """The data config's test loader (``configs/data/<data>.yaml``, through Hydra)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
-    overrides = [
-        f"data={data}",
-        f"data.test_batch_size={batch_size}",
-        "data.num_workers=0",
-        "data.persistent_workers=false",
-    ]
-    if root is not None:
-        overrides += [f"data.root={root}", "data.generate_if_missing=false"]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train.yaml", overrides=overrides)
-    datamodule = instantiate(cfg.data)
-    datamodule.setup("test")
-    return datamodule.test_dataloader()
+from models.pretrained import PretrainedError  # noqa: E402
 
 
 @torch.no_grad()
@@ -196,32 +135,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        model, name = load_network(args.weights)
-        baseline = load_network(args.baseline) if args.baseline else None
+        model = load_weights(args.weights)
+        baseline = load_weights(args.baseline) if args.baseline else None
     except (PretrainedError, ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    loader = test_loader(args.data, args.root, args.batch_size)
+    loader = test_loader(data_config(args.data, args.root), batch_size=args.batch_size)
+    name = model.registry_name
 
     rows = []
     if baseline is not None:
-        base_model, base_name = baseline
         metrics = evaluate(
-            base_model.to(device),
-            _on(loader, device),
+            baseline.to(device),
+            (to_device(batch, device) for batch in loader),
             {},
             args.refine_steps,
             args.max_scenes,
             args.backend,
         )
-        rows.append({"model": base_name, "ratio": "–", **metrics})
+        rows.append({"model": baseline.registry_name, "ratio": "–", **metrics})
         print(markdown_table(rows[-1:]).splitlines()[-1], file=sys.stderr)
     model = model.to(device)
     for ratio in args.ratios:
         metrics = evaluate(
             model,
-            _on(loader, device),
+            (to_device(batch, device) for batch in loader),
             {"compression": ratio},
             args.refine_steps,
             args.max_scenes,
@@ -233,15 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0
-
-
-def _on(loader, device: str):
-    """Batches of ``loader`` with their tensors moved to ``device``."""
-    for batch in loader:
-        yield {
-            key: {k: v.to(device) for k, v in value.items()} if isinstance(value, dict) else value
-            for key, value in batch.items()
-        }
 
 
 if __name__ == "__main__":

@@ -26,7 +26,15 @@ from .gaussians import Gaussians
 from .registry import to_plain
 from .render import render
 
-__all__ = ["SplatLitModule", "psnr_per_image", "ssim_per_image", "build_lpips", "net_identity"]
+__all__ = [
+    "SplatLitModule",
+    "build_lpips",
+    "mean_color_baseline",
+    "nearest_view_baseline",
+    "net_identity",
+    "psnr_per_image",
+    "ssim_per_image",
+]
 
 
 def psnr_per_image(prediction: Tensor, target: Tensor) -> Tensor:
@@ -363,10 +371,12 @@ class SplatLitModule(L.LightningModule):
             out = out_refined
         if self.hparams.compute_baselines:
             results.update(
-                self._scores("baseline_mean_color_", _mean_color(context, images), images)
+                self._scores("baseline_mean_color_", mean_color_baseline(context, images), images)
             )
             results.update(
-                self._scores("baseline_nearest_view_", _nearest_view(context, target), images)
+                self._scores(
+                    "baseline_nearest_view_", nearest_view_baseline(context, target), images
+                )
             )
         counts = gaussians.count()
         for i, scene in enumerate(batch.get("scene", [str(batch_idx)] * images.shape[0])):
@@ -425,13 +435,13 @@ class SplatLitModule(L.LightningModule):
         }
 
 
-def _mean_color(context: dict[str, Tensor], target_images: Tensor) -> Tensor:
+def mean_color_baseline(context: dict[str, Tensor], target_images: Tensor) -> Tensor:
     """Baseline: every target pixel gets the mean colour of the context views."""
     mean = context["image"].mean(dim=(1, 3, 4))  # [B, 3]
     return mean[:, None, :, None, None].expand_as(target_images)
 
 
-def _nearest_view(context: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
+def nearest_view_baseline(context: dict[str, Tensor], target: dict[str, Tensor]) -> Tensor:
     """Baseline: each target is the context image whose camera centre is closest."""
     ctx_centers = context["extrinsics"][..., :3, 3]  # [B, Vc, 3]
     tgt_centers = target["extrinsics"][..., :3, 3]  # [B, Vt, 3]

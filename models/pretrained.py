@@ -43,6 +43,7 @@ __all__ = [
     "discover_local_weights",
     "hub_cache_dir",
     "load_checkpoint_state_dict",
+    "load_model",
     "load_pretrained",
     "load_state_dict_strict",
     "parse_location",
@@ -611,3 +612,46 @@ def save_pretrained(
         (directory / "README.md").write_text(model_card, encoding="utf-8")
     model.save_pretrained(directory, config=model_config(model, name))
     return directory
+
+
+def load_model(location: str | os.PathLike, **overrides: Any) -> nn.Module:
+    """Build the registry model that some weights describe and load them (strict).
+
+    The weights say what they are: a Lightning ``.ckpt`` records ``model_name`` and
+    ``model_config`` in its hyper-parameters, a ``save_pretrained`` folder (or ``hf-hub:`` repo)
+    its ``config.json``. Arguments that only fetch initial weights (``pretrained_backbone``,
+    ``init_checkpoint``) are dropped, since the loaded weights replace them.
+
+    Args:
+        location: a ``.ckpt`` file, a ``save_pretrained`` folder or ``.safetensors`` file beside
+            its ``config.json``, ``local-dir:/path`` or ``hf-hub:org/repo[@rev]``.
+        **overrides: constructor arguments to change (e.g. ``iterations=4``).
+
+    Returns:
+        The model with the weights loaded, in eval mode.
+
+    Raises:
+        PretrainedError: the weights do not say which model they belong to, or do not load.
+    """
+    from .registry import create_model
+
+    location = os.fspath(location)
+    kind, target, _ = parse_location(location)
+    path = Path(target)
+    if kind == "file" and path.suffix == ".ckpt":
+        _, checkpoint = load_checkpoint_state_dict(path)
+        hparams = checkpoint.get("hyper_parameters") or {}
+        name = hparams.get("model_name")
+        kwargs = dict(hparams.get("model_config") or {})
+    else:
+        _, resolved = resolve_weights("unknown", location)
+        folder = resolved.parent if resolved.is_file() else resolved
+        kwargs = read_config(folder) or {}
+        name = (kwargs.pop(METADATA_KEY, None) or {}).get("model_name")
+        path = folder
+    if not name:
+        raise PretrainedError(path, "the weights do not record which registry model they are")
+    for key in _INIT_ONLY_ARGS:
+        kwargs.pop(key, None)
+    kwargs.update(overrides)
+    return create_model(name, pretrained=location, **kwargs).eval()

@@ -65,7 +65,7 @@ from torch import Tensor, nn
 
 from .backbones import DPTHead, MultiViewTransformer
 from .base import ModelOutput, SplatModel, check_context
-from .cameras import camera_directions, pixel_grid
+from .cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from .gaussians import Gaussians
 from .heads import GaussianHead, free_mean_activation
 from .pixel_aligned import rigid_fit
@@ -332,6 +332,10 @@ class SplatWeaver(SplatModel):
         shallow_dim: channels of the full-resolution image CNN in the DPT head.
         use_intrinsics: use ``context["intrinsics"]`` (when given) for the rays and keep view 0's
             points on them (NoPoSplat); ``False``: intrinsics-free (canonical rays).
+        posed: *our option, not the paper's*: take known cameras like the pixel-aligned family
+            (Plücker camera tokens, each pixel's point on its ray at the predicted depth, in the
+            world frame). It isolates what the cardinality router buys against
+            ``pixel_aligned_*`` on equal geometry; ``pose_free`` is then ``False``.
         default_focal: normalised focal length of the canonical rays.
         num_depth_candidates: inverse-depth candidates of the depth softmax.
         near, far: depth range used when the context has no ``near``/``far``.
@@ -380,6 +384,7 @@ class SplatWeaver(SplatModel):
         feature_dim: int = 32,
         shallow_dim: int = 16,
         use_intrinsics: bool = False,
+        posed: bool = False,
         default_focal: float = 1.0,
         num_depth_candidates: int = 64,
         near: float = 0.1,
@@ -427,6 +432,8 @@ class SplatWeaver(SplatModel):
                 )
         self.size = size
         self.use_intrinsics = use_intrinsics
+        self.posed = posed
+        self.pose_free = not posed  # instance value: shadows the class default
         self.default_focal = default_focal
         self.near = near
         self.far = far
@@ -445,7 +452,7 @@ class SplatWeaver(SplatModel):
             patch_size=patch_size,
             global_layers=global_layers,
             out_layers=out_layers,
-            use_camera_tokens=False,
+            use_camera_tokens=posed,
             pretrained_backbone=pretrained_backbone,
             drop_path_rate=drop_path_rate,
         )
@@ -472,13 +479,16 @@ class SplatWeaver(SplatModel):
             nn.init.zeros_(self.depth_refine[-1].bias)
         else:
             self.depth_refine = None
-        self.point_head = nn.Sequential(
-            nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(feature_dim, 3, 1),
-        )
-        nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
-        nn.init.zeros_(self.point_head[-1].bias)
+        if posed:  # points stay on their rays: no correction to predict
+            self.point_head = None
+        else:
+            self.point_head = nn.Sequential(
+                nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(feature_dim, 3, 1),
+            )
+            nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
+            nn.init.zeros_(self.point_head[-1].bias)
         # --- routing ---
         self.prior = HighFrequencyPrior(feature_dim, prior_dim, wavelet)
         self.router = CardinalityRouter(
@@ -543,6 +553,25 @@ class SplatWeaver(SplatModel):
         gates = F.one_hot(choice, self.num_experts + 1).permute(0, 3, 1, 2).to(logits.dtype)
         return gates, choice
 
+    def _budget_shift(self, logits: Tensor, target: float, b: int, steps: int = 40) -> Tensor:
+        """Per-scene shift ``s [B]``: the largest with mean argmax cardinality <= ``target``."""
+        if not 0.0 <= target <= self.num_experts:
+            raise ValueError(
+                f"gaussians_per_pixel must be in [0, {self.num_experts}], got {target}"
+            )
+        scene = rearrange(logits.float(), "(b v) e h w -> b (v h w) e", b=b)  # [B, P, M + 1]
+        ladder = torch.arange(scene.shape[-1], device=scene.device, dtype=scene.dtype)
+        spread = 2.0 * float(scene.abs().amax()) + 1.0  # beyond it, one expert wins everywhere
+        low = torch.full((b,), -spread, device=scene.device)
+        high = torch.full((b,), spread, device=scene.device)
+        for _ in range(steps):
+            mid = 0.5 * (low + high)
+            mean = (scene + mid[:, None, None] * ladder).argmax(dim=-1).float().mean(dim=-1)
+            over = mean > target
+            high = torch.where(over, mid, high)
+            low = torch.where(over, low, mid)
+        return low.to(logits.dtype)
+
     def _routing_losses(self, logits: Tensor, energy: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-entropy to the quantile targets and the usage penalty (both unweighted)."""
         logits = logits.float()
@@ -571,15 +600,22 @@ class SplatWeaver(SplatModel):
         *,
         max_gaussians: int | None = None,
         routing: str | None = None,
+        gaussians_per_pixel: float | None = None,
     ) -> ModelOutput:
-        """Predict Gaussians from the context views (poses, if given, are ignored).
+        """Predict Gaussians from the context views (poses are ignored unless ``posed``).
 
         Args:
             context: ``image [B, V, 3, H, W]``; optional ``near``/``far`` ``[B, V]`` and (only
-                with ``use_intrinsics=True``) ``intrinsics [B, V, 3, 3]``.
+                with ``use_intrinsics=True``) ``intrinsics [B, V, 3, 3]``; ``posed``:
+                ``extrinsics [B, V, 4, 4]`` and ``intrinsics [B, V, 3, 3]`` required.
             max_gaussians: keep at most this many Gaussians per scene (the most opaque).
             routing: ``"gumbel"`` (straight-through hard Gumbel-softmax sample) or ``"argmax"``
                 (deterministic); ``None``: Gumbel in training mode, argmax in eval mode.
+            gaussians_per_pixel: *inference-time budget (our addition)*: shift every pixel's
+                logits by ``s * k`` for expert ``k``, with one ``s`` per scene found by bisection,
+                so that the argmax routing spends at most this many Gaussians per pixel on
+                average (as close as the routing allows). The shift keeps the router's ranking
+                of pixels (argmax cardinality is monotone in ``s``); only with argmax routing.
 
         Returns:
             ``ModelOutput``: ``gaussians`` padded to the largest count in the batch (``mask``
@@ -588,19 +624,27 @@ class SplatWeaver(SplatModel):
             cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
             ``routing_ce``, ``routing_usage_penalty``, ``gaussians_per_pixel``,
             ``hf_energy [B, V, H, W]``, ``depth [B, V, H, W]`` (own-frame z-depth),
-            ``points [B, V, H, W, 3]`` (view 0's frame), ``extrinsics [B, V, 4, 4]`` (fitted,
-            view 0 identity) and ``intrinsics [B, V, 3, 3]``.
+            ``points [B, V, H, W, 3]`` (view 0's frame; ``posed``: the world frame),
+            ``extrinsics [B, V, 4, 4]`` (fitted, view 0 identity; ``posed``: the given ones) and
+            ``intrinsics [B, V, 3, 3]``.
         """
         routing = routing or ("gumbel" if self.training else "argmax")
         if routing not in ROUTING_MODES:
             raise ValueError(f"routing must be one of {ROUTING_MODES} or None, got {routing!r}")
-        b, v, h, w = check_context(context, require_poses=False)
+        b, v, h, w = check_context(context, require_poses=self.posed)
         images = context["image"]  # [B, V, 3, H, W]
         dtype, device = images.dtype, images.device
         p = h * w
 
         # --- backbone and per-pixel features ---
-        tokens = self.backbone(images)
+        if self.posed:
+            extrinsics = context["extrinsics"].to(dtype)
+            # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
+            tokens = self.backbone(
+                images, normalize_scene(extrinsics)[0], context["intrinsics"].to(dtype)
+            )
+        else:
+            tokens = self.backbone(images)
         features = self.dpt(tokens.features, tokens.grid_size, (h, w), images)  # [BV, C, H, W]
 
         # --- one point per pixel, in view 0's frame ---
@@ -609,7 +653,7 @@ class SplatWeaver(SplatModel):
         near = torch.full((b, v), self.near, device=device) if near is None else near
         far = torch.full((b, v), self.far, device=device) if far is None else far
         depth, t = self._depth(features, near.to(dtype), far.to(dtype), b, v)  # [B, V, H, W]
-        given = context.get("intrinsics") if self.use_intrinsics else None
+        given = context.get("intrinsics") if (self.use_intrinsics or self.posed) else None
         if given is not None:
             intrinsics = given.to(dtype)
         else:
@@ -622,13 +666,16 @@ class SplatWeaver(SplatModel):
         coords = pixel_grid((h, w), device, dtype).reshape(p, 2)  # [P, 2]
         rays = camera_directions(coords, intrinsics)  # [B, V, P, 3], z = 1
         local = rays * rearrange(depth, "b v h w -> b v (h w) 1")  # own-frame points
-        correction = free_mean_activation(self.point_head(features), 100.0)  # [BV, 3, H, W]
-        correction = rearrange(correction, "(b v) c h w -> b v (h w) c", b=b)
-        if given is not None:  # view 0's rays are exact: its points stay on them
-            keep = torch.ones(v, dtype=dtype, device=device)
-            keep[0] = 0.0
-            correction = correction * keep[None, :, None, None]
-        points = local + correction  # [B, V, P, 3]
+        if self.posed:  # known cameras: every point stays on its ray, in the world frame
+            points = transform_points(extrinsics, local)  # [B, V, P, 3]
+        else:
+            correction = free_mean_activation(self.point_head(features), 100.0)  # [BV, 3, H, W]
+            correction = rearrange(correction, "(b v) c h w -> b v (h w) c", b=b)
+            if given is not None:  # view 0's rays are exact: its points stay on them
+                keep = torch.ones(v, dtype=dtype, device=device)
+                keep[0] = 0.0
+                correction = correction * keep[None, :, None, None]
+            points = local + correction  # [B, V, P, 3]
 
         # --- high-frequency prior and routing ---
         detail = detail_bands(images, self.wavelet)  # [B, V, 3, H/2, W/2]
@@ -636,6 +683,14 @@ class SplatWeaver(SplatModel):
         gate = self.prior(rearrange(detail, "b v c h w -> (b v) c h w"), (h, w))
         flat_energy = rearrange(energy, "b v h w -> (b v) h w")
         logits = self.router(features + features * gate, flat_energy)  # [BV, M + 1, H, W]
+        budget_shift = None
+        if gaussians_per_pixel is not None:
+            if routing != "argmax":
+                raise ValueError("gaussians_per_pixel needs argmax routing (eval mode)")
+            budget_shift = self._budget_shift(logits.detach(), float(gaussians_per_pixel), b)
+            ladder = torch.arange(self.num_experts + 1, device=device, dtype=logits.dtype)
+            shift = repeat(budget_shift, "b -> (b v) 1 1 1", v=v)
+            logits = logits + shift * ladder[None, :, None, None]
         gates, choice = self._route(logits, routing)  # [BV, M + 1, H, W], [BV, H, W]
         ce, penalty = self._routing_losses(logits, flat_energy)
 
@@ -670,10 +725,17 @@ class SplatWeaver(SplatModel):
             gaussians = gaussians.prune(max_count=max_gaussians)
 
         # --- extras ---
+        if budget_shift is not None:
+            extras_budget = {"budget_shift": budget_shift}
+        else:
+            extras_budget = {}
         usage = F.one_hot(choice, self.num_experts + 1).float().mean(dim=(0, 1))
         with torch.no_grad():
-            fitted = rigid_fit(local, points)  # [B, V, 4, 4]
-            fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
+            if self.posed:
+                fitted = extrinsics.detach()
+            else:
+                fitted = rigid_fit(local, points)  # [B, V, 4, 4]
+                fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
             if given is None:  # intrinsics-free: estimate a shared focal from view 0's points
                 focal = self._estimate_focal(points[:, 0], coords).clamp_min(1e-3)  # [B, 2]
                 intrinsics = intrinsics.clone()
@@ -691,6 +753,7 @@ class SplatWeaver(SplatModel):
             "points": rearrange(points, "b v (h w) c -> b v h w c", h=h),
             "extrinsics": fitted,
             "intrinsics": intrinsics,
+            **extras_budget,
         }
         return ModelOutput(gaussians=gaussians, extras=extras)
 

@@ -22,6 +22,7 @@ from models.pretrained import (
     PretrainedError,
     default_weights,
     discover_local_weights,
+    load_model,
     load_pretrained,
     model_config,
     parse_location,
@@ -352,6 +353,21 @@ def test_export_checkpoint(lightning_checkpoint, tmp_path: Path) -> None:
 def test_load_lightning_checkpoint_directly(lightning_checkpoint) -> None:
     ckpt, net = lightning_checkpoint
     _assert_same_state(net, create_model(TINY, pretrained=str(ckpt)))
+
+
+def test_load_model_builds_what_the_weights_describe(lightning_checkpoint, tmp_path: Path) -> None:
+    ckpt, net = lightning_checkpoint
+    from_ckpt = load_model(ckpt)  # no registry name given: the checkpoint's hparams tell it
+    assert from_ckpt.registry_name == TINY and not from_ckpt.training
+    _assert_same_state(net, from_ckpt)
+    folder = tmp_path / "saved"
+    save_pretrained(net, folder, name=TINY)
+    from_folder = load_model(f"local-dir:{folder}")
+    assert from_folder.registry_name == TINY
+    _assert_same_state(net, from_folder)
+    (folder / CONFIG_NAME).write_text("{}")  # a config that does not say what it is
+    with pytest.raises(PretrainedError, match="which registry model"):
+        load_model(folder)
 
 
 def _run_export(*args: str, **env: str) -> subprocess.CompletedProcess:

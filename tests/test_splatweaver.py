@@ -231,6 +231,28 @@ def test_inference_is_deterministic(model: SplatWeaver) -> None:
     assert not torch.equal(sampled, first.extras["routing_map"])
 
 
+def test_inference_budget_follows_gaussians_per_pixel(model: SplatWeaver) -> None:
+    model.eval()
+    context = make_context(b=2)
+    pixels = 2 * SIZE * SIZE  # per scene
+    counts = []
+    with torch.no_grad():
+        free = model(context)
+        for budget in (0.0, 0.25, 0.5, 1.0, 2.0, 3.0):
+            pred = model(context, gaussians_per_pixel=budget)
+            per_pixel = pred.gaussians.count().float() / pixels  # [B]
+            assert (per_pixel <= budget + 1e-6).all()
+            assert (per_pixel >= budget - 0.05).all(), (budget, per_pixel)  # as close as it can
+            assert pred.extras["budget_shift"].shape == (2,)
+            counts.append(pred.gaussians.count())
+    assert all((a <= b).all() for a, b in zip(counts, counts[1:]))
+    assert "budget_shift" not in free.extras
+    with pytest.raises(ValueError, match="gaussians_per_pixel"):
+        model(context, gaussians_per_pixel=3.5)
+    with pytest.raises(ValueError, match="argmax"):
+        model(context, gaussians_per_pixel=1.0, routing="gumbel")
+
+
 def test_straight_through_gumbel() -> None:
     logits = torch.randn(5, 4, 3, 3, requires_grad=True)
     gates, index = straight_through_gumbel(logits, tau=0.5, dim=1)
@@ -355,6 +377,31 @@ def test_use_intrinsics_keeps_view_zero_on_its_rays() -> None:
     torch.testing.assert_close(u, centres[None].expand(SIZE, SIZE))
     torch.testing.assert_close(v, centres[:, None].expand(SIZE, SIZE))
     assert not torch.allclose(pred.extras["points"][0, 1][..., 2], pred.extras["depth"][0, 1])
+
+
+def test_posed_points_lie_on_the_given_cameras_rays() -> None:
+    model = small_model(posed=True).eval()
+    assert not model.pose_free and model.point_head is None
+    assert SplatWeaver.pose_free  # the class default stays pose-free
+    context = make_context(b=1)
+    with pytest.raises(ValueError, match="extrinsics"):
+        model(context)
+    extrinsics, intrinsics = cameras(1, 2)
+    extrinsics[0, 1, :3, :3] = torch.tensor(  # rotate view 1 by 90 degrees about y
+        [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]]
+    )
+    context.update(extrinsics=extrinsics, intrinsics=intrinsics)
+    with torch.no_grad():
+        pred = model(context)
+    torch.testing.assert_close(pred.extras["extrinsics"], extrinsics)
+    for view in range(2):  # world points map back onto their own pixels at the predicted depth
+        world = pred.extras["points"][0, view].reshape(-1, 3)  # [P, 3]
+        c2w = extrinsics[0, view]
+        local = (world - c2w[:3, 3]) @ c2w[:3, :3]  # world -> camera
+        torch.testing.assert_close(local[:, 2], pred.extras["depth"][0, view].reshape(-1))
+        centres = (torch.arange(SIZE) + 0.5) / SIZE
+        u = (local[:, 0] / local[:, 2]).reshape(SIZE, SIZE) + 0.5
+        torch.testing.assert_close(u, centres[None].expand(SIZE, SIZE))
 
 
 def test_intrinsics_free_focal_estimate() -> None:

@@ -1,0 +1,95 @@
+"""The benchmark helpers: widened evaluation indices and the zoo's report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import common  # noqa: E402
+import zoo  # noqa: E402
+
+
+def test_widen_index_keeps_outer_frames_and_targets(tmp_path: Path) -> None:
+    index = {
+        "a": {"context": [10, 20], "target": [12, 15, 18]},
+        "b": {"context": [0, 3], "target": [1, 2]},  # no free frame between the context views
+        "c": None,
+    }
+    source = tmp_path / "index.json"
+    source.write_text(json.dumps(index))
+    kept, skipped = common.widen_index(source, 4, tmp_path / "wide.json")
+    wide = json.loads((tmp_path / "wide.json").read_text())
+    assert (kept, skipped) == (1, 1)
+    assert wide["b"] is None and wide["c"] is None
+    context = wide["a"]["context"]
+    assert len(context) == 4 and context[0] == 10 and context[-1] == 20
+    assert context == sorted(set(context))
+    assert not set(context) & {12, 15, 18}
+    assert wide["a"]["target"] == [12, 15, 18]
+    kept, _ = common.widen_index(source, 2, tmp_path / "same.json")
+    assert json.loads((tmp_path / "same.json").read_text())["a"] == index["a"]
+    with pytest.raises(ValueError, match="views"):
+        common.widen_index(source, 1, tmp_path / "bad.json")
+
+
+def _row(family: str, variant: str, seed: int, psnr: float, gaussians: float) -> dict:
+    return {
+        "family": family,
+        "model": f"{family}_tiny",
+        "variant": variant,
+        "knob": None,
+        "views": 2,
+        "seed": seed,
+        "scenes": 3,
+        "psnr": psnr,
+        "ssim": 0.5,
+        "gaussians": gaussians,
+        "parameters": 1000,
+        "recon_ms": 10.0,
+        "render_ms": 5.0,
+        "peak_mb": 100.0,
+    }
+
+
+def test_zoo_aggregate_means_over_seeds_and_markdown(tmp_path: Path) -> None:
+    rows = [
+        _row("zipsplat", "r=1", 0, 20.0, 1280),
+        _row("zipsplat", "r=1", 1, 22.0, 1280),
+        _row("pixel_aligned", "1 Gaussian/pixel", 0, 21.0, 8192),
+        {"family": "baseline", "model": "nearest view", "variant": "-", "views": 2, "psnr": 18.0},
+    ]
+    merged = zoo.aggregate(rows)
+    assert [r["family"] for r in merged] == ["baseline", "pixel_aligned", "zipsplat"]
+    zipsplat = merged[-1]
+    assert zipsplat["seeds"] == 2
+    assert zipsplat["psnr"] == pytest.approx(21.0)
+    assert zipsplat["psnr_std"] == pytest.approx(2**0.5)
+    assert merged[1]["psnr_std"] is None  # one seed: no spread
+    table = zoo.markdown(merged, "header")
+    assert "21.00 ± 1.41" in table and "| 2 | nearest view | - | 18.00 |" in table
+    assert "LPIPS" not in table  # no row has it
+    zoo.plot(merged, tmp_path / "plot.png", "title", 2)
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+def test_zoo_budget_split_and_arguments() -> None:
+    resplat = zoo.FAMILIES["resplat"]
+    assert sum(stage.share for stage in resplat.stages) == pytest.approx(1.0)
+    assert resplat.stages[1].init_from == resplat.stages[0].task_name
+    for family in zoo.FAMILIES.values():
+        assert sum(stage.share for stage in family.stages) == pytest.approx(1.0)
+        assert (Path(zoo.REPO_ROOT) / "configs" / "experiment").joinpath(
+            f"{family.stages[-1].experiment}.yaml"
+        ).is_file()
+    assert zoo._clock(30) == "00:00:30:00" and zoo._clock(0.5) == "00:00:00:30"
+    quick = zoo.parse_args(["--quick"])
+    assert quick.minutes == 1.0 and quick.max_scenes == 6 and "data.generator.scenes=60" in (
+        quick.data_overrides
+    )
+    with pytest.raises(SystemExit):
+        zoo.parse_args(["--views", "1"])
