@@ -83,13 +83,17 @@ def test_zoo_budget_split_and_arguments() -> None:
     assert resplat.stages[1].init_from == resplat.stages[0].task_name
     for family in zoo.FAMILIES.values():
         assert sum(stage.share for stage in family.stages) == pytest.approx(1.0)
-        assert (Path(zoo.REPO_ROOT) / "configs" / "experiment").joinpath(
-            f"{family.stages[-1].experiment}.yaml"
-        ).is_file()
+        assert (
+            (Path(zoo.REPO_ROOT) / "configs" / "experiment")
+            .joinpath(f"{family.stages[-1].experiment}.yaml")
+            .is_file()
+        )
     assert zoo._clock(30) == "00:00:30:00" and zoo._clock(0.5) == "00:00:00:30"
     quick = zoo.parse_args(["--quick"])
-    assert quick.minutes == 1.0 and quick.max_scenes == 6 and "data.generator.scenes=60" in (
-        quick.data_overrides
+    assert (
+        quick.minutes == 1.0
+        and quick.max_scenes == 6
+        and "data.generator.scenes=60" in (quick.data_overrides)
     )
     with pytest.raises(SystemExit):
         zoo.parse_args(["--views", "1"])
