@@ -6,9 +6,11 @@ frame (first context camera = identity, largest context baseline = 1), ``intrins
 normalised, ``near [V]``, ``far [V]`` (the configured values, scene-frame units), ``index [V]``
 (frame indices) and, when the chunk stores depth, ``depth [V, H, W]`` divided by the scene scale.
 
-The dataset reads one chunk at a time (shuffled chunk order and scene order in training), shards
-chunks across data-loader workers and distributed ranks, and never holds more than one chunk per
-worker in memory. Bad scenes are skipped and counted in ``skipped`` (per process): non-finite or
+The dataset reads one chunk at a time (shuffled chunk order and scene order in training) and never
+holds more than one chunk per worker in memory. Training shards chunks across data-loader workers
+and distributed ranks; evaluation splits (and training sets with fewer chunks than shards) shard
+scenes instead, with every shard yielding the same number of examples, so that no distributed rank
+waits for one that ran out of data. Bad scenes are skipped and counted in ``skipped`` (per process): non-finite or
 malformed cameras, a field of view above ``max_fov``, too few views for the sampler, a context
 baseline below ``baseline_epsilon``, an undecodable image or depth map, an unreadable chunk file.
 A chunk that needs arbitrary unpickling is refused (``DataError``), never executed.
@@ -158,17 +160,16 @@ class ChunkDataset(IterableDataset):
         if self.shuffle:
             order = torch.randperm(len(chunks), generator=torch.Generator().manual_seed(pass_seed))
             chunks = [chunks[i] for i in order]
-        chunks = chunks[shard::shards]
         generator = torch.Generator().manual_seed(example_seed)
+        if shards > 1 and (not self.shuffle or len(chunks) < shards):
+            yield from self._iter_scene_shard(chunks, shard, shards, pass_seed, generator)
+            return
+        chunks = chunks[shard::shards]
         yielded = 0
         for name in chunks:
             path = self.root / self.split / name
-            try:
-                chunk = load_chunk(path)
-            except DataError as error:
-                if "refused" in str(error):
-                    raise
-                self._skip("corrupt_chunk", str(error))
+            chunk = self._read_chunk(path)
+            if chunk is None:
                 continue
             scenes = [s for s in chunk if s["key"] in self._wanted[name]]
             if self.shuffle:
@@ -180,6 +181,63 @@ class ChunkDataset(IterableDataset):
                     yielded += 1
                     yield example
         if chunks and yielded == 0 and self.skipped:
+            raise DataError(
+                f"{self.root / self.split}: no usable scene in {len(chunks)} chunk(s) "
+                f"(skipped: {dict(self.skipped)})"
+            )
+
+    def _read_chunk(self, path: Path) -> list[dict] | None:
+        try:
+            return load_chunk(path)
+        except DataError as error:
+            if "refused" in str(error):
+                raise
+            self._skip("corrupt_chunk", str(error))
+            return None
+
+    def _iter_scene_shard(
+        self,
+        chunks: list[str],
+        shard: int,
+        shards: int,
+        pass_seed: int,
+        generator: torch.Generator,
+    ):
+        """Scene-level sharding: every shard reads every chunk and keeps every ``shards``-th scene.
+
+        Used for evaluation splits and when there are fewer chunks than shards (chunk sharding
+        would leave a rank without data, and distributed training would wait for it forever).
+        Every shard yields the same number of examples, ``ceil(scenes / shards)``: a shard that
+        runs short repeats the first usable scenes, as ``DistributedSampler`` pads (so a
+        distributed evaluation may score a few scenes twice).
+        """
+        quota = -(-len(self.keys) // shards)
+        order_generator = torch.Generator().manual_seed(pass_seed)  # the same on every shard
+        yielded = 0
+        for sweep in range(2):  # sweep 1 pads a short shard with the first usable scenes
+            position = 0
+            for name in chunks:
+                path = self.root / self.split / name
+                chunk = self._read_chunk(path)
+                if chunk is None:
+                    continue
+                scenes = [s for s in chunk if s["key"] in self._wanted[name]]
+                if self.shuffle and sweep == 0:
+                    order = torch.randperm(len(scenes), generator=order_generator)
+                    scenes = [scenes[i] for i in order]
+                for scene in scenes:
+                    mine = sweep == 1 or position % shards == shard
+                    position += 1
+                    if not mine:
+                        continue
+                    example = self.load_example(scene, generator, path)
+                    if example is None:
+                        continue
+                    yield example
+                    yielded += 1
+                    if yielded >= quota:
+                        return
+        if yielded == 0 and self.skipped:
             raise DataError(
                 f"{self.root / self.split}: no usable scene in {len(chunks)} chunk(s) "
                 f"(skipped: {dict(self.skipped)})"

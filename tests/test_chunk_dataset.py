@@ -170,6 +170,36 @@ def test_shuffle_and_worker_sharding(root: Path) -> None:
     assert sorted(seen) == sorted(keys)  # each scene once: chunks are sharded across workers
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_rank_sharding_gives_every_rank_the_same_number_of_examples(
+    root: Path, world_size: int
+) -> None:
+    """Distributed ranks must never run out of data at different times (DDP would hang)."""
+    index_path = root / "evaluation_index.json"
+    keys = sorted(json.loads(index_path.read_text()))
+    per_rank = []
+    for rank in range(world_size):
+        dataset = ChunkDataset(root, "test", EvaluationViewSampler(index_path))
+        dataset.set_shard(rank, world_size)
+        per_rank.append([e["scene"] for e in dataset])
+    quota = -(-len(keys) // world_size)
+    assert [len(scenes) for scenes in per_rank] == [quota] * world_size
+    assert sorted({k for scenes in per_rank for k in scenes}) == keys  # every scene is scored
+    padded = sum(len(scenes) for scenes in per_rank) - len(keys)
+    assert padded == quota * world_size - len(keys)  # repeats only to even the ranks out
+    # Training with fewer chunks than ranks: scene sharding, disjoint before padding.
+    train_keys = set(load_index(root, "train"))
+    chunks = len(ChunkDataset(root, "train", sampler()).chunks)
+    ranks = chunks + 1
+    seen = []
+    for rank in range(ranks):
+        dataset = ChunkDataset(root, "train", sampler(), shuffle=True, seed=3)
+        dataset.set_shard(rank, ranks)
+        seen.append([e["scene"] for e in dataset])
+    assert len({len(scenes) for scenes in seen}) == 1 and len(seen[0]) > 0
+    assert {k for scenes in seen for k in scenes} == train_keys
+
+
 def test_evaluation_index(root: Path, tmp_path: Path) -> None:
     index_path = root / "evaluation_index.json"
     dataset = ChunkDataset(root, "test", EvaluationViewSampler(index_path))
