@@ -1,5 +1,8 @@
 """The zoo benchmark: every tiny family trained and evaluated on equal terms, in one command.
 
+Families: ``pixel_aligned`` (posed, the reference point), ``noposplat`` (pose-free pixel-aligned,
+the reference for the pose-free ZipSplat), ``zipsplat``, ``resplat``, ``splatweaver``.
+
 1. **Train** each family on the synthetic set with the same wall-clock budget per seed
    (``--minutes``, one CPU thread per run, ``--parallel`` runs side by side): ``train.py
    experiment=synthetic_<family>``. ReSplat's two-stage recipe splits its budget: half for the
@@ -51,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO_ROOT  # noqa: E402
 
+from models.cli import latest_last_checkpoint  # noqa: E402
+
 DONE_MARKER = "zoo_done.json"
 
 
@@ -87,6 +92,12 @@ FAMILIES: dict[str, Family] = {
     "pixel_aligned": Family(
         "pixel_aligned",
         (Stage("synthetic_pixel_aligned", "synthetic_pixel_aligned"),),
+        (Variant("1 Gaussian/pixel", None),),
+        knob="-",
+    ),
+    "noposplat": Family(
+        "noposplat",
+        (Stage("synthetic_noposplat", "synthetic_noposplat"),),
         (Variant("1 Gaussian/pixel", None),),
         knob="-",
     ),
@@ -258,8 +269,11 @@ def train_stage(settings: Settings, stage: Stage, seed: int, log: Path) -> dict[
         ]
     if stage.init_from is not None:
         init = REPO_ROOT / "logs" / stage.init_from / "runs" / run_dir.name / "checkpoints"
-        overrides.append(f"model.net.init_checkpoint={init / 'last.ckpt'}")
-    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+        init_checkpoint = latest_last_checkpoint(init)
+        if init_checkpoint is None:
+            raise RuntimeError(f"{init}: no last checkpoint of {stage.init_from} to start from")
+        overrides.append(f"model.net.init_checkpoint={init_checkpoint}")
+    if latest_last_checkpoint(run_dir / "checkpoints") is not None:
         overrides.append("ckpt_path=last")  # resume; the timer's elapsed time is restored
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -276,9 +290,10 @@ def train_stage(settings: Settings, stage: Stage, seed: int, log: Path) -> dict[
         )
     if result.returncode != 0:
         raise RuntimeError(f"training {stage.experiment} (seed {seed}) failed; see {log}")
-    checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    if not checkpoint.is_file():
-        raise RuntimeError(f"training {stage.experiment} wrote no {checkpoint}; see {log}")
+    found = latest_last_checkpoint(run_dir / "checkpoints")
+    if found is None:
+        raise RuntimeError(f"training {stage.experiment} wrote no last checkpoint; see {log}")
+    checkpoint = Path(found)
     record = {
         "experiment": stage.experiment,
         "seed": seed,
@@ -627,7 +642,7 @@ def plot(rows: list[dict], path: Path, title: str, views: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.4, 4.6))
-    colours = {"pixel_aligned": "#000000", "zipsplat": "#1f77b4"}
+    colours = {"pixel_aligned": "#000000", "noposplat": "#7f7f7f", "zipsplat": "#1f77b4"}
     colours |= {"resplat": "#2ca02c", "splatweaver": "#d62728"}
     for name in FAMILIES:
         points = [r for r in rows if r["family"] == name and r["views"] == views]
@@ -636,8 +651,8 @@ def plot(rows: list[dict], path: Path, title: str, views: int) -> None:
         points.sort(key=lambda r: r["gaussians"])
         xs = [r["gaussians"] for r in points]
         ys = [r["psnr"] for r in points]
-        style = "*" if len(points) == 1 else "o-"
-        size = 14 if len(points) == 1 else 5
+        style = ("*" if name == "pixel_aligned" else "D") if len(points) == 1 else "o-"
+        size = (14 if name == "pixel_aligned" else 8) if len(points) == 1 else 5
         ax.plot(xs, ys, style, color=colours[name], markersize=size, label=points[0]["model"])
         if len(points) > 1:
             same_x: dict[float, int] = {}

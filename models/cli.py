@@ -79,6 +79,16 @@ def prepare_logger_config(cfg: DictConfig) -> None:
             cfg.logger.wandb.offline = True
 
 
+def latest_last_checkpoint(folder: str | os.PathLike) -> str | None:
+    """The newest ``last.ckpt`` / ``last-vN.ckpt`` in ``folder`` (or ``None``).
+
+    Lightning writes ``last-v1.ckpt`` beside an existing ``last.ckpt`` that its callback did not
+    write itself (e.g. after the run folder was moved), so "last" means the newest of them.
+    """
+    candidates = glob.glob(os.path.join(os.fspath(folder), "last*.ckpt"))
+    return max(candidates, key=os.path.getmtime) if candidates else None
+
+
 def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig) -> str | None:
     """Resolve ``ckpt_path=last``: this run's ``last.ckpt``, else the newest one of the same task.
 
@@ -90,11 +100,11 @@ def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig) -> str | None:
         if not os.path.isfile(ckpt_path):
             raise FileNotFoundError(f"{ckpt_path}: checkpoint not found")
         return ckpt_path
-    here = os.path.join(cfg.paths.output_dir, "checkpoints", "last.ckpt")
-    if os.path.isfile(here):
+    here = latest_last_checkpoint(os.path.join(cfg.paths.output_dir, "checkpoints"))
+    if here is not None:
         return here
     pattern = os.path.join(
-        cfg.paths.log_dir, cfg.task_name, "runs", "*", "checkpoints", "last.ckpt"
+        cfg.paths.log_dir, cfg.task_name, "runs", "*", "checkpoints", "last*.ckpt"
     )
     candidates = sorted(glob.glob(pattern), key=os.path.getmtime)
     if not candidates:
