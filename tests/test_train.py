@@ -368,3 +368,29 @@ def test_optuna_sweep_two_trials(data_root, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
     assert "best_value" in results
+
+
+def test_ckpt_path_last_takes_the_newest_last_checkpoint(tmp_path):
+    import time
+
+    from omegaconf import OmegaConf
+
+    from models.cli import latest_last_checkpoint, resolve_ckpt_path
+
+    run = tmp_path / "logs" / "task" / "runs" / "a"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = OmegaConf.create(
+        {"paths": {"output_dir": str(run), "log_dir": str(tmp_path / "logs")}, "task_name": "task"}
+    )
+    assert latest_last_checkpoint(run / "checkpoints") is None
+    assert resolve_ckpt_path("last", cfg) is None  # nothing yet: a fresh start
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"old")
+    time.sleep(0.02)
+    newer = run / "checkpoints" / "last-v1.ckpt"  # Lightning's name after the folder moved
+    newer.write_bytes(b"new")
+    assert resolve_ckpt_path("last", cfg) == str(newer)
+    other = tmp_path / "logs" / "task" / "runs" / "b"
+    cfg.paths.output_dir = str(other)  # a new run of the same task resumes the newest one
+    assert resolve_ckpt_path("last", cfg) == str(newer)
+    with pytest.raises(FileNotFoundError):
+        resolve_ckpt_path(str(tmp_path / "missing.ckpt"), cfg)
