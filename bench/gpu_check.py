@@ -174,13 +174,14 @@ def garden(
 # ------------------------------------------------------------------------------------ checks
 def timed(fn: Callable[[], object], repeats: int) -> float:
     """Median wall time in ms of ``fn`` after one warm-up call, synchronising CUDA."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append(1e3 * (time.perf_counter() - start))
     return statistics.median(times)
 
@@ -307,7 +308,9 @@ def _time_model(
     """One row of :func:`reconstruction_timing`."""
     from models import create_model
 
-    torch.cuda.reset_peak_memory_stats()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     model = create_model(name, pretrained=False).to(device).eval()
     images = torch.rand(1, context_views, 3, resolution, resolution, device=device)
     extrinsics = torch.eye(4, device=device).repeat(1, context_views, 1, 1)
@@ -334,15 +337,30 @@ def _time_model(
         "Gaussians": int(pred.gaussians.count().max()),
         "forward ms": forward_ms,
         "render ms": render_ms,
-        "peak GB": torch.cuda.max_memory_allocated() / 2**30,
+        "peak GB": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
     }
+
+
+# one model per family (the zoo's tiny models): their reconstruction + render time at 256^2
+FAMILY_MODELS = (
+    "pixel_aligned_tiny",
+    "noposplat_tiny",
+    "zipsplat_tiny",
+    "resplat_tiny",
+    "splatweaver_tiny",
+)
 
 
 # ------------------------------------------------------------------------------------ main
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--garden", type=Path, default=None, help="gsplat_test_garden.npz")
-    parser.add_argument("--models", nargs="*", default=[], help="models to time (hook)")
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        default=list(FAMILY_MODELS),
+        help="models to time at 256x256 with 2 views (default: the tiny model of each family)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer scenes and repeats")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

@@ -97,3 +97,17 @@ def test_zoo_budget_split_and_arguments() -> None:
     )
     with pytest.raises(SystemExit):
         zoo.parse_args(["--views", "1"])
+
+
+def test_gpu_check_family_timing_runs_on_cpu() -> None:
+    """The GPU script's per-family timing hook (run for real only on a lent GPU) works anywhere."""
+    import torch
+
+    import gpu_check
+
+    names = ["zipsplat_tiny", "resplat_tiny", "no_such_model"]
+    rows = gpu_check.reconstruction_timing(names, torch.device("cpu"), resolution=32, repeats=1)
+    assert [r["model"] for r in rows] == names
+    assert rows[0]["Gaussians"] > 0 and rows[0]["forward ms"] > 0 and rows[1]["render ms"] > 0
+    assert str(rows[2]["forward ms"]).startswith("error")  # reported in its row, not raised
+    assert set(gpu_check.FAMILY_MODELS) >= {"pixel_aligned_tiny", "splatweaver_tiny"}
