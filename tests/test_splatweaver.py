@@ -125,16 +125,18 @@ def test_router_starts_near_the_target_usage(ladder: bool) -> None:
     usage = pred.extras["expert_usage"]
     assert (usage - target).abs().max() < 0.1, usage
     assert abs(float(pred.extras["gaussians_per_pixel"]) - 0.5) < 0.1
-    model.eval()  # deterministic routing
+    model.eval()  # deterministic (frozen Gumbel) routing follows the same distribution
     with torch.no_grad():
         pred = model(context)
+        argmax = model(context, routing="argmax").extras["expert_usage"]
     usage = pred.extras["expert_usage"]
-    if ladder:  # the ladder was calibrated on the first training batch: argmax follows it
+    assert (usage - target).abs().max() < 0.15, usage
+    assert abs(float(pred.extras["gaussians_per_pixel"]) - 0.5) < 0.1
+    if ladder:  # the ladder was calibrated on the first training batch: argmax follows it too
         assert bool(model.router.calibrated)
-        assert (usage - target).abs().max() < 0.15, usage
-        assert abs(float(pred.extras["gaussians_per_pixel"]) - 0.5) < 0.1
+        assert (argmax - target).abs().max() < 0.15, argmax
     else:  # argmax of an untrained feature-only router: the most likely expert, 0, everywhere
-        assert usage[0] > 0.9
+        assert argmax[0] > 0.9
 
 
 def test_energy_ladder_routes_texture_to_more_gaussians() -> None:
@@ -249,8 +251,38 @@ def test_inference_budget_follows_gaussians_per_pixel(model: SplatWeaver) -> Non
     assert "budget_shift" not in free.extras
     with pytest.raises(ValueError, match="gaussians_per_pixel"):
         model(context, gaussians_per_pixel=3.5)
-    with pytest.raises(ValueError, match="argmax"):
+    with pytest.raises(ValueError, match="deterministic"):
         model(context, gaussians_per_pixel=1.0, routing="gumbel")
+    for routing in ("argmax", "frozen_gumbel"):
+        pred = model(context, gaussians_per_pixel=0.5, routing=routing)
+        assert (pred.gaussians.count() <= 0.5 * pixels).all()
+
+
+def test_frozen_gumbel_routing_is_fixed_and_distributed_like_training() -> None:
+    model = small_model().eval()
+    torch.manual_seed(1)
+    bias = torch.tensor([1.0, 0.5, 0.0, -0.5])[None, :, None, None]
+    logits = torch.randn(4, 4, SIZE, SIZE) * 0.5 + bias  # [B*V, M + 1, H, W] with B = V = 2
+    noise = model._frozen_noise(logits, v=2)
+    assert torch.equal(noise, model._frozen_noise(logits, v=2))  # fixed
+    assert torch.equal(noise[:2], noise[2:])  # the same field for every scene of the batch
+    _, frozen = model._route(logits, "frozen_gumbel", noise)
+    _, argmax = model._route(logits, "argmax", None)
+    assert torch.equal(frozen, (logits + noise).argmax(dim=1))
+    assert not torch.equal(frozen, argmax)
+    # Gumbel-max: each expert is chosen with its softmax probability, as the training samples.
+    usage = torch.nn.functional.one_hot(frozen, 4).float().mean(dim=(0, 1, 2))
+    expected = logits.softmax(dim=1).mean(dim=(0, 2, 3))
+    torch.testing.assert_close(usage, expected, atol=0.03, rtol=0.0)
+    argmax_usage = torch.nn.functional.one_hot(argmax, 4).float().mean(dim=(0, 1, 2))
+    assert (argmax_usage - expected).abs().max() > 0.2  # argmax does not follow it
+    # A whole model: a scene scores the same alone or second in a batch.
+    context = make_context(b=1)
+    pair = {k: torch.cat([torch.rand_like(t), t]) for k, t in context.items()}
+    with torch.no_grad():
+        alone = model(context).extras["routing_map"]
+        second = model(pair).extras["routing_map"][1:]
+    assert torch.equal(alone, second)
 
 
 def test_straight_through_gumbel() -> None:
