@@ -391,11 +391,12 @@ def _needs_poses(source: Path, name: str, reason: str) -> InferError:
 
 
 def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
-    """The forward knobs set in ``cfg`` (``compression``, ``iterations``, ``max_gaussians``),
-    refused by name when the model's forward does not take them."""
+    """The forward knobs set in ``cfg`` (``compression``, ``iterations``,
+    ``gaussians_per_pixel``, ``max_gaussians``), refused by name when the model's forward does not
+    take them."""
     accepted = inspect.signature(model.forward).parameters
     kwargs = {}
-    for key in ("compression", "iterations", "max_gaussians"):
+    for key in ("compression", "iterations", "gaussians_per_pixel", "max_gaussians"):
         value = cfg.get(key)
         if value is None:
             continue
@@ -407,6 +408,11 @@ def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
     for key in ("iterations", "max_gaussians"):
         if key in kwargs and int(kwargs[key]) < 0:
             raise InferError(f"{key}={kwargs[key]}", "must be >= 0")
+    if "gaussians_per_pixel" in kwargs:
+        most = getattr(model, "num_experts", None)
+        value = float(kwargs["gaussians_per_pixel"])
+        if value < 0 or (most is not None and value > most):
+            raise InferError(f"gaussians_per_pixel={value}", f"must be in [0, {most}]")
     return kwargs
 
 

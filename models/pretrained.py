@@ -49,6 +49,7 @@ __all__ = [
     "parse_location",
     "read_config",
     "read_safetensors",
+    "recorded_arguments",
     "resolve_weights",
     "save_pretrained",
 ]
@@ -473,6 +474,29 @@ def _shared_groups(model: nn.Module) -> list[set[str]]:
 def _listing(keys: list[str], limit: int = 8) -> str:
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def recorded_arguments(name: str, pretrained: bool | str) -> dict[str, Any]:
+    """The constructor arguments saved with some weights of model ``name`` (``{}`` if none).
+
+    Read from a ``save_pretrained`` folder's ``config.json`` or a Lightning checkpoint's
+    ``model_config``; only when the weights say they belong to ``name`` (otherwise
+    :func:`load_pretrained` refuses them by name). Arguments that only fetch initial weights are
+    left out.
+    """
+    _, path = resolve_weights(name, pretrained)
+    if path.is_file() and path.suffix == ".ckpt":
+        _, checkpoint = load_checkpoint_state_dict(path)
+        hparams = checkpoint.get("hyper_parameters") or {}
+        owner = hparams.get("model_name")
+        arguments = dict(hparams.get("model_config") or {})
+    else:
+        folder = path.parent if path.is_file() else path
+        arguments = dict(read_config(folder) or {})
+        owner = (arguments.pop(METADATA_KEY, None) or {}).get("model_name")
+    if owner != name:
+        return {}
+    return {k: v for k, v in arguments.items() if k not in _INIT_ONLY_ARGS}
 
 
 def load_state_dict_strict(

@@ -80,13 +80,31 @@ def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.M
         pretrained: ``False`` for random weights; ``True`` for the registry's default weights;
             or a weights location string: ``"hf-hub:org/repo"`` or ``"local-dir:/path"``
             (a ``save_pretrained`` folder).
-        **overrides: constructor keyword arguments replacing the entry point's defaults.
+        **overrides: constructor keyword arguments replacing the entry point's defaults (and,
+            with ``pretrained``, the arguments recorded with the weights).
 
     Returns:
         The model (an ``nn.Module``), in eval mode when weights were loaded.
+
+    With ``pretrained``, the constructor arguments saved with the weights (``config.json`` or a
+    Lightning checkpoint's ``model_config``) build the model, as ``from_pretrained`` does, so
+    weights trained with non-default arguments (e.g. SplatWeaver's ``posed=True``) load by name.
     """
     entrypoint = model_entrypoint(name)
-    model = entrypoint(**{key: to_plain(value) for key, value in overrides.items()})
+    overrides = {key: to_plain(value) for key, value in overrides.items()}
+    if pretrained:
+        from .pretrained import recorded_arguments
+
+        recorded = recorded_arguments(name, pretrained)
+        if recorded:
+            try:
+                model = entrypoint(**{**recorded, **overrides})
+            except TypeError:  # not this entry point's arguments: load_pretrained explains
+                model = entrypoint(**overrides)
+        else:
+            model = entrypoint(**overrides)
+    else:
+        model = entrypoint(**overrides)
     model.registry_name = name  # checkpoints and exports record which entry built the model
     if not pretrained:
         return model

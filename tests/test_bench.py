@@ -101,9 +101,8 @@ def test_zoo_budget_split_and_arguments() -> None:
 
 def test_gpu_check_family_timing_runs_on_cpu() -> None:
     """The GPU script's per-family timing hook (run for real only on a lent GPU) works anywhere."""
-    import torch
-
     import gpu_check
+    import torch
 
     names = ["zipsplat_tiny", "resplat_tiny", "no_such_model"]
     rows = gpu_check.reconstruction_timing(names, torch.device("cpu"), resolution=32, repeats=1)

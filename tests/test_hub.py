@@ -420,3 +420,20 @@ def test_checkpoint_with_code_is_refused(tmp_path: Path) -> None:
     torch.save({"state_dict": {"net.w": torch.zeros(1)}, "hook": os.getcwd}, path)
     with pytest.raises(PretrainedError, match="weights_only=True"):
         create_model(TINY, pretrained=str(path))
+
+
+def test_pretrained_builds_with_the_recorded_arguments(tmp_path: Path) -> None:
+    """Weights trained with non-default constructor arguments load by registry name alone."""
+    trained = create_model("splatweaver_tiny", posed=True, num_experts=2)
+    save_pretrained(trained, tmp_path / "weaver", name="splatweaver_tiny")
+    loaded = create_model("splatweaver_tiny", pretrained=f"local-dir:{tmp_path / 'weaver'}")
+    assert loaded.posed and loaded.num_experts == 2 and not loaded.pose_free
+    _assert_same_state(trained, loaded)
+    # Explicit arguments still win over the recorded ones.
+    budget = create_model(
+        "splatweaver_tiny", pretrained=str(tmp_path / "weaver"), target_gaussians_per_pixel=0.8
+    )
+    assert budget.posed and budget.target_usage.mul(torch.arange(3)).sum() == pytest.approx(0.8)
+    # Weights of another model are still refused by name, not built with its arguments.
+    with pytest.raises(PretrainedError, match="splatweaver_tiny"):
+        create_model("zipsplat_tiny", pretrained=str(tmp_path / "weaver"))

@@ -462,3 +462,28 @@ def test_missing_input_and_unknown_model(tmp_path: Path, capsys) -> None:
     result = infer_here(capsys, f"input={folder}", f"output={output}", "model=no_such_model")
     assert_bad_input(result, "no_such_model", "unknown model")
     assert_no_output(tmp_path, output)
+
+
+def test_forward_knobs_are_checked_against_the_model() -> None:
+    import torch
+    from omegaconf import OmegaConf
+
+    from infer import InferError, forward_kwargs
+    from models import create_model
+
+    with torch.device("meta"):
+        weaver = create_model("splatweaver_tiny")
+        zipsplat = create_model("zipsplat_tiny")
+    cfg = OmegaConf.create(
+        {"model": "splatweaver_tiny", "compression": None, "iterations": None,
+         "gaussians_per_pixel": 0.5, "max_gaussians": None}
+    )  # fmt: skip
+    assert forward_kwargs(weaver, cfg) == {"gaussians_per_pixel": 0.5}
+    cfg.gaussians_per_pixel = 3.5  # above the largest expert (3)
+    with pytest.raises(InferError, match=r"\[0, 3\]"):
+        forward_kwargs(weaver, cfg)
+    cfg.gaussians_per_pixel, cfg.model = 1.0, "zipsplat_tiny"
+    with pytest.raises(InferError, match="no 'gaussians_per_pixel' setting"):
+        forward_kwargs(zipsplat, cfg)
+    cfg.gaussians_per_pixel, cfg.compression = None, 0.25
+    assert forward_kwargs(zipsplat, cfg) == {"compression": 0.25}
