@@ -254,14 +254,18 @@ def _pop_model_override(argv: list[str]) -> list[str]:
 
 
 def _pose_free_models() -> list[str]:
-    """Registry tiny models that need no poses (built on the meta device: no memory, no init)."""
+    """Registry tiny models that need no poses as ``model=<name>`` loads them: with the arguments
+    of their default weights when shipped (built on the meta device: no memory, no init)."""
     from models import create_model, list_models
+    from models.pretrained import available_pretrained, recorded_arguments
 
+    shipped = set(available_pretrained())
     names = []
     for name in list_models("*_tiny"):
         try:
+            arguments = recorded_arguments(name, True) if name in shipped else {}
             with torch.device("meta"):
-                model = create_model(name)
+                model = create_model(name, **arguments)
         except Exception:  # a family that cannot build on meta: leave it out of the hint
             continue
         if getattr(model, "pose_free", False):
