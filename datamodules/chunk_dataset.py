@@ -166,34 +166,37 @@ class ChunkDataset(IterableDataset):
             return
         chunks = chunks[shard::shards]
         yielded = 0
+        for scene, path in self._scenes(chunks, generator if self.shuffle else None):
+            example = self.load_example(scene, generator, path)
+            if example is not None:
+                yielded += 1
+                yield example
+        self._check_yielded(chunks, yielded)
+
+    def _scenes(self, chunks: list[str], order: torch.Generator | None):
+        """``(scene, chunk path)`` of the wanted scenes of ``chunks``, read one chunk at a time
+        (lazily), each chunk's scenes shuffled with ``order`` when given."""
         for name in chunks:
             path = self.root / self.split / name
-            chunk = self._read_chunk(path)
-            if chunk is None:
+            try:
+                chunk = load_chunk(path)
+            except DataError as error:
+                if "refused" in str(error):
+                    raise
+                self._skip("corrupt_chunk", str(error))
                 continue
             scenes = [s for s in chunk if s["key"] in self._wanted[name]]
-            if self.shuffle:
-                order = torch.randperm(len(scenes), generator=generator)
-                scenes = [scenes[i] for i in order]
+            if order is not None:
+                scenes = [scenes[i] for i in torch.randperm(len(scenes), generator=order)]
             for scene in scenes:
-                example = self.load_example(scene, generator, path)
-                if example is not None:
-                    yielded += 1
-                    yield example
+                yield scene, path
+
+    def _check_yielded(self, chunks: list[str], yielded: int) -> None:
         if chunks and yielded == 0 and self.skipped:
             raise DataError(
                 f"{self.root / self.split}: no usable scene in {len(chunks)} chunk(s) "
                 f"(skipped: {dict(self.skipped)})"
             )
-
-    def _read_chunk(self, path: Path) -> list[dict] | None:
-        try:
-            return load_chunk(path)
-        except DataError as error:
-            if "refused" in str(error):
-                raise
-            self._skip("corrupt_chunk", str(error))
-            return None
 
     def _iter_scene_shard(
         self,
@@ -216,32 +219,20 @@ class ChunkDataset(IterableDataset):
         yielded = 0
         for sweep in range(2):  # sweep 1 pads a short shard with the first usable scenes
             position = 0
-            for name in chunks:
-                path = self.root / self.split / name
-                chunk = self._read_chunk(path)
-                if chunk is None:
+            shuffle = order_generator if self.shuffle and sweep == 0 else None
+            for scene, path in self._scenes(chunks, shuffle):
+                mine = sweep == 1 or position % shards == shard
+                position += 1
+                if not mine:
                     continue
-                scenes = [s for s in chunk if s["key"] in self._wanted[name]]
-                if self.shuffle and sweep == 0:
-                    order = torch.randperm(len(scenes), generator=order_generator)
-                    scenes = [scenes[i] for i in order]
-                for scene in scenes:
-                    mine = sweep == 1 or position % shards == shard
-                    position += 1
-                    if not mine:
-                        continue
-                    example = self.load_example(scene, generator, path)
-                    if example is None:
-                        continue
-                    yield example
-                    yielded += 1
-                    if yielded >= quota:
-                        return
-        if yielded == 0 and self.skipped:
-            raise DataError(
-                f"{self.root / self.split}: no usable scene in {len(chunks)} chunk(s) "
-                f"(skipped: {dict(self.skipped)})"
-            )
+                example = self.load_example(scene, generator, path)
+                if example is None:
+                    continue
+                yield example
+                yielded += 1
+                if yielded >= quota:
+                    return
+        self._check_yielded(chunks, yielded)
 
     def load_example(
         self, scene: dict, generator: torch.Generator | None = None, path: Path | None = None
