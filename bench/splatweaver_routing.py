@@ -46,10 +46,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import data_config, load_weights, test_loader, to_device  # noqa: E402
-
-from models import render  # noqa: E402
-from models.lightning_module import psnr_per_image, ssim_per_image  # noqa: E402
+from common import data_config, load_weights, score_targets, test_loader, to_device  # noqa: E402
 
 PALETTE = [(0, 0, 0), (49, 130, 189), (253, 174, 97), (215, 25, 28)]
 EDGE_THRESHOLD = 0.05  # wavelet energy above which a pixel counts as textured / on an edge
@@ -63,14 +60,11 @@ def score(
     context, target = batch["context"], batch["target"]
     with torch.no_grad():
         pred = model(context)
-    gaussians = pred.gaussians.detach()
-    shape = tuple(target["image"].shape[-2:])
-    with torch.no_grad():
-        out = render(gaussians, target["extrinsics"], target["intrinsics"], shape, backend=backend)
-    images = target["image"]
+        gaussians = pred.gaussians.detach()
+        scores = score_targets(gaussians, target, backend)
     result = {
-        "psnr": float(psnr_per_image(out.color, images).mean()),
-        "ssim": float(ssim_per_image(out.color, images).mean()),
+        "psnr": float(scores["psnr"].mean()),
+        "ssim": float(scores["ssim"].mean()),
         "gaussians": int(gaussians.count()[0]),
     }
     if refine_steps > 0 and getattr(model, "pose_free", False):
@@ -79,16 +73,16 @@ def score(
         with torch.enable_grad():
             refined = refine_target_poses(
                 gaussians,
-                images,
+                target["image"],
                 target["extrinsics"],
                 target["intrinsics"],
                 steps=refine_steps,
                 backend=backend,
             )
         with torch.no_grad():
-            out = render(gaussians, refined, target["intrinsics"], shape, backend=backend)
-        result["refined_psnr"] = float(psnr_per_image(out.color, images).mean())
-        result["refined_ssim"] = float(ssim_per_image(out.color, images).mean())
+            scores = score_targets(gaussians, target, backend, extrinsics=refined)
+        result["refined_psnr"] = float(scores["psnr"].mean())
+        result["refined_ssim"] = float(scores["ssim"].mean())
     return result, pred.extras
 
 

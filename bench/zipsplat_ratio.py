@@ -26,10 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import data_config, load_weights, test_loader, to_device  # noqa: E402
+from common import data_config, load_weights, score_targets, test_loader, to_device  # noqa: E402
 
-from models import render  # noqa: E402
-from models.lightning_module import psnr_per_image, ssim_per_image  # noqa: E402
 from models.pose_refinement import refine_target_poses  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
@@ -59,28 +57,28 @@ def evaluate(
         pred = model(context, **kwargs)
         gaussians = pred.gaussians.detach()
         images = target["image"]
-        shape = (int(images.shape[-2]), int(images.shape[-1]))
-        out = render(gaussians, target["extrinsics"], target["intrinsics"], shape, backend=backend)
+        scores = score_targets(gaussians, target, backend)
         b = images.shape[0]
         _, v, _, h, w = context["image"].shape
         values = {
             "gaussians": gaussians.count().double(),
             "pixels_per_gaussian": (v * h * w) / gaussians.count().double(),
-            "psnr": psnr_per_image(out.color, images).mean(dim=1).double(),
-            "ssim": ssim_per_image(out.color, images).mean(dim=1).double(),
+            "psnr": scores["psnr"].double(),
+            "ssim": scores["ssim"].double(),
         }
         if pose_free and refine_steps > 0:
-            refined = refine_target_poses(
-                gaussians,
-                images,
-                target["extrinsics"],
-                target["intrinsics"],
-                steps=refine_steps,
-                backend=backend,
-            )
-            out = render(gaussians, refined, target["intrinsics"], shape, backend=backend)
-            values["refined_psnr"] = psnr_per_image(out.color, images).mean(dim=1).double()
-            values["refined_ssim"] = ssim_per_image(out.color, images).mean(dim=1).double()
+            with torch.enable_grad():
+                refined = refine_target_poses(
+                    gaussians,
+                    images,
+                    target["extrinsics"],
+                    target["intrinsics"],
+                    steps=refine_steps,
+                    backend=backend,
+                )
+            scores = score_targets(gaussians, target, backend, extrinsics=refined)
+            values["refined_psnr"] = scores["psnr"].double()
+            values["refined_ssim"] = scores["ssim"].double()
         for key, value in values.items():
             sums[key] = sums.get(key, 0.0) + float(value.sum())
         scenes += b
