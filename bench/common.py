@@ -127,6 +127,7 @@ def score_targets(
     target: dict[str, Tensor],
     backend: str = "auto",
     extrinsics: Tensor | None = None,
+    lpips: nn.Module | None = None,
 ) -> dict[str, Tensor]:
     """Render the target views and score them.
 
@@ -136,16 +137,23 @@ def score_targets(
         backend: renderer backend.
         extrinsics: ``[B, T, 4, 4]`` to render from instead of ``target["extrinsics"]`` (refined
             poses).
+        lpips: a ``models.lightning_module.build_lpips`` module to also score LPIPS with.
 
     Returns:
-        Per-scene ``psnr``, ``ssim`` (means over the targets) and ``gaussians`` (count), ``[B]``.
+        Per-scene ``psnr``, ``ssim`` (means over the targets), ``gaussians`` (count) and, with
+        ``lpips``, ``lpips``; each ``[B]``.
     """
     images = target["image"]
     shape = (int(images.shape[-2]), int(images.shape[-1]))
     poses = target["extrinsics"] if extrinsics is None else extrinsics
     out = render(gaussians, poses, target["intrinsics"], shape, backend=backend)
-    return {
+    scores = {
         "psnr": psnr_per_image(out.color, images).mean(dim=1),
         "ssim": ssim_per_image(out.color, images).mean(dim=1),
         "gaussians": gaussians.count().to(images.dtype),
     }
+    if lpips is not None:
+        p = out.color.flatten(0, 1).clamp(0, 1) * 2 - 1
+        t = images.flatten(0, 1).clamp(0, 1) * 2 - 1
+        scores["lpips"] = lpips.net(p, t).reshape(images.shape[:2]).mean(dim=1)
+    return scores

@@ -476,15 +476,10 @@ def _listing(keys: list[str], limit: int = 8) -> str:
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
-def recorded_arguments(name: str, pretrained: bool | str) -> dict[str, Any]:
-    """The constructor arguments saved with some weights of model ``name`` (``{}`` if none).
-
-    Read from a ``save_pretrained`` folder's ``config.json`` or a Lightning checkpoint's
-    ``model_config``; only when the weights say they belong to ``name`` (otherwise
-    :func:`load_pretrained` refuses them by name). Arguments that only fetch initial weights are
-    left out.
-    """
-    _, path = resolve_weights(name, pretrained)
+def _recorded_identity(path: Path) -> tuple[str | None, dict[str, Any]]:
+    """``(registry name, constructor arguments)`` saved with resolved weights ``path``: a
+    Lightning checkpoint's ``model_name``/``model_config`` or a folder's ``config.json``; arguments
+    that only fetch initial weights are left out."""
     if path.is_file() and path.suffix == ".ckpt":
         _, checkpoint = load_checkpoint_state_dict(path)
         hparams = checkpoint.get("hyper_parameters") or {}
@@ -494,9 +489,17 @@ def recorded_arguments(name: str, pretrained: bool | str) -> dict[str, Any]:
         folder = path.parent if path.is_file() else path
         arguments = dict(read_config(folder) or {})
         owner = (arguments.pop(METADATA_KEY, None) or {}).get("model_name")
-    if owner != name:
-        return {}
-    return {k: v for k, v in arguments.items() if k not in _INIT_ONLY_ARGS}
+    return owner, {k: v for k, v in arguments.items() if k not in _INIT_ONLY_ARGS}
+
+
+def recorded_arguments(name: str, pretrained: bool | str) -> dict[str, Any]:
+    """The constructor arguments saved with some weights of model ``name`` (``{}`` if none).
+
+    Only when the weights say they belong to ``name`` (otherwise :func:`load_pretrained` refuses
+    them by name). Arguments that only fetch initial weights are left out.
+    """
+    owner, arguments = _recorded_identity(resolve_weights(name, pretrained)[1])
+    return arguments if owner == name else {}
 
 
 def load_state_dict_strict(
@@ -660,22 +663,9 @@ def load_model(location: str | os.PathLike, **overrides: Any) -> nn.Module:
     from .registry import create_model
 
     location = os.fspath(location)
-    kind, target, _ = parse_location(location)
-    path = Path(target)
-    if kind == "file" and path.suffix == ".ckpt":
-        _, checkpoint = load_checkpoint_state_dict(path)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        name = hparams.get("model_name")
-        kwargs = dict(hparams.get("model_config") or {})
-    else:
-        _, resolved = resolve_weights("unknown", location)
-        folder = resolved.parent if resolved.is_file() else resolved
-        kwargs = read_config(folder) or {}
-        name = (kwargs.pop(METADATA_KEY, None) or {}).get("model_name")
-        path = folder
+    _, path = resolve_weights("unknown", location)
+    name, _ = _recorded_identity(path)
     if not name:
         raise PretrainedError(path, "the weights do not record which registry model they are")
-    for key in _INIT_ONLY_ARGS:
-        kwargs.pop(key, None)
-    kwargs.update(overrides)
-    return create_model(name, pretrained=location, **kwargs).eval()
+    # create_model builds with the recorded arguments (overrides win) and loads strictly.
+    return create_model(name, pretrained=location, **overrides).eval()

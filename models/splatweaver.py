@@ -757,10 +757,6 @@ class SplatWeaver(SplatModel):
             gaussians = gaussians.prune(max_count=max_gaussians)
 
         # --- extras ---
-        if budget_shift is not None:
-            extras_budget = {"budget_shift": budget_shift}
-        else:
-            extras_budget = {}
         usage = F.one_hot(choice, self.num_experts + 1).float().mean(dim=(0, 1))
         with torch.no_grad():
             if self.posed:
@@ -785,8 +781,9 @@ class SplatWeaver(SplatModel):
             "points": rearrange(points, "b v (h w) c -> b v h w c", h=h),
             "extrinsics": fitted,
             "intrinsics": intrinsics,
-            **extras_budget,
         }
+        if budget_shift is not None:
+            extras["budget_shift"] = budget_shift
         return ModelOutput(gaussians=gaussians, extras=extras)
 
 

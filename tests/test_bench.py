@@ -110,3 +110,33 @@ def test_gpu_check_family_timing_runs_on_cpu() -> None:
     assert rows[0]["Gaussians"] > 0 and rows[0]["forward ms"] > 0 and rows[1]["render ms"] > 0
     assert str(rows[2]["forward ms"]).startswith("error")  # reported in its row, not raised
     assert set(gpu_check.FAMILY_MODELS) >= {"pixel_aligned_tiny", "splatweaver_tiny"}
+
+
+def test_score_targets_one_render_for_every_metric() -> None:
+    import torch
+
+    from models import Gaussians
+
+    class FakeLpips(torch.nn.Module):  # stands in for torchmetrics' VGG LPIPS (offline here)
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = lambda p, t: (p - t).abs().mean(dim=(1, 2, 3))
+
+    b, t, size = 2, 3, 16
+    gaussians = Gaussians(
+        means=torch.randn(b, 50, 3) * 0.3 + torch.tensor([0.0, 0.0, 3.0]),
+        scales=torch.full((b, 50, 3), 0.2),
+        rotations=torch.tensor([1.0, 0.0, 0.0, 0.0]).expand(b, 50, 4),
+        opacities=torch.full((b, 50), 0.8),
+        harmonics=torch.rand(b, 50, 3, 1),
+    )
+    target = {
+        "image": torch.rand(b, t, 3, size, size),
+        "extrinsics": torch.eye(4).expand(b, t, 4, 4),
+        "intrinsics": torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]]).expand(b, t, 3, 3),
+    }
+    plain = common.score_targets(gaussians, target)
+    scored = common.score_targets(gaussians, target, lpips=FakeLpips())
+    assert "lpips" not in plain and scored["lpips"].shape == (b,)
+    torch.testing.assert_close(scored["psnr"], plain["psnr"])
+    assert (scored["lpips"] > 0).all()
