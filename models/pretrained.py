@@ -49,6 +49,7 @@ __all__ = [
     "parse_location",
     "read_config",
     "read_safetensors",
+    "read_weights",
     "recorded_arguments",
     "resolve_weights",
     "save_pretrained",
@@ -474,6 +475,28 @@ def _shared_groups(model: nn.Module) -> list[set[str]]:
 def _listing(keys: list[str], limit: int = 8) -> str:
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str, Tensor], Path]:
+    """The network weights at ``location``, whatever holds them.
+
+    Args:
+        location: a Lightning ``.ckpt``, a ``.safetensors`` file, a ``save_pretrained`` folder, or
+            a ``local-dir:``/``hf-hub:`` location of one.
+        name: registry name the location belongs to (only for ``True``-style defaults/errors).
+
+    Returns:
+        ``(state_dict, path of the file read)``.
+
+    Raises:
+        PretrainedError: missing or unreadable weights.
+    """
+    _, path = resolve_weights(name, os.fspath(location))
+    if path.is_dir():
+        path = path / WEIGHTS_NAME
+    if path.suffix == ".ckpt":
+        return load_checkpoint_state_dict(path)[0], path
+    return read_safetensors(path), path
 
 
 def _recorded_identity(path: Path) -> tuple[str | None, dict[str, Any]]:

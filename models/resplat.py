@@ -490,21 +490,9 @@ class ReSplat(SplatModel):
         Raises:
             PretrainedError: unreadable weights, or keys/shapes that do not match the initial model.
         """
-        from .pretrained import (
-            WEIGHTS_NAME,
-            load_checkpoint_state_dict,
-            load_state_dict_strict,
-            read_safetensors,
-            resolve_weights,
-        )
+        from .pretrained import load_state_dict_strict, read_weights
 
-        _, path = resolve_weights("resplat", os.fspath(location))
-        if path.is_dir():
-            path = path / WEIGHTS_NAME
-        if path.suffix == ".ckpt":
-            state, _ = load_checkpoint_state_dict(path)
-        else:
-            state = read_safetensors(path)
+        state, path = read_weights(location, "resplat")
         prefix = "init_model."
         if any(key.startswith(prefix) for key in state):
             state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

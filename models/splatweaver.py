@@ -62,6 +62,7 @@ with different counts share one batch); ``count()`` is the sum of the routed car
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import torch
@@ -334,6 +335,12 @@ class SplatWeaver(SplatModel):
         out_layers: backbone blocks fed to the DPT head (``None``: four evenly spaced ones).
         pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``size``), a timm model
             name or a local weight file; see ``MultiViewTransformer``.
+        init_checkpoint: start the per-pixel trunk (backbone, DPT head, depth and point heads)
+            from a trained model with the same trunk: a pixel-aligned model of the same size and
+            camera setting (``posed`` needs one with camera tokens), or another SplatWeaver. A
+            Lightning ``.ckpt``, ``.safetensors`` file, ``save_pretrained`` folder or
+            ``local-dir:``/``hf-hub:`` location; the router and experts start fresh. This is the
+            released recipe's pretrained backbone (AnySplat's, there). ``None``: no init.
         dpt_features: width of the DPT fusion path.
         feature_dim: per-pixel feature channels ``C`` out of the DPT head.
         shallow_dim: channels of the full-resolution image CNN in the DPT head.
@@ -363,6 +370,10 @@ class SplatWeaver(SplatModel):
         energy_ladder: add the router's ordinal log-energy ladder to its logits (see
             ``CardinalityRouter``); ``False``: the paper's router (features only).
         neighbour_aggregation: refine the experts' input with kNN point attention.
+        density_input: also give the experts the routed cardinality around their pixel (its
+            3x3 and 5x5 means over the hard routing, divided by ``M``), so that a pixel whose
+            neighbours got no Gaussians can grow its own to cover them. Ours (the paper's experts
+            see only their pixel's features); ``False`` keeps that.
         neighbour_k: neighbours of that attention.
         neighbour_heads: attention heads (must divide ``feature_dim``).
         sh_degree: SH degree of the colours.
@@ -387,6 +398,7 @@ class SplatWeaver(SplatModel):
         global_layers: list[int] | None = None,
         out_layers: list[int] | None = None,
         pretrained_backbone: bool | str = False,
+        init_checkpoint: str | bool | None = None,
         dpt_features: int = 48,
         feature_dim: int = 32,
         shallow_dim: int = 16,
@@ -412,6 +424,7 @@ class SplatWeaver(SplatModel):
         energy_floor: float = 0.01,
         energy_ladder: bool = True,
         neighbour_aggregation: bool = False,
+        density_input: bool = False,
         neighbour_k: int = 16,
         neighbour_heads: int = 4,
         sh_degree: int = 1,
@@ -452,6 +465,8 @@ class SplatWeaver(SplatModel):
         self.label_smoothing = label_smoothing
         self.energy_floor = energy_floor
         self.wavelet = wavelet
+        self.feature_dim = feature_dim
+        self.density_input = density_input
 
         self.backbone = MultiViewTransformer(
             size,
@@ -513,7 +528,7 @@ class SplatWeaver(SplatModel):
         # --- experts 1..M (expert 0 has no parameters: it emits nothing) ---
         self.experts = nn.ModuleList(
             GaussianHead(
-                feature_dim + 1,
+                feature_dim + 1 + (2 if density_input else 0),
                 mean_mode="anchor_offset",
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
@@ -525,17 +540,54 @@ class SplatWeaver(SplatModel):
             )
             for k in range(1, num_experts + 1)
         )
+        if init_checkpoint:
+            self.load_init_checkpoint(init_checkpoint)
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def _from_pretrained(cls, **kwargs):  # type: ignore[override]
-        """Build without fetching backbone weights (the checkpoint holds every weight)."""
-        requested = kwargs.get("pretrained_backbone", False)
+        """Build without fetching backbone or trunk weights (the checkpoint holds every weight)."""
+        requested = {key: kwargs.get(key) for key in ("pretrained_backbone", "init_checkpoint")}
         kwargs["pretrained_backbone"] = False
+        kwargs["init_checkpoint"] = None
         model = super()._from_pretrained(**kwargs)
         if isinstance(getattr(model, "_hub_mixin_config", None), dict):
-            model._hub_mixin_config["pretrained_backbone"] = requested
+            model._hub_mixin_config.update(requested)
         return model
+
+    def trunk_modules(self) -> dict[str, nn.Module]:
+        """The per-pixel trunk that ``init_checkpoint`` starts from trained weights."""
+        names = ("backbone", "dpt", "depth_head", "depth_refine", "point_head")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def load_init_checkpoint(self, location: str | os.PathLike) -> list[str]:
+        """Load a trained trunk (see ``init_checkpoint``) strictly, module by module.
+
+        Every trunk module of this model must be in the file with matching keys and shapes; the
+        file's other entries (a pixel-aligned Gaussian head, another model's router and experts)
+        are ignored.
+
+        Returns:
+            The names of the modules loaded.
+
+        Raises:
+            PretrainedError: unreadable weights, or a trunk module missing from or not matching
+                the file.
+        """
+        from .pretrained import PretrainedError, load_state_dict_strict, read_weights
+
+        state, path = read_weights(location, "splatweaver")
+        loaded = []
+        for name, module in self.trunk_modules().items():
+            prefix = f"{name}."
+            part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            if not part:
+                raise PretrainedError(
+                    path, f"holds no {name!r} weights to start the SplatWeaver trunk from"
+                )
+            load_state_dict_strict(module, part, path, f"SplatWeaver {name}")
+            loaded.append(name)
+        return loaded
 
     # ------------------------------------------------------------------ pieces
     def _depth(
@@ -727,12 +779,19 @@ class SplatWeaver(SplatModel):
         ce, penalty = self._routing_losses(logits, flat_energy)
 
         # --- experts ---
-        expert_in = torch.cat([features, t], dim=1)  # [BV, C + 1, H, W]
-        expert_in = rearrange(expert_in, "(b v) c h w -> b (v h w) c", b=b)
+        expert_in = [features, t]  # [BV, C + 1, H, W]
+        if self.density_input:  # routed cardinality around each pixel, [BV, 2, H, W]
+            routed = choice.to(dtype)[:, None] / self.num_experts
+            expert_in += [
+                F.avg_pool2d(routed, size, stride=1, padding=size // 2, count_include_pad=False)
+                for size in (3, 5)
+            ]
+        expert_in = rearrange(torch.cat(expert_in, dim=1), "(b v) c h w -> b (v h w) c", b=b)
         flat_points = rearrange(points, "b v p c -> b (v p) c")  # [B, N, 3]
         if self.neighbour is not None:
-            refined = self.neighbour(expert_in[..., :-1], flat_points)
-            expert_in = torch.cat([refined, expert_in[..., -1:]], dim=-1)
+            c = self.feature_dim
+            refined = self.neighbour(expert_in[..., :c], flat_points)
+            expert_in = torch.cat([refined, expert_in[..., c:]], dim=-1)
         color = rearrange(images, "b v c h w -> b (v h w) c")
         footprint = 0.5 * (1.0 / (intrinsics[..., 0, 0] * w) + 1.0 / (intrinsics[..., 1, 1] * h))
         pixel_scale = rearrange(depth, "b v h w -> b (v h w)") * repeat(

@@ -35,7 +35,10 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    pattern covering the patch. That is an initialisation choice for short CPU-budget training (the
    first renders cover the image instead of stacking every Gaussian at the origin); the offsets
    are as unconstrained as the paper's means. ``ray_anchor_depth=None`` gives the paper's plain
-   free means.
+   free means. With ``gaussian_sites`` each of the G Gaussians gets its own site in the patch
+   (the sunflower pattern, in pixels): it starts on the site's own ray, and its DC colour starts
+   at the image colour there (3x3 box-filtered) instead of the patch mean, so the head predicts
+   residuals of a sub-sampled image rather than G colours from one averaged patch.
 
 Scene frame and scale: a pose-free model cannot know the metric scale or the other cameras. The
 data convention (``DESIGN.md``) fixes both: every batch is expressed in the frame of context view 0
@@ -231,6 +234,15 @@ class ZipSplat(SplatModel):
         ray_anchor_depth: depth of the fixed ray anchor the free means start from (scene units,
             where the context baseline is 1; the synthetic rooms' median depth is ~6); ``None``
             for plain free means (see the module docstring).
+        gaussian_sites: give each of a token's G Gaussians its own site in the token's patch (a
+            sunflower pattern in pixels): its free mean starts on the site's ray at
+            ``ray_anchor_depth`` and its DC colour at the (3x3 box-filtered) image colour there,
+            instead of all G starting from the patch centre's ray and the patch's mean colour.
+            Ours (see the module docstring); needs ``ray_anchor_depth``.
+        site_window: with ``gaussian_sites``, decode each Gaussian by itself from its token's
+            features plus the raw colours of the ``site_window x site_window`` pixels around its
+            site and its place in the patch (one shared per-Gaussian MLP), instead of all G from
+            the token alone. Ours; ``0`` (default) keeps the token-only head.
         default_focal: normalised focal length assumed when the context has no intrinsics.
         compression: default cluster ratio ``r`` in ``(0, 1]`` (a forward keyword overrides it).
         kmeans_iterations: Lloyd iterations.
@@ -273,6 +285,8 @@ class ZipSplat(SplatModel):
         free_mean_max: float = 100.0,
         opacity_bias: float = 0.0,
         ray_anchor_depth: float | None = 6.0,
+        gaussian_sites: bool = False,
+        site_window: int = 0,
         default_focal: float = 1.0,
         compression: float = 1.0,
         kmeans_iterations: int = 5,
@@ -299,6 +313,14 @@ class ZipSplat(SplatModel):
         self.kmeans_chunk_size = kmeans_chunk_size
         self.default_focal = default_focal
         self.ray_anchor_depth = ray_anchor_depth
+        if gaussian_sites and ray_anchor_depth is None:
+            raise ValueError("gaussian_sites=True needs a ray_anchor_depth (the sites' rays)")
+        self.gaussian_sites = gaussian_sites
+        if site_window and not gaussian_sites:
+            raise ValueError("site_window needs gaussian_sites=True")
+        if site_window < 0 or (site_window and site_window % 2 == 0):
+            raise ValueError(f"site_window must be 0 or odd, got {site_window}")
+        self.site_window = site_window
         self.use_camera_prior = use_camera_prior
         self.camera_prior_prob = camera_prior_prob
         self.r_min_final = r_min_final
@@ -357,10 +379,11 @@ class ZipSplat(SplatModel):
             self.camera_prior_embed = None
 
         self.head_norm = nn.LayerNorm(dim + color_dim)
+        per_gaussian = 3 * site_window**2 + 2 if site_window else 0
         self.gaussian_head = GaussianHead(
-            dim + color_dim + 1,
+            dim + color_dim + 1 + per_gaussian,
             mean_mode="free",
-            gaussians_per_location=gaussians_per_token,
+            gaussians_per_location=1 if site_window else gaussians_per_token,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim or dim,
             scale_factor=scale_factor,
@@ -369,6 +392,13 @@ class ZipSplat(SplatModel):
             dc_from_color=True,
             opacity_bias=opacity_bias,
         )
+        g = gaussians_per_token
+        i = torch.arange(g, dtype=torch.float32)
+        radius = 0.5 * self.patch_size * torch.sqrt((i + 0.5) / g)
+        angle = i * math.pi * (3.0 - math.sqrt(5.0))
+        # [G, 2] sunflower sites in pixels around the patch centre (x, y)
+        sites = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)
+        self.register_buffer("site_offsets", sites, persistent=False)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -377,7 +407,7 @@ class ZipSplat(SplatModel):
             # Small but non-zero: the prior starts as a gentle nudge of the patch tokens.
             trunc_normal_(self.camera_prior_embed.weight, std=0.02)
             nn.init.zeros_(self.camera_prior_embed.bias)
-        if self.ray_anchor_depth is not None:
+        if self.ray_anchor_depth is not None and not self.gaussian_sites:
             # Spread each token's G Gaussians over its patch (a sunflower pattern in the image
             # plane at the anchor depth, assuming the default focal length) instead of stacking
             # them on the patch centre, so the first renders cover the image.
@@ -501,6 +531,34 @@ class ZipSplat(SplatModel):
         rays = camera_directions(coords.expand(b, v, -1, -1), intrinsics)  # [B, V, n, 3]
         return rearrange(rays * self.ray_anchor_depth, "b v n c -> b (v n) c")
 
+    def _site_coords(self, grid: tuple[int, int], like: Tensor) -> Tensor:
+        """``[h*w, G, 2]`` normalised image coordinates of every patch's Gaussian sites."""
+        h, w = grid
+        p = self.patch_size
+        centres = pixel_grid(grid, like.device, like.dtype).reshape(-1, 1, 2)  # [h*w, 1, 2]
+        size = torch.tensor([w * p, h * p], dtype=like.dtype, device=like.device)
+        return centres + self.site_offsets.to(like.dtype) / size  # [h*w, G, 2]
+
+    def _site_colors(self, images: Tensor, sites: Tensor) -> Tensor:
+        """``[B, V*h*w, G, 3]`` box-filtered colours of ``images [B, V, 3, H, W]`` at ``sites``."""
+        b = images.shape[0]
+        smooth = F.avg_pool2d(
+            images.flatten(0, 1), 3, stride=1, padding=1, count_include_pad=False
+        )  # [BV, 3, H, W]
+        grid = (sites * 2.0 - 1.0)[None].expand(smooth.shape[0], -1, -1, -1)  # [BV, n, G, 2]
+        color = F.grid_sample(smooth, grid, mode="bilinear", align_corners=False)  # [BV,3,n,G]
+        return rearrange(color, "(b v) c n g -> b (v n) g c", b=b).clamp(0.0, 1.0)
+
+    def _site_windows(self, images: Tensor, sites: Tensor) -> Tensor:
+        """``[B, V*h*w, G, 3 * site_window^2]`` raw colours around every site (zero outside)."""
+        b, v, _, height, width = images.shape
+        k = self.site_window
+        windows = F.unfold(images.flatten(0, 1), k, padding=k // 2)  # [BV, 3*k*k, H*W]
+        windows = windows.reshape(b * v, -1, height, width)
+        grid = (sites * 2.0 - 1.0)[None].expand(b * v, -1, -1, -1)  # [BV, n, G, 2]
+        out = F.grid_sample(windows, grid, mode="bilinear", align_corners=False)
+        return rearrange(out, "(b v) c n g -> b (v n) g c", b=b)
+
     def _chamfer(self, context: dict[str, Tensor], means: Tensor, intrinsics: Tensor) -> Tensor:
         """Chamfer loss between ``means [B, M, 3]`` and points of the context GT depth."""
         depth = context["depth"].to(means.dtype)  # [B, V, H, W]
@@ -609,17 +667,42 @@ class ZipSplat(SplatModel):
             images_in = images
         color_tokens = self._color_tokens(images_in)  # [B, N, C_color]
         color_scene = self.color_refine(gather_tokens(color_tokens, index), color_tokens)
-        patch_color = F.avg_pool2d(images_in.flatten(0, 1), self.patch_size)  # [BV, 3, h, w]
-        patch_color = rearrange(patch_color, "(b v) c h w -> b (v h w) c", b=b)
 
         features = self.head_norm(torch.cat([scene, color_scene], dim=-1))
         features = torch.cat([features, cluster_size.log()[..., None]], dim=-1)
-        gaussians = self.gaussian_head(
-            features,
-            color=gather_tokens(patch_color, index).clamp(0.0, 1.0),
-            scale_reference=cluster_size.sqrt(),
-        )
-        if self.ray_anchor_depth is not None:
+        g = self.gaussians_per_token
+        scale_reference = cluster_size.sqrt()  # [B, K]
+        if self.gaussian_sites:
+            sites = self._site_coords(grid, images)  # [h*w, G, 2]
+            site_color = self._site_colors(images_in, sites)  # [B, N, G, 3]
+            color = gather_tokens(site_color.flatten(2), index).unflatten(2, (g, 3))
+            if self.site_window:  # one Gaussian per head location: [B, K*G, ...]
+                windows = self._site_windows(images_in, sites)  # [B, N, G, 3*k*k]
+                windows = gather_tokens(windows.flatten(2), index).unflatten(2, (g, -1))
+                place = (self.site_offsets / self.patch_size).to(features.dtype)  # [G, 2]
+                features = torch.cat(
+                    [
+                        repeat(features, "b k c -> b k g c", g=g),
+                        windows,
+                        place.expand(b, features.shape[1], g, 2),
+                    ],
+                    dim=-1,
+                ).flatten(1, 2)  # [B, K*G, C']
+                color = color.flatten(1, 2)  # [B, K*G, 3]
+                scale_reference = scale_reference.repeat_interleave(g, dim=1)
+        else:
+            patch_color = F.avg_pool2d(images_in.flatten(0, 1), self.patch_size)  # [BV, 3, h, w]
+            patch_color = rearrange(patch_color, "(b v) c h w -> b (v h w) c", b=b)
+            color = gather_tokens(patch_color, index).clamp(0.0, 1.0)  # [B, K, 3]
+        gaussians = self.gaussian_head(features, color=color, scale_reference=scale_reference)
+        if self.gaussian_sites:
+            rays = camera_directions(
+                sites.reshape(1, 1, -1, 2).expand(b, v, -1, -1), intrinsics
+            )  # [B, V, h*w*G, 3], z = 1
+            anchors = rearrange(rays * self.ray_anchor_depth, "b v (n g) c -> b (v n) (g c)", g=g)
+            anchors = gather_tokens(anchors, index).reshape(b, -1, 3)  # [B, K*G, 3]
+            gaussians = gaussians.replace(means=gaussians.means + anchors)
+        elif self.ray_anchor_depth is not None:
             anchors = gather_tokens(self._ray_anchors(intrinsics, grid, b, v, images), index)
             anchors = repeat(anchors, "b k c -> b (k g) c", g=self.gaussians_per_token)
             gaussians = gaussians.replace(means=gaussians.means + anchors)

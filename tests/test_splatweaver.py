@@ -464,3 +464,73 @@ def test_bad_arguments(model: SplatWeaver) -> None:
         model({"image": torch.rand(1, 2, 4, SIZE, SIZE)})
     with pytest.raises(ValueError, match="gumbel_tau"):
         small_model(gumbel_tau=0.0)
+
+
+def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -> None:
+    from models.pretrained import PretrainedError, save_pretrained
+
+    torch.manual_seed(0)
+    teacher = create_model("pixel_aligned_tiny", img_size=SIZE)
+    save_pretrained(teacher, tmp_path / "pa", "pixel_aligned_tiny")
+    model = small_model(posed=True, init_checkpoint=str(tmp_path / "pa"))
+    source = teacher.state_dict()
+    loaded = {name: module for name, module in model.trunk_modules().items()}
+    assert set(loaded) == {"backbone", "dpt", "depth_head", "depth_refine"}
+    for name, module in loaded.items():
+        for key, value in module.state_dict().items():
+            torch.testing.assert_close(value, source[f"{name}.{key}"])
+    fresh = small_model(posed=True)  # the router and experts are not taken from anywhere
+    assert not torch.equal(
+        fresh.backbone.patch_embed.proj.weight, model.backbone.patch_embed.proj.weight
+    )
+    # Same trunk output as the pixel-aligned model: identical depth maps on a posed scene.
+    extrinsics, intrinsics = cameras(1, 2)
+    context = {**make_context(b=1), "extrinsics": extrinsics, "intrinsics": intrinsics}
+    with torch.no_grad():
+        depth = model.eval()(context).extras["depth"]
+        teacher_depth = teacher.eval()(context).extras["depth"]
+    torch.testing.assert_close(depth, teacher_depth.reshape(depth.shape), rtol=1e-4, atol=1e-4)
+    # A pose-free SplatWeaver has no camera tokens: the posed trunk does not fit, and says so.
+    with pytest.raises(PretrainedError, match="camera_embed"):
+        small_model(posed=False, init_checkpoint=str(tmp_path / "pa"))
+    with pytest.raises(PretrainedError, match="does not exist"):
+        small_model(posed=True, init_checkpoint=str(tmp_path / "missing"))
+    # Weights saved from the initialised model rebuild without reading the init file again.
+    save_pretrained(model, tmp_path / "sw", "splatweaver_tiny")
+    (tmp_path / "pa" / "model.safetensors").unlink()
+    again = create_model("splatweaver_tiny", pretrained=str(tmp_path / "sw"))
+    torch.testing.assert_close(again.state_dict(), model.state_dict())
+
+
+class FixedRouting(torch.nn.Module):
+    """Routes every pixel to the cardinality of a fixed map ``[V, H, W]``."""
+
+    def __init__(self, cardinality: torch.Tensor, num_experts: int) -> None:
+        super().__init__()
+        self.register_buffer("cardinality", cardinality)
+        self.num_experts = num_experts
+
+    def forward(self, x: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
+        one_hot = torch.nn.functional.one_hot(self.cardinality, self.num_experts + 1)
+        logits = one_hot.permute(0, 3, 1, 2).float() * 2e4 - 1e4  # [V, M + 1, H, W]
+        return logits.repeat(x.shape[0] // logits.shape[0], 1, 1, 1)
+
+
+@pytest.mark.parametrize("density_input", [False, True])
+def test_density_input_lets_a_pixel_see_its_neighbours_routing(density_input: bool) -> None:
+    torch.manual_seed(0)
+    model = small_model(density_input=density_input).eval()
+    context = make_context(b=1)
+    everywhere = torch.ones(2, SIZE, SIZE, dtype=torch.long)
+    sparse = everywhere.clone()
+    sparse[0, :2, :2] = 0  # pixel (0, 0) of view 0 keeps its Gaussian, its neighbours lose theirs
+    sparse[0, 0, 0] = 1
+    first = []
+    for routing in (everywhere, sparse):
+        model.router = FixedRouting(routing, model.num_experts)
+        with torch.no_grad():
+            gaussians = model(context).gaussians
+        assert gaussians.count().item() == int(routing.sum())
+        first.append(gaussians.scales[0, 0])  # pixel (0, 0) of view 0 comes first
+    # same pixel, same features: its Gaussian changes only when the expert sees the density
+    assert torch.equal(first[0], first[1]) != density_input

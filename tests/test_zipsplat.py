@@ -7,6 +7,7 @@ import torch
 
 import models.zipsplat as zipsplat_module
 from models import create_model, list_models
+from models.gaussians import sh_to_rgb
 from models.kmeans import cluster_count, kmeans_select
 from models.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 
@@ -263,3 +264,76 @@ def test_registry_and_round_trip(tmp_path, model):
     context = _context(b=1)
     with torch.no_grad():
         assert torch.equal(model(context).gaussians.means, loaded(context).gaussians.means)
+
+
+def test_gaussian_sites_start_each_gaussian_on_its_own_pixel_and_colour():
+    torch.manual_seed(0)
+    model = create_model("zipsplat_tiny", img_size=SIZE, gaussian_sites=True).eval()
+    g = model.gaussians_per_token
+    head = model.gaussian_head.proj
+    last = head[-1] if isinstance(head, torch.nn.Sequential) else head
+    raw_dim = last.out_features // g
+    with torch.no_grad():  # zero the mean and colour residuals: every Gaussian sits at its start
+        w = last.weight.view(g, raw_dim, -1)
+        b = last.bias.view(g, raw_dim)
+        for block in (
+            slice(0, 3),
+            slice(raw_dim - 3 * model.gaussian_head.num_sh_coefficients, None),
+        ):
+            w[:, block] = 0.0
+            b[:, block] = 0.0
+    # A linear ramp in x: the 3x3 box filter keeps it, so a site's colour is its x coordinate.
+    x = (torch.arange(SIZE) + 0.5) / SIZE
+    image = x.expand(SIZE, SIZE).expand(1, 2, 3, SIZE, SIZE).clone()
+    context = _context(b=1)
+    context["image"] = image
+    with torch.no_grad():
+        pred = model(context)
+    gaussians = pred.gaussians
+    n = (SIZE // 8) ** 2
+    assert gaussians.means.shape == (1, 2 * n * g, 3)
+    means = gaussians.means[0].reshape(2, n, g, 3)
+    f = context["intrinsics"][0, 0, 0, 0]
+    # Every view's Gaussians start on their site rays at the anchor depth, in that view's camera.
+    torch.testing.assert_close(means[..., 2], torch.full_like(means[..., 2], 6.0))
+    u = means[..., 0] / means[..., 2] * f + 0.5  # normalised image x of each start
+    sites = model._site_coords((SIZE // 8, SIZE // 8), image)  # [n, G, 2]
+    torch.testing.assert_close(u, sites[None, ..., 0].expand_as(u))
+    assert len({tuple(s) for s in sites.reshape(-1, 2).tolist()}) == n * g  # all distinct
+    inner = (sites[..., 0] > 1.5 / SIZE) & (sites[..., 0] < 1 - 1.5 / SIZE)
+    rgb = sh_to_rgb(gaussians.harmonics[0, :, :, 0]).reshape(2, n, g, 3)
+    torch.testing.assert_close(rgb[0][inner], sites[..., 0][inner][:, None].expand(-1, 3))
+    # Clustered tokens keep the count K * G and take their representative's sites.
+    with torch.no_grad():
+        assert model(context, compression=0.5).gaussians.means.shape[1] == round(0.5 * 2 * n) * g
+    with pytest.raises(ValueError, match="ray_anchor_depth"):
+        create_model("zipsplat_tiny", gaussian_sites=True, ray_anchor_depth=None)
+
+
+def test_site_window_decodes_each_gaussian_from_its_own_pixels():
+    torch.manual_seed(0)
+    model = create_model("zipsplat_tiny", img_size=SIZE, gaussian_sites=True, site_window=3)
+    g = model.gaussians_per_token
+    context = _context(b=2)
+    images = context["image"]
+    grid = (SIZE // 8, SIZE // 8)
+    sites = model._site_coords(grid, images)  # [n, G, 2]
+    windows = model._site_windows(images, sites)  # [B, V*n, G, 27]
+    assert windows.shape == (2, 2 * grid[0] * grid[1], g, 27)
+    # the window's centre pixel, sampled at the site, is the image sampled there
+    centre = windows.reshape(2, 2, -1, g, 3, 9)[..., 4]  # [B, V, n, G, 3]
+    direct = torch.nn.functional.grid_sample(
+        images.flatten(0, 1),
+        (sites * 2 - 1)[None].expand(4, -1, -1, -1),
+        mode="bilinear",
+        align_corners=False,
+    )  # [BV, 3, n, G]
+    torch.testing.assert_close(centre, direct.reshape(2, 2, 3, -1, g).permute(0, 1, 3, 4, 2))
+    out = model(context, compression=0.5)
+    assert out.gaussians.means.shape[1] == round(0.5 * 2 * grid[0] * grid[1]) * g
+    out.gaussians.harmonics.square().sum().backward()
+    assert model.gaussian_head.proj[0].weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="gaussian_sites"):
+        create_model("zipsplat_tiny", site_window=3)
+    with pytest.raises(ValueError, match="odd"):
+        create_model("zipsplat_tiny", gaussian_sites=True, site_window=4)

@@ -136,7 +136,8 @@ class GaussianHead(nn.Module):
 
         Args:
             features: ``[B, N, C]``.
-            color: ``[B, N, 3]`` pixel colour in [0, 1] for the DC initialisation.
+            color: ``[B, N, 3]`` pixel colour in [0, 1] for the DC initialisation, or
+                ``[B, N, G, 3]``, one per Gaussian.
             depth: ``ray_depth``: ``[B, N]`` or ``[B, N, G]`` z-depth.
             coords: ``ray_depth``: ``[B, N, 2]`` normalised pixel centres.
             pixel_size: ``ray_depth``: ``[B, N, 2]`` (or broadcastable) normalised pixel size.
@@ -194,7 +195,8 @@ class GaussianHead(nn.Module):
 
         harmonics = rearrange(raw_sh, "b n g (c k) -> b n g c k", c=3) * self.sh_mask
         if self.dc_from_color and color is not None:
-            dc = rgb_to_sh(color)[:, :, None, :, None]  # [B, N, 1, 3, 1]
+            dc = rgb_to_sh(color)  # [B, N, 3] per location or [B, N, G, 3] per Gaussian
+            dc = dc[:, :, None, :, None] if dc.dim() == 3 else dc[..., None]
             harmonics = torch.cat([harmonics[..., :1] + dc, harmonics[..., 1:]], dim=-1)
 
         def flat(t: Tensor) -> Tensor:
