@@ -370,10 +370,6 @@ class SplatWeaver(SplatModel):
         energy_ladder: add the router's ordinal log-energy ladder to its logits (see
             ``CardinalityRouter``); ``False``: the paper's router (features only).
         neighbour_aggregation: refine the experts' input with kNN point attention.
-        density_input: also give the experts the routed cardinality around their pixel (its
-            3x3 and 5x5 means over the hard routing, divided by ``M``), so that a pixel whose
-            neighbours got no Gaussians can grow its own to cover them. Ours (the paper's experts
-            see only their pixel's features); ``False`` keeps that.
         neighbour_k: neighbours of that attention.
         neighbour_heads: attention heads (must divide ``feature_dim``).
         sh_degree: SH degree of the colours.
@@ -424,7 +420,6 @@ class SplatWeaver(SplatModel):
         energy_floor: float = 0.01,
         energy_ladder: bool = True,
         neighbour_aggregation: bool = False,
-        density_input: bool = False,
         neighbour_k: int = 16,
         neighbour_heads: int = 4,
         sh_degree: int = 1,
@@ -465,8 +460,6 @@ class SplatWeaver(SplatModel):
         self.label_smoothing = label_smoothing
         self.energy_floor = energy_floor
         self.wavelet = wavelet
-        self.feature_dim = feature_dim
-        self.density_input = density_input
 
         self.backbone = MultiViewTransformer(
             size,
@@ -528,7 +521,7 @@ class SplatWeaver(SplatModel):
         # --- experts 1..M (expert 0 has no parameters: it emits nothing) ---
         self.experts = nn.ModuleList(
             GaussianHead(
-                feature_dim + 1 + (2 if density_input else 0),
+                feature_dim + 1,
                 mean_mode="anchor_offset",
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
@@ -779,19 +772,12 @@ class SplatWeaver(SplatModel):
         ce, penalty = self._routing_losses(logits, flat_energy)
 
         # --- experts ---
-        expert_in = [features, t]  # [BV, C + 1, H, W]
-        if self.density_input:  # routed cardinality around each pixel, [BV, 2, H, W]
-            routed = choice.to(dtype)[:, None] / self.num_experts
-            expert_in += [
-                F.avg_pool2d(routed, size, stride=1, padding=size // 2, count_include_pad=False)
-                for size in (3, 5)
-            ]
-        expert_in = rearrange(torch.cat(expert_in, dim=1), "(b v) c h w -> b (v h w) c", b=b)
+        expert_in = torch.cat([features, t], dim=1)  # [BV, C + 1, H, W]
+        expert_in = rearrange(expert_in, "(b v) c h w -> b (v h w) c", b=b)
         flat_points = rearrange(points, "b v p c -> b (v p) c")  # [B, N, 3]
         if self.neighbour is not None:
-            c = self.feature_dim
-            refined = self.neighbour(expert_in[..., :c], flat_points)
-            expert_in = torch.cat([refined, expert_in[..., c:]], dim=-1)
+            refined = self.neighbour(expert_in[..., :-1], flat_points)
+            expert_in = torch.cat([refined, expert_in[..., -1:]], dim=-1)
         color = rearrange(images, "b v c h w -> b (v h w) c")
         footprint = 0.5 * (1.0 / (intrinsics[..., 0, 0] * w) + 1.0 / (intrinsics[..., 1, 1] * h))
         pixel_scale = rearrange(depth, "b v h w -> b (v h w)") * repeat(

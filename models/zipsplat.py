@@ -239,10 +239,6 @@ class ZipSplat(SplatModel):
             ``ray_anchor_depth`` and its DC colour at the (3x3 box-filtered) image colour there,
             instead of all G starting from the patch centre's ray and the patch's mean colour.
             Ours (see the module docstring); needs ``ray_anchor_depth``.
-        site_window: with ``gaussian_sites``, decode each Gaussian by itself from its token's
-            features plus the raw colours of the ``site_window x site_window`` pixels around its
-            site and its place in the patch (one shared per-Gaussian MLP), instead of all G from
-            the token alone. Ours; ``0`` (default) keeps the token-only head.
         default_focal: normalised focal length assumed when the context has no intrinsics.
         compression: default cluster ratio ``r`` in ``(0, 1]`` (a forward keyword overrides it).
         kmeans_iterations: Lloyd iterations.
@@ -286,7 +282,6 @@ class ZipSplat(SplatModel):
         opacity_bias: float = 0.0,
         ray_anchor_depth: float | None = 6.0,
         gaussian_sites: bool = False,
-        site_window: int = 0,
         default_focal: float = 1.0,
         compression: float = 1.0,
         kmeans_iterations: int = 5,
@@ -316,11 +311,6 @@ class ZipSplat(SplatModel):
         if gaussian_sites and ray_anchor_depth is None:
             raise ValueError("gaussian_sites=True needs a ray_anchor_depth (the sites' rays)")
         self.gaussian_sites = gaussian_sites
-        if site_window and not gaussian_sites:
-            raise ValueError("site_window needs gaussian_sites=True")
-        if site_window < 0 or (site_window and site_window % 2 == 0):
-            raise ValueError(f"site_window must be 0 or odd, got {site_window}")
-        self.site_window = site_window
         self.use_camera_prior = use_camera_prior
         self.camera_prior_prob = camera_prior_prob
         self.r_min_final = r_min_final
@@ -379,11 +369,10 @@ class ZipSplat(SplatModel):
             self.camera_prior_embed = None
 
         self.head_norm = nn.LayerNorm(dim + color_dim)
-        per_gaussian = 3 * site_window**2 + 2 if site_window else 0
         self.gaussian_head = GaussianHead(
-            dim + color_dim + 1 + per_gaussian,
+            dim + color_dim + 1,
             mean_mode="free",
-            gaussians_per_location=1 if site_window else gaussians_per_token,
+            gaussians_per_location=gaussians_per_token,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim or dim,
             scale_factor=scale_factor,
@@ -549,16 +538,6 @@ class ZipSplat(SplatModel):
         color = F.grid_sample(smooth, grid, mode="bilinear", align_corners=False)  # [BV,3,n,G]
         return rearrange(color, "(b v) c n g -> b (v n) g c", b=b).clamp(0.0, 1.0)
 
-    def _site_windows(self, images: Tensor, sites: Tensor) -> Tensor:
-        """``[B, V*h*w, G, 3 * site_window^2]`` raw colours around every site (zero outside)."""
-        b, v, _, height, width = images.shape
-        k = self.site_window
-        windows = F.unfold(images.flatten(0, 1), k, padding=k // 2)  # [BV, 3*k*k, H*W]
-        windows = windows.reshape(b * v, -1, height, width)
-        grid = (sites * 2.0 - 1.0)[None].expand(b * v, -1, -1, -1)  # [BV, n, G, 2]
-        out = F.grid_sample(windows, grid, mode="bilinear", align_corners=False)
-        return rearrange(out, "(b v) c n g -> b (v n) g c", b=b)
-
     def _chamfer(self, context: dict[str, Tensor], means: Tensor, intrinsics: Tensor) -> Tensor:
         """Chamfer loss between ``means [B, M, 3]`` and points of the context GT depth."""
         depth = context["depth"].to(means.dtype)  # [B, V, H, W]
@@ -671,30 +650,15 @@ class ZipSplat(SplatModel):
         features = self.head_norm(torch.cat([scene, color_scene], dim=-1))
         features = torch.cat([features, cluster_size.log()[..., None]], dim=-1)
         g = self.gaussians_per_token
-        scale_reference = cluster_size.sqrt()  # [B, K]
         if self.gaussian_sites:
             sites = self._site_coords(grid, images)  # [h*w, G, 2]
             site_color = self._site_colors(images_in, sites)  # [B, N, G, 3]
             color = gather_tokens(site_color.flatten(2), index).unflatten(2, (g, 3))
-            if self.site_window:  # one Gaussian per head location: [B, K*G, ...]
-                windows = self._site_windows(images_in, sites)  # [B, N, G, 3*k*k]
-                windows = gather_tokens(windows.flatten(2), index).unflatten(2, (g, -1))
-                place = (self.site_offsets / self.patch_size).to(features.dtype)  # [G, 2]
-                features = torch.cat(
-                    [
-                        repeat(features, "b k c -> b k g c", g=g),
-                        windows,
-                        place.expand(b, features.shape[1], g, 2),
-                    ],
-                    dim=-1,
-                ).flatten(1, 2)  # [B, K*G, C']
-                color = color.flatten(1, 2)  # [B, K*G, 3]
-                scale_reference = scale_reference.repeat_interleave(g, dim=1)
         else:
             patch_color = F.avg_pool2d(images_in.flatten(0, 1), self.patch_size)  # [BV, 3, h, w]
             patch_color = rearrange(patch_color, "(b v) c h w -> b (v h w) c", b=b)
             color = gather_tokens(patch_color, index).clamp(0.0, 1.0)  # [B, K, 3]
-        gaussians = self.gaussian_head(features, color=color, scale_reference=scale_reference)
+        gaussians = self.gaussian_head(features, color=color, scale_reference=cluster_size.sqrt())
         if self.gaussian_sites:
             rays = camera_directions(
                 sites.reshape(1, 1, -1, 2).expand(b, v, -1, -1), intrinsics

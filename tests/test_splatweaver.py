@@ -500,37 +500,3 @@ def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -
     (tmp_path / "pa" / "model.safetensors").unlink()
     again = create_model("splatweaver_tiny", pretrained=str(tmp_path / "sw"))
     torch.testing.assert_close(again.state_dict(), model.state_dict())
-
-
-class FixedRouting(torch.nn.Module):
-    """Routes every pixel to the cardinality of a fixed map ``[V, H, W]``."""
-
-    def __init__(self, cardinality: torch.Tensor, num_experts: int) -> None:
-        super().__init__()
-        self.register_buffer("cardinality", cardinality)
-        self.num_experts = num_experts
-
-    def forward(self, x: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
-        one_hot = torch.nn.functional.one_hot(self.cardinality, self.num_experts + 1)
-        logits = one_hot.permute(0, 3, 1, 2).float() * 2e4 - 1e4  # [V, M + 1, H, W]
-        return logits.repeat(x.shape[0] // logits.shape[0], 1, 1, 1)
-
-
-@pytest.mark.parametrize("density_input", [False, True])
-def test_density_input_lets_a_pixel_see_its_neighbours_routing(density_input: bool) -> None:
-    torch.manual_seed(0)
-    model = small_model(density_input=density_input).eval()
-    context = make_context(b=1)
-    everywhere = torch.ones(2, SIZE, SIZE, dtype=torch.long)
-    sparse = everywhere.clone()
-    sparse[0, :2, :2] = 0  # pixel (0, 0) of view 0 keeps its Gaussian, its neighbours lose theirs
-    sparse[0, 0, 0] = 1
-    first = []
-    for routing in (everywhere, sparse):
-        model.router = FixedRouting(routing, model.num_experts)
-        with torch.no_grad():
-            gaussians = model(context).gaussians
-        assert gaussians.count().item() == int(routing.sum())
-        first.append(gaussians.scales[0, 0])  # pixel (0, 0) of view 0 comes first
-    # same pixel, same features: its Gaussian changes only when the expert sees the density
-    assert torch.equal(first[0], first[1]) != density_input

@@ -308,32 +308,3 @@ def test_gaussian_sites_start_each_gaussian_on_its_own_pixel_and_colour():
         assert model(context, compression=0.5).gaussians.means.shape[1] == round(0.5 * 2 * n) * g
     with pytest.raises(ValueError, match="ray_anchor_depth"):
         create_model("zipsplat_tiny", gaussian_sites=True, ray_anchor_depth=None)
-
-
-def test_site_window_decodes_each_gaussian_from_its_own_pixels():
-    torch.manual_seed(0)
-    model = create_model("zipsplat_tiny", img_size=SIZE, gaussian_sites=True, site_window=3)
-    g = model.gaussians_per_token
-    context = _context(b=2)
-    images = context["image"]
-    grid = (SIZE // 8, SIZE // 8)
-    sites = model._site_coords(grid, images)  # [n, G, 2]
-    windows = model._site_windows(images, sites)  # [B, V*n, G, 27]
-    assert windows.shape == (2, 2 * grid[0] * grid[1], g, 27)
-    # the window's centre pixel, sampled at the site, is the image sampled there
-    centre = windows.reshape(2, 2, -1, g, 3, 9)[..., 4]  # [B, V, n, G, 3]
-    direct = torch.nn.functional.grid_sample(
-        images.flatten(0, 1),
-        (sites * 2 - 1)[None].expand(4, -1, -1, -1),
-        mode="bilinear",
-        align_corners=False,
-    )  # [BV, 3, n, G]
-    torch.testing.assert_close(centre, direct.reshape(2, 2, 3, -1, g).permute(0, 1, 3, 4, 2))
-    out = model(context, compression=0.5)
-    assert out.gaussians.means.shape[1] == round(0.5 * 2 * grid[0] * grid[1]) * g
-    out.gaussians.harmonics.square().sum().backward()
-    assert model.gaussian_head.proj[0].weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="gaussian_sites"):
-        create_model("zipsplat_tiny", site_window=3)
-    with pytest.raises(ValueError, match="odd"):
-        create_model("zipsplat_tiny", gaussian_sites=True, site_window=4)
