@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import fnmatch
+import re
+import warnings
 from collections.abc import Callable
 
 from torch import nn
@@ -72,6 +74,35 @@ def to_plain(value):
     return value
 
 
+def _build_with_recorded(entrypoint, name: str, recorded: dict, overrides: dict):
+    """Build with the arguments recorded with some weights (explicit overrides win).
+
+    Recorded arguments this version's constructor no longer takes (an option removed since the
+    weights were saved) are left out with a warning; if the option changed the architecture, the
+    strict weight loading that follows says so. Returns ``None`` when the arguments do not suit
+    this entry point at all.
+    """
+    arguments = {**recorded, **overrides}
+    dropped = []
+    while True:
+        try:
+            model = entrypoint(**arguments)
+            break
+        except TypeError as error:
+            match = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+            key = match.group(1) if match else None
+            if key is None or key not in recorded or key in overrides:
+                return None
+            dropped.append(f"{key}={arguments.pop(key)!r}")
+    if dropped:
+        warnings.warn(
+            f"weights of {name!r} were saved with constructor argument(s) this version does not "
+            f"have: {', '.join(dropped)}; left out",
+            stacklevel=3,
+        )
+    return model
+
+
 def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.Module:
     """Build a registered model.
 
@@ -96,12 +127,8 @@ def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.M
         from .pretrained import recorded_arguments
 
         recorded = recorded_arguments(name, pretrained)
-        if recorded:
-            try:
-                model = entrypoint(**{**recorded, **overrides})
-            except TypeError:  # not this entry point's arguments: load_pretrained explains
-                model = entrypoint(**overrides)
-        else:
+        model = _build_with_recorded(entrypoint, name, recorded, overrides) if recorded else None
+        if model is None:  # not this entry point's arguments: load_pretrained explains
             model = entrypoint(**overrides)
     else:
         model = entrypoint(**overrides)

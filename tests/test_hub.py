@@ -437,3 +437,20 @@ def test_pretrained_builds_with_the_recorded_arguments(tmp_path: Path) -> None:
     # Weights of another model are still refused by name, not built with its arguments.
     with pytest.raises(PretrainedError, match="splatweaver_tiny"):
         create_model("zipsplat_tiny", pretrained=str(tmp_path / "weaver"))
+
+
+def test_recorded_arguments_a_newer_version_dropped_are_left_out_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A training checkpoint saved with an option this version no longer has still loads."""
+    trained = create_model("splatweaver_tiny", posed=True)
+    arguments = {"posed": True, "option_removed_since": False}
+    checkpoint = {
+        "state_dict": {f"net.{k}": v for k, v in trained.state_dict().items()},
+        "hyper_parameters": {"model_name": "splatweaver_tiny", "model_config": arguments},
+    }
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    with pytest.warns(UserWarning, match="option_removed_since=False; left out"):
+        loaded = create_model("splatweaver_tiny", pretrained=str(tmp_path / "last.ckpt"))
+    assert loaded.posed  # the other recorded arguments still apply
+    _assert_same_state(trained, loaded)
