@@ -401,11 +401,8 @@ class ZipSplat(SplatModel):
             # plane at the anchor depth, assuming the default focal length) instead of stacking
             # them on the patch centre, so the first renders cover the image.
             g = self.gaussians_per_token
-            patch = self.ray_anchor_depth * self.patch_size / (self.default_focal * self.img_width)
-            i = torch.arange(g, dtype=torch.float32)
-            radius = 0.5 * patch * torch.sqrt((i + 0.5) / g)
-            angle = i * math.pi * (3.0 - math.sqrt(5.0))
-            offset = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)
+            to_plane = self.ray_anchor_depth / (self.default_focal * self.img_width)
+            offset = self.site_offsets * to_plane  # [G, 2] pixels -> the anchor depth's plane
             raw = torch.sign(offset) * torch.log1p(offset.abs())  # inverse of the free mean map
             last = self.gaussian_head.proj
             last = last[-1] if isinstance(last, nn.Sequential) else last
@@ -511,14 +508,12 @@ class ZipSplat(SplatModel):
         tokens = tokens + self.color_view_embed[view][None, :, None, :]
         return rearrange(tokens, "b v n c -> b (v n) c")
 
-    def _ray_anchors(
-        self, intrinsics: Tensor, grid: tuple[int, int], b: int, v: int, like: Tensor
-    ) -> Tensor:
-        """``[B, V*h*w, 3]`` points at ``ray_anchor_depth`` on each patch centre's ray, in the
-        patch's own camera placed at the origin."""
-        coords = pixel_grid(grid, like.device, like.dtype).reshape(1, 1, -1, 2)  # [1, 1, n, 2]
-        rays = camera_directions(coords.expand(b, v, -1, -1), intrinsics)  # [B, V, n, 3]
-        return rearrange(rays * self.ray_anchor_depth, "b v n c -> b (v n) c")
+    def _ray_anchors(self, intrinsics: Tensor, coords: Tensor) -> Tensor:
+        """``[B, V*n, 3]`` points at ``ray_anchor_depth`` on the rays through normalised image
+        points ``coords [n, 2]`` of every view, each in its own camera placed at the origin."""
+        b, v = intrinsics.shape[:2]
+        rays = camera_directions(coords[None, None].expand(b, v, -1, -1), intrinsics)
+        return rearrange(rays * self.ray_anchor_depth, "b v n c -> b (v n) c")  # z = depth
 
     def _site_coords(self, grid: tuple[int, int], like: Tensor) -> Tensor:
         """``[h*w, G, 2]`` normalised image coordinates of every patch's Gaussian sites."""
@@ -650,25 +645,24 @@ class ZipSplat(SplatModel):
         features = self.head_norm(torch.cat([scene, color_scene], dim=-1))
         features = torch.cat([features, cluster_size.log()[..., None]], dim=-1)
         g = self.gaussians_per_token
+        anchors = None
         if self.gaussian_sites:
             sites = self._site_coords(grid, images)  # [h*w, G, 2]
             site_color = self._site_colors(images_in, sites)  # [B, N, G, 3]
             color = gather_tokens(site_color.flatten(2), index).unflatten(2, (g, 3))
+            anchors = self._ray_anchors(intrinsics, sites.reshape(-1, 2))  # [B, N*G, 3]
+            anchors = rearrange(anchors, "b (n g) c -> b n (g c)", g=g)
+            anchors = gather_tokens(anchors, index).reshape(b, -1, 3)  # [B, K*G, 3]
         else:
             patch_color = F.avg_pool2d(images_in.flatten(0, 1), self.patch_size)  # [BV, 3, h, w]
             patch_color = rearrange(patch_color, "(b v) c h w -> b (v h w) c", b=b)
             color = gather_tokens(patch_color, index).clamp(0.0, 1.0)  # [B, K, 3]
+            if self.ray_anchor_depth is not None:  # every Gaussian of a token on its centre ray
+                centres = pixel_grid(grid, images.device, images.dtype).reshape(-1, 2)
+                anchors = gather_tokens(self._ray_anchors(intrinsics, centres), index)
+                anchors = repeat(anchors, "b k c -> b (k g) c", g=g)
         gaussians = self.gaussian_head(features, color=color, scale_reference=cluster_size.sqrt())
-        if self.gaussian_sites:
-            rays = camera_directions(
-                sites.reshape(1, 1, -1, 2).expand(b, v, -1, -1), intrinsics
-            )  # [B, V, h*w*G, 3], z = 1
-            anchors = rearrange(rays * self.ray_anchor_depth, "b v (n g) c -> b (v n) (g c)", g=g)
-            anchors = gather_tokens(anchors, index).reshape(b, -1, 3)  # [B, K*G, 3]
-            gaussians = gaussians.replace(means=gaussians.means + anchors)
-        elif self.ray_anchor_depth is not None:
-            anchors = gather_tokens(self._ray_anchors(intrinsics, grid, b, v, images), index)
-            anchors = repeat(anchors, "b k c -> b (k g) c", g=self.gaussians_per_token)
+        if anchors is not None:
             gaussians = gaussians.replace(means=gaussians.means + anchors)
         if offset is None and self.camera_prior_embed is not None and torch.is_grad_enabled():
             # Keep the unused prior weights in the graph (a zero term): DDP requires every
