@@ -61,6 +61,13 @@ def check_context(context: dict[str, Tensor], require_poses: bool) -> tuple[int,
     return b, v, h, w
 
 
+# Constructor arguments that only fetch initial weights, and the value that fetches nothing. Saved
+# weights hold every weight, so rebuilding a model from them sets these to that value (the
+# requested value stays in config.json): nothing is downloaded or read twice, and ReSplat's
+# stage-1 file may be gone.
+INIT_ONLY_ARGS: dict[str, Any] = {"pretrained_backbone": False, "init_checkpoint": None}
+
+
 class SplatModel(
     nn.Module,
     PyTorchModelHubMixin,
@@ -78,6 +85,17 @@ class SplatModel(
     family: ClassVar[str] = "base"
     pose_free: ClassVar[bool] = False
     min_views: ClassVar[int] = 1
+
+    @classmethod
+    def _from_pretrained(cls, **kwargs):  # type: ignore[override]
+        """Build without fetching initial weights (``INIT_ONLY_ARGS``): the saved weights hold
+        every weight. The requested values are kept in the model's config."""
+        requested = {key: kwargs[key] for key in INIT_ONLY_ARGS if key in kwargs}
+        kwargs.update({key: INIT_ONLY_ARGS[key] for key in requested})
+        model = super()._from_pretrained(**kwargs)
+        if isinstance(getattr(model, "_hub_mixin_config", None), dict):
+            model._hub_mixin_config.update(requested)
+        return model
 
     def forward(self, context: dict[str, Tensor], **kwargs) -> ModelOutput:  # pragma: no cover
         raise NotImplementedError  # abstract: every family overrides it

@@ -219,17 +219,6 @@ class PixelAligned(SplatModel):
         candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
         self.register_buffer("depth_candidates", candidates, persistent=False)
 
-    # ------------------------------------------------------------------ loading
-    @classmethod
-    def _from_pretrained(cls, **kwargs):  # type: ignore[override]
-        """Build without fetching backbone weights (the checkpoint holds every weight)."""
-        requested = kwargs.get("pretrained_backbone", False)
-        kwargs["pretrained_backbone"] = False
-        model = super()._from_pretrained(**kwargs)
-        if isinstance(getattr(model, "_hub_mixin_config", None), dict):
-            model._hub_mixin_config["pretrained_backbone"] = requested
-        return model
-
     # ------------------------------------------------------------------ forward
     def _depth_range(
         self, context: dict[str, Tensor], shape: tuple[int, int], like: Tensor

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .base import INIT_ONLY_ARGS
+
 __all__ = [
     "CHECKPOINTS_DIR",
     "CONFIG_NAME",
@@ -50,6 +52,7 @@ __all__ = [
     "read_config",
     "read_safetensors",
     "read_weights",
+    "sub_state_dict",
     "recorded_arguments",
     "resolve_weights",
     "save_pretrained",
@@ -62,10 +65,8 @@ WEIGHTS_NAME = "model.safetensors"
 # config.json key holding what the weights are (family, registry name, class); written by
 # ``save_pretrained`` below and by ``models.export``. Constructor arguments sit beside it.
 METADATA_KEY = "splatzoo"
-# Constructor arguments that only fetch initial weights (the saved weights replace them), with the
-# value saved in config.json so that rebuilding a model from it never downloads or reads anything
-# (ReSplat's init_checkpoint: the stage-1 file may be gone; its weights are in model.safetensors).
-_INIT_ONLY_ARGS = {"pretrained_backbone": False, "init_checkpoint": None}
+# Constructor arguments that only fetch initial weights (see models.base.INIT_ONLY_ARGS).
+_INIT_ONLY_ARGS = INIT_ONLY_ARGS
 
 # Published Hub repositories: registry name -> "hf-hub:org/repo[@revision]". Only weights that exist.
 HUB_WEIGHTS: dict[str, str] = {}
@@ -497,6 +498,11 @@ def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str,
     if path.suffix == ".ckpt":
         return load_checkpoint_state_dict(path)[0], path
     return read_safetensors(path), path
+
+
+def sub_state_dict(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of ``state`` under ``prefix`` (e.g. ``"backbone."``), with it removed."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def _recorded_identity(path: Path) -> tuple[str | None, dict[str, Any]]:

@@ -468,17 +468,6 @@ class ReSplat(SplatModel):
             self.init_model.requires_grad_(False)
 
     # ------------------------------------------------------------------ weights
-    @classmethod
-    def _from_pretrained(cls, **kwargs):  # type: ignore[override]
-        """Build without fetching backbone or initial-model weights (the checkpoint holds all)."""
-        requested = {key: kwargs.get(key) for key in ("pretrained_backbone", "init_checkpoint")}
-        kwargs["pretrained_backbone"] = False
-        kwargs["init_checkpoint"] = None
-        model = super()._from_pretrained(**kwargs)
-        if isinstance(getattr(model, "_hub_mixin_config", None), dict):
-            model._hub_mixin_config.update(requested)
-        return model
-
     def load_init_checkpoint(self, location: str | os.PathLike) -> None:
         """Load a trained initial model strictly into ``self.init_model``.
 
@@ -490,12 +479,10 @@ class ReSplat(SplatModel):
         Raises:
             PretrainedError: unreadable weights, or keys/shapes that do not match the initial model.
         """
-        from .pretrained import load_state_dict_strict, read_weights
+        from .pretrained import load_state_dict_strict, read_weights, sub_state_dict
 
         state, path = read_weights(location, "resplat")
-        prefix = "init_model."
-        if any(key.startswith(prefix) for key in state):
-            state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        state = sub_state_dict(state, "init_model.") or state  # a whole ReSplat, or its init
         load_state_dict_strict(self.init_model, state, path, "ReSplat initial model")
 
     def train(self, mode: bool = True) -> ReSplat:

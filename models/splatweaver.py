@@ -537,17 +537,6 @@ class SplatWeaver(SplatModel):
             self.load_init_checkpoint(init_checkpoint)
 
     # ------------------------------------------------------------------ loading
-    @classmethod
-    def _from_pretrained(cls, **kwargs):  # type: ignore[override]
-        """Build without fetching backbone or trunk weights (the checkpoint holds every weight)."""
-        requested = {key: kwargs.get(key) for key in ("pretrained_backbone", "init_checkpoint")}
-        kwargs["pretrained_backbone"] = False
-        kwargs["init_checkpoint"] = None
-        model = super()._from_pretrained(**kwargs)
-        if isinstance(getattr(model, "_hub_mixin_config", None), dict):
-            model._hub_mixin_config.update(requested)
-        return model
-
     def trunk_modules(self) -> dict[str, nn.Module]:
         """The per-pixel trunk that ``init_checkpoint`` starts from trained weights."""
         names = ("backbone", "dpt", "depth_head", "depth_refine", "point_head")
@@ -567,13 +556,17 @@ class SplatWeaver(SplatModel):
             PretrainedError: unreadable weights, or a trunk module missing from or not matching
                 the file.
         """
-        from .pretrained import PretrainedError, load_state_dict_strict, read_weights
+        from .pretrained import (
+            PretrainedError,
+            load_state_dict_strict,
+            read_weights,
+            sub_state_dict,
+        )
 
         state, path = read_weights(location, "splatweaver")
         loaded = []
         for name, module in self.trunk_modules().items():
-            prefix = f"{name}."
-            part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            part = sub_state_dict(state, f"{name}.")
             if not part:
                 raise PretrainedError(
                     path, f"holds no {name!r} weights to start the SplatWeaver trunk from"

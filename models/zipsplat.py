@@ -409,17 +409,6 @@ class ZipSplat(SplatModel):
             with torch.no_grad():
                 last.bias.view(g, -1)[:, :2] = raw
 
-    # ------------------------------------------------------------------ loading
-    @classmethod
-    def _from_pretrained(cls, **kwargs):  # type: ignore[override]
-        """Build without fetching backbone weights (the checkpoint holds every weight)."""
-        requested = kwargs.get("pretrained_backbone", False)
-        kwargs["pretrained_backbone"] = False
-        model = super()._from_pretrained(**kwargs)
-        if isinstance(getattr(model, "_hub_mixin_config", None), dict):
-            model._hub_mixin_config["pretrained_backbone"] = requested
-        return model
-
     # ------------------------------------------------------------------ training schedule
     def train_kwargs(self, step: int, max_steps: int) -> dict[str, float]:
         """Forward keywords of one training step: the sampled ratio and the camera-prior share.
