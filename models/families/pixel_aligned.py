@@ -1,0 +1,420 @@
+"""The pixel-aligned family: one (or ``gaussians_per_pixel``) Gaussian per input pixel.
+
+Posed (pixelSplat / MVSplat / DepthSplat lineage): a multi-view ViT with camera (Plücker) tokens
+and alternating frame / global attention, a DPT head to full-resolution features, per-pixel depth
+from a softmax over ``num_depth_candidates`` inverse depths between ``1/far`` and ``1/near``
+(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` in ``ray_depth``
+mode: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded sub-pixel
+offset, and its scales are measured in pixel footprints at that depth.
+
+Pose-free (``pose_free=True``, NoPoSplat-style): no pose tokens (optionally intrinsics-only ray
+tokens); Gaussians are predicted directly in the first view's camera frame. Each view predicts a
+depth map in its own frame and a 3D correction: view 0's anchor points are its pixels unprojected
+at their depth (exact rays: view 0 is the scene frame); the other views' anchors are their own
+unprojection plus the correction times the depth (together a point map in view 0's frame). The
+head runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered
+by a rigid fit between their own-frame points and their view-0-frame anchors
+(``extras["extrinsics"]``).
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange, repeat
+from torch import Tensor, nn
+
+from ..backbones import DPTHead, MultiViewTransformer
+from ..base import ModelOutput, SplatModel, check_context
+from ..cameras import camera_directions, normalize_scene, pixel_grid
+from ..heads import GaussianHead
+from ..registry import register_model
+
+__all__ = [
+    "PixelAligned",
+    "pixel_aligned_tiny",
+    "pixel_aligned_small",
+    "pixel_aligned_base",
+    "noposplat_tiny",
+    "rigid_fit",
+]
+
+
+def rigid_fit(source: Tensor, target: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Least-squares rigid transform mapping ``source`` points onto ``target`` (Kabsch).
+
+    Args:
+        source: ``[..., P, 3]``.
+        target: ``[..., P, 3]``.
+        weights: ``[..., P]`` non-negative, or ``None`` for uniform.
+
+    Returns:
+        ``[..., 4, 4]`` with ``target ≈ R @ source + t``.
+    """
+    if weights is None:
+        weights = torch.ones_like(source[..., 0])
+    w = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-12)  # [..., P]
+    mu_s = (w[..., None] * source).sum(dim=-2)  # [..., 3]
+    mu_t = (w[..., None] * target).sum(dim=-2)
+    cov = torch.einsum(
+        "...p,...pi,...pj->...ij", w, target - mu_t[..., None, :], source - mu_s[..., None, :]
+    )
+    u, _, vh = torch.linalg.svd(cov.double())
+    d = torch.sign(torch.linalg.det(u @ vh))
+    fix = torch.ones_like(u[..., 0])
+    fix[..., -1] = d
+    rotation = (u * fix[..., None, :]) @ vh
+    rotation = rotation.to(source.dtype)
+    transform = torch.zeros(*source.shape[:-2], 4, 4, dtype=source.dtype, device=source.device)
+    transform[..., :3, :3] = rotation
+    transform[..., :3, 3] = mu_t - torch.einsum("...ij,...j->...i", rotation, mu_s)
+    transform[..., 3, 3] = 1.0
+    return transform
+
+
+class PixelAligned(SplatModel):
+    """Pixel-aligned Gaussian predictor (posed, or pose-free with ``pose_free=True``).
+
+    Args:
+        size: backbone size, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
+        img_size: training resolution of the backbone's position embedding (other sizes work).
+        patch_size: ``None`` for the size's default (8 tiny, 14 DINOv2 sizes).
+        backbone_dim, backbone_depth, backbone_heads: override the size's ViT width, number of
+            blocks and attention heads (``None``: the size's).
+        global_layers: backbone blocks with all-view attention (``None``: every odd block).
+        out_layers: backbone blocks fed to the DPT head (``None``: four evenly spaced ones).
+        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``size``), a timm model
+            name or a local weight file (``"file:/path.safetensors"``); see
+            ``MultiViewTransformer``. Ignored by ``from_pretrained`` (the checkpoint holds all).
+        pose_free: NoPoSplat-style; ignores extrinsics, predicts in view 0's camera frame.
+        use_camera_tokens: posed: add Plücker ray tokens of the (view-0-relative) cameras.
+        intrinsics_tokens: pose-free: add ray-direction tokens from the intrinsics alone.
+        default_focal: pose-free without ``context["intrinsics"]``: assumed normalised focal
+            length (principal point at the centre).
+        dpt_features: width of the DPT fusion path.
+        feature_dim: per-pixel feature channels out of the DPT head.
+        shallow_dim: channels of the full-resolution image CNN concatenated in the DPT head.
+        num_depth_candidates: inverse-depth candidates ``D`` of the depth softmax.
+        near, far: depth range used when the context has no ``near``/``far``.
+        depth_refine: add the residual depth refinement.
+        refine_dim: hidden channels of the refinement.
+        gaussians_per_pixel: Gaussians ``G`` per pixel (each with its own depth).
+        sh_degree: SH degree of the colours.
+        head_hidden_dim: hidden width of the Gaussian head MLP (``None``: linear).
+        scale_factor: multiplier of ``softplus(x - 4)``. Scales are measured in pixel footprints
+            (the head multiplies them by depth x pixel size at unit depth), so the default 30
+            starts Gaussians at about half a pixel.
+        max_scale: cap of the scale in pixel footprints.
+        offset_bound: sub-pixel offset bound in pixels (posed); anchor offset bound in pixel
+            footprints (pose-free).
+        opacity_bias: initial opacity logit.
+        drop_path_rate: backbone stochastic depth.
+    """
+
+    family = "pixel_aligned"
+
+    def __init__(
+        self,
+        *,
+        size: str = "tiny",
+        img_size: int = 64,
+        patch_size: int | None = None,
+        backbone_dim: int | None = None,
+        backbone_depth: int | None = None,
+        backbone_heads: int | None = None,
+        global_layers: list[int] | None = None,
+        out_layers: list[int] | None = None,
+        pretrained_backbone: bool | str = False,
+        pose_free: bool = False,
+        use_camera_tokens: bool = True,
+        intrinsics_tokens: bool = True,
+        default_focal: float = 1.0,
+        dpt_features: int = 48,
+        feature_dim: int = 32,
+        shallow_dim: int = 16,
+        num_depth_candidates: int = 64,
+        near: float = 1.0,
+        far: float = 100.0,
+        depth_refine: bool = True,
+        refine_dim: int = 32,
+        gaussians_per_pixel: int = 1,
+        sh_degree: int = 1,
+        head_hidden_dim: int | None = None,
+        scale_factor: float = 30.0,
+        max_scale: float = 15.0,
+        offset_bound: float = 1.0,
+        opacity_bias: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not 0 < near < far:
+            raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
+        if num_depth_candidates < 2:
+            raise ValueError(f"num_depth_candidates must be >= 2, got {num_depth_candidates}")
+        self.pose_free = pose_free  # instance attribute: shadows SplatModel.pose_free
+        self.size = size
+        self.default_focal = default_focal
+        self.near = near
+        self.far = far
+        self.num_depth_candidates = num_depth_candidates
+        self.gaussians_per_pixel = gaussians_per_pixel
+        self.camera_tokens = intrinsics_tokens if pose_free else use_camera_tokens
+
+        self.backbone = MultiViewTransformer(
+            size,
+            img_size=img_size,
+            patch_size=patch_size,
+            embed_dim=backbone_dim,
+            depth=backbone_depth,
+            num_heads=backbone_heads,
+            global_layers=global_layers,
+            out_layers=out_layers,
+            use_camera_tokens=self.camera_tokens,
+            pretrained_backbone=pretrained_backbone,
+            drop_path_rate=drop_path_rate,
+        )
+        self.dpt = DPTHead(
+            self.backbone.embed_dim,
+            num_layers=len(self.backbone.out_layers),
+            features=dpt_features,
+            out_dim=feature_dim,
+            shallow_dim=shallow_dim,
+        )
+        g = gaussians_per_pixel
+        self.depth_head = nn.Sequential(
+            nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(feature_dim, num_depth_candidates * g, 1),
+        )
+        if depth_refine:
+            self.depth_refine = nn.Sequential(
+                nn.Conv2d(feature_dim + g, refine_dim, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(refine_dim, g, 3, padding=1),
+            )
+            nn.init.zeros_(self.depth_refine[-1].weight)  # start as the identity
+            nn.init.zeros_(self.depth_refine[-1].bias)
+        else:
+            self.depth_refine = None
+        if pose_free:
+            self.point_head = nn.Sequential(
+                nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(feature_dim, 3 * g, 1),
+            )
+            nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
+            nn.init.zeros_(self.point_head[-1].bias)
+        else:
+            self.point_head = None
+        self.gaussian_head = GaussianHead(
+            feature_dim + g,
+            mean_mode="anchor_offset" if pose_free else "ray_depth",
+            gaussians_per_location=g,
+            sh_degree=sh_degree,
+            hidden_dim=head_hidden_dim,
+            scale_factor=scale_factor,
+            max_scale=max_scale,
+            offset_bound=offset_bound,
+            opacity_bias=opacity_bias,
+        )
+        candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
+        self.register_buffer("depth_candidates", candidates, persistent=False)
+
+    # ------------------------------------------------------------------ forward
+    def _depth_range(
+        self, context: dict[str, Tensor], shape: tuple[int, int], like: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``near``, ``far`` ``[B, V]`` from the context, else the constructor's values."""
+        out = []
+        for key, default in (("near", self.near), ("far", self.far)):
+            value = context.get(key)
+            if value is None:
+                value = torch.full(shape, default, dtype=like.dtype, device=like.device)
+            out.append(value.to(like.dtype))
+        return out[0], out[1]
+
+    def _predict_depth(
+        self, features: Tensor, near: Tensor, far: Tensor, b: int, v: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Refined depth ``[B, V, G, H, W]``, the softmax estimate before refinement (same
+        shape) and the refined normalised inverse depth ``[B*V, G, H, W]`` in (0, 1)."""
+        g, d = self.gaussians_per_pixel, self.num_depth_candidates
+        logits = rearrange(self.depth_head(features), "n (g d) h w -> n g d h w", g=g, d=d)
+        prob = logits.softmax(dim=2)
+        t = torch.einsum("ngdhw,d->nghw", prob, self.depth_candidates)  # [BV, G, H, W] in [0, 1]
+        t_coarse = t
+        if self.depth_refine is not None:
+            delta = self.depth_refine(torch.cat([features, t], dim=1))
+            t = torch.sigmoid(torch.logit(t.clamp(1e-4, 1 - 1e-4)) + delta)
+        inv_near = rearrange(1.0 / near, "b v -> (b v) 1 1 1")
+        inv_far = rearrange(1.0 / far, "b v -> (b v) 1 1 1")
+
+        def to_depth(x: Tensor) -> Tensor:
+            return rearrange(
+                1.0 / (inv_far + x * (inv_near - inv_far)), "(b v) g h w -> b v g h w", b=b, v=v
+            )
+
+        return to_depth(t), to_depth(t_coarse), t
+
+    def forward(
+        self, context: dict[str, Tensor], *, max_gaussians: int | None = None
+    ) -> ModelOutput:
+        """Predict Gaussians from the context views.
+
+        Args:
+            context: ``image [B, V, 3, H, W]``; posed: ``extrinsics [B, V, 4, 4]`` and
+                ``intrinsics [B, V, 3, 3]``; optional ``near``/``far`` ``[B, V]``.
+            max_gaussians: keep at most this many Gaussians per scene (the most opaque).
+
+        Returns:
+            ``ModelOutput`` with ``V * H * W * gaussians_per_pixel`` Gaussians (fewer when
+            pruned) and extras ``depth [B, V, H, W]`` (z-depth in each view's own frame; with
+            several Gaussians per pixel, the first one's), ``depth_coarse`` (before the
+            refinement); pose-free also ``points [B, V, H, W, 3]`` (anchors in view 0's frame),
+            ``extrinsics [B, V, 4, 4]`` (a rigid fit of each view's own-frame points to its
+            anchors, no gradient; view 0 is the identity) and the ``intrinsics`` used.
+        """
+        b, v, h, w = check_context(context, require_poses=not self.pose_free)
+        images = context["image"]  # [B, V, 3, H, W]
+        dtype, device = images.dtype, images.device
+        intrinsics = context.get("intrinsics")
+        if intrinsics is None:
+            intrinsics = torch.tensor(
+                [[self.default_focal, 0.0, 0.5], [0.0, self.default_focal, 0.5], [0.0, 0.0, 1.0]],
+                dtype=dtype,
+                device=device,
+            ).expand(b, v, 3, 3)
+        intrinsics = intrinsics.to(dtype)
+        if self.pose_free:
+            extrinsics = torch.eye(4, dtype=dtype, device=device).expand(b, v, 4, 4)
+            token_extrinsics = extrinsics
+        else:
+            extrinsics = context["extrinsics"].to(dtype)
+            # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
+            token_extrinsics = normalize_scene(extrinsics)[0]
+
+        tokens = self.backbone(
+            images,
+            token_extrinsics if self.camera_tokens else None,
+            intrinsics if self.camera_tokens else None,
+        )
+        features = self.dpt(tokens.features, tokens.grid_size, (h, w), images)  # [BV, C, H, W]
+        near, far = self._depth_range(context, (b, v), images)
+        depth, depth_coarse, t = self._predict_depth(features, near, far, b, v)  # [B, V, G, H, W]
+
+        head_in = torch.cat([features, t], dim=1)  # [BV, C + G, H, W]
+        head_in = rearrange(head_in, "(b v) c h w -> b (v h w) c", b=b, v=v)
+        color = rearrange(images, "b v c h w -> b (v h w) c")
+        depth_loc = rearrange(depth, "b v g h w -> b (v h w) g")
+        coords = pixel_grid((h, w), device, dtype).reshape(1, h * w, 2)  # [1, HW, 2]
+        coords = repeat(coords, "1 p c -> b (v p) c", b=b, v=v)
+        pixel_size = torch.tensor([1.0 / w, 1.0 / h], dtype=dtype, device=device).view(1, 1, 2)
+        # World size of one pixel at unit depth (mean of x and y), [B, V].
+        footprint = 0.5 * (1.0 / (intrinsics[..., 0, 0] * w) + 1.0 / (intrinsics[..., 1, 1] * h))
+        scale_reference = depth_loc[..., 0] * repeat(footprint, "b v -> b (v p)", p=h * w)
+        intr_loc = repeat(intrinsics, "b v i j -> b (v p) i j", p=h * w)
+
+        extras: dict[str, Tensor] = {
+            "depth": depth[:, :, 0],
+            "depth_coarse": depth_coarse[:, :, 0],
+        }
+        if not self.pose_free:
+            gaussians = self.gaussian_head(
+                head_in,
+                color=color,
+                depth=depth_loc,
+                coords=coords,
+                pixel_size=pixel_size,
+                intrinsics=intr_loc,
+                extrinsics=repeat(extrinsics, "b v i j -> b (v p) i j", p=h * w),
+                scale_reference=scale_reference,
+            )
+        else:
+            # Own-frame points, [B, V*H*W, G, 3] -> anchors in view 0's frame.
+            rays = camera_directions(coords[:, :, None, :], intr_loc)  # [B, N, 1, 3], z = 1
+            local = rays * depth_loc[..., None]  # [B, N, G, 3]
+            # The correction is relative to the depth (scale-aware) and linear, so a zero-initialised
+            # point head starts every view at its own unprojection and still gets gradients.
+            correction = self.point_head(features)  # [BV, 3G, H, W]
+            correction = rearrange(correction, "(b v) (g c) h w -> b v (h w) g c", b=b, v=v, c=3)
+            keep = torch.ones(v, dtype=dtype, device=device)
+            keep[0] = 0.0  # view 0 is the scene frame: its points stay on its rays
+            correction = correction * keep[None, :, None, None, None]
+            correction = rearrange(correction, "b v p g c -> b (v p) g c") * depth_loc[..., None]
+            anchors = local + correction  # [B, N, G, 3] in view 0's frame
+            # The head takes one anchor per location; extra Gaussians of a pixel share the
+            # first anchor, each with its own bounded offset.
+            gaussians = self.gaussian_head(
+                head_in,
+                color=color,
+                anchors=anchors[:, :, 0],
+                offset_scale=scale_reference,
+                scale_reference=scale_reference,
+            )
+            extras["points"] = rearrange(anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h)
+            with torch.no_grad():
+                fitted = rigid_fit(
+                    rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
+                    rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
+                )
+                fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
+            extras["extrinsics"] = fitted
+            extras["intrinsics"] = intrinsics
+        if max_gaussians is not None:
+            gaussians = gaussians.prune(max_count=max_gaussians)
+        return ModelOutput(gaussians=gaussians, extras=extras)
+
+
+# ---------------------------------------------------------------------- registry entries
+_TINY = dict(
+    size="tiny",
+    img_size=64,
+    dpt_features=48,
+    feature_dim=32,
+    shallow_dim=16,
+    num_depth_candidates=64,
+    sh_degree=1,
+)
+_SMALL = dict(
+    size="small",
+    img_size=252,
+    dpt_features=64,
+    feature_dim=64,
+    shallow_dim=32,
+    num_depth_candidates=128,
+    sh_degree=2,
+    head_hidden_dim=64,
+)
+_BASE = dict(
+    size="base",
+    img_size=252,
+    dpt_features=128,
+    feature_dim=64,
+    shallow_dim=32,
+    num_depth_candidates=128,
+    sh_degree=2,
+    head_hidden_dim=64,
+)
+
+
+@register_model
+def pixel_aligned_tiny(**kwargs) -> PixelAligned:
+    """Posed pixel-aligned model with a tiny multi-view ViT (CPU-trainable at 64x64)."""
+    return PixelAligned(**{**_TINY, **kwargs})
+
+
+@register_model
+def pixel_aligned_small(**kwargs) -> PixelAligned:
+    """Posed pixel-aligned model on a ViT-S/14 (DINOv2-compatible) backbone."""
+    return PixelAligned(**{**_SMALL, **kwargs})
+
+
+@register_model
+def pixel_aligned_base(**kwargs) -> PixelAligned:
+    """Posed pixel-aligned model on a ViT-B/14 (DINOv2-compatible) backbone."""
+    return PixelAligned(**{**_BASE, **kwargs})
+
+
+@register_model
+def noposplat_tiny(**kwargs) -> PixelAligned:
+    """Pose-free (NoPoSplat-style) pixel-aligned model with a tiny multi-view ViT."""
+    return PixelAligned(**{**_TINY, "pose_free": True, **kwargs})
