@@ -3,7 +3,8 @@ families. Importing this package needs neither Lightning, Hydra nor wandb."""
 
 from .base import ModelOutput, SplatModel
 from .gaussians import Gaussians
-from .registry import create_model, is_model, list_models, register_model
+from .pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from .registry import create_model, get_pretrained_cfg, is_model, list_models, register_model
 from .render import RenderOutput, render
 
 __all__ = [
@@ -11,7 +12,10 @@ __all__ = [
     "ModelOutput",
     "RenderOutput",
     "SplatModel",
+    "PretrainedCfg",
     "create_model",
+    "get_pretrained_cfg",
+    "register_pretrained_cfgs",
     "is_model",
     "list_models",
     "register_model",

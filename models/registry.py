@@ -12,7 +12,11 @@ from collections.abc import Callable
 
 from torch import nn
 
+from .pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
+from .pretrained_cfg import get_pretrained_cfg as _get_pretrained_cfg
+
 __all__ = [
+    "get_pretrained_cfg",
     "register_model",
     "create_model",
     "list_models",
@@ -40,20 +44,41 @@ def _ensure_families_imported() -> None:
     from . import families  # noqa: F401
 
 
-def list_models(pattern: str | None = None, family: str | None = None) -> list[str]:
+def list_models(
+    pattern: str | None = None, family: str | None = None, pretrained: bool = False
+) -> list[str]:
     """Sorted names of the registered models, optionally filtered by a glob ``pattern`` or by
-    ``family`` (the family module's name, e.g. ``"zipsplat"``)."""
+    ``family`` (the family module's name, e.g. ``"zipsplat"``).
+
+    With ``pretrained=True``, the ``architecture.tag`` names of every registered set of weights
+    (timm's convention) instead of the architectures.
+    """
     _ensure_families_imported()
-    names = sorted(_model_entrypoints)
+    if pretrained:
+        names = [n for n in list_pretrained() if split_model_name(n)[0] in _model_entrypoints]
+    else:
+        names = sorted(_model_entrypoints)
     if pattern is not None:
         names = [n for n in names if fnmatch.fnmatch(n, pattern)]
     if family is not None:
-        names = [n for n in names if _model_family[n] == family]
+        names = [n for n in names if _model_family[split_model_name(n)[0]] == family]
     return names
 
 
-def is_model(name: str) -> bool:
+def get_pretrained_cfg(name: str) -> PretrainedCfg | None:
+    """What is known about the weights ``"architecture.tag"`` (or the architecture's default
+    tag): location, licence, source, training data, input size, views, pose-free, reported
+    metrics. ``None`` when none are registered."""
     _ensure_families_imported()
+    return _get_pretrained_cfg(name)
+
+
+def is_model(name: str) -> bool:
+    """Whether ``name`` (an architecture, or ``architecture.tag`` of registered weights) exists."""
+    _ensure_families_imported()
+    architecture, tag = split_model_name(name)
+    if tag is not None:
+        return _get_pretrained_cfg(name) is not None and architecture in _model_entrypoints
     return name in _model_entrypoints
 
 
