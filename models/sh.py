@@ -14,7 +14,14 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_SH_DEGREE", "eval_sh", "eval_sh_bases", "num_sh_bases", "sh_degree_of"]
+__all__ = [
+    "MAX_SH_DEGREE",
+    "eval_sh",
+    "eval_sh_bases",
+    "num_sh_bases",
+    "rotate_sh_e3nn",
+    "sh_degree_of",
+]
 
 MAX_SH_DEGREE = 4
 
@@ -117,3 +124,45 @@ def eval_sh(harmonics: Tensor, directions: Tensor) -> Tensor:
     degree = sh_degree_of(harmonics.shape[-1])
     bases = eval_sh_bases(degree, directions.to(harmonics.dtype))  # [..., K]
     return (harmonics * bases[..., None, :]).sum(dim=-1)  # [..., 3]
+
+
+def _e3nn_quadratic_forms(like: Tensor) -> Tensor:
+    """``[5, 3, 3]`` symmetric matrices ``A_k`` with ``Y_k(d) = d^T A_k d`` for e3nn's degree-2
+    real harmonics (y as the polar axis), up to one common factor."""
+    s15, s5 = math.sqrt(15.0), math.sqrt(5.0)
+    forms = torch.zeros(5, 3, 3, dtype=like.dtype, device=like.device)
+    forms[0, 0, 2] = forms[0, 2, 0] = s15 / 2  # x z
+    forms[1, 0, 1] = forms[1, 1, 0] = s15 / 2  # x y
+    forms[2] = torch.diag(torch.tensor([-0.5, 1.0, -0.5], dtype=like.dtype)) * s5
+    forms[3, 1, 2] = forms[3, 2, 1] = s15 / 2  # y z
+    forms[4] = torch.diag(torch.tensor([-1.0, 0.0, 1.0], dtype=like.dtype)) * (s15 / 2)
+    return forms
+
+
+def rotate_sh_e3nn(harmonics: Tensor, rotation: Tensor) -> Tensor:
+    """Rotate SH coefficients block by block with e3nn's Wigner matrices (degrees 0..2).
+
+    This is ``rotate_sh`` of pixelSplat / MVSplat / DepthSplat (``e3nn.o3.wigner_D`` of the
+    rotation's angles): degree 1 is multiplied by ``R`` itself, degree 2 by the 5x5 matrix ``D``
+    with ``Y(R d) = D Y(d)`` in e3nn's real basis. That is not the exact rotation of gsplat's
+    basis (whose degree-1 order is ``(-y, z, -x)``), but it is what those released models were
+    trained with, so their camera-frame coefficients must be moved to the world this way.
+
+    Args:
+        harmonics: ``[..., 3, K]`` with ``K`` in (1, 4, 9).
+        rotation: ``[..., 3, 3]`` (broadcastable against ``harmonics[..., 0, 0]``).
+    """
+    k = harmonics.shape[-1]
+    if k not in (1, 4, 9):
+        raise ValueError(f"rotate_sh_e3nn supports degrees 0..2 (K = 1, 4, 9), got K = {k}")
+    blocks = [harmonics[..., :1]]
+    r = rotation[..., None, :, :]  # [..., 1, 3, 3] over the colour channel
+    if k >= 4:
+        blocks.append(torch.einsum("...ij,...j->...i", r, harmonics[..., 1:4]))
+    if k >= 9:
+        forms = _e3nn_quadratic_forms(rotation)  # [5, 3, 3]
+        # R^T A_k R expanded in the (orthogonal, equal-norm) basis {A_j}
+        rotated = torch.einsum("...ai,kab,...bj->...kij", rotation, forms, rotation)
+        d2 = torch.einsum("...kij,lij->...kl", rotated, forms) / (forms[0] * forms[0]).sum()
+        blocks.append(torch.einsum("...ij,...j->...i", d2[..., None, :, :], harmonics[..., 4:9]))
+    return torch.cat(blocks, dim=-1)

@@ -3,11 +3,17 @@
 Every family ends here, so the activations live in exactly one place:
 
 - scale: ``softplus(x - 4) * scale_factor``, clamped to ``max_scale``, then optionally multiplied by
-  a per-location ``scale_reference`` (e.g. depth times the pixel footprint, as in DepthSplat);
+  a per-location ``scale_reference`` (e.g. depth times the pixel footprint), then floored at
+  ``min_scale`` (DepthSplat's release: ``clamp(softplus(x - 4), 1e-10, 3)``, world units);
 - opacity: ``sigmoid``;
 - rotation: normalised quaternion (wxyz);
 - colour: SH coefficients; the DC term optionally starts at the pixel colour, higher bands are
-  scaled down (``0.1 * 0.25**degree``) so training starts view-independent.
+  scaled down (``0.1 * 0.25**degree``) so training starts view-independent;
+- ``local_frame=True`` (DepthSplat's release): rotations and SH are predicted in each location's
+  camera frame and moved to the world by the camera-to-world rotation (quaternion product; SH with
+  e3nn's Wigner matrices, ``models.sh.rotate_sh_e3nn``, as the released models were trained).
+
+``in_dim=None`` builds a decode-only head (no projection; call ``decode`` with raw parameters).
 
 Three ways to place the means (``mean_mode``):
 
@@ -28,6 +34,8 @@ from torch import Tensor, nn
 
 from ..cameras import unproject
 from ..gaussians import Gaussians, rgb_to_sh
+from ..rotations import matrix_to_quaternion, quaternion_multiply
+from ..sh import rotate_sh_e3nn
 
 __all__ = ["GaussianHead", "MEAN_MODES", "raw_gaussian_dim", "free_mean_activation"]
 
@@ -49,7 +57,7 @@ class GaussianHead(nn.Module):
     """Project features to ``gaussians_per_location`` Gaussians per location and activate them.
 
     Args:
-        in_dim: feature channels ``C``.
+        in_dim: feature channels ``C``; ``None``: no projection (``decode`` only).
         mean_mode: ``"ray_depth"``, ``"free"`` or ``"anchor_offset"``.
         gaussians_per_location: Gaussians ``G`` decoded from each feature vector.
         sh_degree: SH degree ``d`` (0..3).
@@ -61,11 +69,13 @@ class GaussianHead(nn.Module):
         free_mean_max: ``free`` means are clamped to this absolute value.
         dc_from_color: add the pixel colour's DC coefficient to the predicted DC.
         opacity_bias: initial bias of the opacity logit.
+        min_scale: floor of the final scales.
+        local_frame: rotations and SH are in the camera frame of ``extrinsics`` (see above).
     """
 
     def __init__(
         self,
-        in_dim: int,
+        in_dim: int | None,
         *,
         mean_mode: str,
         gaussians_per_location: int = 1,
@@ -77,6 +87,8 @@ class GaussianHead(nn.Module):
         free_mean_max: float = 100.0,
         dc_from_color: bool = True,
         opacity_bias: float = 0.0,
+        min_scale: float = 1e-7,
+        local_frame: bool = False,
     ) -> None:
         super().__init__()
         if mean_mode not in MEAN_MODES:
@@ -93,9 +105,15 @@ class GaussianHead(nn.Module):
         self.offset_bound = offset_bound
         self.free_mean_max = free_mean_max
         self.dc_from_color = dc_from_color
+        self.min_scale = min_scale
+        self.local_frame = local_frame
+        if local_frame and sh_degree > 2:
+            raise ValueError(f"local_frame supports sh_degree <= 2, got {sh_degree}")
         self.raw_dim = raw_gaussian_dim(sh_degree)
         out_dim = gaussians_per_location * self.raw_dim
-        if hidden_dim is None:
+        if in_dim is None:
+            self.proj = None
+        elif hidden_dim is None:
             self.proj = nn.Linear(in_dim, out_dim)
             last = self.proj
         else:
@@ -103,11 +121,12 @@ class GaussianHead(nn.Module):
                 nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim)
             )
             last = self.proj[-1]
-        with torch.no_grad():
-            bias = last.bias.view(gaussians_per_location, self.raw_dim)
-            bias.zero_()
-            bias[:, 6] = 1.0  # quaternion w: start near the identity rotation
-            bias[:, 10] = opacity_bias
+        if self.proj is not None:
+            with torch.no_grad():
+                bias = last.bias.view(gaussians_per_location, self.raw_dim)
+                bias.zero_()
+                bias[:, 6] = 1.0  # quaternion w: start near the identity rotation
+                bias[:, 10] = opacity_bias
         coefficients = (sh_degree + 1) ** 2
         sh_mask = torch.ones(coefficients)
         for degree in range(1, sh_degree + 1):
@@ -147,6 +166,8 @@ class GaussianHead(nn.Module):
             offset_scale: ``anchor_offset``: ``[B, N]`` per-location multiplier of the bound.
             scale_reference: ``[B, N]`` multiplier of the activated scales.
         """
+        if self.proj is None:
+            raise ValueError("this GaussianHead is decode-only (in_dim=None): call decode(raw)")
         raw = self.proj(features)  # [B, N, G * raw_dim]
         raw = rearrange(raw, "b n (g r) -> b n g r", g=self.gaussians_per_location)
         return self.decode(
@@ -188,7 +209,7 @@ class GaussianHead(nn.Module):
         scales = (F.softplus(raw_scale - 4.0) * self.scale_factor).clamp(max=self.max_scale)
         if scale_reference is not None:
             scales = scales * scale_reference[..., None, None]
-        scales = scales.clamp_min(1e-7)  # [B, N, G, 3]
+        scales = scales.clamp_min(self.min_scale)  # [B, N, G, 3]
 
         rotations = F.normalize(raw_rot, dim=-1, eps=1e-8)  # [B, N, G, 4]
         opacities = torch.sigmoid(raw_opacity[..., 0])  # [B, N, G]
@@ -198,6 +219,12 @@ class GaussianHead(nn.Module):
             dc = rgb_to_sh(color)  # [B, N, 3] per location or [B, N, G, 3] per Gaussian
             dc = dc[:, :, None, :, None] if dc.dim() == 3 else dc[..., None]
             harmonics = torch.cat([harmonics[..., :1] + dc, harmonics[..., 1:]], dim=-1)
+        if self.local_frame:
+            if extrinsics is None:
+                raise ValueError("local_frame=True needs extrinsics")
+            c2w = extrinsics[..., :3, :3].expand(b, n, 3, 3)[:, :, None]  # [B, N, 1, 3, 3]
+            rotations = quaternion_multiply(matrix_to_quaternion(c2w), rotations)
+            harmonics = rotate_sh_e3nn(harmonics, c2w)
 
         def flat(t: Tensor) -> Tensor:
             return t.reshape(b, n * g, *t.shape[3:])

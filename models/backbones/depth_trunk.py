@@ -1,0 +1,578 @@
+"""DepthSplat's multi-view depth trunk: monocular (Depth Anything V2 / DINOv2) and multi-view
+(UniMatch CNN + cross-view transformer) features, plane-sweep cost volumes, a cross-view U-Net
+regressor per scale and a DPT upsampler to full-resolution inverse depth.
+
+Shared by the DepthSplat port and, next, ReSplat's (which starts from the same trunk).
+
+Conventions inside: images ``[B, V, 3, H, W]`` in [0, 1]; intrinsics normalised; extrinsics
+camera-to-world OpenCV; depth candidates are *inverse* depths between ``1/far`` and ``1/near``.
+The cost volume uses each reference view's intrinsics for its source views too, as the released
+code does (views of one scene share intrinsics in its training data).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from .dinov2 import DINOV2_SIZES, DinoV2
+from .unimatch import ConvStem, CrossViewTransformer, gather_views, window_sine_embedding
+
+__all__ = ["DepthTrunk", "DepthSplatDPT", "CrossViewUNet", "DPT_CONFIGS", "MONO_LAYERS"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Depth Anything V2's DPT widths per ViT: fusion width of the depth and feature DPTs, and the
+# four projected widths
+DPT_CONFIGS: dict[str, dict] = {
+    "vits": {"depth_features": 32, "features": 64, "out_channels": (48, 96, 192, 384)},
+    "vitb": {"depth_features": 48, "features": 96, "out_channels": (96, 192, 384, 768)},
+    "vitl": {"depth_features": 64, "features": 128, "out_channels": (128, 256, 512, 1024)},
+}
+# DINOv2 blocks whose tokens feed the DPTs (Depth Anything V2's choice)
+MONO_LAYERS: dict[str, tuple[int, ...]] = {
+    "vits": (2, 5, 8, 11),
+    "vitb": (2, 5, 8, 11),
+    "vitl": (4, 11, 17, 23),
+}
+
+
+# ----------------------------------------------------------------------------- cross-view U-Net
+def _group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(8 if channels % 8 == 0 else 4, channels)
+
+
+class _ResBlock(nn.Module):
+    """Pre-norm residual block: (GN, SiLU, conv) twice; 1x1 shortcut when channels change."""
+
+    def __init__(self, in_dim: int, dim: int) -> None:
+        super().__init__()
+        self.norm1 = _group_norm(in_dim)
+        self.conv1 = nn.Conv2d(in_dim, dim, 3, padding=1)
+        self.norm2 = _group_norm(dim)
+        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1)
+        nn.init.zeros_(self.conv2.weight)
+        nn.init.zeros_(self.conv2.bias)
+        self.skip = nn.Conv2d(in_dim, dim, 1) if in_dim != dim else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return (x if self.skip is None else self.skip(x)) + h
+
+
+class _CrossViewAttention(nn.Module):
+    """Multi-head self-attention over the tokens of all views of a scene (heads of 32 channels;
+    q, k, v interleaved per head in the 1x1 ``qkv`` projection)."""
+
+    def __init__(self, dim: int, head_dim: int = 32) -> None:
+        super().__init__()
+        self.heads = dim // head_dim
+        self.norm = _group_norm(dim)
+        self.qkv = nn.Conv1d(dim, 3 * dim, 1)
+        self.proj = nn.Conv1d(dim, dim, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: Tensor, views: int) -> Tensor:
+        bv, c, h, w = x.shape
+        tokens = x.reshape(bv, c, h * w)
+        qkv = self.qkv(self.norm(tokens))  # [BV, 3C, T]
+        qkv = rearrange(qkv, "(b v) (n k d) t -> k (b n) d (v t)", v=views, n=self.heads, k=3)
+        q, k, v = qkv.unbind(0)  # [B n, d, V T]
+        scale = q.shape[1] ** -0.25
+        weight = torch.softmax(torch.einsum("bct,bcs->bts", q * scale, k * scale), dim=-1)
+        out = torch.einsum("bts,bcs->bct", weight, v)  # [B n, d, V T]
+        out = rearrange(out, "(b n) d (v t) -> (b v) (n d) t", v=views, n=self.heads)
+        return (tokens + self.proj(out)).reshape(bv, c, h, w)
+
+
+class _UNetStep(nn.Module):
+    """One step of the U-Net: a conv, or a residual block with optional attention, optionally
+    followed by a nearest-neighbour 2x upsampling convolution."""
+
+    def __init__(
+        self,
+        conv: nn.Module | None = None,
+        res: nn.Module | None = None,
+        attn: nn.Module | None = None,
+        upsample: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.conv, self.res, self.attn, self.upsample = conv, res, attn, upsample
+
+    def forward(self, x: Tensor, views: int) -> Tensor:
+        if self.conv is not None:
+            x = self.conv(x)
+        if self.res is not None:
+            x = self.res(x)
+        if self.attn is not None:
+            x = self.attn(x, views)
+        if self.upsample is not None:
+            x = self.upsample(F.interpolate(x, scale_factor=2, mode="nearest"))
+        return x
+
+
+class CrossViewUNet(nn.Module):
+    """Constant-width U-Net (no time embedding) with cross-view attention at chosen strides.
+
+    Args:
+        dim: channels everywhere.
+        levels: resolution levels (``levels - 1`` downsamplings).
+        attn_strides: downsampling factors (1, 2, 4, ...) with attention.
+    """
+
+    def __init__(self, dim: int, levels: int = 3, attn_strides: tuple[int, ...] = (4,)) -> None:
+        super().__init__()
+
+        def attn(stride: int) -> nn.Module | None:
+            return _CrossViewAttention(dim) if stride in attn_strides else None
+
+        down = [_UNetStep(conv=nn.Conv2d(dim, dim, 3, padding=1))]
+        stride = 1
+        for level in range(levels):
+            down.append(_UNetStep(res=_ResBlock(dim, dim), attn=attn(stride)))
+            if level != levels - 1:
+                down.append(_UNetStep(conv=nn.Conv2d(dim, dim, 3, stride=2, padding=1)))
+                stride *= 2
+        self.down = nn.ModuleList(down)
+        self.mid = nn.ModuleList([_ResBlock(dim, dim), _ResBlock(dim, dim)])
+        up = []
+        for level in reversed(range(levels)):
+            for i in range(2):
+                upsample = nn.Conv2d(dim, dim, 3, padding=1) if level and i == 1 else None
+                up.append(
+                    _UNetStep(res=_ResBlock(2 * dim, dim), attn=attn(stride), upsample=upsample)
+                )
+                if upsample is not None:
+                    stride //= 2
+        self.up = nn.ModuleList(up)
+        self.out_norm = _group_norm(dim)
+        self.out_conv = nn.Conv2d(dim, dim, 3, padding=1)
+        nn.init.zeros_(self.out_conv.weight)
+        nn.init.zeros_(self.out_conv.bias)
+
+    def forward(self, x: Tensor, views: int) -> Tensor:
+        skips = []
+        for step in self.down:
+            x = step(x, views)
+            skips.append(x)
+        for block in self.mid:
+            x = block(x)
+        for step in self.up:
+            x = step(torch.cat([x, skips.pop()], dim=1), views)
+        return self.out_conv(F.silu(self.out_norm(x)))
+
+
+# ----------------------------------------------------------------------------- DPT
+class _ResidualConv(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1)
+        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv2(F.relu(self.conv1(F.relu(x)))) + x
+
+
+class _Fusion(nn.Module):
+    def __init__(self, dim: int, has_skip: bool) -> None:
+        super().__init__()
+        self.res1 = _ResidualConv(dim) if has_skip else None
+        self.res2 = _ResidualConv(dim)
+        self.out_conv = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: Tensor, skip: Tensor | None, size: tuple[int, int] | None) -> Tensor:
+        if skip is not None:
+            x = x + self.res1(skip)
+        x = self.res2(x)
+        if size is None:
+            x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+        else:
+            x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
+        return self.out_conv(x)
+
+
+class DepthSplatDPT(nn.Module):
+    """Depth Anything V2's DPT with DepthSplat's extra inputs (CNN, multi-view and optionally
+    coarse-depth features concatenated at 1/2, 1/4 and 1/8).
+
+    Which features join which level depends on ``(upsample_factor, num_scales)`` -- the four
+    released layouts: (4, 1), (2, 2), (4, 2) and (8, 1).
+
+    Args:
+        vit_dim: ViT token channels.
+        features: fusion width.
+        out_channels: the four projected widths.
+        upsample_factor: resolution of the last cost volume relative to the image.
+        num_scales: cost-volume scales.
+        with_depth: concatenate the coarse inverse depth and end in a one-channel head (the
+            depth refiner); else return ``features``-channel maps (the feature upsampler).
+        cnn_dims, match_dim: channels of the CNN stages and of the transformer output.
+    """
+
+    def __init__(
+        self,
+        vit_dim: int,
+        features: int,
+        out_channels: tuple[int, int, int, int],
+        *,
+        upsample_factor: int,
+        num_scales: int,
+        with_depth: bool,
+        cnn_dims: tuple[int, int, int] = (64, 96, 128),
+        match_dim: int = 128,
+    ) -> None:
+        super().__init__()
+        layout = (upsample_factor, num_scales)
+        if layout not in ((4, 1), (2, 2), (4, 2), (8, 1)):
+            raise ValueError(f"unsupported (upsample_factor, num_scales) = {layout}")
+        self.layout = layout
+        self.with_depth = with_depth
+        d = 1 if with_depth else 0
+        c0, c1, c2 = cnn_dims
+        o0, o1, o2, o3 = out_channels
+        half = match_dim // 2
+        fuse_in = {
+            (4, 1): (c0 + c1 + o0, c2 + o1 + match_dim + d, o2),
+            (2, 2): (c0 + c1 + o0 + half + d, c2 + o1 + match_dim, o2),
+            (4, 2): (c0 + o0, c1 + o1 + half + d, c2 + o2 + match_dim),
+            (8, 1): (c0 + o0, c1 + o1, c2 + o2 + match_dim + d),
+        }[layout]
+        self.fuse = nn.ModuleList(
+            [nn.Conv2d(cin, cout, 1) for cin, cout in zip(fuse_in, out_channels[:3])]
+        )
+        self.proj = nn.ModuleList([nn.Conv2d(vit_dim, c, 1) for c in out_channels])
+        self.resample = nn.ModuleList(
+            [
+                nn.ConvTranspose2d(o0, o0, 4, stride=4),
+                nn.ConvTranspose2d(o1, o1, 2, stride=2),
+                nn.Identity(),
+                nn.Conv2d(o3, o3, 3, stride=2, padding=1),
+            ]
+        )
+        self.layer_rn = nn.ModuleList(
+            [nn.Conv2d(c, features, 3, padding=1, bias=False) for c in out_channels]
+        )
+        self.refine = nn.ModuleList([_Fusion(features, has_skip=i < 3) for i in range(4)])
+        self.head = None
+        if with_depth:
+            self.head = nn.Sequential(
+                nn.Conv2d(features, features // 2, 3, padding=1, padding_mode="replicate"),
+                nn.GELU(),
+                nn.Conv2d(features // 2, 16, 3, padding=1, padding_mode="replicate"),
+                nn.GELU(),
+                nn.Conv2d(16, 1, 1),
+            )
+            nn.init.zeros_(self.head[-1].weight)
+            nn.init.zeros_(self.head[-1].bias)
+
+    def forward(
+        self,
+        mono: list[Tensor],
+        cnn: list[Tensor],
+        match: list[Tensor],
+        depth: Tensor | None = None,
+    ) -> Tensor:
+        """Fuse to full resolution.
+
+        Args:
+            mono: four ViT maps ``[BV, C, H/8, W/8]``.
+            cnn: CNN stages, highest resolution first.
+            match: transformer features per scale, highest resolution first.
+            depth: coarse inverse depth at the last cost-volume resolution (``with_depth``).
+        """
+        l1, l2, l3, l4 = [rs(pj(x)) for x, pj, rs in zip(mono, self.proj, self.resample)]
+        extra = [depth] if self.with_depth else []
+        if self.layout == (4, 1):
+            cat1 = [cnn[0], cnn[1], l1]
+            cat2 = [cnn[2], l2, match[0], *extra]
+            cat3 = [l3]
+        elif self.layout == (2, 2):
+            cat1 = [cnn[0], cnn[1], match[0], *extra, l1]
+            cat2 = [cnn[2], l2, match[1]]
+            cat3 = [l3]
+        elif self.layout == (4, 2):
+            cat1 = [cnn[0], l1]
+            cat2 = [cnn[1], l2, match[0], *extra]
+            cat3 = [cnn[2], l3, match[1]]
+        else:
+            cat1 = [cnn[0], l1]
+            cat2 = [cnn[1], l2]
+            cat3 = [cnn[2], l3, match[0], *extra]
+        levels = [f(torch.cat(c, dim=1)) for f, c in zip(self.fuse, (cat1, cat2, cat3))] + [l4]
+        rn = [conv(x) for conv, x in zip(self.layer_rn, levels)]
+        path = self.refine[3](rn[3], None, rn[2].shape[-2:])
+        path = self.refine[2](path, rn[2], rn[1].shape[-2:])
+        path = self.refine[1](path, rn[1], rn[0].shape[-2:])
+        path = self.refine[0](path, rn[0], None)
+        return path if self.head is None else self.head(path)
+
+
+# ----------------------------------------------------------------------------- the trunk
+class _Pyramid(nn.Module):
+    """SimpleFeaturePyramid: scale 1 as is, scale 2 by a transposed conv (half the channels)."""
+
+    def __init__(self, dim: int, num_scales: int) -> None:
+        super().__init__()
+        stages = [nn.Sequential()]
+        if num_scales > 1:
+            stages.append(
+                nn.Sequential(
+                    nn.ConvTranspose2d(dim, dim // 2, 2, stride=2),
+                    nn.GELU(),
+                    nn.Conv2d(dim // 2, dim // 2, 3, padding=1),
+                )
+            )
+        if num_scales > 2:
+            raise ValueError("at most 2 scales are supported")
+        self.stages = nn.ModuleList(stages)
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        return [stage(x) for stage in self.stages]  # low to high resolution
+
+
+class _ScaleRegressor(nn.Module):
+    """Cost volume + features -> U-Net -> softmax over the scale's depth candidates."""
+
+    def __init__(self, in_dim: int, dim: int, candidates: int, levels: int, attn: tuple) -> None:
+        super().__init__()
+        self.proj_in = nn.Conv2d(in_dim, dim, 3, padding=1)
+        self.norm_in = nn.GroupNorm(8, dim)
+        self.unet = CrossViewUNet(dim, levels=levels, attn_strides=attn)
+        self.proj_out = nn.Conv2d(dim, dim, 3, padding=1)
+        self.shortcut = nn.Conv2d(in_dim, dim, 1)
+        self.depth_head = nn.Sequential(
+            nn.Conv2d(dim, 2 * dim, 3, padding=1, padding_mode="replicate"),
+            nn.GELU(),
+            nn.Conv2d(2 * dim, candidates, 3, padding=1, padding_mode="replicate"),
+        )
+
+    def forward(self, x: Tensor, views: int) -> Tensor:
+        h = F.gelu(self.norm_in(self.proj_in(x)))
+        h = self.proj_out(self.unet(h, views)) + self.shortcut(x)
+        return F.softmax(self.depth_head(h), dim=1)  # [BV, D, h, w]
+
+
+def _warp_cost(ref: Tensor, src: Tensor, intrinsics: Tensor, pose: Tensor, depth: Tensor) -> Tensor:
+    """Plane-sweep correlation of ``ref [N, C, h, w]`` with ``src [N, C, h, w]`` warped at each
+    candidate depth ``depth [N, D, h, w]``; ``pose [N, 4, 4]`` maps ref-camera to src-camera
+    points; ``intrinsics [N, 3, 3]`` in feature pixels (integer pixel coordinates)."""
+    n, c, h, w = ref.shape
+    d = depth.shape[1]
+    with torch.no_grad():
+        ys, xs = torch.meshgrid(
+            torch.arange(h, device=ref.device, dtype=ref.dtype),
+            torch.arange(w, device=ref.device, dtype=ref.dtype),
+            indexing="ij",
+        )
+        pixels = torch.stack([xs, ys, torch.ones_like(xs)]).view(1, 3, h * w).expand(n, 3, h * w)
+        rays = torch.linalg.inv(intrinsics) @ pixels  # [N, 3, hw]
+        points = (pose[:, :3, :3] @ rays)[:, :, None, :] * depth.view(n, 1, d, h * w)
+        points = points + pose[:, :3, 3:, None]  # [N, 3, D, hw]
+        proj = (intrinsics @ points.view(n, 3, -1)).view(n, 3, d, h * w)
+        xy = proj[:, :2] / proj[:, 2:].clamp(min=1e-3)
+        grid = torch.stack([2 * xy[:, 0] / (w - 1) - 1, 2 * xy[:, 1] / (h - 1) - 1], dim=-1)
+    warped = F.grid_sample(
+        src, grid.view(n, d * h, w, 2), mode="bilinear", padding_mode="zeros", align_corners=True
+    ).view(n, c, d, h, w)
+    return (ref[:, :, None] * warped).sum(1) / c**0.5  # [N, D, h, w]
+
+
+class DepthTrunk(nn.Module):
+    """Multi-view depth: returns inverse-depth-derived depth and the intermediate features.
+
+    Args:
+        vit: ``"vits"``, ``"vitb"`` or ``"vitl"`` (Depth Anything V2's DINOv2 size); or a
+            ``(dim, depth, heads)`` tuple for reduced test sizes.
+        num_scales: cost-volume scales (1 or 2).
+        upsample_factor: image / last-scale resolution.
+        lowest_resolution: image / first-scale CNN resolution (4 or 8).
+        num_candidates: inverse-depth candidates at the first scale (``/4`` per later scale).
+        unet_dim: U-Net width at the first scale (halved per later scale).
+        transformer_depth: cross-view transformer blocks.
+        mono_layers: ViT blocks feeding the DPTs (``None``: Depth Anything V2's for ``vit``).
+        dpt: ``{"depth_features", "features", "out_channels"}`` (``None``: the ``vit``'s).
+    """
+
+    def __init__(
+        self,
+        vit: str | tuple[int, int, int] = "vits",
+        *,
+        num_scales: int = 1,
+        upsample_factor: int = 4,
+        lowest_resolution: int = 4,
+        num_candidates: int = 128,
+        unet_dim: int = 128,
+        transformer_depth: int = 6,
+        mono_layers: tuple[int, ...] | None = None,
+        dpt: dict | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(vit, str):
+            if vit not in DINOV2_SIZES:
+                raise ValueError(f"vit must be one of {sorted(DINOV2_SIZES)}, got {vit!r}")
+            vit_dim, vit_depth, vit_heads = DINOV2_SIZES[vit]
+            mono_layers = mono_layers or MONO_LAYERS[vit]
+            dpt = dpt or DPT_CONFIGS[vit]
+        else:
+            vit_dim, vit_depth, vit_heads = vit
+            if mono_layers is None or dpt is None:
+                raise ValueError("a custom vit size needs mono_layers and dpt")
+        if upsample_factor * 2 ** (num_scales - 1) != lowest_resolution:
+            raise ValueError(
+                f"upsample_factor x 2^(num_scales-1) must equal lowest_resolution, got "
+                f"{upsample_factor} x 2^{num_scales - 1} != {lowest_resolution}"
+            )
+        self.num_scales = num_scales
+        self.upsample_factor = upsample_factor
+        self.lowest_resolution = lowest_resolution
+        self.num_candidates = num_candidates
+        self.mono_layers = tuple(mono_layers)
+        self.match_dim = 128
+        self.cnn = ConvStem(self.match_dim, lowest_scale=lowest_resolution)
+        self.matcher = CrossViewTransformer(self.match_dim, depth=transformer_depth)
+        self.vit = DinoV2(vit_dim, vit_depth, vit_heads)
+        if num_scales > 1:
+            self.match_pyramid = _Pyramid(self.match_dim, num_scales)
+            self.mono_pyramid = _Pyramid(vit_dim, num_scales)
+        scales = []
+        levels, attn = 3, (4,)
+        for i in range(num_scales):
+            in_dim = (
+                num_candidates // 4**i
+                + (self.match_dim - 32 * i)
+                + self.match_dim // 2**i
+                + vit_dim // 2**i
+            )
+            if i > 0:
+                levels, attn = levels + 1, tuple(2 * a for a in attn)
+            scales.append(
+                _ScaleRegressor(in_dim, unet_dim // 2**i, num_candidates // 4**i, levels, attn)
+            )
+        self.scales = nn.ModuleList(scales)
+        self.refiner = DepthSplatDPT(
+            vit_dim,
+            dpt["depth_features"],
+            tuple(dpt["out_channels"]),
+            upsample_factor=upsample_factor,
+            num_scales=num_scales,
+            with_depth=True,
+        )
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(3, 1, 1), persistent=False)
+
+    def forward(
+        self,
+        images: Tensor,
+        intrinsics: Tensor,
+        extrinsics: Tensor,
+        near: Tensor,
+        far: Tensor,
+        neighbours: Tensor | None = None,
+    ) -> dict[str, Tensor | list[Tensor]]:
+        """Predict depth.
+
+        Args:
+            images: ``[B, V, 3, H, W]`` in [0, 1].
+            intrinsics: ``[B, V, 3, 3]`` normalised.
+            extrinsics: ``[B, V, 4, 4]`` camera-to-world.
+            near, far: ``[B, V]``.
+            neighbours: ``[B, V, 1 + M]`` views to match against (first column the view itself),
+                or ``None`` for all the others.
+
+        Returns:
+            ``depth [B, V, H, W]`` (z-depth), ``match_prob [BV, D, h, w]`` (last scale), the CNN
+            stages ``cnn`` (highest resolution first), ``match`` (transformer features per scale,
+            highest first), ``mono`` (the four ViT maps at 1/8).
+        """
+        b, v, _, height, width = images.shape
+        x = ((images - self.mean) / self.std).flatten(0, 1)  # [BV, 3, H, W]
+        inv_min = (1.0 / far).reshape(b * v, 1, 1, 1)
+        inv_max = (1.0 / near).reshape(b * v, 1, 1, 1)
+
+        cnn = self.cnn(x)  # 1/2, 1/2|1/4, 1/4|1/8
+        low = cnn[2]
+        pos = window_sine_embedding(self.match_dim, *low.shape[-2:], 2, low.device, low.dtype)
+        match = self.matcher((low + pos).unflatten(0, (b, v)), 2, neighbours).flatten(0, 1)
+        match_scales = self.match_pyramid(match) if self.num_scales > 1 else [match]
+
+        rh, rw = height // 14 * 14, width // 14 * 14
+        vit_in = F.interpolate(x, (rh, rw), mode="bilinear", align_corners=True)
+        tokens = self.vit.intermediate_tokens(vit_in, self.mono_layers)
+        mono = [
+            F.interpolate(
+                t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous(),
+                (height // 8, width // 8),
+                mode="bilinear",
+                align_corners=True,
+            )
+            for t in tokens
+        ]
+        mono_last = mono[-1]
+        if self.lowest_resolution == 4:
+            mono_last = F.interpolate(
+                mono_last, scale_factor=2, mode="bilinear", align_corners=True
+            )
+        mono_scales = self.mono_pyramid(mono_last) if self.num_scales > 1 else [mono_last]
+
+        index = (
+            neighbours[:, :, 1:]
+            if neighbours is not None
+            else torch.tensor(
+                [[j for j in range(v) if j != i] for i in range(v)], device=images.device
+            ).expand(b, v, v - 1)
+        )  # [B, V, M]
+        m = index.shape[-1]
+        # pose taking reference-camera points to each source camera: inv(E_src) @ E_ref
+        src_ext = gather_views(extrinsics, index)  # [B, V, M, 4, 4]
+        pose = torch.linalg.inv(src_ext) @ extrinsics[:, :, None]
+        pixel_scale = torch.tensor([width, height, 1.0], device=images.device, dtype=images.dtype)
+
+        inv_depth = None
+        prob = None
+        for s in range(self.num_scales):
+            factor = self.upsample_factor * 2 ** (self.num_scales - 1 - s)
+            k = intrinsics * pixel_scale.view(3, 1)
+            k = torch.cat([k[..., :2, :] / factor, k[..., 2:, :]], dim=-2)  # [B, V, 3, 3]
+            feats = match_scales[s]  # [BV, C, h, w]
+            c, h, w = feats.shape[1:]
+            count = self.num_candidates // 4**s
+            # float32 steps cast to the input dtype, as the release computes them
+            steps = torch.linspace(0, 1, count, device=images.device).to(images.dtype)
+            if s == 0:
+                candidates = inv_min + steps.view(1, -1, 1, 1) * (inv_max - inv_min)
+                candidates = candidates.expand(b * v, count, h, w)
+            else:
+                inv_depth = F.interpolate(
+                    inv_depth, scale_factor=2, mode="bilinear", align_corners=True
+                ).detach()
+                interval = (inv_max - inv_min) / (self.num_candidates - 1) / 2**s
+                lo = torch.maximum(inv_depth - interval * (count // 2), inv_min)
+                hi = torch.minimum(inv_depth + interval * (count // 2 - 1), inv_max)
+                candidates = lo + steps.view(1, -1, 1, 1) * (hi - lo)  # [BV, D, h, w]
+            src = gather_views(feats.unflatten(0, (b, v)), index).flatten(0, 2)  # [BVM, C, h, w]
+            ref = feats.unflatten(0, (b, v))[:, :, None].expand(b, v, m, c, h, w).flatten(0, 2)
+            cost = _warp_cost(
+                ref,
+                src,
+                k[:, :, None].expand(b, v, m, 3, 3).flatten(0, 2),
+                pose.flatten(0, 2),
+                (1.0 / candidates)[:, None].expand(b * v, m, count, h, w).flatten(0, 1),
+            )
+            cost = cost.view(b * v, m, count, h, w).mean(1)
+            inputs = torch.cat([cost, cnn[2 - s], feats, mono_scales[s]], dim=1)
+            prob = self.scales[s](inputs, v)
+            inv_depth = (prob * candidates).sum(1, keepdim=True)  # [BV, 1, h, w]
+
+        residual = self.refiner(mono, cnn, match_scales[::-1], inv_depth)
+        inv_depth = F.interpolate(
+            inv_depth, scale_factor=self.upsample_factor, mode="bilinear", align_corners=True
+        )
+        inv_depth = torch.maximum(torch.minimum(inv_depth + residual, inv_max), inv_min)
+        depth = (1.0 / inv_depth[:, 0]).unflatten(0, (b, v))  # [B, V, H, W]
+        return {"depth": depth, "match_prob": prob, "cnn": cnn, "match": match_scales[::-1],
+                "mono": mono}  # fmt: skip
