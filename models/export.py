@@ -17,16 +17,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from .output_folder import MARKER_NAME, OutputFolder, OutputFolderError
 from .pretrained import (
     _INIT_ONLY_ARGS,
+    METADATA_KEY,
     PretrainedError,
     load_checkpoint_state_dict,
     load_state_dict_strict,
@@ -259,30 +259,38 @@ def export_checkpoint(
         ExportError, PretrainedError: one line naming the path.
     """
     ckpt, out = Path(ckpt), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(out, "exists and is not empty (pass overwrite=true to replace it)")
+    folder = _output_folder(out, ckpt, overwrite)
     state, checkpoint = load_checkpoint_state_dict(ckpt)
     model, name = _build_model(checkpoint, name, ckpt)
     load_state_dict_strict(model, state, ckpt, name)
     model.eval()
     all_metrics = {**checkpoint_metrics(checkpoint), **(metrics or {})}
     card = model_card(model, name, _training_facts(checkpoint, data), all_metrics, repo_id)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with folder as staging:
         save_with_metadata(model, staging, name=name, model_card=card)
-        if out.exists():
-            backup = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(backup)
-            staging.rename(out)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+# What an export folder written before the output marker existed holds.
+_EXPORT_ENTRIES = ("config.json", "model.safetensors", "README.md")
+
+
+def _legacy_export(folder: Path) -> tuple[str, ...] | None:
+    """The entries of an older export (a ``config.json`` with our metadata), else ``None``."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return _EXPORT_ENTRIES if isinstance(config, dict) and METADATA_KEY in config else None
+
+
+def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
+    try:
+        return OutputFolder(
+            out, "models.export", inputs=[source], overwrite=overwrite, legacy=_legacy_export
+        )
+    except OutputFolderError as error:
+        raise ExportError(error.path, error.message) from None
 
 
 def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
@@ -307,6 +315,7 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False) 
             folder_path=os.fspath(folder),
             repo_type="model",
             commit_message="Upload splatzoo weights",
+            ignore_patterns=[MARKER_NAME],  # local bookkeeping, not part of the weights
         )
     except OfflineModeIsEnabled as error:
         raise ExportError(
