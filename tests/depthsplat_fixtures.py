@@ -20,32 +20,27 @@ import math
 import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "depthsplat"
 RECIPE_VERSION = 1
 
-_MASK = 0xFFFFFFFF
-
-
-def _mul32(x: Tensor, c: int) -> Tensor:
-    """``(x * c) mod 2^32`` for ``x < 2^32`` held in int64, without overflowing."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK
-
 
 def hashed_uniform(key: str, numel: int) -> Tensor:
-    """``numel`` float64 values in ``[0, 1)`` from ``(crc32(key), index)``."""
-    seed = zlib.crc32(key.encode("utf-8"))
-    x = torch.arange(numel, dtype=torch.int64)
-    x = (_mul32(x, 0x9E3779B1) + _mul32(torch.tensor(seed, dtype=torch.int64), 0x85EBCA77)) & _MASK
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
-    x = x ^ (x >> 16)
-    return x.to(torch.float64) / 2.0**32
+    """``numel`` float64 values in ``[0, 1)`` from ``(crc32(key), index)``: murmur3's finaliser
+    of ``index * 0x9E3779B1 + crc32(key) * 0x85EBCA77`` in unsigned 32-bit arithmetic (numpy's
+    ``uint32`` wraps modulo 2^32 by definition)."""
+    seed = np.uint32(zlib.crc32(key.encode("utf-8")))
+    with np.errstate(over="ignore"):
+        x = np.arange(numel, dtype=np.uint32) * np.uint32(0x9E3779B1) + seed * np.uint32(0x85EBCA77)
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(0x85EBCA6B)
+        x ^= x >> np.uint32(13)
+        x *= np.uint32(0xC2B2AE35)
+        x ^= x >> np.uint32(16)
+    return torch.from_numpy(x.astype(np.float64) / 2.0**32)
 
 
 def deterministic_tensor(key: str, shape: list[int], dtype: str = "float32") -> Tensor:
@@ -127,3 +122,87 @@ def sample_index(count: int, samples: int = 2048) -> Tensor:
     """Fixed Gaussian indices recorded in the fixtures: every ``count // samples``-th."""
     step = max(1, count // samples)
     return torch.arange(0, count, step)[:samples]
+
+
+# --------------------------------------------------------------------------- parity comparison
+FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics", "depth")
+
+
+def list_official_samples() -> list[str]:
+    """Tags of the recorded official outputs (``official_<tag>.npz``)."""
+    return sorted(p.stem[len("official_") :] for p in FIXTURES.glob("official_*.npz"))
+
+
+def load_official_sample(tag: str) -> tuple[dict, dict]:
+    """``(meta, arrays)`` of ``official_<tag>.npz``."""
+    import numpy as np
+
+    with np.load(FIXTURES / f"official_{tag}.npz") as data:
+        arrays = {k: torch.from_numpy(data[k]) for k in data.files if k != "meta"}
+        meta = json.loads(str(data["meta"]))
+    return meta, arrays
+
+
+def pretrained_name_of(config: str) -> str:
+    """The registered ``architecture.tag`` whose file a manifest describes."""
+    from models import get_pretrained_cfg, list_models
+
+    filename = load_manifest(config)["file"]
+    for name in list_models("depthsplat*", pretrained=True):
+        if get_pretrained_cfg(name).hf_hub_filename == filename:
+            return name
+    raise LookupError(f"no pretrained config names {filename}")
+
+
+def _quaternion_matrix(q: Tensor) -> Tensor:
+    """Rotation matrices of unit wxyz quaternions ``[..., 4]``."""
+    w, x, y, z = q.unbind(-1)
+    return torch.stack(
+        [
+            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    ).reshape(*q.shape[:-1], 3, 3)  # fmt: skip
+
+
+def parity_errors(tag: str, model, context: dict | None = None) -> dict[str, float]:
+    """Max abs error of ``model`` (weights already loaded) against ``official_<tag>.npz``.
+
+    Rotations are compared as world-frame rotation matrices (the release keeps camera-frame
+    xyzw quaternions next to world covariances; sign-free); covariances are rebuilt from our
+    scales and rotations.
+    """
+    meta, ref = load_official_sample(tag)
+    height, width, views = meta["height"], meta["width"], meta["views"]
+    context = context or make_context(height, width, views)
+    with torch.no_grad():
+        out = model.eval()(context)
+    g = out.gaussians
+    idx = ref["index"]
+    rotation = _quaternion_matrix(g.rotations[0, idx])
+    scale = torch.diag_embed(g.scales[0, idx])
+    view = idx // (height * width)
+    c2w = context["extrinsics"][0, view, :3, :3]
+    q = ref["rotations_xyzw_camera"]
+    official_rotation = c2w @ _quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
+    ours = {
+        "means": g.means[0, idx],
+        "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
+        "scales": g.scales[0, idx],
+        "rotations": rotation,
+        "opacities": g.opacities[0, idx],
+        "harmonics": g.harmonics[0, idx],
+        "depth": out.extras["depth"][0].reshape(-1)[idx],
+    }
+    theirs = {
+        "means": ref["means"],
+        "covariances": ref["covariances"],
+        "scales": ref["scales"],
+        "rotations": official_rotation,
+        "opacities": ref["opacities"],
+        "harmonics": ref["harmonics"],
+        "depth": ref["depth"],
+    }
+    return {k: float((ours[k] - theirs[k]).abs().max()) for k in FIELDS}

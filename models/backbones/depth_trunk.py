@@ -435,7 +435,8 @@ class DepthTrunk(nn.Module):
         self.match_dim = 128
         self.cnn = ConvStem(self.match_dim, lowest_scale=lowest_resolution)
         self.matcher = CrossViewTransformer(self.match_dim, depth=transformer_depth)
-        self.vit = DinoV2(vit_dim, vit_depth, vit_heads)
+        # the monocular ViT is the "backbone" (the training stack scales its learning rate)
+        self.backbone = DinoV2(vit_dim, vit_depth, vit_heads)
         if num_scales > 1:
             self.match_pyramid = _Pyramid(self.match_dim, num_scales)
             self.mono_pyramid = _Pyramid(vit_dim, num_scales)
@@ -502,7 +503,7 @@ class DepthTrunk(nn.Module):
 
         rh, rw = height // 14 * 14, width // 14 * 14
         vit_in = F.interpolate(x, (rh, rw), mode="bilinear", align_corners=True)
-        tokens = self.vit.intermediate_tokens(vit_in, self.mono_layers)
+        tokens = self.backbone.intermediate_tokens(vit_in, self.mono_layers)
         mono = [
             F.interpolate(
                 t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous(),

@@ -249,7 +249,7 @@ class DepthSplat(SplatModel):
 # official key (after "encoder.") -> ours, applied in order; the first matching rule wins
 _RULES: list[tuple[str, str]] = [
     # the monocular ViT keeps DINOv2's names
-    (r"^depth_predictor\.pretrained\.", "depth.vit."),
+    (r"^depth_predictor\.pretrained\.", "depth.backbone."),
     # CNN
     (r"^depth_predictor\.backbone\.conv1\.", "depth.cnn.stem."),
     (r"^depth_predictor\.backbone\.conv2\.", "depth.cnn.proj."),
