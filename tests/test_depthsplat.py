@@ -293,8 +293,11 @@ def test_tiny_bad_input() -> None:
         create_model("depthsplat_tiny", upsample_factor=2)
 
 
+@pytest.mark.slow
 def test_tiny_fast_dev_run(tmp_path: Path) -> None:
-    """python train.py model=depthsplat ... trains a step at the tiny size."""
+    """python train.py model=depthsplat ... trains a step at the tiny size (slow only because it
+    generates its own data: test_train.py's test_fast_dev_run_every_family runs configs/model/
+    depthsplat.yaml in the default run on the shared dataset)."""
     from test_train import FAST, compose_config
 
     import train
@@ -313,6 +316,8 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
         f"data.root={data_root}",
         "+trainer.fast_dev_run=true",
         *[o for o in FAST if not o.startswith("data.generator")],
+        "data.generator.scenes=4",
+        "data.generator.views=12",
     ]
     cfg = compose_config("train.yaml", overrides, tmp_path)
     assert cfg.model.net.name == "depthsplat_tiny"
