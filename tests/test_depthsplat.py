@@ -123,11 +123,24 @@ def test_deterministic_weights_are_a_function_of_the_manifest() -> None:
     assert fx.hashed_uniform("encoder.depth_predictor.backbone.conv1.weight", 3).tolist() == pinned
 
 
-def _parity(tag: str, tmp_path: Path) -> dict[str, float]:
+@functools.cache
+def _weights_file(config: str, folder: Path) -> Path:
+    """The deterministic weights of ``config`` saved once in the release container (the name
+    carries no sha256 suffix: the file is ours, not the release)."""
+    path = folder / f"{config}.pth"
+    torch.save(_weights(config), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("depthsplat_files")
+
+
+def _parity(tag: str, folder: Path) -> dict[str, float]:
     meta, _ = fx.load_official_sample(tag)
     name = fx.pretrained_name_of(meta["config"])
-    path = tmp_path / "depthsplat-fixture.pth"  # no sha256 suffix: the file is ours
-    torch.save(_weights(meta["config"]), path)
+    path = _weights_file(meta["config"], folder)
     arch_kwargs = get_pretrained_cfg(name).arch_kwargs
     model = create_model(name.split(".")[0], pretrained=str(path), **arch_kwargs)
     return fx.parity_errors(tag, model)
@@ -140,10 +153,10 @@ def _tag_params(tags):
 
 
 @pytest.mark.parametrize("tag", _tag_params(fx.list_official_samples()))
-def test_parity_with_official_encoder(tag: str, tmp_path: Path) -> None:
+def test_parity_with_official_encoder(tag: str, files: Path) -> None:
     """Weights rebuilt from the manifest, loaded through create_model(arch, pretrained=file),
     match the official encoder's recorded Gaussians to 1e-4 on every field."""
-    errors = _parity(tag, tmp_path)
+    errors = _parity(tag, files)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     assert not bad, f"{tag}: {errors}"
 
@@ -165,10 +178,9 @@ def test_parity_detects_a_changed_weight(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- loading files
-def test_create_model_from_official_file(tmp_path: Path) -> None:
+def test_create_model_from_official_file(files: Path) -> None:
     weights = _weights("small_re10k_256x256_view2")
-    path = tmp_path / "release.pth"
-    torch.save(weights, path)
+    path = _weights_file("small_re10k_256x256_view2", files)
     model = create_model("depthsplat_small", pretrained=str(path))
     reference = checkpoint_filter_fn(weights, model)
     for key, value in model.state_dict().items():
@@ -176,10 +188,8 @@ def test_create_model_from_official_file(tmp_path: Path) -> None:
     assert not model.training
 
 
-def test_create_model_refuses_a_file_of_another_size(tmp_path: Path) -> None:
-    manifest = fx.load_manifest("small_re10k_256x256_view2")
-    path = tmp_path / "small.pth"
-    torch.save(fx.manifest_weights(manifest), path)
+def test_create_model_refuses_a_file_of_another_size(files: Path) -> None:
+    path = _weights_file("small_re10k_256x256_view2", files)
     with pytest.raises(PretrainedError) as info:
         create_model("depthsplat_base", pretrained=str(path))
     message = str(info.value)
