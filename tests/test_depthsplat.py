@@ -333,3 +333,39 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
     assert cfg.model.net.name == "depthsplat_tiny"
     metrics = train.train(cfg)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+# --------------------------------------------------------------------------- head options
+def test_gaussian_head_local_frame_min_scale_and_decode_only() -> None:
+    """DepthSplat's head options: camera-frame rotations/SH moved to the world by the camera
+    rotation; the scale floor; a decode-only head."""
+    from models.heads import GaussianHead
+
+    torch.manual_seed(0)
+    kwargs = dict(mean_mode="ray_depth", sh_degree=2, max_scale=3.0, min_scale=1e-10)
+    world = GaussianHead(None, **kwargs)
+    local = GaussianHead(None, **kwargs, local_frame=True)
+    raw = torch.randn(1, 6, 1, 3 + 3 + 4 + 1 + 27)
+    raw[..., 3:6] = -40.0  # softplus(-44) ~ 8e-20: floored at min_scale
+    q = torch.nn.functional.normalize(torch.randn(4), dim=0)
+    c2w = torch.eye(4)
+    c2w[:3, :3] = fx._quaternion_matrix(q)
+    common = dict(
+        depth=torch.full((1, 6), 2.0),
+        coords=torch.rand(1, 6, 2),
+        intrinsics=torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]]).expand(1, 6, 3, 3),
+    )
+    a = world.decode(raw, extrinsics=c2w.expand(1, 6, 4, 4), **common)
+    b = local.decode(raw, extrinsics=c2w.expand(1, 6, 4, 4), **common)
+    assert torch.equal(a.means, b.means) and torch.equal(a.scales, b.scales)
+    assert (a.scales == 1e-10).all()
+    expected = c2w[:3, :3] @ fx._quaternion_matrix(a.rotations)
+    assert torch.allclose(fx._quaternion_matrix(b.rotations), expected, atol=1e-5)
+    assert torch.allclose(b.harmonics, rotate_sh_e3nn(a.harmonics, c2w[:3, :3]), atol=1e-6)
+    identity = local.decode(raw, extrinsics=torch.eye(4).expand(1, 6, 4, 4), **common)
+    assert torch.allclose(identity.harmonics, a.harmonics, atol=1e-6)
+    with pytest.raises(ValueError, match="decode-only"):
+        world(torch.zeros(1, 6, 8))
+    free = GaussianHead(None, mean_mode="free", sh_degree=2, local_frame=True)
+    with pytest.raises(ValueError, match="local_frame=True needs extrinsics"):
+        free.decode(raw)
