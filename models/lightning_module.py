@@ -57,6 +57,9 @@ def ssim_per_image(prediction: Tensor, target: Tensor) -> Tensor:
 VGG16_WEIGHTS = "vgg16-397923af.pth"  # the torchvision file torchmetrics' LPIPS loads
 
 
+_LPIPS_WARNED: set[str] = set()
+
+
 def build_lpips(required: bool) -> nn.Module | None:
     """torchmetrics' VGG LPIPS, or ``None`` (with a warning) when its weights are not available.
 
@@ -78,7 +81,9 @@ def build_lpips(required: bool) -> nn.Module | None:
         )
         if required:
             raise RuntimeError(message) from error
-        warnings.warn(message + ". LPIPS is skipped.", stacklevel=2)
+        if message not in _LPIPS_WARNED:  # once per process, not once per module and stage
+            _LPIPS_WARNED.add(message)
+            warnings.warn(message + ". LPIPS is skipped.", stacklevel=2)
         return None
     for p in metric.parameters():
         p.requires_grad_(False)
