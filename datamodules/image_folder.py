@@ -266,8 +266,8 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
         return None
     try:
         cameras, images, _ = colmap.read_model(model, points=False)
-    except colmap.ColmapError as error:
-        raise DataError(f"{model}: {error}") from error
+    except colmap.ColmapError as error:  # its message names the file already
+        raise DataError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
     out: dict[str, dict] = {}
     for image in images.values():
         camera = cameras.get(image.camera_id)
