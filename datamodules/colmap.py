@@ -333,7 +333,7 @@ def read_images_text(path: str | Path) -> dict[int, Image]:
             if len(elems) < 10:
                 raise ValueError("expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME")
             image_id = _int(elems[0], "image id", 0)
-            qvec = _floats(elems[1:5], "quaternion")
+            qvec = _unit_qvec(_floats(elems[1:5], "quaternion"))
             tvec = _floats(elems[5:8], "translation")
             camera_id = _int(elems[8], "camera id", 0)
             name = elems[9]

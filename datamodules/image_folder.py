@@ -381,8 +381,8 @@ def _warn_no_baseline(poses: list[Tensor], pose_file: Path | None) -> None:
     same = bool((stacked - stacked[:1]).abs().max() < 1e-6)
     what = "identical cameras" if same else "cameras at the same position"
     warnings.warn(
-        f"{pose_file}: all {len(poses)} views have {what}; posed models need views from "
-        "different positions (a baseline), so expect a flat or empty result",
+        f"{pose_file}: all {len(poses)} views have {what}; posed models estimate depth from "
+        "the baseline between views, which is zero here",
         stacklevel=3,
     )
 
