@@ -13,12 +13,12 @@ in pixels with the top-left image corner at (0, 0), so the centre of the first p
 
 from __future__ import annotations
 
-import os
+import functools
+import math
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -203,16 +203,34 @@ def _int(text: str, what: str, lowest: int | None = None) -> int:
 
 def _floats(texts: list[str], what: str) -> np.ndarray:
     """``texts`` as finite float64 numbers; ``ValueError`` naming ``what`` otherwise."""
-    values = []
-    for text in texts:
-        try:
-            values.append(float(text))
-        except ValueError:
-            raise ValueError(f"{what}: {text[:40]!r} is not a number") from None
-    array = np.array(values, dtype=np.float64)
+    try:
+        array = np.array(texts, dtype=np.float64)
+    except ValueError:
+        bad = next(t for t in texts if not _parses(float, t))
+        raise ValueError(f"{what}: {bad[:40]!r} is not a number") from None
     if not np.isfinite(array).all():
         raise ValueError(f"{what} {' '.join(texts)[:80]} is not finite")
     return array
+
+
+def _ints(texts: list[str], what: str, lowest: int) -> np.ndarray:
+    """``texts`` as int64 numbers of at least ``lowest``; ``ValueError`` naming ``what``."""
+    try:
+        array = np.array(texts, dtype=np.int64)
+    except (ValueError, OverflowError):
+        bad = next(t for t in texts if not _parses(int, t) or abs(int(t)) >= 1 << 63)
+        raise ValueError(f"{what} {bad[:40]!r} is not a 64-bit integer") from None
+    if len(array) and array.min() < lowest:
+        raise ValueError(f"{what} is {array.min()}, must be at least {lowest}")
+    return array
+
+
+def _parses(kind: type, text: str) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _unit_qvec(qvec: np.ndarray) -> np.ndarray:
@@ -265,11 +283,6 @@ def _check_image(image: Image) -> Image:
     if len(image.point3d_ids) and image.point3d_ids.min() < -1:
         raise ValueError(f"image {image.id} ({image.name}) has a negative 3D point id")
     return image
-
-
-def _check_point(point: Point3D) -> None:
-    if not np.isfinite(point.xyz).all() or not np.isfinite(point.error):
-        raise ValueError(f"point {point.id} has a non-finite position or error")
 
 
 def read_cameras_text(path: str | Path) -> dict[int, Camera]:
@@ -396,7 +409,7 @@ def read_points3d_text(path: str | Path) -> dict[int, Point3D]:
             if max(rgb) > 255:
                 raise ValueError(f"colour {' '.join(elems[4:7])} is not 0..255")
             error = float(_floats(elems[7:8], "error")[0])
-            track = np.array([_int(x, "track entry", 0) for x in elems[8:]], dtype=np.int64)
+            track = _ints(elems[8:], "track entry", 0)
             if point_id in points:
                 raise ValueError(f"point id {point_id} appears twice")
         except ValueError as error_:
@@ -495,27 +508,23 @@ def read_frames_text(path: str | Path) -> dict[int, dict]:
 
 
 class _BinaryFile:
-    """A COLMAP binary file, read with every count checked against the bytes left before anything
-    is allocated, and errors naming the file and the byte offset."""
+    """A COLMAP binary file in memory, read with every count checked against the bytes left
+    before anything is allocated, and errors naming the file and the byte offset."""
 
-    def __init__(self, path: Path, handle: BinaryIO) -> None:
-        self.path, self.handle = path, handle
-        self.size = os.fstat(handle.fileno()).st_size
-
-    @property
-    def offset(self) -> int:
-        return self.handle.tell()
+    def __init__(self, path: Path, data: bytes) -> None:
+        self.path, self.data, self.size, self.offset = path, data, len(data), 0
 
     def error(self, message: str, offset: int | None = None) -> ColmapError:
         at = self.offset if offset is None else offset
         return ColmapError(f"{self.path}: {message} (at byte {at} of {self.size})")
 
     def read(self, fmt: str) -> tuple:
-        size = struct.calcsize("<" + fmt)
-        data = self.handle.read(size)
-        if len(data) != size:
-            raise self.error("file is truncated", self.offset - len(data))
-        return struct.unpack("<" + fmt, data)
+        layout = _struct("<" + fmt)
+        if self.offset + layout.size > self.size:
+            raise self.error("file is truncated")
+        values = layout.unpack_from(self.data, self.offset)
+        self.offset += layout.size
+        return values
 
     def count(self, what: str, min_record: int) -> int:
         """A uint64 count of records of at least ``min_record`` bytes each, bounded by the bytes
@@ -534,28 +543,28 @@ class _BinaryFile:
     def name(self, what: str) -> str:
         """A NUL-terminated UTF-8 string."""
         start = self.offset
-        data = self.handle.read(_MAX_NAME_BYTES + 1)
-        end = data.find(b"\x00")
+        end = self.data.find(b"\x00", start, start + _MAX_NAME_BYTES + 1)
         if end < 0:
-            if len(data) <= _MAX_NAME_BYTES:
-                raise self.error(f"file is truncated in the name of {what}", start)
-            raise self.error(f"the name of {what} is longer than {_MAX_NAME_BYTES} bytes", start)
-        self.handle.seek(start + end + 1)
+            if self.size - start <= _MAX_NAME_BYTES:
+                raise self.error(f"file is truncated in the name of {what}")
+            raise self.error(f"the name of {what} is longer than {_MAX_NAME_BYTES} bytes")
+        raw = self.data[start:end]
+        self.offset = end + 1
         try:
-            return data[:end].decode("utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise self.error(
-                f"the name of {what} is not UTF-8 ({data[:end][:60]!r}; byte "
-                f"0x{data[error.start]:02x})",
+                f"the name of {what} is not UTF-8 ({raw[:60]!r}; byte 0x{raw[error.start]:02x})",
                 start + error.start,
             ) from error
 
     def array(self, dtype: np.dtype, count: int) -> np.ndarray:
         size = count * dtype.itemsize
-        raw = self.handle.read(size)
-        if len(raw) != size:
-            raise self.error("file is truncated", self.offset - len(raw))
-        return np.frombuffer(raw, dtype=dtype)
+        if self.offset + size > self.size:
+            raise self.error("file is truncated")
+        array = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.offset)
+        self.offset += size
+        return array
 
     def end(self) -> None:
         left = self.size - self.offset
@@ -563,16 +572,20 @@ class _BinaryFile:
             raise self.error(f"{left} unexpected bytes after the last record (a corrupt file?)")
 
 
+@functools.cache
+def _struct(fmt: str) -> struct.Struct:
+    return struct.Struct(fmt)
+
+
 def _read_binary(path: Path, read: Callable[[_BinaryFile], dict]) -> dict:
-    """Open ``path`` and run ``read`` on it; ``ColmapError`` for unreadable files."""
+    """Read ``path`` and run ``read`` on it; ``ColmapError`` for unreadable files."""
     try:
-        handle = open(path, "rb")
+        data = path.read_bytes()
     except OSError as error:
         raise ColmapError(f"{path}: cannot read ({error.strerror or error})") from error
-    with handle:
-        file = _BinaryFile(path, handle)
-        out = read(file)
-        file.end()
+    file = _BinaryFile(path, data)
+    out = read(file)
+    file.end()
     return out
 
 
@@ -672,31 +685,28 @@ def read_points3d_binary(path: str | Path) -> dict[int, Point3D]:
     Raises:
         ColmapError: a corrupt or invalid file (naming the byte offset).
     """
-    track_dtype = np.dtype([("image_id", "<u4"), ("point2d_idx", "<u4")])
+    track_dtype = np.dtype("<u4")
 
     def read(file: _BinaryFile) -> dict[int, Point3D]:
         points: dict[int, Point3D] = {}
         # Smallest record: id, position, colour, error and a zero track length.
         for _ in range(file.count("point count", 8 + 24 + 3 + 8 + 8)):
             start = file.offset
-            values = file.read("Q3d3Bd")
-            point_id = values[0]
-            track = file.array(track_dtype, file.count(f"track length of point {point_id}", 8))
-            point = Point3D(
+            point_id, x, y, z, r, g, b, error = file.read("Q3d3Bd")
+            if not all(map(math.isfinite, (x, y, z, error))):
+                raise file.error(f"point {point_id} has a non-finite position or error", start)
+            if point_id in points:
+                raise file.error(f"point id {point_id} appears twice", start)
+            length = file.count(f"track length of point {point_id}", 8)
+            track = file.array(track_dtype, 2 * length).astype(np.int64).reshape(-1, 2)
+            points[point_id] = Point3D(
                 point_id,
-                np.array(values[1:4], dtype=np.float64),
-                np.array(values[4:7], dtype=np.uint8),
-                float(values[7]),
-                track["image_id"].astype(np.int64),
-                track["point2d_idx"].astype(np.int64),
+                np.array((x, y, z), dtype=np.float64),
+                np.array((r, g, b), dtype=np.uint8),
+                error,
+                track[:, 0],
+                track[:, 1],
             )
-            try:
-                _check_point(point)
-                if point_id in points:
-                    raise ValueError(f"point id {point_id} appears twice")
-            except ValueError as error:
-                raise file.error(str(error), start) from error
-            points[point_id] = point
         return points
 
     return _read_binary(Path(path), read)
