@@ -174,7 +174,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
     with handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM is allowed
             except UnicodeDecodeError as error:
                 raise ColmapError(
                     f"{path}, line {number}: not UTF-8 text (byte {error.start + 1} of the line "

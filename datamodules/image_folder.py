@@ -237,7 +237,7 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is allowed
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DataError(f"{path}: unreadable cameras.json ({error})") from error
     frames = data.get("frames") if isinstance(data, dict) else None

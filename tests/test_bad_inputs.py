@@ -285,6 +285,9 @@ def test_text_model_not_utf8_and_unknown_model(tmp_path: Path) -> None:
     path.write_bytes(b"# header\n1 1 0 0 0 0 0 0 1 caf\xe9.png\n\n")
     with pytest.raises(ColmapError, match=r"images.txt, line 2: not UTF-8 text \(byte 22"):
         read_images_text(path)
+    # A byte-order mark (Windows editors) is not garbage.
+    path.write_bytes(b"\xef\xbb\xbf# header\n1 1 0 0 0 0 0 0 1 a.png\n\n")
+    assert read_images_text(path)[1].name == "a.png"
     path = tmp_path / "cameras.txt"
     path.write_text("1 NOT_A_MODEL 40 30 1\n")
     with pytest.raises(UnsupportedCameraError, match="line 1: camera 1 has unknown model"):
@@ -430,6 +433,10 @@ def test_cameras_json_rigid_poses_pass(tmp_path: Path) -> None:
     folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png", pose)])
     loaded = load_images(folder, image_shape=(32, 32))
     assert loaded.pose_source == "cameras.json" and len(loaded) == 2
+    # A byte-order mark (Windows editors) is accepted.
+    path = folder / "cameras.json"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert set(read_cameras_json(path)) == {"a.png", "b.png"}
 
 
 def test_cameras_json_listing_only_missing_files(tmp_path: Path) -> None:
