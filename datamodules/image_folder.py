@@ -27,8 +27,14 @@ intrinsics), come from ``cameras.json`` in the folder or a COLMAP text/binary mo
          "width": 848, "height": 480},            # optional: the size those pixels refer to
         ...]}
 
-Pixel coordinates follow COLMAP: the top-left pixel's centre is at (0.5, 0.5). ``write_cameras_json``
-writes the same format.
+Pixel coordinates follow COLMAP: the top-left pixel's centre is at (0.5, 0.5). ``file`` is a file
+name or a path relative to the folder. Poses must be rigid (rotation orthonormal within 1e-3,
+determinant +1) and focal lengths positive; a frame that is not is an error naming it, and views
+that all share one camera centre get a warning (posed models need a baseline).
+``write_cameras_json`` writes the same format.
+
+Images far smaller than ``image_shape`` (shorter side under half of it) or of an aspect ratio more
+than 4:1 away from it are used with a warning naming the file.
 """
 
 from __future__ import annotations
@@ -343,7 +349,7 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     return out
 
 
-def colmap_model_dir(folder: Path) -> Path | None:
+def _colmap_model_dir(folder: Path) -> Path | None:
     """The COLMAP model folder below ``folder`` (``sparse/0``, ``sparse`` or itself), or None."""
     from . import colmap
 
@@ -479,7 +485,7 @@ def load_image_folder(
     if pose_table is None and poses in ("auto", "colmap"):
         pose_table = _colmap_poses(root)
         pose_source = "colmap" if pose_table is not None else None
-        pose_file = colmap_model_dir(root) if pose_table is not None else None
+        pose_file = _colmap_model_dir(root) if pose_table is not None else None
         if pose_table is None and poses == "colmap":
             raise DataError(f"{root}: no COLMAP model (sparse/0, sparse or the folder) found")
 
@@ -487,7 +493,8 @@ def load_image_folder(
     entries: dict[Path, dict] = {}
     if pose_table is not None:
         if not pose_table:
-            raise DataError(f"{pose_file}: lists no cameras ({pose_source} without any frame)")
+            empty = "has no registered images" if pose_source == "colmap" else "lists no frames"
+            raise DataError(f"{pose_file}: {empty}")
         entries = _match_poses(files, pose_table, root)
         if files and not entries:
             listed = list(pose_table)

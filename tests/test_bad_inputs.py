@@ -462,6 +462,16 @@ def test_cameras_json_paths_relative_to_the_input(tmp_path: Path) -> None:
     assert loaded.names == ["a.png", "b.png"] and loaded.pose_source == "cameras.json"
 
 
+def test_pose_files_without_frames(tmp_path: Path) -> None:
+    folder = _posed_folder(tmp_path / "photos", [])
+    with pytest.raises(DataError, match="cameras.json: lists no frames"):
+        load_images(folder, image_shape=(32, 32))
+    (folder / "cameras.json").unlink()
+    _binary_scene(tmp_path / "scene", _binary_file())
+    with pytest.raises(DataError, match="sparse/0: has no registered images"):
+        load_images(tmp_path / "scene", image_shape=(32, 32))
+
+
 def test_identical_cameras_warn(tmp_path: Path) -> None:
     folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png")])
     with pytest.warns(UserWarning, match="all 2 views have identical cameras") as caught:
