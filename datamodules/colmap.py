@@ -9,6 +9,13 @@ Conventions: ``Image.qvec`` is the world-to-camera rotation as a wxyz quaternion
 ``Image.tvec`` the world-to-camera translation (COLMAP's ``cam_from_world``); 2D observations are
 in pixels with the top-left image corner at (0, 0), so the centre of the first pixel is
 (0.5, 0.5) -- the same convention as splatzoo's normalised coordinates times (W, H).
+
+Files are validated as they are read, and anything wrong is a ``ColmapError`` (a ``ValueError``)
+of one line naming the file and the line number (text) or byte offset (binary): counts in binary
+files are bounded by the bytes left before anything is allocated, names must be UTF-8, camera
+models known with the right number of finite parameters, positive image sizes and focal lengths,
+quaternions non-zero (non-unit ones are normalised), numbers finite, ids unique, and nothing may
+follow the last record.
 """
 
 from __future__ import annotations
