@@ -50,6 +50,7 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another fo
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import DataError  # noqa: E402
+from models.command_line import quote_path_arguments  # noqa: E402
 from models.output_folder import OutputFolder, OutputFolderError  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
@@ -262,23 +263,24 @@ def _pop_model_override(argv: list[str]) -> list[str]:
 
 
 def _pose_free_models() -> list[str]:
-    """Registry tiny models that need no poses as ``model=<name>`` loads them: with the arguments
-    of their default weights when shipped (built on the meta device: no memory, no init)."""
-    from models import create_model, list_models
-    from models.pretrained import available_pretrained, recorded_arguments
+    """Pose-free models that load by name (``model=<name>`` with no ``weights=``): weights shipped
+    in this checkout first, then released weights (downloaded on first use). Read from the
+    pretrained configs: nothing is built."""
+    from models import get_pretrained_cfg, list_models
 
-    shipped = set(available_pretrained())
-    names = []
-    for name in list_models("*_tiny"):
-        try:
-            arguments = recorded_arguments(name, True) if name in shipped else {}
-            with torch.device("meta"):
-                model = create_model(name, **arguments)
-        except Exception:  # a family that cannot build on meta: leave it out of the hint
+    shipped, released = [], []
+    for tag in list_models(pretrained=True):
+        cfg = get_pretrained_cfg(tag)
+        if not cfg.pose_free:
             continue
-        if getattr(model, "pose_free", False):
-            names.append(name)
-    return names
+        default = get_pretrained_cfg(cfg.architecture) == cfg
+        name = cfg.architecture if default else cfg.name
+        if cfg.local_dir is not None:
+            if (REPO_ROOT / cfg.local_dir).is_dir():
+                shipped.append(name)
+        else:
+            released.append(f"{name} (downloads its weights)")
+    return shipped + released
 
 
 def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str, list[str]]:
@@ -428,6 +430,19 @@ def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _check_count(cfg: DictConfig, key: str) -> None:
+    """A count setting must be a positive whole number (``None`` = the default) — ``iterations``
+    may be 0."""
+    value = cfg.get(key)
+    if value is None:
+        return
+    minimum = 0 if key == "iterations" else 1
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+        raise InferError(f"{key}={value}", f"must be a whole number >= {minimum}")
+    if int(value) < minimum:
+        raise InferError(f"{key}={value}", f"must be at least {minimum}")
+
+
 def _image_size(cfg: DictConfig, model: torch.nn.Module) -> int:
     if cfg.image_size is not None:
         size = int(cfg.image_size)
@@ -525,8 +540,8 @@ def run(cfg: DictConfig) -> Path:
         if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
     ]
     folder = output_folder(output, inputs, overwrite)
-    if int(cfg.orbit_frames) < 1 or int(cfg.fps) < 1:
-        raise InferError(f"orbit_frames={cfg.orbit_frames}", "orbit_frames and fps must be >= 1")
+    for key in ("views", "orbit_frames", "fps", "image_size", "max_gaussians", "iterations"):
+        _check_count(cfg, key)
     device = choose_device(str(cfg.device))
     if cfg.backend not in ("auto", "torch", "gsplat"):
         raise InferError(f"backend={cfg.backend}", "must be auto, torch or gsplat")
@@ -706,7 +721,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
 
     model = [a.split("=", 1)[1] for a in overrides if a.startswith("model=")]
-    rest = [a for a in overrides if not a.startswith("model=")]
+    rest = quote_path_arguments([a for a in overrides if not a.startswith("model=")])
     with initialize_config_dir(
         version_base="1.3", config_dir=str(REPO_ROOT / "configs"), job_name="infer"
     ):
@@ -725,6 +740,36 @@ def main(cfg: DictConfig) -> None:
         sys.exit(status)
 
 
+def help_text(config: Path = REPO_ROOT / "configs" / "infer.yaml") -> str:
+    """``--help``: the usage and every setting with its default and the explanation written
+    above it in ``configs/infer.yaml`` (Hydra's own help shows the values without them)."""
+    lines = config.read_text(encoding="utf-8").splitlines()
+    header = [line[2:] for line in lines if line.startswith("# ")][:4]
+    rows, comment = [], []
+    for line in lines:
+        if line.startswith("hydra:"):
+            break
+        if line.startswith("#"):
+            comment.append(line.lstrip("# ").rstrip())
+        elif line and not line.startswith((" ", "-", "defaults")) and ":" in line:
+            key, _, value = line.partition(":")
+            rows.append((f"{key}={value.strip() or '...'}", " ".join(comment)))
+            comment = []
+        else:
+            comment = []
+    width = max(len(key) for key, _ in rows)
+    body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
+    notes = [
+        "",
+        "??? marks a required setting. Paths may hold any character (quote them for your shell).",
+        "Models: python -c 'import models; print(models.list_models(pretrained=True))'",
+    ]
+    return "\n".join([*header, "", "Settings:", *body, *notes])
+
+
 if __name__ == "__main__":
-    sys.argv[1:] = _pop_model_override(sys.argv[1:])
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(help_text())
+        sys.exit(0)
+    sys.argv[1:] = quote_path_arguments(_pop_model_override(sys.argv[1:]))
     main()
