@@ -256,6 +256,9 @@ class KnobRunner:
                 f"{unknown[0]}: not a knob of this model (knobs: {', '.join(self.knobs)})"
             )
         checked = {k: self.knobs[k].check(v, self.model) for k, v in values.items()}
+        for name, knob in self.knobs.items():  # explicit defaults: one cache key per setting
+            if checked.get(name) is None and not knob.on_output:
+                checked[name] = knob.default(self.model)
         forward = {
             k: v for k, v in checked.items() if v is not None and not self.knobs[k].on_output
         }
