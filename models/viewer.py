@@ -16,6 +16,8 @@ viser is imported here only, and ``import models`` does not import this module.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import json
 import math
@@ -366,9 +368,10 @@ class SplatViewer:
         self._base = scene.gaussians  # unpruned set of the current non-output knobs
         self.updates = 0  # scene updates sent (knob changes that changed the set)
 
-        self.server = viser.ViserServer(host=host, port=port, label=scene.title, verbose=False)
+        with contextlib.redirect_stdout(io.StringIO()):  # viser's banner (we print one line)
+            self.server = viser.ViserServer(host=host, port=port, label=scene.title, verbose=False)
         if port and self.server.get_port() != port:  # lost a race for the port
-            self.server.stop()
+            self.stop()
             raise ViewerError(f"port={port}: busy on {host} (pass port=0 for a free one)")
         self.host = host
         self.port = int(self.server.get_port())
@@ -478,6 +481,11 @@ class SplatViewer:
         """Show or hide the Gaussians (the rest of the scene stays)."""
         self._splats.visible = bool(visible)
 
+    def set_cameras_visible(self, visible: bool) -> None:
+        """Show or hide the input cameras' frustums and the camera path."""
+        for handle in self._overlays:
+            handle.visible = bool(visible)
+
     # ------------------------------------------------------------------ GUI
     def _build_gui(self, initial: dict[str, Any]) -> None:
         gui = self.server.gui
@@ -490,10 +498,10 @@ class SplatViewer:
             for name, knob in self.knobs.items():
                 low, high = knob.bounds(model)
                 value = initial.get(name, defaults.get(name))
-                if name == MAX_GAUSSIANS.name:
+                if name == MAX_GAUSSIANS.name:  # the slider's top is "keep all"
                     full = int(self._base.count()[0])
                     high = max(full, 1)
-                    enabled = value is not None
+                    enabled = True
                     value = full if value is None else min(int(value), full)
                 else:
                     enabled = value is not None or knob.default_attr is not None
@@ -504,8 +512,8 @@ class SplatViewer:
                 if knob.low_open:
                     low = knob.step
                 toggle = None
-                if knob.default_attr is None:  # "off" is a state of its own
-                    toggle = gui.add_checkbox(f"{name}: on", enabled, hint=knob.help)
+                if knob.default_attr is None and name != MAX_GAUSSIANS.name:  # "off" state
+                    toggle = gui.add_checkbox(f"{name} on", enabled, hint=knob.help)
                 cast = int if knob.kind == "int" else float
                 slider = gui.add_slider(
                     name,
@@ -536,6 +544,8 @@ class SplatViewer:
         values = {}
         for name, (toggle, slider) in self._controls.items():
             values[name] = None if toggle is not None and not toggle.value else slider.value
+            if name == MAX_GAUSSIANS.name and slider.value >= slider.max:
+                values[name] = None  # at the top: keep all
         return values
 
     def set_knob(self, name: str, value: float | int | None) -> int:
@@ -545,7 +555,9 @@ class SplatViewer:
             raise ValueError(f"{name}: not a knob here (knobs: {', '.join(self._controls)})")
         toggle, slider = self._controls[name]
         with self._lock:
-            if value is None:
+            if value is None and name == MAX_GAUSSIANS.name:
+                slider.value = slider.max
+            elif value is None:
                 if toggle is None:
                     raise ValueError(f"{name}: has no off state")
                 toggle.value = False
@@ -559,39 +571,51 @@ class SplatViewer:
     def _refresh(self) -> None:
         """Re-run (or re-prune) for the panel's values and update splats and count."""
         with self._lock:
-            values = self.knob_values()
-            try:
-                start = time.perf_counter()
-                if self.runner is not None:
-                    base = self.runner.run(**{**values, MAX_GAUSSIANS.name: None})
-                else:
-                    base = self.scene.gaussians
-                limit = values.get(MAX_GAUSSIANS.name)
-                gaussians = base if limit is None else base.prune(max_count=int(limit))
-                seconds = time.perf_counter() - start
-            except ValueError as error:
-                self._status.content = f"error: {' '.join(str(error).split())}"
+            if getattr(self, "_refreshing", False):  # a control moved by this refresh
                 return
-            self._base = base
-            full = int(base.count()[0])
-            if MAX_GAUSSIANS.name in self._controls:
-                slider = self._controls[MAX_GAUSSIANS.name][1]
-                if slider.max != max(full, 1):
-                    slider.max = max(full, 1)
-            changed = not hasattr(self, "_splats") or gaussians is not self._gaussians
-            self._gaussians = gaussians
-            if changed:
-                self._splats = self.server.scene.add_gaussian_splats(
-                    "/gaussians", **gaussians_to_viser(gaussians)
-                )
-                self.updates += 1
-            self._count_text.content = f"**Gaussians:** {self.count:,}"
+            self._refreshing = True
+            try:
+                self._refresh_locked()
+            finally:
+                self._refreshing = False
+
+    def _refresh_locked(self) -> None:
+        """``_refresh`` under the lock."""
+        values = self.knob_values()
+        try:
+            start = time.perf_counter()
             if self.runner is not None:
-                reuse = ", ".join(self.runner.reused) or "nothing"
-                self._status.content = (
-                    f"{self.runner.forwards} forward(s); reused: {reuse}; last update "
-                    f"{seconds * 1000:.0f} ms"
-                )
+                base = self.runner.run(**{**values, MAX_GAUSSIANS.name: None})
+            else:
+                base = self.scene.gaussians
+            limit = values.get(MAX_GAUSSIANS.name)
+            gaussians = base if limit is None else base.prune(max_count=int(limit))
+            seconds = time.perf_counter() - start
+        except ValueError as error:
+            self._status.content = f"error: {' '.join(str(error).split())}"
+            return
+        self._base = base
+        full = int(base.count()[0])
+        if MAX_GAUSSIANS.name in self._controls:  # its range follows the unpruned count
+            slider = self._controls[MAX_GAUSSIANS.name][1]
+            if slider.max != max(full, 1):
+                keep_all = limit is None
+                slider.max = max(full, 1)
+                slider.value = slider.max if keep_all else min(int(limit), slider.max)
+        changed = not hasattr(self, "_splats") or gaussians is not self._gaussians
+        self._gaussians = gaussians
+        if changed:
+            self._splats = self.server.scene.add_gaussian_splats(
+                "/gaussians", **gaussians_to_viser(gaussians)
+            )
+            self.updates += 1
+        self._count_text.content = f"**Gaussians:** {self.count:,}"
+        if self.runner is not None:
+            reuse = ", ".join(self.runner.reused) or "nothing"
+            self._status.content = (
+                f"{self.runner.forwards} forward(s); reused: {reuse}; last update "
+                f"{seconds * 1000:.0f} ms"
+            )
 
     # ------------------------------------------------------------------ render / save
     def render_camera(
@@ -678,7 +702,8 @@ class SplatViewer:
 
     # ------------------------------------------------------------------ lifetime
     def stop(self) -> None:
-        self.server.stop()
+        with contextlib.redirect_stdout(io.StringIO()):  # viser's "Server stopped"
+            self.server.stop()
 
     def serve_forever(self) -> None:
         """Block until Ctrl-C (or SIGTERM), then stop the server."""
