@@ -490,7 +490,10 @@ class SplatViewer:
     def _build_gui(self, initial: dict[str, Any]) -> None:
         gui = self.server.gui
         self._count_text = gui.add_markdown("**Gaussians:** -")
-        self._status = gui.add_markdown("")
+        reuse = ", ".join(self.runner.reused) if self.runner is not None else ""
+        self._status = gui.add_markdown(
+            f"1 forward(s), reusing: {reuse or 'nothing'}" if self.runner is not None else ""
+        )
         self._controls: dict[str, Any] = {}  # knob name → (enable checkbox | None, slider)
         model = self.runner.model if self.runner is not None else None
         defaults = self.runner.defaults() if self.runner is not None else {}
@@ -561,10 +564,10 @@ class SplatViewer:
                 if toggle is None:
                     raise ValueError(f"{name}: has no off state")
                 toggle.value = False
-            else:
+            else:  # the value first: switching on then runs once, with it
+                slider.value = int(value) if isinstance(slider.value, int) else float(value)
                 if toggle is not None:
                     toggle.value = True
-                slider.value = int(value) if isinstance(slider.value, int) else float(value)
             self._refresh()
         return self.count
 
@@ -582,6 +585,7 @@ class SplatViewer:
     def _refresh_locked(self) -> None:
         """``_refresh`` under the lock."""
         values = self.knob_values()
+        forwards = self.runner.forwards if self.runner is not None else 0
         try:
             start = time.perf_counter()
             if self.runner is not None:
@@ -610,10 +614,10 @@ class SplatViewer:
             )
             self.updates += 1
         self._count_text.content = f"**Gaussians:** {self.count:,}"
-        if self.runner is not None:
+        if self.runner is not None and self.runner.forwards > forwards:
             reuse = ", ".join(self.runner.reused) or "nothing"
             self._status.content = (
-                f"{self.runner.forwards} forward(s); reused: {reuse}; last update "
+                f"{self.runner.forwards} forward(s), reusing: {reuse}; last one "
                 f"{seconds * 1000:.0f} ms"
             )
 
