@@ -248,6 +248,9 @@ def serve_cli(argv: list[str]) -> int:
     from models.viewer import ViewerError
 
     errors = (ViewerError, DataError, PretrainedError, infer.InferError)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
     try:
         path, settings = parse_args(argv)
         viewer = build(path, settings)

@@ -350,7 +350,10 @@ def test_viewer_in_headless_chromium(tmp_path):
     webdriver, Service = _browser_or_skip()
     from selenium.webdriver.common.by import By
 
-    path, settings = view.parse_args([str(EXAMPLE), "model=zipsplat_tiny", "views=2"])
+    saved = tmp_path / "saved.ply"
+    path, settings = view.parse_args(
+        [str(EXAMPLE), "model=zipsplat_tiny", "views=2", f"save={saved}"]
+    )
     viewer = view.build(path, settings)
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
@@ -432,6 +435,18 @@ def test_viewer_in_headless_chromium(tmp_path):
         correlation = np.corrcoef(ours.mean(axis=2).ravel(), browser.mean(axis=2).ravel())[0, 1]
         print(f"splatzoo vs browser render: mean |diff| {difference:.1f}/255, r {correlation:.3f}")
         assert difference < 10 and correlation > 0.95, (difference, correlation)
+
+        # the panel's buttons, clicked in the page: render this view, save
+        def click(label):
+            driver.find_element(By.XPATH, f"//button[contains(., '{label}')]").click()
+
+        click("Render this view with splatzoo")
+        assert _wait(lambda: viewer._render_image.visible and viewer._browser_image.visible, 20)
+        assert _wait(lambda: "mean |splatzoo - browser|" in viewer._status.content, 5)
+        assert viewer._render_image.image.shape == ours.shape
+        click("Save .ply")
+        assert _wait(lambda: saved.is_file(), 15)
+        assert Gaussians.load_ply(saved).num_slots == start
 
         # a knob change through the viewer's API changes the count the browser shows
         assert viewer.set_knob("compression", 0.25) == start // 4
