@@ -97,6 +97,19 @@ def _known_cameras(images, context, pred_extras, pose_free: bool):
     return torch.eye(4).expand(views, 4, 4).clone(), intrinsics, [0]
 
 
+def _infer_config(values: dict[str, Any]):
+    """``configs/infer.yaml`` with ``values`` set, without Hydra (which ``infer.py view=true``
+    has already initialised in this process)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(REPO_ROOT / "configs" / "infer.yaml")
+    for key in ("defaults", "hydra"):
+        cfg.pop(key, None)
+    for key, value in values.items():
+        cfg[key] = value
+    return cfg
+
+
 def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source``; returns ``(ViewScene,
     KnobRunner, initial knob values)``."""
@@ -104,11 +117,18 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
 
-    overrides = [f"input={source}", "output=unused", f"model={settings['model']}"]
-    for key in ("weights", "views", "image_size", "cameras", "fov", "device"):
-        if settings[key] is not None:
-            overrides.append(f"{key}={settings[key]}")
-    cfg = infer.compose(overrides)
+    cfg = _infer_config(
+        {
+            "input": str(source),
+            "output": "unused",
+            "model": settings["model"],
+            **{
+                key: settings[key]
+                for key in ("weights", "views", "image_size", "cameras", "fov", "device")
+                if settings[key] is not None
+            },
+        }
+    )
     device = infer.choose_device(str(cfg.device))
     model, _, notes = infer.load_model(cfg)
     model = model.to(device).eval()

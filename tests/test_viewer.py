@@ -281,6 +281,30 @@ def test_cli_serves_and_stops_on_ctrl_c(tmp_path):
     assert "viewer stopped" in out and "Traceback" not in err
 
 
+def test_import_models_does_not_import_viser():
+    code = "import sys, models, models.knobs; assert 'viser' not in sys.modules, 'viser imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_given_port_and_non_loopback_warning(capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    viewer = SplatViewer(ViewScene(_random_gaussians(20)), host="127.0.0.1", port=port)
+    try:
+        assert viewer.port == port and viewer.url == f"http://127.0.0.1:{port}/"
+        assert "warning" not in capsys.readouterr().err
+    finally:
+        viewer.stop()
+    viewer = SplatViewer(ViewScene(_random_gaussians(20)), host="0.0.0.0", port=0)
+    try:
+        err = capsys.readouterr().err
+        assert "warning: host=0.0.0.0 is not a loopback address" in err
+    finally:
+        viewer.stop()
+
+
 def test_viewer_without_model_prunes_and_saves(tmp_path):
     g = _random_gaussians(300)
     viewer = SplatViewer(ViewScene(g), host="127.0.0.1", port=0, save_path=tmp_path / "a.ply")
