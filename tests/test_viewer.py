@@ -211,6 +211,25 @@ def test_infer_output_folder_scene(tmp_path):
     assert first.image is not None and first.image.shape == (128, 128, 3)  # the input photo
     assert 0 < first.fov < math.pi
 
+    # the folder's viewer is live (re-run from summary.json), also where Hydra is initialised
+    # (as in infer.py view=true); live=false shows the saved set only
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
+        viewer = view.build(*view.parse_args([str(out)]))
+    try:
+        assert viewer.runner is not None and "compression" in viewer.knobs
+        assert viewer.count == scene.gaussians.num_slots
+        torch.testing.assert_close(viewer.gaussians.means, scene.gaussians.means)
+        assert len(viewer.scene.cameras) == 2
+    finally:
+        viewer.stop()
+    viewer = view.build(*view.parse_args([str(out), "live=false"]))
+    try:
+        assert viewer.runner is None and list(viewer.knobs) == ["max_gaussians"]
+    finally:
+        viewer.stop()
+
     # infer.py view=true hands its output folder to the viewer
     calls = []
     monkey = pytest.MonkeyPatch()
