@@ -17,6 +17,7 @@ viser is imported here only, and ``import models`` does not import this module.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import ipaddress
 import json
@@ -296,17 +297,19 @@ def check_port(host: str, port: int) -> None:
     silently move to the next one)."""
     if not 0 <= port <= 65535:
         raise ViewerError(f"port={port}: must be in [0, 65535] (0: a free one)")
-    if port == 0:
-        return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind((host, port))
+            probe.bind((host, port))  # port 0: checks the host only
+        except socket.gaierror as error:
+            raise ViewerError(f"host={host}: unknown host ({error.strerror})") from error
         except OSError as error:
-            reason = "busy" if error.errno in (98, 48, 10048) else error.strerror
-            raise ViewerError(
-                f"port={port}: {reason} on {host} (pass port=0 for a free one)"
-            ) from error
+            if port and error.errno in (errno.EADDRINUSE, errno.EACCES):
+                reason = "busy" if error.errno == errno.EADDRINUSE else "not allowed"
+                raise ViewerError(
+                    f"port={port}: {reason} on {host} (pass port=0 for a free one)"
+                ) from error
+            raise ViewerError(f"host={host}: cannot listen there ({error.strerror})") from error
 
 
 def _thumbnail(image: np.ndarray, side: int = 160) -> np.ndarray:

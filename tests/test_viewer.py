@@ -259,6 +259,8 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
         ([str(tmp_path / "missing.ply")], "not found"),
         ([str(tmp_path / "ok.ply"), f"port={port}"], f"port={port}: busy"),
         ([str(tmp_path / "ok.ply"), "colour=red"], "unknown setting"),
+        ([str(tmp_path / "ok.ply"), "host=203.0.113.7"], "host=203.0.113.7: cannot listen"),
+        ([str(tmp_path / "ok.ply"), "port=70000"], "must be in [0, 65535]"),
         ([str(tmp_path / "ok.ply"), "compression=0.5"], "needs a model"),
         ([str(EXAMPLE), "model=zipsplat_tiny", "compression=2", "port=0"], "compression=2"),
         ([str(EXAMPLE), "model=zipsplat_tiny", "iterations=2"], "no 'iterations' knob"),
