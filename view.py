@@ -5,8 +5,8 @@
         [max_gaussians=N] [views=N] [image_size=S] [cameras=PATH] [fov=60]
 
 ``PATH`` is a ``.ply`` (INRIA 3DGS layout), an ``infer.py`` output folder (``gaussians.ply``,
-``cameras.json``, ``renders/``, ``summary.json``) or a folder of photos with ``model=NAME``
-(reconstructed here, as ``infer.py`` would). The viewer shows the Gaussians, the input cameras as
+``cameras.json``, ``renders/``, ``summary.json``), or a folder of photos, a video or an image with
+``model=NAME`` (reconstructed here, as ``infer.py`` would). The viewer shows the Gaussians, the input cameras as
 frustums with their images, the rendered camera path, and a panel with the model's inference
 knobs: moving one re-runs the reconstruction (reusing what the knob does not change) and updates
 the scene and the Gaussian count. An ``infer.py`` folder is reconstructed again from its
@@ -171,10 +171,16 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         )
         for i in known
     ]
-    path = None
-    if len(known) >= 2:
+    if len(known) >= 2:  # infer.py's path: interpolated, or an orbit around the first view
         path_e, _ = infer.interpolate_cameras(extrinsics[known], intrinsics[known], 30)
-        path = path_e.double().numpy()
+    else:
+        depth = gaussians.means[0, :, 2][gaussians.valid_mask()[0]].float().cpu()
+        depth = depth[depth > 0]
+        look_at = float(depth.median()) if depth.numel() else 1.0
+        path_e, _ = infer.orbit_cameras(
+            extrinsics[0], look_at, intrinsics[0], 30, radius=0.1 * look_at
+        )
+    path = path_e.double().numpy()
     scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {cfg.model}")
     return scene, runner, initial
 
@@ -221,7 +227,9 @@ def build(path: str, settings: dict[str, Any]):
     if not source.exists():
         raise ViewerError(f"{source}: not found")
     is_output = source.is_dir() and (source / "gaussians.ply").is_file()
-    if source.is_dir() and not is_output:
+    if source.is_file() and source.suffix.lower() != ".ply" and settings["model"]:
+        scene, runner, initial = reconstruct(source, settings)  # a video or one image
+    elif source.is_dir() and not is_output:
         if not settings["model"]:
             raise ViewerError(
                 f"{source}: nothing to show (no gaussians.ply; for a folder of photos pass "
