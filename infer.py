@@ -703,7 +703,7 @@ def run_cli(cfg: DictConfig) -> int:
         with open_dict(cfg):
             cfg.model = _MODEL_OVERRIDE[-1]
     try:
-        run(cfg)
+        output = run(cfg)
     except (InferError, DataError, PretrainedError, OutputFolderError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
@@ -711,6 +711,10 @@ def run_cli(cfg: DictConfig) -> int:
         while _TEMPORARY_FILES:
             with contextlib.suppress(OSError):
                 os.remove(_TEMPORARY_FILES.pop())
+    if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
+        from view import serve_cli
+
+        return serve_cli([str(output), f"device={cfg.device}"])
     return 0
 
 
