@@ -491,7 +491,7 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> tuple[dict[str, Tenso
     if not path.is_file():
         raise PretrainedError(path, "checkpoint file does not exist")
     try:
-        with torch.serialization.safe_globals(_checkpoint_safe_globals()):
+        with torch.serialization.safe_globals(checkpoint_safe_globals()):
             checkpoint = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -514,7 +514,7 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> tuple[dict[str, Tenso
     return state, checkpoint
 
 
-def _checkpoint_safe_globals() -> list:
+def checkpoint_safe_globals() -> list:
     """Data-only classes that Lightning checkpoints hold besides tensors: OmegaConf containers
     (hyper-parameters passed through Hydra) and the builtins they pickle with. Allowlisted for
     ``weights_only=True`` loading; no other class or function can be unpickled."""

@@ -409,7 +409,7 @@ def test_export_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     cases = [
         ([f"ckpt={bad}", f"out={tmp_path / 'out'}"], str(bad)),
         ([f"ckpt={tmp_path / 'missing.ckpt'}", f"out={tmp_path / 'out'}"], "missing.ckpt"),
-        ([f"out={tmp_path / 'out'}"], "missing ckpt="),
+        ([f"out={tmp_path / 'out'}"], "give exactly one of ckpt=... or release=..."),
         ([f"ckpt={bad}", f"out={tmp_path / 'out'}", "colour=red"], "unknown argument"),
     ]
     for argv, expected in cases:

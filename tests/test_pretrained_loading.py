@@ -270,4 +270,6 @@ def test_export_release_to_our_folder(toy, tmp_path: Path) -> None:
     assert "license: mit" in card and "made up for a test" in card and "toy_tiny.release" in card
     loaded = create_model("toy_tiny", pretrained=str(out))
     torch.testing.assert_close(loaded.proj.weight, _official_state(4)["encoder.input_proj.weight"])
-    assert main([f"release={tmp_path / 'nope.pth'}", "model=toy_tiny", f"out={tmp_path / 'x'}"]) == 2
+    assert (
+        main([f"release={tmp_path / 'nope.pth'}", "model=toy_tiny", f"out={tmp_path / 'x'}"]) == 2
+    )
