@@ -36,6 +36,7 @@ from ..backbones.dinov2 import DINOV2_SIZES
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import pixel_grid
 from ..heads import GaussianHead
+from ..knobs import MAX_GAUSSIANS
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 SH_DEGREE = 2
+# forward keywords a user may turn at inference time: only the Gaussian budget
+INFERENCE_KNOBS = (MAX_GAUSSIANS,)
 RAW_DIM = 1 + 2 + 3 + 4 + 3 * (SH_DEGREE + 1) ** 2  # opacity, offset, scale, quaternion, SH
 
 
