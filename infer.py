@@ -385,7 +385,7 @@ def _sfm_inputs(cfg: DictConfig, source: Path, min_views: int, image_size: int):
     from datamodules.image_folder import load_images
     from datamodules.sfm import SfmSettings, poses_for_input
 
-    options = OmegaConf.to_container(cfg.get("sfm") or {}, resolve=True)
+    options = OmegaConf.to_container(cfg.sfm, resolve=True) if cfg.get("sfm") else {}
     cache = options.pop("cache", True)
     try:
         settings = SfmSettings(**options)

@@ -24,6 +24,7 @@ behind. Fewer than two registered images raise ``SfmError`` (one line).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -66,6 +67,13 @@ _EXHAUSTIVE_MAX = (
 )
 _CACHE_VERSION = 1
 _IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+_REMOVE_AT_EXIT: list[Path] = []  # temporary results (cache=False), removed at exit
+
+
+@atexit.register
+def _cleanup() -> None:  # pragma: no cover - runs at interpreter exit
+    while _REMOVE_AT_EXIT:
+        shutil.rmtree(_REMOVE_AT_EXIT.pop(), ignore_errors=True)
 
 
 class SfmError(DataError):
@@ -705,19 +713,6 @@ def estimate_poses(
     return _finish(result, out_dir, len(names), verbose)
 
 
-_REMOVE_AT_EXIT: list[Path] = []
-
-
-def _cleanup() -> None:  # pragma: no cover - runs at interpreter exit
-    while _REMOVE_AT_EXIT:
-        shutil.rmtree(_REMOVE_AT_EXIT.pop(), ignore_errors=True)
-
-
-import atexit  # noqa: E402
-
-atexit.register(_cleanup)
-
-
 def _finish(result: SfmResult, out_dir: str | Path | None, total: int, verbose: int) -> SfmResult:
     """Warn about unregistered images, copy the model to ``out_dir/sparse``."""
     if result.missing:
@@ -815,7 +810,11 @@ def poses_for_input(
 
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
-    root = default_cache_dir() if cache in (True, False) else Path(cache).expanduser()
+    if cache is False:  # frames in a temporary folder removed at exit
+        root = Path(tempfile.mkdtemp(prefix="splatzoo-sfm-frames-"))
+        _REMOVE_AT_EXIT.append(root)
+    else:
+        root = default_cache_dir() if cache is True else Path(cache).expanduser()
     if source.is_file() and source.suffix.lower() in VIDEO_EXTENSIONS:
         folder = _video_frames(source, int(num_views or 8), root)
         if settings.matching == "auto":

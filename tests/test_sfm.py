@@ -210,14 +210,16 @@ def test_drone_subset_against_reference() -> None:
 def test_drone_41_frames_against_reference() -> None:
     """All 41 reference frames (sequential matching), posed with the reference's field of view.
 
-    Measured (pycolmap 4.2.1, 2 threads, full resolution): rotation median 0.00 / max 0.00 deg,
-    centre median 0.000 of the largest camera distance, relative rotation median 0.00 deg."""
+    Measured (pycolmap 4.2.1, 2 threads, full resolution): rotation median 0.66 / max 6.05 deg,
+    centre median 0.0115 / max 0.098 of the largest camera distance, relative rotation median
+    1.46 deg; thresholds about twice the medians. 11 min on this shared 2-core machine at a load
+    average of 12 (slow)."""
     _, fov = _reference()
     errors = _compare(image_files(DRONE41 / "images"), fov=fov, refine_focal=False)
     assert errors["views"] == 41
-    assert errors["rotation_median_deg"] < 99
-    assert errors["center_median"] < 99
-    assert errors["relative_rotation_median_deg"] < 99
+    assert errors["rotation_median_deg"] < 1.5
+    assert errors["center_median"] < 0.025
+    assert errors["relative_rotation_median_deg"] < 3.0
 
 
 def test_pose_errors_of_a_similarity_are_zero() -> None:
@@ -249,7 +251,11 @@ def test_pose_errors_of_a_similarity_are_zero() -> None:
         )
     )
     turned["0.png"] = moved["0.png"] @ turn
-    assert pose_errors(turned, reference)["rotation_max_deg"] == pytest.approx(10.0, abs=1e-3)
+    errors = pose_errors(turned, reference)
+    # Exactly 10 degrees in every relative rotation with camera 0; after alignment most of it.
+    assert errors["relative_rotation_max_deg"] == pytest.approx(10.0, abs=1e-4)
+    assert errors["relative_rotation_median_deg"] < 1e-4
+    assert 5.0 < errors["rotation_max_deg"] <= 10.0 and errors["rotation_median_deg"] < 3.0
     assert invert_extrinsics(turned["0.png"]).shape == (4, 4)
 
 
@@ -297,14 +303,48 @@ def test_images_that_cannot_be_posed(kind: str, cache: Path, tmp_path: Path) -> 
 @needs_shared
 def test_images_that_do_not_register_are_left_out(cache: Path, tmp_path: Path) -> None:
     folder = tmp_path / "mixed"
-    folder.mkdir()
-    for name in ("frame_04.jpg", "frame_05.jpg", "frame_06.jpg", "frame_07.jpg"):
-        shutil.copy(DRONE8 / name, folder / name)
+    shutil.copytree(DRONE8, folder)
     _noise(folder, 1, seed=3, size=(480, 848))
-    with pytest.warns(UserWarning, match=r"1 of 5 images did not register .*noise_0\.png"):
+    with pytest.warns(UserWarning, match=r"1 of 9 images did not register .*noise_0\.png"):
         result = estimate_poses(folder, cache=cache, verbose=0)
     assert result.missing == ["noise_0.png"]
-    assert result.registered == ["frame_04.jpg", "frame_05.jpg", "frame_06.jpg", "frame_07.jpg"]
+    assert result.registered == [p.name for p in image_files(DRONE8)]
+    _, images, _ = colmap.read_model(result.model_dir, points=False)
+    assert sorted(image.name for image in images.values()) == result.registered
+
+
+def test_distorted_cameras_are_undistorted(tmp_path: Path) -> None:
+    """A SIMPLE_RADIAL result: pinhole part for the poses, images resampled with the COLMAP
+    converter's undistortion (``datamodules.convert.undistort_image``)."""
+    from PIL import Image
+
+    from datamodules.convert import undistort_image
+    from datamodules.sfm import SfmResult
+
+    rng = np.random.default_rng(0)
+    images = tmp_path / "images"
+    for i in range(2):
+        _save(images / f"{i}.png", rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    model = tmp_path / "sparse"
+    model.mkdir()
+    (model / "cameras.txt").write_text("1 SIMPLE_RADIAL 60 40 50 30 20 0.2\n")
+    (model / "images.txt").write_text("1 1 0 0 0 0 0 0 1 0.png\n\n2 1 0 0 0 -1 0 0 1 1.png\n\n")
+    (model / "points3D.txt").write_text("")
+    result = SfmResult(model, images, ["0.png", "1.png"], [], 0, 0.0, "SIMPLE_RADIAL", [50.0], "x")
+    assert result.distorted
+    poses = result.poses()
+    assert (poses["1.png"]["fx"], poses["1.png"]["cx"], poses["1.png"]["cy"]) == (50, 30, 20)
+    torch.testing.assert_close(
+        poses["1.png"]["camera_to_world"][:3, 3], torch.tensor([1.0, 0, 0], dtype=torch.float64)
+    )
+    out = result.undistort(tmp_path / "undistorted")
+    source = torch.from_numpy(np.asarray(Image.open(images / "0.png"), np.float32) / 255)
+    k = torch.tensor([[50 / 60, 0, 30 / 60], [0, 50 / 40, 20 / 40], [0, 0, 1]], dtype=torch.float64)
+    coeffs = [0.2, 0, 0, 0, 0, 0, 0, 0]
+    expected = undistort_image(source.permute(2, 0, 1), k, coeffs)
+    expected = (expected.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(np.asarray(Image.open(out / "0.png")), expected)
+    assert not np.array_equal(expected, np.asarray(Image.open(images / "0.png")))
 
 
 def test_invalid_settings_are_named(tmp_path: Path) -> None:
@@ -321,14 +361,26 @@ def test_invalid_settings_are_named(tmp_path: Path) -> None:
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
+    """``python ARGS`` in a subprocess, as a user runs it."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
     return subprocess.run(
         [sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
 
 
+def _infer_here(capsys: pytest.CaptureFixture, args: list[str]) -> tuple[int, str]:
+    """What ``python infer.py ARGS`` runs, in this process (spares a torch start-up)."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    capsys.readouterr()
+    status = infer.run_cli(infer.compose(args))
+    return status, capsys.readouterr().err
+
+
 @needs_shared
-def test_infer_cameras_auto_end_to_end(drone8, tmp_path: Path) -> None:
+def test_infer_cameras_auto_end_to_end(drone8, tmp_path: Path, capsys) -> None:
     """``infer.py model=pixel_aligned_tiny cameras=auto`` on the 8 drone frames (the shipped
     weights): poses from the cached reconstruction, the model in OUTPUT/sparse in the scene frame
     of cameras.json, the registration in summary.json."""
@@ -359,21 +411,23 @@ def test_infer_cameras_auto_end_to_end(drone8, tmp_path: Path) -> None:
     np.testing.assert_allclose(cameras["frames"][0]["camera_to_world"], np.eye(4), atol=1e-6)
 
     # The default for a posed model without cameras is the same estimate.
-    again = _run(["infer.py", *common, "overwrite=true"])
-    assert again.returncode == 0, again.stderr[-3000:]
+    status, stderr = _infer_here(capsys, [*common, "overwrite=true"])
+    assert status == 0, stderr[-3000:]
     assert json.loads((output / "summary.json").read_text())["sfm"]["cached"] is True
 
 
 @needs_shared
-def test_infer_unposable_input_is_one_line(cache: Path, tmp_path: Path) -> None:
+def test_infer_unposable_input_is_one_line(cache: Path, tmp_path: Path, capsys) -> None:
     folder = _noise(tmp_path / "noise", 3)
     output = tmp_path / "out"
-    result = _run(["infer.py", f"input={folder}", f"output={output}", "model=pixel_aligned_tiny"])
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "registered 0 of 3" in errors[0]
-    assert "model=zipsplat_tiny" in errors[0] and "Traceback" not in result.stderr
+    args = [f"input={folder}", f"output={output}", "model=pixel_aligned_tiny", "image_size=32"]
+    status, stderr = _infer_here(capsys, args)
+    assert status == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "registered 0 of 3" in errors[0], stderr
+    assert "model=zipsplat_tiny" in errors[0] and "Traceback" not in stderr
     assert not output.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
 @needs_shared
