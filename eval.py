@@ -12,13 +12,21 @@ import csv
 import json
 import math
 import os
+import sys
 
 import hydra
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.cli import UserError, exit_on_user_error, instantiate_group
+from models.cli import (
+    StepProgressBar,
+    UserError,
+    exit_on_user_error,
+    instantiate_group,
+    quiet_third_party,
+)
+from models.command_line import quote_path_arguments
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -66,7 +74,7 @@ def print_table(summary: dict[str, float], scenes: int) -> None:
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     from models.pretrained import load_pretrained
 
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):
         cfg.model.refine_target_poses = cfg.refine_target_poses
         cfg.model.eval_kwargs = cfg.eval_kwargs
@@ -76,7 +84,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     net = module.net
     load_pretrained(net, getattr(net, "registry_name", type(net).__name__), cfg.ckpt_path)
     loggers = instantiate_group(cfg.get("logger"))
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False)
+    callbacks = [StepProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []
+    trainer: L.Trainer = hydra.utils.instantiate(
+        cfg.trainer, logger=loggers or False, callbacks=callbacks
+    )
     trainer.test(module, datamodule=datamodule)
     if not module.test_records:
         raise UserError(
@@ -104,4 +115,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
+    sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
+    quiet_third_party()
     main()

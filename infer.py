@@ -30,11 +30,9 @@ read before Hydra, whose ``configs/model`` group holds the training configs).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -54,6 +52,8 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another fo
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import DataError  # noqa: E402
+from models.command_line import quote_path_arguments  # noqa: E402
+from models.output_folder import OutputFolder, OutputFolderError  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
 __all__ = [
@@ -116,22 +116,30 @@ def choose_device(spec: str) -> torch.device:
     return device
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise InferError(output, "exists and is not a folder")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise InferError(output, "already holds files (pass overwrite=true to replace them)")
+# What an infer.py output folder written before the output marker existed may hold.
+_INFER_ENTRIES = ("gaussians.ply", "cameras.json", "renders", "path", "path.mp4", "summary.json")
 
 
-def _publish(staging: Path, output: Path) -> None:
-    """Move the finished ``staging`` folder to ``output`` (replacing an old one)."""
-    if output.exists():
-        backup = output.with_name(f".{output.name}.old-{os.getpid()}")
-        output.rename(backup)
-        staging.rename(output)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        staging.rename(output)
+def _legacy_output(folder: Path) -> tuple[str, ...] | None:
+    """The entries of an older infer.py output (it has our ``summary.json``), else ``None``."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and {"gaussians", "timings_s", "model"} <= summary.keys():
+        return _INFER_ENTRIES
+    return None
+
+
+def output_folder(output: Path, inputs: list[Path], overwrite: bool) -> OutputFolder:
+    """The atomic output of a run: refuses to replace anything but an earlier infer.py output,
+    and any output that is, holds or lies inside one of the ``inputs``."""
+    try:
+        return OutputFolder(
+            output, "infer.py", inputs=inputs, overwrite=overwrite, legacy=_legacy_output
+        )
+    except OutputFolderError as error:
+        raise InferError(error.path, error.message) from None
 
 
 def _save_png(image: Tensor, path: Path) -> None:
@@ -257,23 +265,24 @@ def _pop_model_override(argv: list[str]) -> list[str]:
 
 
 def _pose_free_models() -> list[str]:
-    """Registry tiny models that need no poses as ``model=<name>`` loads them: with the arguments
-    of their default weights when shipped (built on the meta device: no memory, no init)."""
-    from models import create_model, list_models
-    from models.pretrained import available_pretrained, recorded_arguments
+    """Pose-free models that load by name (``model=<name>`` with no ``weights=``): weights shipped
+    in this checkout first, then released weights (downloaded on first use). Read from the
+    pretrained configs: nothing is built."""
+    from models import get_pretrained_cfg, list_models
 
-    shipped = set(available_pretrained())
-    names = []
-    for name in list_models("*_tiny"):
-        try:
-            arguments = recorded_arguments(name, True) if name in shipped else {}
-            with torch.device("meta"):
-                model = create_model(name, **arguments)
-        except Exception:  # a family that cannot build on meta: leave it out of the hint
+    shipped, released = [], []
+    for tag in list_models(pretrained=True):
+        cfg = get_pretrained_cfg(tag)
+        if not cfg.pose_free:
             continue
-        if getattr(model, "pose_free", False):
-            names.append(name)
-    return names
+        default = get_pretrained_cfg(cfg.architecture) == cfg
+        name = cfg.architecture if default else cfg.name
+        if cfg.local_dir is not None:
+            if (REPO_ROOT / cfg.local_dir).is_dir():
+                shipped.append(name)
+        else:
+            released.append(f"{name} (downloads its weights)")
+    return shipped + released
 
 
 def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str, list[str]]:
@@ -437,29 +446,40 @@ def _needs_poses(source: Path, name: str, reason: str) -> InferError:
 
 
 def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
-    """The forward knobs set in ``cfg`` (``compression``, ``iterations``,
-    ``gaussians_per_pixel``, ``max_gaussians``), refused by name when the model's forward does not
-    take them."""
-    accepted = inspect.signature(model.forward).parameters
+    """The inference knobs set in ``cfg`` (``compression``, ``iterations``,
+    ``gaussians_per_pixel``, ``max_gaussians``), checked against what the model's family declares
+    (``models.knobs``: name, type, range); a knob the family does not have is refused by name."""
+    from models.knobs import inference_knobs
+
+    declared = {knob.name: knob for knob in inference_knobs(model)}
     kwargs = {}
     for key in ("compression", "iterations", "gaussians_per_pixel", "max_gaussians"):
         value = cfg.get(key)
         if value is None:
             continue
-        if key not in accepted:
-            raise InferError(f"{key}={value}", f"model {cfg.model} has no {key!r} setting")
-        kwargs[key] = value
-    if "compression" in kwargs and not 0 < float(kwargs["compression"]) <= 1:
-        raise InferError(f"compression={kwargs['compression']}", "must be in (0, 1]")
-    for key in ("iterations", "max_gaussians"):
-        if key in kwargs and int(kwargs[key]) < 0:
-            raise InferError(f"{key}={kwargs[key]}", "must be >= 0")
-    if "gaussians_per_pixel" in kwargs:
-        most = getattr(model, "num_experts", None)
-        value = float(kwargs["gaussians_per_pixel"])
-        if value < 0 or (most is not None and value > most):
-            raise InferError(f"gaussians_per_pixel={value}", f"must be in [0, {most}]")
+        if key not in declared:
+            knobs = ", ".join(sorted(declared)) or "none"
+            raise InferError(
+                f"{key}={value}", f"model {cfg.model} has no {key!r} setting (its knobs: {knobs})"
+            )
+        try:
+            kwargs[key] = declared[key].check(value, model)
+        except ValueError as error:
+            raise InferError(f"{key}={value}", str(error).split(": ", 1)[-1]) from None
     return kwargs
+
+
+def _check_count(cfg: DictConfig, key: str) -> None:
+    """A count setting must be a positive whole number (``None`` = the default) — ``iterations``
+    may be 0."""
+    value = cfg.get(key)
+    if value is None:
+        return
+    minimum = 0 if key == "iterations" else 1
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+        raise InferError(f"{key}={value}", f"must be a whole number >= {minimum}")
+    if int(value) < minimum:
+        raise InferError(f"{key}={value}", f"must be at least {minimum}")
 
 
 def _image_size(cfg: DictConfig, model: torch.nn.Module) -> int:
@@ -527,11 +547,6 @@ def _camera_entry(pose: Tensor, k_pixels: Tensor, size: tuple[int, int]) -> dict
     }
 
 
-def _psnr(a: Tensor, b: Tensor) -> float:
-    mse = (a.clamp(0, 1) - b.clamp(0, 1)).square().mean().clamp_min(1e-10)
-    return float(-10 * torch.log10(mse))
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -542,6 +557,7 @@ def run(cfg: DictConfig) -> Path:
         InferError, DataError, PretrainedError: bad input (one line naming the path).
     """
     from models.cameras import intrinsics_to_pixels
+    from models.metrics import psnr
 
     timer = _Timer()
     total_start = time.perf_counter()
@@ -551,13 +567,16 @@ def run(cfg: DictConfig) -> Path:
     output = Path(str(cfg.output)).expanduser()
     source = Path(str(cfg.input)).expanduser()
     overwrite = bool(cfg.overwrite)
-    _check_output(output, overwrite)
     if not source.exists():
         raise InferError(source, "input not found")
-    if output.resolve() == source.resolve() or source.resolve() in output.resolve().parents:
-        raise InferError(output, "output must not be inside the input")
-    if int(cfg.orbit_frames) < 1 or int(cfg.fps) < 1:
-        raise InferError(f"orbit_frames={cfg.orbit_frames}", "orbit_frames and fps must be >= 1")
+    inputs = [source] + [
+        Path(str(value)).expanduser()
+        for value in (cfg.get("cameras"), cfg.get("weights"))
+        if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
+    ]
+    folder = output_folder(output, inputs, overwrite)
+    for key in ("views", "orbit_frames", "fps", "image_size", "max_gaussians", "iterations"):
+        _check_count(cfg, key)
     device = choose_device(str(cfg.device))
     if cfg.backend not in ("auto", "torch", "gsplat"):
         raise InferError(f"backend={cfg.backend}", "must be auto, torch or gsplat")
@@ -618,10 +637,7 @@ def run(cfg: DictConfig) -> Path:
     known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
     render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(images.names)]
 
-    staging: Path | None = None
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with folder as staging:
         with timer("save_ply"):
             gaussians.save_ply(staging / "gaussians.ply")
 
@@ -632,7 +648,7 @@ def run(cfg: DictConfig) -> Path:
         (staging / "renders").mkdir()
         for i, image in zip(known, rendered):
             _save_png(image, staging / "renders" / render_names[i])
-        input_psnr = [_psnr(r, images.images[i]) for i, r in zip(known, rendered)]
+        input_psnr = [psnr(r, images.images[i]) for i, r in zip(known, rendered)]
 
         frames = int(cfg.orbit_frames)
         if len(known) >= 2:
@@ -712,12 +728,6 @@ def run(cfg: DictConfig) -> Path:
             "warnings": notes,
         }
         (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        _check_output(output, overwrite)  # nothing appeared there meanwhile
-        _publish(staging, output)
-        staging = None
-    finally:
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     print(
         f"{output}: {count} Gaussians from {views} view(s) with {cfg.model} "
         f"in {timer.stages['total']:.1f} s on {device}"
@@ -731,14 +741,18 @@ def run_cli(cfg: DictConfig) -> int:
         with open_dict(cfg):
             cfg.model = _MODEL_OVERRIDE[-1]
     try:
-        run(cfg)
-    except (InferError, DataError, PretrainedError) as error:
+        output = run(cfg)
+    except (InferError, DataError, PretrainedError, OutputFolderError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     finally:
         while _TEMPORARY_FILES:
             with contextlib.suppress(OSError):
                 os.remove(_TEMPORARY_FILES.pop())
+    if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
+        from view import serve_cli
+
+        return serve_cli([str(output), f"device={cfg.device}"])
     return 0
 
 
@@ -749,7 +763,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
 
     model = [a.split("=", 1)[1] for a in overrides if a.startswith("model=")]
-    rest = [a for a in overrides if not a.startswith("model=")]
+    rest = quote_path_arguments([a for a in overrides if not a.startswith("model=")])
     with initialize_config_dir(
         version_base="1.3", config_dir=str(REPO_ROOT / "configs"), job_name="infer"
     ):
@@ -768,6 +782,36 @@ def main(cfg: DictConfig) -> None:
         sys.exit(status)
 
 
+def help_text(config: Path = REPO_ROOT / "configs" / "infer.yaml") -> str:
+    """``--help``: the usage and every setting with its default and the explanation written
+    above it in ``configs/infer.yaml`` (Hydra's own help shows the values without them)."""
+    lines = config.read_text(encoding="utf-8").splitlines()
+    header = [line[2:] for line in lines if line.startswith("# ")][:4]
+    rows, comment = [], []
+    for line in lines:
+        if line.startswith("hydra:"):
+            break
+        if line.startswith("#"):
+            comment.append(line.lstrip("# ").rstrip())
+        elif line and not line.startswith((" ", "-", "defaults")) and ":" in line:
+            key, _, value = line.partition(":")
+            rows.append((f"{key}={value.strip() or '...'}", " ".join(comment)))
+            comment = []
+        else:
+            comment = []
+    width = max(len(key) for key, _ in rows)
+    body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
+    notes = [
+        "",
+        "??? marks a required setting. Paths may hold any character (quote them for your shell).",
+        "Models: python -c 'import models; print(models.list_models(pretrained=True))'",
+    ]
+    return "\n".join([*header, "", "Settings:", *body, *notes])
+
+
 if __name__ == "__main__":
-    sys.argv[1:] = _pop_model_override(sys.argv[1:])
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(help_text())
+        sys.exit(0)
+    sys.argv[1:] = quote_path_arguments(_pop_model_override(sys.argv[1:]))
     main()

@@ -75,7 +75,9 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from ..gaussians import Gaussians
 from ..heads import GaussianHead, free_mean_activation
+from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformerBlock
+from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 from ..wavelet import WAVELETS, detail_bands, detail_energy
 from .pixel_aligned import rigid_fit
@@ -825,6 +827,23 @@ class SplatWeaver(SplatModel):
         return ModelOutput(gaussians=gaussians, extras=extras)
 
 
+# Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone
+# and DPT features do not depend on the budget (it shifts the router's logits) and are reused.
+INFERENCE_KNOBS = (
+    Knob(
+        "gaussians_per_pixel",
+        "float",
+        low=0.0,
+        high=None,
+        high_attr="num_experts",
+        step=0.05,
+        help="at most this many Gaussians per pixel on average: the router's choice shifted "
+        "towards cheaper experts, keeping its ranking of pixels (off: as routed)",
+    ),
+    MAX_GAUSSIANS,
+)
+KNOB_FREE_MODULES = ("backbone", "dpt")
+
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(
     size="tiny",
@@ -883,3 +902,21 @@ def splatweaver_small(**kwargs) -> SplatWeaver:
 def splatweaver_base(**kwargs) -> SplatWeaver:
     """SplatWeaver on a ViT-B/14 (DINOv2-compatible) backbone."""
     return SplatWeaver(**{**_BASE, **kwargs})
+
+
+register_pretrained_cfgs(
+    {
+        "splatweaver_tiny.synthetic64": PretrainedCfg(
+            local_dir="checkpoints/splatweaver_tiny",
+            license="Apache-2.0",
+            source="trained by this project (checkpoints/README.md): experiment=synthetic_splatweaver (posed=true), 814 steps (30 min)",
+            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
+            input_size=(64, 64),
+            views=2,
+            pose_free=False,
+            metrics={"synthetic64/psnr": 20.36, "synthetic64/ssim": 0.613},
+            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
+            notes="a 30-CPU-minute demo and test model, not a converged one",
+        ),
+    }
+)

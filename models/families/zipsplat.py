@@ -72,6 +72,8 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_embedding, unproject
 from ..heads import GaussianHead
 from ..kmeans import cluster_count, kmeans_select
+from ..knobs import MAX_GAUSSIANS, Knob
+from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 
 __all__ = [
@@ -683,6 +685,24 @@ class ZipSplat(SplatModel):
         return ModelOutput(gaussians=gaussians, extras=extras)
 
 
+# Inference knobs (models.knobs): the cluster ratio, and every family's max_gaussians. The backbone
+# sees only the images (and the camera prior, not a knob), so a re-run with another ratio reuses it.
+INFERENCE_KNOBS = (
+    Knob(
+        "compression",
+        "float",
+        low=0.0,
+        high=1.0,
+        step=0.01,
+        low_open=True,
+        default_attr="compression",
+        help="cluster ratio r: k-means keeps r of the tokens as scene tokens, each decoding "
+        "gaussians_per_token Gaussians (fewer tokens, fewer Gaussians)",
+    ),
+    MAX_GAUSSIANS,
+)
+KNOB_FREE_MODULES = ("backbone",)
+
 # ---------------------------------------------------------------------- registry entries
 # At r = 1 each scene token decodes G Gaussians for a patch of p^2 pixels: tiny 64 px / 10 = 6.4x
 # fewer Gaussians than pixels, the DINOv2 sizes 196 px / 32 = 6.1x (the paper's ratio).
@@ -747,3 +767,21 @@ def zipsplat_base(**kwargs) -> ZipSplat:
 def zipsplat_large(**kwargs) -> ZipSplat:
     """ZipSplat on a ViT-L/14 (DINOv2-compatible) backbone."""
     return ZipSplat(**{**_LARGE, **kwargs})
+
+
+register_pretrained_cfgs(
+    {
+        "zipsplat_tiny.synthetic64": PretrainedCfg(
+            local_dir="checkpoints/zipsplat_tiny",
+            license="Apache-2.0",
+            source="trained by this project (checkpoints/README.md): experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose refinement",
+            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
+            input_size=(64, 64),
+            views=2,
+            pose_free=True,
+            metrics={"synthetic64/psnr": 18.72, "synthetic64/ssim": 0.521},
+            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
+            notes="a 30-CPU-minute demo and test model, not a converged one",
+        ),
+    }
+)
