@@ -32,7 +32,6 @@ __all__ = [
     "CpuRasterizerUnavailable",
     "SUPPORTED_DTYPES",
     "cpu_rasterizer_error",
-    "project_elementwise",
     "rasterize_cpu",
     "render_cpu",
 ]
@@ -201,98 +200,6 @@ def rasterize_cpu(
         means2d, conics, colors, opacities, depths, radii, int(height), int(width), int(tile_size)
     )
 
-def project_elementwise(
-    means: Tensor,
-    scales: Tensor,
-    rotations: Tensor,
-    opacities: Tensor,
-    view_matrices: Tensor,
-    intrinsics_px: Tensor,
-    image_shape: tuple[int, int],
-    near: float | Tensor,
-    far: float | Tensor,
-):
-    """:func:`models.render.project_gaussians` (with opacities) written with elementwise ops.
-
-    The same EWA projection, culling and opacity-aware boxes, but each 3x3 product is spelled
-    out on ``[B, V, N]`` tensors instead of batched matrix products of tiny matrices, which on
-    CPUs costs several times less (forward and backward). Autograd differentiates through it,
-    camera poses included.
-
-    Returns:
-        A :class:`models.render.Projection`.
-    """
-    from .render import ALPHA_THRESHOLD, BOX_EXTEND, EPS2D, Projection, _per_view
-
-    height, width = image_shape
-    w = view_matrices[..., :3, :3].unsqueeze(-1)  # [B, V, 3, 3, 1]: w[..., i, j, :] -> [B, V, 1]
-    t = view_matrices[..., :3, 3].unsqueeze(-1)  # [B, V, 3, 1]
-    mx, my, mz = means[:, None].unbind(-1)  # [B, 1, N] each
-    x = w[:, :, 0, 0] * mx + w[:, :, 0, 1] * my + w[:, :, 0, 2] * mz + t[:, :, 0]  # [B, V, N]
-    y = w[:, :, 1, 0] * mx + w[:, :, 1, 1] * my + w[:, :, 1, 2] * mz + t[:, :, 1]
-    z = w[:, :, 2, 0] * mx + w[:, :, 2, 1] * my + w[:, :, 2, 2] * mz + t[:, :, 2]
-    depth_ok = (z >= _per_view(near, z)) & (z <= _per_view(far, z))
-    z_safe = torch.where(depth_ok, z, torch.ones_like(z))
-
-    # World covariance M M^T with M = R diag(s): 6 entries [B, 1, N].
-    qw, qx, qy, qz = torch.nn.functional.normalize(rotations, dim=-1)[:, None].unbind(-1)
-    sx, sy, sz = scales[:, None].unbind(-1)
-    m = [
-        [(1 - 2 * (qy * qy + qz * qz)) * sx, 2 * (qx * qy - qw * qz) * sy, 2 * (qx * qz + qw * qy) * sz],
-        [2 * (qx * qy + qw * qz) * sx, (1 - 2 * (qx * qx + qz * qz)) * sy, 2 * (qy * qz - qw * qx) * sz],
-        [2 * (qx * qz - qw * qy) * sx, 2 * (qy * qz + qw * qx) * sy, (1 - 2 * (qx * qx + qy * qy)) * sz],
-    ]  # fmt: skip
-
-    def dot3(u, v):
-        return u[0] * v[0] + u[1] * v[1] + u[2] * v[2]
-
-    # Rows of W M ([B, V, N]), then the camera covariance (W M)(W M)^T.
-    wm = [[dot3([w[:, :, i, k] for k in range(3)], [m[k][j] for k in range(3)]) for j in range(3)]
-          for i in range(3)]  # fmt: skip
-    cov = {(i, j): dot3(wm[i], wm[j]) for i in range(3) for j in range(i, 3)}
-
-    fx = intrinsics_px[..., 0, 0, None]  # [B, V, 1]
-    fy = intrinsics_px[..., 1, 1, None]
-    cx = intrinsics_px[..., 0, 2, None]
-    cy = intrinsics_px[..., 1, 2, None]
-    tan_fovx = 0.5 * width / fx
-    tan_fovy = 0.5 * height / fy
-    lim_x_pos = (width - cx) / fx + 0.3 * tan_fovx
-    lim_x_neg = cx / fx + 0.3 * tan_fovx
-    lim_y_pos = (height - cy) / fy + 0.3 * tan_fovy
-    lim_y_neg = cy / fy + 0.3 * tan_fovy
-    # The same expressions as project_gaussians where it is elementwise (same rounding).
-    tx = z_safe * torch.maximum(torch.minimum(x / z_safe, lim_x_pos), -lim_x_neg)
-    ty = z_safe * torch.maximum(torch.minimum(y / z_safe, lim_y_pos), -lim_y_neg)
-    # J = [[j00, 0, j02], [0, j11, j12]]
-    z2 = z_safe * z_safe
-    j00, j11 = fx / z_safe, fy / z_safe
-    j02, j12 = -fx * tx / z2, -fy * ty / z2
-    c00, c01, c02 = cov[0, 0], cov[0, 1], cov[0, 2]
-    c11, c12, c22 = cov[1, 1], cov[1, 2], cov[2, 2]
-    c_xx = j00 * (j00 * c00 + j02 * c02) + j02 * (j00 * c02 + j02 * c22) + EPS2D
-    c_yy = j11 * (j11 * c11 + j12 * c12) + j12 * (j11 * c12 + j12 * c22) + EPS2D
-    c_xy = j00 * (j11 * c01 + j12 * c02) + j02 * (j11 * c12 + j12 * c22)
-    det = c_xx * c_yy - c_xy * c_xy
-    det_ok = det > 0
-    det = torch.where(det_ok, det, torch.ones_like(det))
-    conics = torch.stack([c_yy / det, -c_xy / det, c_xx / det], dim=-1)  # [B, V, N, 3]
-    means2d = torch.stack([fx * x / z_safe + cx, fy * y / z_safe + cy], dim=-1)  # [B, V, N, 2]
-
-    with torch.no_grad():
-        opacity = opacities[:, None, :].expand_as(z)
-        valid = depth_ok & det_ok & (opacity >= ALPHA_THRESHOLD)
-        ratio = (opacity / ALPHA_THRESHOLD).clamp_min(1.0)
-        extend = torch.sqrt(2.0 * torch.log(ratio)).clamp_max(BOX_EXTEND)
-        radius_x = torch.ceil(extend * torch.sqrt(c_xx.clamp_min(0)))
-        radius_y = torch.ceil(extend * torch.sqrt(c_yy.clamp_min(0)))
-        valid &= (radius_x > 0) | (radius_y > 0)
-        u, v = means2d.detach().unbind(-1)
-        valid &= (u + radius_x > 0) & (u - radius_x < width)
-        valid &= (v + radius_y > 0) & (v - radius_y < height)
-        radii = (torch.stack([radius_x, radius_y], dim=-1) * valid[..., None]).to(torch.int32)
-    return Projection(means2d, conics, z, radii, valid)
-
 
 def render_cpu(
     gaussians,
@@ -306,19 +213,19 @@ def render_cpu(
 ):
     """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``)."""
     from .cameras import intrinsics_to_pixels, world_to_camera
-    from .render import RenderOutput
+    from .render import RenderOutput, project_gaussians
     from .sh import eval_sh
 
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
-    projection = project_elementwise(
+    projection = project_gaussians(
         gaussians.means,
         gaussians.scales,
         gaussians.rotations,
-        gaussians.opacities,
         world_to_camera(extrinsics),
         intrinsics_to_pixels(intrinsics, image_shape),
         image_shape,
+        opacities=gaussians.opacities,
         near=near,
         far=far,
     )
