@@ -75,6 +75,8 @@ def _source_hash() -> str:
 
 def _build() -> None:
     """Compile (or reuse) the extension and load it into ``torch.ops.splatzoo_cpu``."""
+    if _loaded():
+        return  # a second load would register the operator namespace twice (abort)
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise CpuRasterizerUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
@@ -107,8 +109,17 @@ def _build() -> None:
         raise CpuRasterizerUnavailable(
             f"its build failed ({first}; the log is in {build_dir})"
         ) from None
-    if not hasattr(torch.ops.splatzoo_cpu, "forward"):
+    if not _loaded():
         raise CpuRasterizerUnavailable("the built library registers no splatzoo_cpu.forward")
+
+
+def _loaded() -> bool:
+    """Whether ``torch.ops.splatzoo_cpu`` is registered in this process."""
+    try:
+        torch.ops.splatzoo_cpu.forward  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 @functools.cache

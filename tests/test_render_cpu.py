@@ -8,8 +8,13 @@ sets, masks, Gaussians behind the camera, gradcheck) also run against ``backend=
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import shutil
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +26,7 @@ from models.render import render
 
 NAMES = ("means", "scales", "rotations", "opacities", "harmonics")
 render_module = importlib.import_module("models.render")  # models.render is also the function
+REPO = Path(__file__).resolve().parents[1]
 
 
 def toolchain_present() -> bool:
@@ -158,14 +164,40 @@ def test_failed_build_falls_back_to_torch_with_one_warning(failed_build):
         render(g, extrinsics, intrinsics, (24, 24), backend="cpu")
 
 
-def test_missing_compiler_is_reported(monkeypatch, fresh_build_state):
-    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
-    error = render_cpu.cpu_rasterizer_error(torch.float32)
-    assert error == "no C++ compiler ('no-such-compiler-xyz' is not on PATH)"
-    g = random_gaussians(1, 20)
-    extrinsics, intrinsics = cameras(1, 1)
-    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
-        render(g, extrinsics, intrinsics, (16, 16))
+def test_missing_compiler_is_reported(tmp_path):
+    # A fresh process (the library is not loaded yet) and an empty extension cache.
+    script = (
+        "import json, warnings\n"
+        "from models.render import render\n"
+        "from test_render import cameras, random_gaussians\n"
+        "g = random_gaussians(1, 20)\n"
+        "e, k = cameras(1, 1)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    render(g, e, k, (16, 16)); render(g, e, k, (16, 16))\n"
+        "print(json.dumps([str(w.message) for w in caught if 'rasteriser' in str(w.message)]))\n"
+        "try:\n"
+        "    render(g, e, k, (16, 16), backend='cpu')\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+    )
+    env = {
+        **os.environ,
+        "CXX": "no-such-compiler-xyz",
+        "TORCH_EXTENSIONS_DIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    warned, raised = result.stdout.strip().splitlines()[-2:]
+    reason = "no C++ compiler ('no-such-compiler-xyz' is not on PATH)"
+    assert json.loads(warned) == [  # one warning for two renders
+        f"the compiled CPU rasteriser is not used ({reason}); rendering with the PyTorch one"
+    ]
+    assert raised == f"backend='cpu' is not available: {reason}"
+    assert not any(tmp_path.iterdir())  # nothing was built
 
 
 def test_unsupported_dtype_falls_back_with_a_warning(monkeypatch):
