@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 __all__ = [
     "CpuRasterizerUnavailable",
@@ -157,6 +158,7 @@ class _Rasterize(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         *inputs, radii, offsets, ids, t_final, last = ctx.saved_tensors
         height, width, tile = ctx.shape

@@ -2,7 +2,8 @@
 //
 // The arithmetic of one (pixel, Gaussian) evaluation follows the torch backend of
 // models/render.py operation by operation (built with -ffp-contract=off, so no fused
-// multiply-adds), so both make the same skip and stop decisions:
+// multiply-adds); only exp differs (Cephes' here, Sleef's in torch, both about 1 ulp), so both
+// make the same skip and stop decisions except within rounding of a threshold:
 //   d = mean - pixel centre,  -sigma = ((-c/2) dy) dy + ((-a/2) dx) dx + dy ((-b) dx),
 //   alpha = min(o exp(max(-sigma, -20)), 0.999),  skipped when sigma < 0 or alpha < 1/255,
 //   a pixel stops at the first Gaussian that takes its transmittance to 1e-4 or below (that
