@@ -578,10 +578,19 @@ def run(cfg: DictConfig) -> Path:
     for key in ("views", "orbit_frames", "fps", "image_size", "max_gaussians", "iterations"):
         _check_count(cfg, key)
     device = choose_device(str(cfg.device))
-    if cfg.backend not in ("auto", "torch", "gsplat"):
-        raise InferError(f"backend={cfg.backend}", "must be auto, torch or gsplat")
+    if cfg.backend not in ("auto", "torch", "gsplat", "cpu"):
+        raise InferError(f"backend={cfg.backend}", "must be auto, torch, gsplat or cpu")
     if cfg.backend == "gsplat" and device.type != "cuda":
         raise InferError("backend=gsplat", f"needs a CUDA device (device is {device})")
+    if cfg.backend == "cpu" and device.type != "cpu":
+        raise InferError("backend=cpu", f"needs device=cpu (device is {device})")
+    if cfg.backend == "cpu":
+        from models.render_cpu import cpu_rasterizer_error
+
+        if (error := cpu_rasterizer_error()) is not None:
+            raise InferError(
+                "backend=cpu", f"the compiled CPU rasteriser is not available: {error}"
+            )
     torch.manual_seed(int(cfg.seed))
 
     with timer("load_model"):
