@@ -12,6 +12,7 @@ import csv
 import json
 import math
 import os
+import sys
 
 import hydra
 import lightning as L
@@ -19,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from models.cli import UserError, exit_on_user_error, instantiate_group
+from models.command_line import quote_path_arguments
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -66,7 +68,7 @@ def print_table(summary: dict[str, float], scenes: int) -> None:
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     from models.pretrained import load_pretrained
 
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):
         cfg.model.refine_target_poses = cfg.refine_target_poses
         cfg.model.eval_kwargs = cfg.eval_kwargs
@@ -104,4 +106,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
+    sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     main()

@@ -31,7 +31,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -51,6 +50,8 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another fo
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import DataError  # noqa: E402
+from models.command_line import quote_path_arguments  # noqa: E402
+from models.output_folder import OutputFolder, OutputFolderError  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
 __all__ = [
@@ -113,22 +114,30 @@ def choose_device(spec: str) -> torch.device:
     return device
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise InferError(output, "exists and is not a folder")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise InferError(output, "already holds files (pass overwrite=true to replace them)")
+# What an infer.py output folder written before the output marker existed may hold.
+_INFER_ENTRIES = ("gaussians.ply", "cameras.json", "renders", "path", "path.mp4", "summary.json")
 
 
-def _publish(staging: Path, output: Path) -> None:
-    """Move the finished ``staging`` folder to ``output`` (replacing an old one)."""
-    if output.exists():
-        backup = output.with_name(f".{output.name}.old-{os.getpid()}")
-        output.rename(backup)
-        staging.rename(output)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        staging.rename(output)
+def _legacy_output(folder: Path) -> tuple[str, ...] | None:
+    """The entries of an older infer.py output (it has our ``summary.json``), else ``None``."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and {"gaussians", "timings_s", "model"} <= summary.keys():
+        return _INFER_ENTRIES
+    return None
+
+
+def output_folder(output: Path, inputs: list[Path], overwrite: bool) -> OutputFolder:
+    """The atomic output of a run: refuses to replace anything but an earlier infer.py output,
+    and any output that is, holds or lies inside one of the ``inputs``."""
+    try:
+        return OutputFolder(
+            output, "infer.py", inputs=inputs, overwrite=overwrite, legacy=_legacy_output
+        )
+    except OutputFolderError as error:
+        raise InferError(error.path, error.message) from None
 
 
 def _save_png(image: Tensor, path: Path) -> None:
@@ -275,23 +284,24 @@ def _pop_model_override(argv: list[str]) -> list[str]:
 
 
 def _pose_free_models() -> list[str]:
-    """Registry tiny models that need no poses as ``model=<name>`` loads them: with the arguments
-    of their default weights when shipped (built on the meta device: no memory, no init)."""
-    from models import create_model, list_models
-    from models.pretrained import available_pretrained, recorded_arguments
+    """Pose-free models that load by name (``model=<name>`` with no ``weights=``): weights shipped
+    in this checkout first, then released weights (downloaded on first use). Read from the
+    pretrained configs: nothing is built."""
+    from models import get_pretrained_cfg, list_models
 
-    shipped = set(available_pretrained())
-    names = []
-    for name in list_models("*_tiny"):
-        try:
-            arguments = recorded_arguments(name, True) if name in shipped else {}
-            with torch.device("meta"):
-                model = create_model(name, **arguments)
-        except Exception:  # a family that cannot build on meta: leave it out of the hint
+    shipped, released = [], []
+    for tag in list_models(pretrained=True):
+        cfg = get_pretrained_cfg(tag)
+        if not cfg.pose_free:
             continue
-        if getattr(model, "pose_free", False):
-            names.append(name)
-    return names
+        default = get_pretrained_cfg(cfg.architecture) == cfg
+        name = cfg.architecture if default else cfg.name
+        if cfg.local_dir is not None:
+            if (REPO_ROOT / cfg.local_dir).is_dir():
+                shipped.append(name)
+        else:
+            released.append(f"{name} (downloads its weights)")
+    return shipped + released
 
 
 def load_model(cfg: DictConfig) -> tuple[torch.nn.Module, str, list[str]]:
@@ -441,6 +451,19 @@ def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _check_count(cfg: DictConfig, key: str) -> None:
+    """A count setting must be a positive whole number (``None`` = the default) — ``iterations``
+    may be 0."""
+    value = cfg.get(key)
+    if value is None:
+        return
+    minimum = 0 if key == "iterations" else 1
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+        raise InferError(f"{key}={value}", f"must be a whole number >= {minimum}")
+    if int(value) < minimum:
+        raise InferError(f"{key}={value}", f"must be at least {minimum}")
+
+
 def _image_size(cfg: DictConfig, model: torch.nn.Module) -> int:
     if cfg.image_size is not None:
         size = int(cfg.image_size)
@@ -530,13 +553,16 @@ def run(cfg: DictConfig) -> Path:
     output = Path(str(cfg.output)).expanduser()
     source = Path(str(cfg.input)).expanduser()
     overwrite = bool(cfg.overwrite)
-    _check_output(output, overwrite)
     if not source.exists():
         raise InferError(source, "input not found")
-    if output.resolve() == source.resolve() or source.resolve() in output.resolve().parents:
-        raise InferError(output, "output must not be inside the input")
-    if int(cfg.orbit_frames) < 1 or int(cfg.fps) < 1:
-        raise InferError(f"orbit_frames={cfg.orbit_frames}", "orbit_frames and fps must be >= 1")
+    inputs = [source] + [
+        Path(str(value)).expanduser()
+        for value in (cfg.get("cameras"), cfg.get("weights"))
+        if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
+    ]
+    folder = output_folder(output, inputs, overwrite)
+    for key in ("views", "orbit_frames", "fps", "image_size", "max_gaussians", "iterations"):
+        _check_count(cfg, key)
     device = choose_device(str(cfg.device))
     if cfg.backend not in ("auto", "torch", "gsplat"):
         raise InferError(f"backend={cfg.backend}", "must be auto, torch or gsplat")
@@ -597,10 +623,7 @@ def run(cfg: DictConfig) -> Path:
     known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
     render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(images.names)]
 
-    staging: Path | None = None
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with folder as staging:
         with timer("save_ply"):
             gaussians.save_ply(staging / "gaussians.ply")
 
@@ -695,12 +718,6 @@ def run(cfg: DictConfig) -> Path:
         if cardinality is not None:
             summary["cardinality"] = cardinality
         (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        _check_output(output, overwrite)  # nothing appeared there meanwhile
-        _publish(staging, output)
-        staging = None
-    finally:
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     print(
         f"{output}: {count} Gaussians from {views} view(s) with {cfg.model} "
         f"in {timer.stages['total']:.1f} s on {device}"
@@ -715,7 +732,7 @@ def run_cli(cfg: DictConfig) -> int:
             cfg.model = _MODEL_OVERRIDE[-1]
     try:
         run(cfg)
-    except (InferError, DataError, PretrainedError) as error:
+    except (InferError, DataError, PretrainedError, OutputFolderError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     finally:
@@ -732,7 +749,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
 
     model = [a.split("=", 1)[1] for a in overrides if a.startswith("model=")]
-    rest = [a for a in overrides if not a.startswith("model=")]
+    rest = quote_path_arguments([a for a in overrides if not a.startswith("model=")])
     with initialize_config_dir(
         version_base="1.3", config_dir=str(REPO_ROOT / "configs"), job_name="infer"
     ):
@@ -751,6 +768,36 @@ def main(cfg: DictConfig) -> None:
         sys.exit(status)
 
 
+def help_text(config: Path = REPO_ROOT / "configs" / "infer.yaml") -> str:
+    """``--help``: the usage and every setting with its default and the explanation written
+    above it in ``configs/infer.yaml`` (Hydra's own help shows the values without them)."""
+    lines = config.read_text(encoding="utf-8").splitlines()
+    header = [line[2:] for line in lines if line.startswith("# ")][:4]
+    rows, comment = [], []
+    for line in lines:
+        if line.startswith("hydra:"):
+            break
+        if line.startswith("#"):
+            comment.append(line.lstrip("# ").rstrip())
+        elif line and not line.startswith((" ", "-", "defaults")) and ":" in line:
+            key, _, value = line.partition(":")
+            rows.append((f"{key}={value.strip() or '...'}", " ".join(comment)))
+            comment = []
+        else:
+            comment = []
+    width = max(len(key) for key, _ in rows)
+    body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
+    notes = [
+        "",
+        "??? marks a required setting. Paths may hold any character (quote them for your shell).",
+        "Models: python -c 'import models; print(models.list_models(pretrained=True))'",
+    ]
+    return "\n".join([*header, "", "Settings:", *body, *notes])
+
+
 if __name__ == "__main__":
-    sys.argv[1:] = _pop_model_override(sys.argv[1:])
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(help_text())
+        sys.exit(0)
+    sys.argv[1:] = quote_path_arguments(_pop_model_override(sys.argv[1:]))
     main()

@@ -12,35 +12,50 @@ import sys
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from models.cli import (
     AtomicCheckpointIO,
+    TimeFromNow,
     UserError,
+    check_checkpoint,
+    continued_run,
     exit_on_user_error,
     instantiate_group,
     prepare_logger_config,
     resolve_ckpt_path,
+    resume_safely,
 )
+from models.command_line import quote_path_arguments
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit (and optionally test) the configured model; returns the logged metrics."""
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg)
+    callbacks = []
+    if ckpt_path is not None:
+        check_checkpoint(ckpt_path)  # before Lightning reads it: one line if it is unusable
+        callbacks.append(TimeFromNow())  # trainer.max_time counts from now
+        run = continued_run(ckpt_path, cfg) if cfg.get("ckpt_path") == "last" else None
+        if run is not None:
+            print(f"ckpt_path=last: continuing run {run}", file=sys.stderr)
+            with open_dict(cfg):
+                cfg.paths.output_dir = run  # checkpoints and logs continue in the same run
     prepare_logger_config(cfg)
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     module: L.LightningModule = hydra.utils.instantiate(cfg.model)
-    callbacks = instantiate_group(cfg.get("callbacks"))
+    callbacks += instantiate_group(cfg.get("callbacks"))
     loggers = instantiate_group(cfg.get("logger"))
     trainer: L.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg)
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        with resume_safely():  # nothing in a checkpoint is unpickled as code
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", False):
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
@@ -69,4 +84,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
+    sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     main()

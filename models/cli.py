@@ -15,14 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import lightning as L
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue
 
 __all__ = [
     "UserError",
     "exit_on_user_error",
     "instantiate_group",
     "resolve_ckpt_path",
+    "check_checkpoint",
+    "continued_run",
+    "TimeFromNow",
+    "ResumableCSVLogger",
+    "resume_safely",
     "AtomicCheckpointIO",
     "prepare_logger_config",
 ]
@@ -41,6 +49,10 @@ def exit_on_user_error(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except (UserError, ValueError, FileNotFoundError) as error:
             print(f"error: {_first_line(error)}", file=sys.stderr)
+            sys.exit(2)
+        except MissingMandatoryValue as error:
+            key = getattr(error, "full_key", None) or "a setting"
+            print(f"error: {key}: required; pass {key}=... on the command line", file=sys.stderr)
             sys.exit(2)
         except hydra.errors.InstantiationException as error:
             cause = error.__cause__ or error
@@ -114,6 +126,51 @@ def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig) -> str | None:
     return candidates[-1]
 
 
+def continued_run(ckpt_path: str, cfg: DictConfig) -> str | None:
+    """The run folder a ``ckpt_path=last`` checkpoint belongs to (``<run>/checkpoints/x.ckpt``
+    under this task's runs), when it is not this run's: the resumed run continues there."""
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_path)))
+    runs = os.path.abspath(os.path.join(cfg.paths.log_dir, cfg.task_name, "runs"))
+    if os.path.dirname(folder) != runs or folder == os.path.abspath(cfg.paths.output_dir):
+        return None
+    return folder
+
+
+class TimeFromNow(L.Callback):
+    """On resume, ``trainer.max_time`` counts from now: Lightning's timer restores the time a
+    run already spent, so a resumed run would otherwise stop at once."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightning.pytorch.callbacks import Timer
+
+        # ``setup`` runs before the checkpoint's callback states are restored: the timer then
+        # ignores the elapsed time saved with the checkpoint.
+        for callback in trainer.callbacks:
+            if isinstance(callback, Timer):
+                callback.load_state_dict = lambda state_dict: None
+
+
+def check_checkpoint(path: str) -> None:
+    """Refuse a training checkpoint that ``weights_only=True`` cannot read (a pickle that would
+    run code, a truncated file) before Lightning touches it; one line naming the file."""
+    from models.pretrained import PretrainedError, load_checkpoint_state_dict
+
+    try:
+        load_checkpoint_state_dict(path)
+    except PretrainedError as error:
+        raise UserError(str(error)) from None
+
+
+def resume_safely():
+    """The context in which ``trainer.fit(..., weights_only=True)`` may read this project's
+    checkpoints: the data-only classes they hold (OmegaConf hyper-parameters) allowlisted."""
+    import torch
+
+    from models.pretrained import checkpoint_safe_globals
+
+    return torch.serialization.safe_globals(checkpoint_safe_globals())
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write checkpoints to a temporary file in the same folder, then rename into place.
 
@@ -138,3 +195,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def config_to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's CSV logger without its deletion of an existing ``metrics.csv``: a resumed run
+    appends to the metrics of the run it continues (the header is widened when keys are new)."""
+
+    @property
+    def experiment(self):
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class _AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:  # keep earlier metrics (Lightning deletes them)
+        pass

@@ -38,14 +38,17 @@ FAST = [
 ]
 
 
-def compose_config(name: str, overrides: list[str], tmp: Path) -> DictConfig:
+def compose_config(
+    name: str, overrides: list[str], tmp: Path, out: Path | None = None
+) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
         cfg = compose(name, overrides=overrides, return_hydra_config=True)
+    out = out or tmp / "out"
     with open_dict(cfg):
-        cfg.paths.output_dir = str(tmp / "out")
+        cfg.paths.output_dir = str(out)
         cfg.paths.log_dir = str(tmp / "logs")
-        cfg.hydra.runtime.output_dir = str(tmp / "out")
+        cfg.hydra.runtime.output_dir = str(out)
         cfg.hydra.job.num = 0
     HydraConfig().set_config(cfg)
     return cfg
@@ -232,7 +235,7 @@ def test_unknown_model_lists_valid_names(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_eval_without_ckpt_path_is_hydra_missing_value(tmp_path):
+def test_eval_without_ckpt_path_is_one_line(tmp_path):
     result = subprocess.run(
         [sys.executable, "eval.py", f"hydra.run.dir={tmp_path}"],
         cwd=REPO,
@@ -240,8 +243,83 @@ def test_eval_without_ckpt_path_is_hydra_missing_value(tmp_path):
         text=True,
         timeout=300,
     )
-    assert result.returncode != 0
-    assert "ckpt_path" in result.stderr and "Missing mandatory value" in result.stderr
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == "error: ckpt_path: required; pass ckpt_path=... on the command line"
+    )
+
+
+def test_train_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    ckpt = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {"net.x": torch.zeros(1)}, "payload": Payload()}, ckpt)
+    result = subprocess.run(
+        [sys.executable, "train.py", "model=pixel_aligned", f"ckpt_path={ckpt}",
+         f"hydra.run.dir={tmp_path / 'run'}", "trainer.accelerator=cpu"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: {ckpt}: cannot load checkpoint with weights_only=True")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+def _compose_run(overrides: list[str], tmp: Path, run: str) -> DictConfig:
+    """A train config whose run folder is ``logs/train/runs/<run>`` (as Hydra would make it)."""
+    return compose_config("train.yaml", overrides, tmp, tmp / "logs" / "train" / "runs" / run)
+
+
+def test_resume_continues_the_run_with_time_from_now(data_root, tmp_path):
+    """ckpt_path=last continues in the run it resumes; a new max_time counts from now."""
+    import train
+
+    common = [
+        f"data.root={data_root}",
+        "model=pixel_aligned",
+        "trainer.limit_val_batches=0",
+        "trainer.log_every_n_steps=1",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+        *FAST,
+    ]
+    cfg = _compose_run(
+        [*common, "trainer.max_steps=4", "trainer.max_time=00:01:00:00"], tmp_path, "a"
+    )
+    train.train(cfg)
+    first = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    state = torch.load(first, map_location="cpu", weights_only=True)
+    timers = [k for k in state["callbacks"] if k.startswith("Timer")]
+    assert timers, "the timer's state is saved with the checkpoint"
+    for key in timers:  # pretend the first run already spent two hours
+        state["callbacks"][key]["time_elapsed"] = {
+            "train": 7200.0,
+            "sanity_check": 0.0,
+            "validate": 0.0,
+            "test": 0.0,
+            "predict": 0.0,
+        }
+    torch.save(state, first)
+
+    cfg = _compose_run(
+        [*common, "trainer.max_steps=6", "trainer.max_time=00:00:10:00", "ckpt_path=last"],
+        tmp_path,
+        "b",
+    )
+    train.train(cfg)
+    state = torch.load(first, map_location="cpu", weights_only=True)
+    assert state["global_step"] == 6  # ten more minutes from now, not "time limit reached"
+    assert cfg.paths.output_dir == str(first.parent.parent)  # continued in run "a"
+    assert not (tmp_path / "logs" / "train" / "runs" / "b" / "checkpoints").exists()
+    # The CSV metrics of both parts are in the run's one metrics.csv (Lightning deletes it).
+    import csv
+
+    with open(first.parent.parent / "csv" / "metrics.csv", newline="") as handle:
+        steps = {int(row["step"]) for row in csv.DictReader(handle)}
+    assert min(steps) < 3 and max(steps) >= 4, steps
 
 
 def test_few_steps_lower_the_loss(data_root):

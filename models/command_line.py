@@ -1,0 +1,56 @@
+"""Command-line arguments every entry point shares, before Hydra parses them.
+
+Hydra's override grammar rejects unquoted values with accents, CJK characters, parentheses,
+spaces and the like (``input=café`` is a lexer error), so path-valued arguments are quoted for it
+here: a user types any path their shell passes. Pure Python: no Hydra import.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["PATH_KEYS", "quote_path_arguments"]
+
+# Settings whose values are file system paths (or weights locations), in any entry point.
+PATH_KEYS = frozenset(
+    {
+        "input",
+        "output",
+        "cameras",
+        "weights",
+        "ckpt_path",
+        "data.root",
+        "paths.data_dir",
+        "paths.log_dir",
+        "paths.output_dir",
+        "hydra.run.dir",
+        "hydra.sweep.dir",
+        "model.net.init_checkpoint",
+        "path",
+    }
+)
+
+# A value Hydra reads as a plain string without quotes: no need to touch it.
+_PLAIN = re.compile(r"[A-Za-z0-9_./:@+~-]*")
+
+
+def _quoted(value: str) -> str:
+    """``value`` as one single-quoted Hydra string (quotes and the backslashes before them
+    escaped, as Hydra's grammar wants)."""
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
+
+
+def quote_path_arguments(argv: list[str], keys: frozenset[str] = PATH_KEYS) -> list[str]:
+    """Quote the values of path settings (``key=value``, also ``+key=``/``++key=``) that Hydra
+    would not parse unquoted; other arguments, and values already quoted, pass unchanged."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        bare = key.lstrip("+~")
+        already = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+        if sep and bare in keys and value and not already and not _PLAIN.fullmatch(value):
+            arg = f"{key}={_quoted(value)}"
+        out.append(arg)
+    return out
