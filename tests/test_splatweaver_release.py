@@ -263,15 +263,51 @@ def test_pretrained_cfg_registered() -> None:
     assert "Apache-2.0" in cfg.license and "not verified here" in cfg.metrics_source
 
 
-def test_official_format_folder_loads(tmp_path: Path, tiny_state, tiny_model) -> None:
-    """A file in the release's format (safetensors, bf16 aggregator, config.json beside it)
-    loads through the filter fn into the same weights."""
-    save_file(tiny_state, tmp_path / "model.safetensors")
-    (tmp_path / "config.json").write_text(json.dumps({"encoder_cfg": {}, "decoder_cfg": {}}))
+@pytest.fixture(scope="module")
+def release_folder(tmp_path_factory, tiny_state) -> Path:
+    """The release's Hub layout at the tiny size: model.safetensors (aggregator in bfloat16)
+    and its config.json."""
+    folder = tmp_path_factory.mktemp("release")
+    save_file(tiny_state, folder / "model.safetensors")
+    config = {"encoder_cfg": {"name": "splatweaver", "pose_free": True}, "decoder_cfg": {}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_filter_fn_loads_the_release_file(release_folder, tiny_model) -> None:
+    """The pre-loader path: ``load_state_dict(checkpoint_filter_fn(file, model))``."""
     model = create_model(TINY)
-    model.load_state_dict(checkpoint_filter_fn(load_file(tmp_path / "model.safetensors"), model))
+    model.load_state_dict(
+        checkpoint_filter_fn(load_file(release_folder / "model.safetensors"), model)
+    )
     for key, value in model.state_dict().items():
         assert torch.equal(value, tiny_model.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("which", ["folder", "file"])
+def test_create_model_reads_the_release_format(which, release_folder, tiny_model, official) -> None:
+    """``create_model(arch, pretrained=<release folder or its model.safetensors>)`` maps the
+    release through ``checkpoint_filter_fn``: same weights, same outputs."""
+    location = release_folder if which == "folder" else release_folder / "model.safetensors"
+    model = create_model(TINY, pretrained=str(location))
+    assert not model.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, tiny_model.state_dict()[key]), key
+    context = {"image": official["image"][..., :28, :28]}
+    with torch.no_grad():
+        a = model(context, routing="argmax")
+        b = tiny_model(context, routing="argmax")
+    assert torch.equal(a.gaussians.means, b.gaussians.means)
+
+
+def test_create_model_refuses_another_size(release_folder) -> None:
+    """The tiny release file for a model of another configuration: one line naming the file."""
+    from models.pretrained import PretrainedError
+
+    with pytest.raises(PretrainedError) as info:
+        create_model(TINY, pretrained=str(release_folder), depth=2, out_layers=[0, 1, 1, 1])
+    message = str(info.value)
+    assert str(release_folder) in message and "\n" not in message
 
 
 # --------------------------------------------------------------------------- released size
