@@ -724,8 +724,10 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
 
     Keys lose ``encoder.``; the Gaussian head's parts are renamed (``_HEAD_RENAMES``); the experts'
     last layers and the refiner's input/output layers are permuted from the release's per-Gaussian
-    layout to ``GaussianHead``'s (rotation xyzw -> wxyz, opacity after it); bfloat16 tensors are
-    cast to the model's dtype. ``DROPPED_KEYS`` are consumed and dropped.
+    layout to ``GaussianHead``'s (rotation xyzw -> wxyz, opacity after it). Tensors keep their
+    stored dtype (bfloat16 for the aggregator): ``load_state_dict`` casts while it copies, so no
+    float32 copy of the file is held beside the model (cast first for ``assign=True``).
+    ``DROPPED_KEYS`` are consumed and dropped.
 
     Raises:
         ValueError: one line, when the file is not this release's format or does not match the
@@ -789,7 +791,6 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
                 f"{name}: shape {tuple(value.shape)} in the checkpoint, "
                 f"{tuple(target.shape)} in the model (a different architecture size?)"
             )
-        out[name] = value.to(target.dtype)
     return out
 
 
