@@ -183,6 +183,17 @@ def test_parity_gaussians_with_our_exact_knn(tiny_outputs, official) -> None:
     assert _gaussian_errors(gaussians, official)["means"] <= TOLERANCE
 
 
+def test_exact_knn() -> None:
+    """k-d tree (large N) and brute force agree; fewer points than neighbours: self-filled."""
+    points = torch.rand(5000, 3, generator=torch.Generator().manual_seed(1))
+    tree = exact_knn(points, 9).sort(dim=1).values
+    brute = torch.cdist(points.double(), points.double()).topk(9, largest=False).indices
+    assert torch.equal(tree, brute.sort(dim=1).values)
+    few = exact_knn(torch.rand(3, 3), 9)
+    assert few.shape == (3, 9) and torch.equal(few[:, 3:], torch.arange(3)[:, None].expand(3, 6))
+    assert exact_knn(torch.zeros(0, 3), 9).shape == (0, 9)
+
+
 def test_wavelet_matches_pywavelets_layout() -> None:
     """db2 detail bands: PyWavelets' symmetric border and output size (225 for 448 pixels), zero
     on a constant image, and exactly the 2D separable filter bank on an interior sample."""

@@ -178,7 +178,8 @@ def exact_knn(points: Tensor, k: int) -> Tensor:
             _, nearest = cKDTree(data).query(data, k=found)
             index = torch.from_numpy(nearest.reshape(n, found)).long()
     if index is None:
-        index = brute_force_knn(points[None].detach(), found, chunk=2048)[0]
+        chunk = max(64, min(4096, 2**28 // n))  # ~1 GB of distances at a time
+        index = brute_force_knn(points[None].detach(), found, chunk=chunk)[0]
     if found < k:
         own = torch.arange(n, device=points.device)[:, None].expand(n, k - found)
         index = torch.cat([index, own], dim=1)
