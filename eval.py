@@ -19,7 +19,13 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.cli import UserError, exit_on_user_error, instantiate_group
+from models.cli import (
+    StepProgressBar,
+    UserError,
+    exit_on_user_error,
+    instantiate_group,
+    quiet_third_party,
+)
 from models.command_line import quote_path_arguments
 
 
@@ -78,7 +84,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     net = module.net
     load_pretrained(net, getattr(net, "registry_name", type(net).__name__), cfg.ckpt_path)
     loggers = instantiate_group(cfg.get("logger"))
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False)
+    callbacks = [StepProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []
+    trainer: L.Trainer = hydra.utils.instantiate(
+        cfg.trainer, logger=loggers or False, callbacks=callbacks
+    )
     trainer.test(module, datamodule=datamodule)
     if not module.test_records:
         raise UserError(
@@ -107,4 +116,5 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
+    quiet_third_party()
     main()

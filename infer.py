@@ -27,7 +27,6 @@ read before Hydra, whose ``configs/model`` group holds the training configs).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -426,28 +425,26 @@ def _needs_poses(source: Path, name: str, reason: str) -> InferError:
 
 
 def forward_kwargs(model: torch.nn.Module, cfg: DictConfig) -> dict[str, Any]:
-    """The forward knobs set in ``cfg`` (``compression``, ``iterations``,
-    ``gaussians_per_pixel``, ``max_gaussians``), refused by name when the model's forward does not
-    take them."""
-    accepted = inspect.signature(model.forward).parameters
+    """The inference knobs set in ``cfg`` (``compression``, ``iterations``,
+    ``gaussians_per_pixel``, ``max_gaussians``), checked against what the model's family declares
+    (``models.knobs``: name, type, range); a knob the family does not have is refused by name."""
+    from models.knobs import inference_knobs
+
+    declared = {knob.name: knob for knob in inference_knobs(model)}
     kwargs = {}
     for key in ("compression", "iterations", "gaussians_per_pixel", "max_gaussians"):
         value = cfg.get(key)
         if value is None:
             continue
-        if key not in accepted:
-            raise InferError(f"{key}={value}", f"model {cfg.model} has no {key!r} setting")
-        kwargs[key] = value
-    if "compression" in kwargs and not 0 < float(kwargs["compression"]) <= 1:
-        raise InferError(f"compression={kwargs['compression']}", "must be in (0, 1]")
-    for key in ("iterations", "max_gaussians"):
-        if key in kwargs and int(kwargs[key]) < 0:
-            raise InferError(f"{key}={kwargs[key]}", "must be >= 0")
-    if "gaussians_per_pixel" in kwargs:
-        most = getattr(model, "num_experts", None)
-        value = float(kwargs["gaussians_per_pixel"])
-        if value < 0 or (most is not None and value > most):
-            raise InferError(f"gaussians_per_pixel={value}", f"must be in [0, {most}]")
+        if key not in declared:
+            knobs = ", ".join(sorted(declared)) or "none"
+            raise InferError(
+                f"{key}={value}", f"model {cfg.model} has no {key!r} setting (its knobs: {knobs})"
+            )
+        try:
+            kwargs[key] = declared[key].check(value, model)
+        except ValueError as error:
+            raise InferError(f"{key}={value}", str(error).split(": ", 1)[-1]) from None
     return kwargs
 
 
@@ -529,11 +526,6 @@ def _camera_entry(pose: Tensor, k_pixels: Tensor, size: tuple[int, int]) -> dict
     }
 
 
-def _psnr(a: Tensor, b: Tensor) -> float:
-    mse = (a.clamp(0, 1) - b.clamp(0, 1)).square().mean().clamp_min(1e-10)
-    return float(-10 * torch.log10(mse))
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -544,6 +536,7 @@ def run(cfg: DictConfig) -> Path:
         InferError, DataError, PretrainedError: bad input (one line naming the path).
     """
     from models.cameras import intrinsics_to_pixels
+    from models.metrics import psnr
 
     timer = _Timer()
     total_start = time.perf_counter()
@@ -634,7 +627,7 @@ def run(cfg: DictConfig) -> Path:
         (staging / "renders").mkdir()
         for i, image in zip(known, rendered):
             _save_png(image, staging / "renders" / render_names[i])
-        input_psnr = [_psnr(r, images.images[i]) for i, r in zip(known, rendered)]
+        input_psnr = [psnr(r, images.images[i]) for i, r in zip(known, rendered)]
         cardinality = None
         if isinstance(pred.extras.get("routing_map"), Tensor):  # MoE-cardinality models
             cardinality = _save_cardinality(
@@ -731,7 +724,7 @@ def run_cli(cfg: DictConfig) -> int:
         with open_dict(cfg):
             cfg.model = _MODEL_OVERRIDE[-1]
     try:
-        run(cfg)
+        output = run(cfg)
     except (InferError, DataError, PretrainedError, OutputFolderError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
@@ -739,6 +732,10 @@ def run_cli(cfg: DictConfig) -> int:
         while _TEMPORARY_FILES:
             with contextlib.suppress(OSError):
                 os.remove(_TEMPORARY_FILES.pop())
+    if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
+        from view import serve_cli
+
+        return serve_cli([str(output), f"device={cfg.device}"])
     return 0
 
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from models.cli import (
     AtomicCheckpointIO,
+    StepProgressBar,
     TimeFromNow,
     UserError,
     check_checkpoint,
@@ -23,6 +24,7 @@ from models.cli import (
     exit_on_user_error,
     instantiate_group,
     prepare_logger_config,
+    quiet_third_party,
     resolve_ckpt_path,
     resume_safely,
 )
@@ -46,6 +48,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     module: L.LightningModule = hydra.utils.instantiate(cfg.model)
     callbacks += instantiate_group(cfg.get("callbacks"))
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(StepProgressBar())
     loggers = instantiate_group(cfg.get("logger"))
     trainer: L.Trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
@@ -85,4 +89,5 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
+    quiet_third_party()
     main()

@@ -21,7 +21,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from datamodules.samplers import load_evaluation_index  # noqa: E402
 from models import Gaussians, render  # noqa: E402
-from models.lightning_module import psnr_per_image, ssim_per_image  # noqa: E402
+from models.metrics import lpips_inputs, psnr_per_image, ssim_per_image  # noqa: E402
 from models.pretrained import load_model  # noqa: E402
 
 __all__ = [
@@ -153,7 +153,6 @@ def score_targets(
         "gaussians": gaussians.count().to(images.dtype),
     }
     if lpips is not None:
-        p = out.color.flatten(0, 1).clamp(0, 1) * 2 - 1
-        t = images.flatten(0, 1).clamp(0, 1) * 2 - 1
+        p, t = lpips_inputs(out.color), lpips_inputs(images)
         scores["lpips"] = lpips.net(p, t).reshape(images.shape[:2]).mean(dim=1)
     return scores

@@ -362,7 +362,7 @@ def evaluate_model(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from common import data_config, load_weights, score_targets, test_loader, to_device, widen_index
 
-    from models.lightning_module import build_lpips
+    from models.metrics import build_lpips
 
     rss_before = _rss_mb()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -453,7 +453,7 @@ def evaluate_baselines(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from common import data_config, test_loader, widen_index
 
-    from models.lightning_module import (
+    from models.metrics import (
         mean_color_baseline,
         nearest_view_baseline,
         psnr_per_image,

@@ -27,13 +27,20 @@ intrinsics), come from ``cameras.json`` in the folder or a COLMAP text/binary mo
          "width": 848, "height": 480},            # optional: the size those pixels refer to
         ...]}
 
-Pixel coordinates follow COLMAP: the top-left pixel's centre is at (0.5, 0.5). ``write_cameras_json``
-writes the same format.
+Pixel coordinates follow COLMAP: the top-left pixel's centre is at (0.5, 0.5). ``file`` is a file
+name or a path relative to the folder. Poses must be rigid (rotation orthonormal within 1e-3,
+determinant +1) and focal lengths positive; a frame that is not is an error naming it, and views
+that all share one camera centre get a warning (posed models need a baseline).
+``write_cameras_json`` writes the same format.
+
+Images far smaller than ``image_shape`` (shorter side under half of it) or of an aspect ratio more
+than 4:1 away from it are used with a warning naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import warnings
 from dataclasses import dataclass
@@ -179,6 +186,49 @@ def open_image(
     return image.convert("RGB")
 
 
+# Tolerance of the rigidity check on camera_to_world: max |R^T R - I| (float32 poses written by
+# other tools are orthonormal to ~1e-6).
+_ROTATION_TOLERANCE = 1e-3
+
+
+def _pose_problem(matrix: Tensor) -> str | None:
+    """What is wrong with a finite 4x4 camera-to-world pose, or None for a rigid transform."""
+    rotation = matrix[:3, :3]
+    error = float((rotation.T @ rotation - torch.eye(3, dtype=rotation.dtype)).abs().max())
+    if error > _ROTATION_TOLERANCE:
+        return (
+            f"the rotation part of camera_to_world is not orthonormal (max |R^T R - I| = "
+            f"{error:.3g}, tolerance {_ROTATION_TOLERANCE:g}); it must be a rotation matrix"
+        )
+    if float(torch.linalg.det(rotation)) < 0:
+        return (
+            "the rotation part of camera_to_world has determinant -1 (a reflection, e.g. one "
+            "axis flipped); it must be a rotation with determinant +1 in OpenCV axes"
+        )
+    if (
+        float((matrix[3] - torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=matrix.dtype)).abs().max())
+        > 1e-4
+    ):
+        return f"the last row of camera_to_world is {matrix[3].tolist()}, not [0, 0, 0, 1]"
+    return None
+
+
+def _intrinsics_problem(entry: dict) -> str | None:
+    """What is wrong with a frame's fx, fy, cx, cy, width, height, or None."""
+    for key in ("fx", "fy"):
+        if not (np.isfinite(entry[key]) and entry[key] > 0):
+            return f"{key}={entry[key]:g} must be a positive focal length in pixels"
+    for key in ("cx", "cy"):
+        if not np.isfinite(entry[key]):
+            return f"{key}={entry[key]:g} must be a finite principal point in pixels"
+    for key in ("width", "height"):
+        if key in entry and entry[key] <= 0:
+            return f"{key}={entry[key]} must be positive"
+    if ("width" in entry) != ("height" in entry):
+        return "give both width and height, or neither"
+    return None
+
+
 def read_cameras_json(path: str | Path) -> dict[str, dict]:
     """Read ``cameras.json`` (format in the module docstring).
 
@@ -187,11 +237,13 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
         ``width``, ``height``.
 
     Raises:
-        DataError: malformed file (one line naming it).
+        DataError: malformed file, a pose that is not a rigid transform (rotation orthonormal to
+            1e-3, determinant +1), a non-positive or non-finite focal length, a non-finite
+            principal point, or a file listed twice (one line naming the file and the frame).
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is allowed
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DataError(f"{path}: unreadable cameras.json ({error})") from error
     frames = data.get("frames") if isinstance(data, dict) else None
@@ -213,11 +265,11 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
             raise DataError(f"{path}: frame {i} is malformed ({error!r})") from error
         if matrix.shape != (4, 4) or not torch.isfinite(matrix).all():
             raise DataError(f"{path}: frame {i} ({name}) needs a finite 4x4 camera_to_world")
-        if (
-            not all(np.isfinite(entry[k]) for k in ("fx", "fy", "cx", "cy"))
-            or min(entry["fx"], entry["fy"]) <= 0
-        ):
-            raise DataError(f"{path}: frame {i} ({name}) has invalid intrinsics")
+        problem = _pose_problem(matrix) or _intrinsics_problem(entry)
+        if problem:
+            raise DataError(f"{path}: frame {i} ({name}): {problem}")
+        if name in out:
+            raise DataError(f"{path}: frame {i} lists {name} a second time")
         out[name] = entry
     return out
 
@@ -266,8 +318,8 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
         return None
     try:
         cameras, images, _ = colmap.read_model(model, points=False)
-    except colmap.ColmapError as error:
-        raise DataError(f"{model}: {error}") from error
+    except colmap.ColmapError as error:  # its message names the file already
+        raise DataError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
     out: dict[str, dict] = {}
     for image in images.values():
         camera = cameras.get(image.camera_id)
@@ -295,6 +347,80 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
             "height": camera.height,
         }
     return out
+
+
+def _colmap_model_dir(folder: Path) -> Path | None:
+    """The COLMAP model folder below ``folder`` (``sparse/0``, ``sparse`` or itself), or None."""
+    from . import colmap
+
+    return colmap.find_model_dir(folder)
+
+
+def _some(names: list[str], count: int = 2) -> str:
+    """The first ``count`` names, and how many more."""
+    shown = ", ".join(names[:count])
+    return shown + (f" and {len(names) - count} more" if len(names) > count else "")
+
+
+def _match_poses(files: list[Path], table: dict[str, dict], root: Path) -> dict[Path, dict]:
+    """The pose entry of each file that has one: listed by file name or by its path relative to
+    the input folder (``images/a.jpg``)."""
+    keys = {posixpath.normpath(name.replace("\\", "/")): entry for name, entry in table.items()}
+    out = {}
+    for file in files:
+        for key in (file.name, file.relative_to(root).as_posix()):
+            if key in keys:
+                out[file] = keys[key]
+                break
+    return out
+
+
+def _warn_no_baseline(poses: list[Tensor], pose_file: Path | None) -> None:
+    """Warn when every view has the same camera centre: posed models need a baseline."""
+    if len(poses) < 2:
+        return
+    stacked = torch.stack(poses).double()  # [V, 4, 4]
+    centres = stacked[:, :3, 3]  # [V, 3]
+    spread = float((centres - centres[:1]).norm(dim=-1).max())
+    if spread > 1e-6 * max(1.0, float(centres.norm(dim=-1).max())):
+        return
+    same = bool((stacked - stacked[:1]).abs().max() < 1e-6)
+    what = "identical cameras" if same else "cameras at the same position"
+    warnings.warn(
+        f"{pose_file}: all {len(poses)} views have {what}; posed models estimate depth from "
+        "the baseline between views, which is zero here",
+        stacklevel=3,
+    )
+
+
+def _size_warnings(
+    labels: list[str], sizes: list[tuple[int, int]], image_shape: tuple[int, int]
+) -> None:
+    """Warn (one line per kind and size) about inputs far smaller than the model's input
+    (shorter side under half of it) or of an aspect ratio over 4x away from it."""
+    height, width = image_shape
+    groups: dict[tuple[str, int, int], list[str]] = {}
+    for label, (w, h) in zip(labels, sizes):
+        if min(w, h) < 0.5 * min(height, width):
+            groups.setdefault(("small", w, h), []).append(label)
+        mismatch = (w / h) / (width / height)
+        if max(mismatch, 1 / mismatch) > 4:
+            groups.setdefault(("aspect", w, h), []).append(label)
+    for (kind, w, h), names in groups.items():
+        who = _some(list(dict.fromkeys(names)), 3)
+        scale = max(height / h, width / w)  # the resize that covers the model's input
+        if kind == "small":
+            message = (
+                f"{who}: {w}x{h} pixels is far smaller than the model's {width}x{height} input "
+                f"(upsampled {scale:.3g}x; expect a blurry result)"
+            )
+        else:
+            kept = height * width / (round(h * scale) * round(w * scale))
+            message = (
+                f"{who}: {w}x{h} has an extreme aspect ratio ({max(w, h) / min(w, h):.3g}:1); the "
+                f"centre crop to the model's {width}x{height} input keeps {kept:.0%} of it"
+            )
+        warnings.warn(message, stacklevel=4)
 
 
 def _spread(count: int, total: int) -> list[int]:
@@ -344,12 +470,14 @@ def load_image_folder(
     ):
         folder = root / "images"
 
-    pose_table, pose_source = None, None
+    pose_table, pose_source, pose_file = None, None, None
     if poses not in ("auto", "none", "cameras.json", "colmap"):
-        pose_table, pose_source = read_cameras_json(poses), "cameras.json"
+        pose_file = Path(poses)
+        pose_table, pose_source = read_cameras_json(pose_file), "cameras.json"
     elif poses in ("auto", "cameras.json"):
         for candidate in (root / "cameras.json", folder / "cameras.json"):
             if candidate.is_file():
+                pose_file = candidate
                 pose_table, pose_source = read_cameras_json(candidate), "cameras.json"
                 break
         if pose_table is None and poses == "cameras.json":
@@ -357,26 +485,38 @@ def load_image_folder(
     if pose_table is None and poses in ("auto", "colmap"):
         pose_table = _colmap_poses(root)
         pose_source = "colmap" if pose_table is not None else None
+        pose_file = _colmap_model_dir(root) if pose_table is not None else None
         if pose_table is None and poses == "colmap":
             raise DataError(f"{root}: no COLMAP model (sparse/0, sparse or the folder) found")
 
     files = _image_files(folder)
+    entries: dict[Path, dict] = {}
     if pose_table is not None:
-        unposed = [f for f in files if f.name not in pose_table]
+        if not pose_table:
+            empty = "has no registered images" if pose_source == "colmap" else "lists no frames"
+            raise DataError(f"{pose_file}: {empty}")
+        entries = _match_poses(files, pose_table, root)
+        if files and not entries:
+            listed = list(pose_table)
+            raise DataError(
+                f"{pose_file}: none of the {len(listed)} files it lists exists in {folder} "
+                f"(looked for {_some(listed)}; the folder has {_some([f.name for f in files])})"
+            )
+        unposed = [f for f in files if f not in entries]
         if unposed:
             warnings.warn(
                 f"{root}: {len(unposed)} image(s) without a pose in {pose_source} skipped "
                 f"(first: {unposed[0].name})",
                 stacklevel=2,
             )
-            files = [f for f in files if f.name in pose_table]
+            files = [f for f in files if f in entries]
     if not files:
         raise DataError(f"{folder}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
 
     loaded: list[tuple[Path, Image.Image]] = []
     for file in files:
         try:
-            entry = pose_table.get(file.name) if pose_table is not None else None
+            entry = entries.get(file)
             image = open_image(file, background)
             if entry is not None and "width" in entry:
                 expected = (entry["width"], entry["height"])
@@ -399,11 +539,14 @@ def load_image_folder(
     if num_views is not None and len(loaded) > num_views:
         loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
 
-    result = _assemble([(f.name, im) for f, im in loaded], image_shape, root)
+    result = _assemble(
+        [(f.name, im) for f, im in loaded], image_shape, root, labels=[str(f) for f, _ in loaded]
+    )
     if pose_table is not None:
+        _warn_no_baseline([entries[f]["camera_to_world"] for f, _ in loaded], pose_file)
         extrinsics, intrinsics = [], []
         for (file, image), crop in zip(loaded, result.pop("crops")):
-            entry = pose_table[file.name]
+            entry = entries[file]
             k_px = torch.tensor(
                 [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
                 dtype=torch.float64,
@@ -422,11 +565,22 @@ def load_image_folder(
 
 
 def _assemble(
-    named: list[tuple[str, Image.Image]], image_shape: tuple[int, int] | None, source: Path
+    named: list[tuple[str, Image.Image]],
+    image_shape: tuple[int, int] | None,
+    source: Path,
+    labels: list[str] | None = None,
 ) -> dict:
-    """Resize/crop images and stack them; returns ImageSet fields plus the crop transforms."""
+    """Resize/crop images and stack them; returns ImageSet fields plus the crop transforms.
+
+    ``labels`` name the images in warnings about sizes far from ``image_shape`` (default: the
+    source).
+    """
     if image_shape is None and len({im.size for _, im in named}) > 1:
         raise DataError(f"{source}: images differ in size; set an image shape to resize them")
+    if image_shape is not None:
+        _size_warnings(
+            labels or [str(source)] * len(named), [im.size for _, im in named], tuple(image_shape)
+        )
     images, crops = [], []
     for _, image in named:
         tensor, crop = resize_crop_image(image, tuple(image_shape) if image_shape else None)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import functools
 import glob
+import logging
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import hydra
 import lightning as L
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
@@ -30,6 +33,8 @@ __all__ = [
     "continued_run",
     "TimeFromNow",
     "ResumableCSVLogger",
+    "StepProgressBar",
+    "quiet_third_party",
     "resume_safely",
     "AtomicCheckpointIO",
     "prepare_logger_config",
@@ -212,3 +217,42 @@ class ResumableCSVLogger(CSVLogger):
 class _AppendingWriter(ExperimentWriter):
     def _check_log_dir_exists(self) -> None:  # keep earlier metrics (Lightning deletes them)
         pass
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, without ``Epoch 0/-2`` for step-budgeted runs (this project
+    trains by ``max_steps``/``max_time``: an endless epoch count is not a total)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = f"Epoch {current_epoch}"
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs > 0:
+            description += f"/{max_epochs - 1}"
+        if self.trainer.max_steps and self.trainer.max_steps > 0:
+            description += f" · step {self.trainer.global_step}/{self.trainer.max_steps}"
+        return description
+
+
+# Lightning's start-up chatter that says nothing about the user's run.
+_NOISE = (
+    "💡 Tip:",
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "Trainer already configured with model summary callbacks",
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_NOISE)
+
+
+def quiet_third_party() -> None:
+    """Drop Lightning's product tips and accelerator notices and a deprecation warning that
+    Lightning's own code triggers (``LeafSpec``), so a run's output is the run."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")

@@ -33,13 +33,7 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DRONE = SHARED_DATA / "real" / "drone_colmap"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensor ops are much faster single-threaded on a shared, loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,7 @@ from models.point_transformer import (
     knn,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These small models run fastest on one thread (and a shared CPU is not oversubscribed)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _brute_force(queries: torch.Tensor, points: torch.Tensor, k: int) -> torch.Tensor:

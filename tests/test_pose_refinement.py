@@ -14,13 +14,7 @@ from models.pose_refinement import pose_error, refine_target_poses, se3_delta
 SIZE = (32, 32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The rasteriser's many small ops run far faster on one thread on a shared, loaded CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _scene(n: int = 300, seed: int = 0) -> Gaussians:

@@ -18,13 +18,7 @@ from models.resplat import ReSplat, decode_gaussians, encode_gaussians
 SIZE = 32  # images of the tests: 32x32 -> an 8x8 latent grid per view
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These small models run fastest on one thread (and a shared CPU is not oversubscribed)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _context(batch: int = 1, views: int = 2, size: int = SIZE) -> dict[str, torch.Tensor]:

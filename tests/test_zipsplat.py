@@ -14,13 +14,7 @@ from models.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 SIZE = 32  # 4 x 4 patches per view at patch size 8: fast, and still clusters
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Small ops run faster on one thread on a shared, loaded CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from ..backbones import DPTHead, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid
 from ..heads import GaussianHead
+from ..knobs import MAX_GAUSSIANS
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 
@@ -364,6 +365,10 @@ class PixelAligned(SplatModel):
             gaussians = gaussians.prune(max_count=max_gaussians)
         return ModelOutput(gaussians=gaussians, extras=extras)
 
+
+# Inference knobs (models.knobs): one Gaussian per pixel; only max_gaussians (a prune of the result).
+INFERENCE_KNOBS = (MAX_GAUSSIANS,)
+KNOB_FREE_MODULES: tuple[str, ...] = ()
 
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(

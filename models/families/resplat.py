@@ -48,6 +48,7 @@ from ..cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
 from ..feature_extractor import FrozenFeatureExtractor
 from ..gaussians import Gaussians
 from ..heads import GaussianHead, raw_gaussian_dim
+from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformer, PointTransformerBlock
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
@@ -607,6 +608,23 @@ class ReSplat(SplatModel):
         }
         return ModelOutput(gaussians=final, extras=extras)
 
+
+# Inference knobs (models.knobs): the refinement iterations, and every family's max_gaussians. The
+# initial model (backbone, depth, initial set) does not depend on them and is reused.
+INFERENCE_KNOBS = (
+    Knob(
+        "iterations",
+        "int",
+        low=0,
+        high=16,
+        step=1,
+        default_attr="iterations",
+        help="recurrent refinement steps driven by the rendering error on the input views "
+        "(0: the initial set); the count stays the same, the fit improves",
+    ),
+    MAX_GAUSSIANS,
+)
+KNOB_FREE_MODULES = ("init_model",)
 
 # ---------------------------------------------------------------------- registry
 _TINY = dict(

@@ -75,6 +75,7 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from ..gaussians import Gaussians
 from ..heads import GaussianHead, free_mean_activation
+from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformerBlock
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
@@ -848,6 +849,23 @@ class SplatWeaver(SplatModel):
             extras["budget_shift"] = budget_shift
         return ModelOutput(gaussians=gaussians, extras=extras)
 
+
+# Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone
+# and DPT features do not depend on the budget (it shifts the router's logits) and are reused.
+INFERENCE_KNOBS = (
+    Knob(
+        "gaussians_per_pixel",
+        "float",
+        low=0.0,
+        high=None,
+        high_attr="num_experts",
+        step=0.05,
+        help="at most this many Gaussians per pixel on average: the router's choice shifted "
+        "towards cheaper experts, keeping its ranking of pixels (off: as routed)",
+    ),
+    MAX_GAUSSIANS,
+)
+KNOB_FREE_MODULES = ("backbone", "dpt")
 
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(

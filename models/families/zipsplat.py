@@ -72,6 +72,7 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_embedding, unproject
 from ..heads import GaussianHead
 from ..kmeans import cluster_count, kmeans_select
+from ..knobs import MAX_GAUSSIANS, Knob
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 
@@ -683,6 +684,24 @@ class ZipSplat(SplatModel):
             gaussians = gaussians.prune(max_count=max_gaussians)
         return ModelOutput(gaussians=gaussians, extras=extras)
 
+
+# Inference knobs (models.knobs): the cluster ratio, and every family's max_gaussians. The backbone
+# sees only the images (and the camera prior, not a knob), so a re-run with another ratio reuses it.
+INFERENCE_KNOBS = (
+    Knob(
+        "compression",
+        "float",
+        low=0.0,
+        high=1.0,
+        step=0.01,
+        low_open=True,
+        default_attr="compression",
+        help="cluster ratio r: k-means keeps r of the tokens as scene tokens, each decoding "
+        "gaussians_per_token Gaussians (fewer tokens, fewer Gaussians)",
+    ),
+    MAX_GAUSSIANS,
+)
+KNOB_FREE_MODULES = ("backbone",)
 
 # ---------------------------------------------------------------------- registry entries
 # At r = 1 each scene token decodes G Gaussians for a patch of p^2 pixels: tiny 64 px / 10 = 6.4x

@@ -1,0 +1,548 @@
+"""Corrupt and degenerate inputs: COLMAP binary and text models, cameras.json, tiny and strip images.
+
+Every case is made here (random bytes, crafted headers, hand-written lines) and must end in one
+line naming the file (``ColmapError``/``DataError`` from the readers; exit status 2 and one
+``error:`` line from ``infer.py`` and ``datamodules.convert``), or, for inputs that still work but
+will give a poor result, in one ``warning:`` line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from datamodules import convert
+from datamodules.colmap import (
+    ColmapError,
+    UnsupportedCameraError,
+    read_cameras_binary,
+    read_cameras_text,
+    read_frames_text,
+    read_images_binary,
+    read_images_text,
+    read_model,
+    read_points3d_binary,
+    read_points3d_text,
+    read_rigs_text,
+)
+from datamodules.errors import DataError
+from datamodules.image_folder import load_images, read_cameras_json
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POSED = "pixel_aligned_tiny"
+SIZE = "image_size=32"
+IDENTITY = [[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0], [0, 0, 0, 1.0]]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _camera_record(camera_id=1, model_id=1, width=40, height=30, params=(50.0, 50.0, 20.0, 15.0)):
+    return struct.pack("<IiQQ", camera_id, model_id, width, height) + struct.pack(
+        f"<{len(params)}d", *params
+    )
+
+
+def _image_record(image_id=1, qvec=(1.0, 0, 0, 0), tvec=(0, 0, 0), camera_id=1, name=b"a.png",
+                  points=(), num_points=None):  # fmt: skip
+    out = struct.pack("<I7dI", image_id, *qvec, *tvec, camera_id) + name + b"\x00"
+    out += struct.pack("<Q", len(points) if num_points is None else num_points)
+    for x, y, point_id in points:
+        out += struct.pack("<ddq", x, y, point_id)
+    return out
+
+
+def _point_record(point_id=1, xyz=(0.0, 0, 1), error=0.5, track=((1, 0),), track_length=None):
+    out = struct.pack("<Q3d3Bd", point_id, *xyz, 10, 20, 30, error)
+    out += struct.pack("<Q", len(track) if track_length is None else track_length)
+    for image_id, idx in track:
+        out += struct.pack("<II", image_id, idx)
+    return out
+
+
+def _binary_file(*records: bytes, count: int | None = None) -> bytes:
+    return struct.pack("<Q", len(records) if count is None else count) + b"".join(records)
+
+
+def _binary_scene(root: Path, images_bin: bytes, cameras_bin: bytes | None = None) -> Path:
+    """A scene folder: two 40x30 PNGs, ``sparse/0/{cameras,images}.bin``."""
+    model = root / "sparse" / "0"
+    model.mkdir(parents=True)
+    (model / "cameras.bin").write_bytes(cameras_bin or _binary_file(_camera_record()))
+    (model / "images.bin").write_bytes(images_bin)
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png"):
+        PILImage.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(root / name)
+    return root
+
+
+def _good_images() -> bytes:
+    return _binary_file(
+        _image_record(1, name=b"a.png", points=[(1.5, 2.5, -1)]),
+        _image_record(2, tvec=(-1.0, 0, 0), name=b"b.png"),
+    )
+
+
+# The four corruptions of issue 15 item 3, each with the text its message must contain.
+CORRUPT_IMAGES = {
+    "random_bytes": (np.random.default_rng(0).bytes(4096), "image count is"),
+    "num_points_2_62": (
+        _binary_file(_image_record(num_points=2**62)),
+        "2D point count of image 1 (a.png) is 4611686018427387904",
+    ),
+    "non_utf8_name": (
+        _binary_file(_image_record(name=b"caf\xe9.png")),
+        "the name of image 1 is not UTF-8",
+    ),
+    "zero_quaternion": (
+        _binary_file(_image_record(qvec=(0.0, 0, 0, 0))),
+        "image 1 (a.png): rotation quaternion (0, 0, 0, 0) is not a rotation",
+    ),
+}
+
+
+class Result:
+    def __init__(self, returncode: int, stderr: str) -> None:
+        self.returncode, self.stderr = returncode, stderr
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights of the posed tiny model, saved as a user's folder would be."""
+    from models import create_model
+    from models.pretrained import save_pretrained
+
+    return save_pretrained(
+        create_model(POSED), tmp_path_factory.mktemp("weights") / POSED, name=POSED
+    )
+
+
+def infer_here(capsys: pytest.CaptureFixture, *args: str) -> Result:
+    """What ``python infer.py ARGS`` runs, in this process."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    capsys.readouterr()
+    status = infer.run_cli(infer.compose(list(args)))
+    return Result(status, capsys.readouterr().err)
+
+
+def assert_one_error_line(result, *expected: str) -> str:
+    """Exit status 2 and exactly one stderr line, ``error: ...`` containing ``expected``."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
+
+
+def _warning_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("warning: ")]
+
+
+# --------------------------------------------------------------------------- COLMAP binary
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT_IMAGES))
+def test_corrupt_images_bin_is_one_colmap_error(tmp_path: Path, case: str) -> None:
+    data, expected = CORRUPT_IMAGES[case]
+    path = tmp_path / "images.bin"
+    path.write_bytes(data)
+    with pytest.raises(ColmapError) as caught:
+        read_images_binary(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and expected in message, message
+    assert "\n" not in message and "at byte" in message
+
+
+def test_binary_byte_offsets_and_normalisation(tmp_path: Path) -> None:
+    path = tmp_path / "images.bin"
+    # The name starts after the count (8 bytes) and the pose record (4 + 56 + 4 bytes); the bad
+    # byte is its fourth.
+    path.write_bytes(_binary_file(_image_record(name=b"caf\xe9.png")))
+    with pytest.raises(ColmapError, match=r"at byte 75 of"):
+        read_images_binary(path)
+    # Non-unit quaternions are normalised; a good file reads back exactly.
+    path.write_bytes(_binary_file(_image_record(qvec=(2.0, 0, 0, 0), points=[(1.5, 2.5, 7)])))
+    image = read_images_binary(path)[1]
+    np.testing.assert_array_equal(image.qvec, [1, 0, 0, 0])
+    np.testing.assert_array_equal(image.xys, [[1.5, 2.5]])
+    np.testing.assert_array_equal(image.point3d_ids, [7])
+    assert image.name == "a.png"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (_binary_file(count=2**62), "camera count is 4611686018427387904"),
+        (_binary_file(_camera_record(model_id=99)), "unknown model id 99"),
+        (_binary_file(_camera_record(width=0)), "invalid image size 0x30"),
+        (_binary_file(_camera_record(params=(-50.0, 50, 20, 15))), "non-positive focal length"),
+        (_binary_file(_camera_record(params=(50.0, 50, float("nan"), 15))), "non-finite"),
+        (_binary_file(_camera_record(), _camera_record()), "camera id 1 appears twice"),
+        (_binary_file(_camera_record()) + b"\x00" * 5, "5 unexpected bytes after the last record"),
+        (_binary_file(_camera_record())[:-3], "file is truncated"),
+    ],
+    ids=["count", "model_id", "width", "focal", "nan", "duplicate", "trailing", "truncated"],
+)
+def test_corrupt_cameras_bin(tmp_path: Path, data: bytes, expected: str) -> None:
+    path = tmp_path / "cameras.bin"
+    path.write_bytes(data)
+    with pytest.raises(ColmapError, match=expected.replace("(", r"\(")) as caught:
+        read_cameras_binary(path)
+    assert str(caught.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (np.random.default_rng(1).bytes(4096), "point count is"),
+        (_binary_file(_point_record(track_length=2**62)), "track length of point 1 is"),
+        (_binary_file(_point_record(xyz=(0.0, float("inf"), 1))), "non-finite position"),
+    ],
+    ids=["random", "track_length", "inf"],
+)
+def test_corrupt_points3d_bin(tmp_path: Path, data: bytes, expected: str) -> None:
+    path = tmp_path / "points3D.bin"
+    path.write_bytes(data)
+    with pytest.raises(ColmapError, match=expected):
+        read_points3d_binary(path)
+    path.write_bytes(_binary_file(_point_record(track=((3, 4), (5, 6)))))
+    point = read_points3d_binary(path)[1]
+    assert point.image_ids.tolist() == [3, 5] and point.point2d_idxs.tolist() == [4, 6]
+
+
+def test_image_with_missing_camera(tmp_path: Path) -> None:
+    _binary_scene(tmp_path, _binary_file(_image_record(camera_id=7)))
+    with pytest.raises(ColmapError, match="image 1 \\(a.png\\) refers to camera 7"):
+        read_model(tmp_path)
+
+
+# --------------------------------------------------------------------------- COLMAP text
+
+GOOD_CAMERA = "1 PINHOLE 40 30 50 50 20 15"
+GOOD_IMAGE = "1 1 0 0 0 0 0 0 1 a.png"
+
+
+@pytest.mark.parametrize(
+    ("file", "lines", "expected"),
+    [
+        ("cameras.txt", ["# header", GOOD_CAMERA, "2 PINHOLE abc 30 50 50 20 15"], "line 3: width"),
+        (
+            "cameras.txt",
+            ["2 PINHOLE 40 30 50 50 20"],
+            "line 1: camera 2 (PINHOLE) has 3 parameters",
+        ),
+        ("cameras.txt", ["2 PINHOLE 40 30 0 50 20 15"], "line 1: camera 2 (PINHOLE) has a non-po"),
+        ("cameras.txt", ["2 PINHOLE 40 -30 50 50 20 15"], "line 1: camera 2 has an invalid image"),
+        ("cameras.txt", ["2 PINHOLE 40 30 50 nan 20 15"], "line 1: parameter"),
+        ("cameras.txt", ["1 PINHOLE"], "line 1: expected CAMERA_ID MODEL"),
+        ("cameras.txt", ["\x00\x01garbage PINHOLE 40 30 1 1 1 1"], "line 1: camera id"),
+        ("images.txt", ["1 1 0 0 0 0 0 0 1"], "line 1: expected IMAGE_ID"),
+        ("images.txt", ["1 1 zero 0 0 0 0 0 1 a.png", ""], "line 1: quaternion: 'zero'"),
+        ("images.txt", ["1 0 0 0 0 0 0 0 1 a.png", ""], "line 1: rotation quaternion (0, 0, 0, 0)"),
+        ("images.txt", [GOOD_IMAGE, "1.0 2.0"], "line 2: the POINTS2D line of image 1 has 2"),
+        ("images.txt", [GOOD_IMAGE, "1.0 2.0 x"], "line 2: 2D point: 'x'"),
+        ("images.txt", [GOOD_IMAGE, "", GOOD_IMAGE, ""], "line 3: image id 1 appears twice"),
+        ("points3D.txt", ["1 0 0 1 300 0 0 0.5 1 0"], "line 1: colour 300 0 0 is not 0..255"),
+        ("points3D.txt", ["1 0 0 1 3 0 0 0.5 1"], "line 1: expected POINT3D_ID"),
+        ("points3D.txt", ["1 0 0 inf 3 0 0 0.5 1 0"], "line 1: position"),
+        ("rigs.txt", ["1 2 CAMERA 1 CAMERA"], "line 1: line ends early"),
+        ("frames.txt", ["1 1 0 0 0 0 0 0 0 1 CAMERA 1 1"], "line 1: rotation quaternion"),
+    ],
+)
+def test_text_model_garbage(tmp_path: Path, file: str, lines: list[str], expected: str) -> None:
+    path = tmp_path / file
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    reader = {
+        "cameras.txt": read_cameras_text,
+        "images.txt": read_images_text,
+        "points3D.txt": read_points3d_text,
+        "rigs.txt": read_rigs_text,
+        "frames.txt": read_frames_text,
+    }[file]
+    with pytest.raises(ColmapError) as caught:
+        reader(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}, line ") and expected in message, message
+    assert "\n" not in message
+
+
+def test_text_model_not_utf8_and_unknown_model(tmp_path: Path) -> None:
+    path = tmp_path / "images.txt"
+    path.write_bytes(b"# header\n1 1 0 0 0 0 0 0 1 caf\xe9.png\n\n")
+    with pytest.raises(ColmapError, match=r"images.txt, line 2: not UTF-8 text \(byte 22"):
+        read_images_text(path)
+    # A byte-order mark (Windows editors) is not garbage.
+    path.write_bytes(b"\xef\xbb\xbf# header\n1 1 0 0 0 0 0 0 1 a.png\n\n")
+    assert read_images_text(path)[1].name == "a.png"
+    path = tmp_path / "cameras.txt"
+    path.write_text("1 NOT_A_MODEL 40 30 1\n")
+    with pytest.raises(UnsupportedCameraError, match="line 1: camera 1 has unknown model"):
+        read_cameras_text(path)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT_IMAGES))
+def test_infer_corrupt_colmap_binary(weights: Path, tmp_path: Path, capsys, case: str) -> None:
+    data, expected = CORRUPT_IMAGES[case]
+    scene = _binary_scene(tmp_path / "scene", data)
+    output = tmp_path / "out"
+    result = infer_here(
+        capsys, f"input={scene}", f"output={output}", f"model={POSED}", f"weights={weights}", SIZE
+    )
+    images_bin = scene / "sparse" / "0" / "images.bin"
+    line = assert_one_error_line(result, f"{images_bin}: ", expected)
+    assert line.count(str(images_bin.parent)) == 1  # the folder is not named twice
+    assert not output.exists()
+
+
+def test_infer_colmap_text_garbage(weights: Path, tmp_path: Path, capsys) -> None:
+    scene = _binary_scene(tmp_path / "scene", _good_images())
+    model = scene / "sparse" / "0"
+    for name in ("cameras.bin", "images.bin"):
+        (model / name).unlink()
+    (model / "cameras.txt").write_text(GOOD_CAMERA + "\n")
+    (model / "images.txt").write_text("# header\n1 1 0 0 0 0 0 0 1 a.png\n1 2\n")
+    result = infer_here(
+        capsys, f"input={scene}", f"output={tmp_path / 'out'}", f"model={POSED}",
+        f"weights={weights}", SIZE,
+    )  # fmt: skip
+    assert_one_error_line(result, f"{model / 'images.txt'}, line 3: the POINTS2D line")
+
+
+def test_infer_corrupt_colmap_binary_as_a_user_runs_it(weights: Path, tmp_path: Path) -> None:
+    """``python infer.py`` in a subprocess: exit status 2 and one line, no traceback."""
+    data, expected = CORRUPT_IMAGES["random_bytes"]
+    scene = _binary_scene(tmp_path / "scene", data)
+    command = [
+        sys.executable, str(REPO_ROOT / "infer.py"), f"input={scene}", f"output={tmp_path / 'o'}",
+        f"model={POSED}", f"weights={weights}", SIZE,
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert_one_error_line(result, "images.bin", expected)
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT_IMAGES))
+def test_convert_corrupt_colmap_binary(tmp_path: Path, capsys, case: str) -> None:
+    data, expected = CORRUPT_IMAGES[case]
+    scene = _binary_scene(tmp_path / "scene", data)
+    (scene / "images").mkdir()
+    for name in ("a.png", "b.png"):
+        (scene / name).rename(scene / "images" / name)
+    capsys.readouterr()
+    status = convert.main([str(scene), "--out", str(tmp_path / "chunks"), "--split", "train",
+                           "--quiet"])  # fmt: skip
+    line = assert_one_error_line(Result(status, capsys.readouterr().err), "nothing converted")
+    assert f"{scene / 'sparse' / '0' / 'images.bin'}: " in line and expected in line
+    assert not list((tmp_path / "chunks").rglob("*.torch"))
+
+
+def test_good_binary_model_still_converts_and_loads(tmp_path: Path) -> None:
+    scene = _binary_scene(tmp_path / "scene", _good_images())
+    loaded = load_images(scene, image_shape=(32, 32))
+    assert loaded.pose_source == "colmap" and loaded.names == ["a.png", "b.png"]
+    assert loaded.extrinsics[1, 0, 3] == pytest.approx(1.0)  # camera centre of t = (-1, 0, 0)
+
+
+# --------------------------------------------------------------------------- cameras.json
+
+
+def _frame(name: str, pose=None, **intrinsics) -> dict:
+    return {
+        "file": name,
+        "camera_to_world": pose or IDENTITY,
+        **{"fx": 50.0, "fy": 50.0, "cx": 20.0, "cy": 15.0, **intrinsics},
+    }
+
+
+def _posed_folder(root: Path, frames: list[dict], sizes=None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name in ["a.png", "b.png"] if sizes is None else list(sizes):
+        width, height = (40, 30) if sizes is None else sizes[name]
+        pixels = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+        PILImage.fromarray(pixels).save(root / name)
+    (root / "cameras.json").write_text(json.dumps({"frames": frames}))
+    return root
+
+
+def _translated(x: float) -> list[list[float]]:
+    pose = [row[:] for row in IDENTITY]
+    pose[0][3] = x
+    return pose
+
+
+def _rotation_with(**entries: float) -> list[list[float]]:
+    pose = [row[:] for row in IDENTITY]
+    for key, value in entries.items():
+        pose[int(key[1])][int(key[2])] = value
+    return pose
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        (_frame("b.png", [[0.0] * 4, [0.0] * 4, [0.0] * 4, [0, 0, 0, 1.0]]), "not orthonormal"),
+        (_frame("b.png", _rotation_with(r00=50.0)), "not orthonormal (max |R^T R - I| = 2.5e+03"),
+        (_frame("b.png", _rotation_with(r00=-1.0)), "determinant -1"),
+        (_frame("b.png", [IDENTITY[0], IDENTITY[1], IDENTITY[2], [0, 0, 1.0, 1.0]]), "last row"),
+        (_frame("b.png", _translated(1.0), fx=-500.0), "fx=-500 must be a positive focal length"),
+        (_frame("b.png", _translated(1.0), fy=0.0), "fy=0 must be a positive focal length"),
+        (_frame("b.png", _translated(1.0), cy=float("nan")), "cy=nan must be a finite principal"),
+        (_frame("a.png", _translated(1.0)), "frame 1 lists a.png a second time"),
+    ],
+    ids=["zero", "r00_50", "det_minus_1", "last_row", "fx", "fy", "cy", "duplicate"],
+)
+def test_cameras_json_bad_frame(tmp_path: Path, bad: dict, expected: str) -> None:
+    folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), bad])
+    path = folder / "cameras.json"
+    with pytest.raises(DataError) as caught:
+        read_cameras_json(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: frame 1") and expected in message, message
+    if bad["file"] == "b.png":
+        assert "frame 1 (b.png)" in message
+    with pytest.raises(DataError, match="frame 1"):
+        load_images(folder, image_shape=(32, 32))
+
+
+def test_cameras_json_rigid_poses_pass(tmp_path: Path) -> None:
+    """A real rotation in float32 precision (as other tools write it) is accepted."""
+    angle = 0.3
+    c, s = np.float32(np.cos(angle)), np.float32(np.sin(angle))
+    pose = [[float(c), 0.0, float(s), 0.5], [0.0, 1.0, 0.0, 0], [float(-s), 0, float(c), 0],
+            [0, 0, 0, 1.0]]  # fmt: skip
+    folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png", pose)])
+    loaded = load_images(folder, image_shape=(32, 32))
+    assert loaded.pose_source == "cameras.json" and len(loaded) == 2
+    # A byte-order mark (Windows editors) is accepted.
+    path = folder / "cameras.json"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert set(read_cameras_json(path)) == {"a.png", "b.png"}
+
+
+def test_cameras_json_listing_only_missing_files(tmp_path: Path) -> None:
+    frames = [_frame(f"frame_{i:02d}.jpg", _translated(i)) for i in range(3)]
+    folder = _posed_folder(tmp_path / "photos", frames)
+    with pytest.raises(DataError) as caught:
+        load_images(folder, image_shape=(32, 32))
+    message = str(caught.value)
+    assert message.startswith(f"{folder / 'cameras.json'}: none of the 3 files it lists exists")
+    assert "frame_00.jpg, frame_01.jpg and 1 more" in message
+    assert "the folder has a.png, b.png" in message
+    assert "no images found" not in message
+
+
+def test_cameras_json_paths_relative_to_the_input(tmp_path: Path) -> None:
+    """``file`` may be a path relative to the input folder (``images/a.png``)."""
+    root = tmp_path / "scene"
+    _posed_folder(
+        root / "images", [_frame("images/a.png"), _frame("./images/b.png", _translated(1.0))]
+    )
+    (root / "images" / "cameras.json").rename(root / "cameras.json")
+    loaded = load_images(root, image_shape=(32, 32))
+    assert loaded.names == ["a.png", "b.png"] and loaded.pose_source == "cameras.json"
+
+
+def test_pose_files_without_frames(tmp_path: Path) -> None:
+    folder = _posed_folder(tmp_path / "photos", [])
+    with pytest.raises(DataError, match="cameras.json: lists no frames"):
+        load_images(folder, image_shape=(32, 32))
+    (folder / "cameras.json").unlink()
+    _binary_scene(tmp_path / "scene", _binary_file())
+    with pytest.raises(DataError, match="sparse/0: has no registered images"):
+        load_images(tmp_path / "scene", image_shape=(32, 32))
+
+
+def test_identical_cameras_warn(tmp_path: Path) -> None:
+    folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png")])
+    with pytest.warns(UserWarning, match="all 2 views have identical cameras") as caught:
+        load_images(folder, image_shape=(32, 32))
+    assert any(str(folder / "cameras.json") in str(w.message) for w in caught)
+    # Same centre, different rotation (a panorama): no baseline either.
+    turned = _rotation_with(r00=0.0, r02=1.0, r20=-1.0, r22=0.0)
+    _posed_folder(folder, [_frame("a.png"), _frame("b.png", turned)])
+    with pytest.warns(UserWarning, match="cameras at the same position"):
+        load_images(folder, image_shape=(32, 32))
+
+
+def test_infer_identical_cameras_warning_and_bad_rotation(
+    weights: Path, tmp_path: Path, capsys
+) -> None:
+    folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png")])
+    args = [f"model={POSED}", f"weights={weights}", SIZE, "orbit_frames=2"]
+    result = infer_here(capsys, f"input={folder}", f"output={tmp_path / 'out'}", *args)
+    assert result.returncode == 0, result.stderr
+    lines = _warning_lines(result.stderr)
+    assert [w for w in lines if "identical cameras" in w and "cameras.json" in w], lines
+    _posed_folder(folder, [_frame("a.png"), _frame("b.png", _rotation_with(r00=50.0))])
+    result = infer_here(capsys, f"input={folder}", f"output={tmp_path / 'out2'}", *args)
+    assert_one_error_line(result, f"{folder / 'cameras.json'}: frame 1 (b.png)", "orthonormal")
+    assert not (tmp_path / "out2").exists()
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def test_tiny_and_strip_images_warn(tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    sizes = {
+        "edge.png": (16, 16),  # shorter side exactly half the input: no warning
+        "fine.png": (40, 30),
+        "strip.png": (4000, 50),
+        "tall.png": (20, 100),
+        "tiny_a.png": (1, 1),
+        "tiny_b.png": (1, 1),
+    }
+    for name, size in sizes.items():
+        PILImage.new("RGB", size, (120, 50, 10)).save(folder / name)
+    with pytest.warns(UserWarning) as caught:
+        loaded = load_images(folder, image_shape=(32, 32))
+    assert len(loaded) == 6 and tuple(loaded.images.shape[-2:]) == (32, 32)
+    messages = sorted(str(w.message) for w in caught)
+    assert messages == [
+        f"{folder / 'strip.png'}: 4000x50 has an extreme aspect ratio (80:1); the centre crop to "
+        "the model's 32x32 input keeps 1% of it",
+        f"{folder / 'tall.png'}: 20x100 has an extreme aspect ratio (5:1); the centre crop to the "
+        "model's 32x32 input keeps 20% of it",
+        f"{folder / 'tiny_a.png'}, {folder / 'tiny_b.png'}: 1x1 pixels is far smaller than the "
+        "model's 32x32 input (upsampled 32x; expect a blurry result)",
+    ]
+    # The aspect ratio is judged against the model input's: 4000x50 suits a 16x1280 input.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_images(folder / "strip.png", image_shape=(16, 1280))
+    assert not caught, [str(w.message) for w in caught]
+
+
+def test_infer_warns_about_tiny_and_strip_inputs(weights: Path, tmp_path: Path, capsys) -> None:
+    sizes = {"strip.png": (4000, 50), "tiny.png": (1, 1)}
+    frames = [_frame("strip.png"), _frame("tiny.png", _translated(1.0))]
+    folder = _posed_folder(tmp_path / "photos", frames, sizes)
+    result = infer_here(
+        capsys, f"input={folder}", f"output={tmp_path / 'out'}", f"model={POSED}",
+        f"weights={weights}", SIZE, "orbit_frames=2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = "\n".join(_warning_lines(result.stderr))
+    assert f"warning: {folder / 'strip.png'}: 4000x50 has an extreme aspect ratio" in lines
+    assert f"warning: {folder / 'tiny.png'}: 1x1 pixels is far smaller" in lines

@@ -1,0 +1,295 @@
+"""Look at Gaussians in the browser, with the model's inference knobs live (viser).
+
+    python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] [save=FILE.ply]
+        [device=auto] [live=auto] [compression=R] [iterations=K] [gaussians_per_pixel=G]
+        [max_gaussians=N] [views=N] [image_size=S] [cameras=PATH] [fov=60]
+
+``PATH`` is a ``.ply`` (INRIA 3DGS layout), an ``infer.py`` output folder (``gaussians.ply``,
+``cameras.json``, ``renders/``, ``summary.json``), or a folder of photos, a video or an image with
+``model=NAME`` (reconstructed here, as ``infer.py`` would). The viewer shows the Gaussians, the input cameras as
+frustums with their images, the rendered camera path, and a panel with the model's inference
+knobs: moving one re-runs the reconstruction (reusing what the knob does not change) and updates
+the scene and the Gaussian count. An ``infer.py`` folder is reconstructed again from its
+``summary.json`` (model, weights, input) when the input is still there (``live=false``: show the
+saved files only; ``max_gaussians`` then prunes the saved set).
+
+It binds to 127.0.0.1 (``host=`` to change, with a warning when not loopback) on a free port
+(``port=0``) or the one given, prints the URL, and stops cleanly on Ctrl-C. Bad input (not a 3DGS
+.ply, a folder with nothing to show, a busy port, bad settings) is one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent
+if str(REPO_ROOT) not in sys.path:  # `python /path/to/view.py` from another folder
+    sys.path.insert(0, str(REPO_ROOT))
+
+USAGE = (
+    "usage: python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] "
+    "[save=FILE.ply] [device=auto] [live=auto|true|false] [KNOB=VALUE ...]"
+)
+KNOB_KEYS = ("compression", "iterations", "gaussians_per_pixel", "max_gaussians")
+SETTINGS: dict[str, Any] = {
+    "model": None,
+    "weights": None,
+    "host": "127.0.0.1",
+    "port": "0",
+    "save": "gaussians_view.ply",
+    "device": "auto",
+    "live": "auto",
+    "views": None,
+    "image_size": None,
+    "cameras": None,
+    "fov": "60.0",
+    "backend": "auto",
+    **dict.fromkeys(KNOB_KEYS),
+}
+
+
+def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
+    """``PATH key=value ...`` → ``(PATH, settings)``.
+
+    Raises:
+        ValueError: one line naming the argument.
+    """
+    from models.viewer import ViewerError
+
+    paths = [a for a in argv if "=" not in a]
+    if len(paths) != 1:
+        raise ViewerError(USAGE)
+    settings = dict(SETTINGS)
+    for arg in argv:
+        if "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+")
+        if key not in SETTINGS:
+            raise ViewerError(f"{arg}: unknown setting (settings: {', '.join(SETTINGS)})")
+        settings[key] = None if value.lower() in ("", "null", "none") else value
+    try:
+        settings["port"] = int(settings["port"])
+    except (TypeError, ValueError) as error:
+        raise ViewerError(f"port={settings['port']}: not a port number") from error
+    if str(settings["live"]).lower() not in ("auto", "true", "false"):
+        raise ViewerError(f"live={settings['live']}: must be auto, true or false")
+    return paths[0], settings
+
+
+def _known_cameras(images, context, given, pred_extras, pose_free: bool):
+    """Extrinsics/intrinsics of the input views in the scene frame, and which are known."""
+    import torch
+
+    views = len(images)
+    intrinsics = context["intrinsics"][0].float().cpu()
+    if not pose_free:
+        return context["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
+    if isinstance(pred_extras.get("extrinsics"), torch.Tensor):
+        if isinstance(pred_extras.get("intrinsics"), torch.Tensor):
+            intrinsics = pred_extras["intrinsics"][0].float().cpu()
+        return pred_extras["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
+    if given is not None:  # given, not shown to the pose-free model (same scene frame)
+        return given[0].float().cpu(), intrinsics, list(range(views))
+    return torch.eye(4).expand(views, 4, 4).clone(), intrinsics, [0]
+
+
+def _infer_config(values: dict[str, Any]):
+    """``configs/infer.yaml`` with ``values`` set, without Hydra (which ``infer.py view=true``
+    has already initialised in this process)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(REPO_ROOT / "configs" / "infer.yaml")
+    for key in ("defaults", "hydra"):
+        cfg.pop(key, None)
+    for key, value in values.items():
+        cfg[key] = value
+    return cfg
+
+
+def reconstruct(source: Path, settings: dict[str, Any]):
+    """Load ``settings['model']`` and the photos in ``source``; returns ``(ViewScene,
+    KnobRunner, initial knob values)``."""
+    import infer
+    from models.knobs import KnobRunner
+    from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
+
+    cfg = _infer_config(
+        {
+            "input": str(source),
+            "output": "unused",
+            "model": settings["model"],
+            **{
+                key: settings[key]
+                for key in ("weights", "views", "image_size", "cameras", "fov", "device")
+                if settings[key] is not None
+            },
+        }
+    )
+    device = infer.choose_device(str(cfg.device))
+    model, _, notes = infer.load_model(cfg)
+    model = model.to(device).eval()
+    if cfg.image_size is not None:
+        size = int(cfg.image_size)
+    else:
+        config = getattr(model, "_hub_mixin_config", None) or {}
+        size = int(config.get("img_size") or getattr(model, "img_size", 0) or 64)
+    images, more = infer.load_inputs(cfg, model, size)
+    for note in notes + more:
+        print(f"warning: {note}", file=sys.stderr)
+    pose_free = bool(getattr(model, "pose_free", False))
+    context = {k: v.to(device) for k, v in images.context(default_fov=float(cfg.fov)).items()}
+    given = context.pop("extrinsics", None) if pose_free else None
+    runner = KnobRunner(model, context)
+    initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
+    for key in initial:
+        if key not in runner.knobs:
+            raise infer.InferError(
+                f"{key}={initial[key]}",
+                f"model {cfg.model} has no {key!r} knob (knobs: {', '.join(runner.knobs)})",
+            )
+    try:
+        gaussians = runner.run(**initial)
+    except ValueError as error:  # a knob value out of range (Knob.check names it)
+        raise infer.InferError("view.py", str(error)) from error
+    if int(gaussians.count()[0]) == 0:
+        raise infer.InferError(source, f"model {cfg.model} produced no Gaussians for this input")
+    extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.extras, pose_free)
+    height, width = images.images.shape[-2:]
+    cameras = [
+        ViewCamera(
+            name=images.names[i],
+            extrinsics=extrinsics[i].double().numpy(),
+            intrinsics=intrinsics[i].double().numpy(),
+            size=(int(height), int(width)),
+            image=tensor_to_uint8(images.images[i]),
+        )
+        for i in known
+    ]
+    if len(known) >= 2:  # infer.py's path: interpolated, or an orbit around the first view
+        path_e, _ = infer.interpolate_cameras(extrinsics[known], intrinsics[known], 30)
+    else:
+        depth = gaussians.means[0, :, 2][gaussians.valid_mask()[0]].float().cpu()
+        depth = depth[depth > 0]
+        look_at = float(depth.median()) if depth.numel() else 1.0
+        path_e, _ = infer.orbit_cameras(
+            extrinsics[0], look_at, intrinsics[0], 30, radius=0.1 * look_at
+        )
+    path = path_e.double().numpy()
+    scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {cfg.model}")
+    return scene, runner, initial
+
+
+def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dict] | None:
+    """The input and settings to reconstruct an ``infer.py`` output folder again, or ``None``."""
+    summary_path = folder / "summary.json"
+    if not summary_path.is_file():
+        return None
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    recorded = Path(str(summary.get("input") or "")).expanduser()
+    # A relative input is relative to where infer.py ran: try here, then the repository.
+    candidates = (
+        [recorded] if recorded.is_absolute() else [Path.cwd() / recorded, REPO_ROOT / recorded]
+    )
+    source = next((c for c in candidates if str(recorded) not in ("", ".") and c.exists()), None)
+    if not summary.get("model") or source is None:
+        return None
+    merged = dict(settings)
+    merged["model"] = settings["model"] or summary["model"]
+    if settings["weights"] is None and summary.get("weights") and not settings["model"]:
+        merged["weights"] = summary["weights"]
+    if settings["views"] is None and summary.get("views"):
+        merged["views"] = summary["views"]
+    if settings["image_size"] is None and summary.get("image_size"):
+        merged["image_size"] = summary["image_size"][0]
+    for key, value in (summary.get("forward_kwargs") or {}).items():
+        if key in KNOB_KEYS and merged[key] is None:
+            merged[key] = value
+    return source, merged
+
+
+def build(path: str, settings: dict[str, Any]):
+    """The ``SplatViewer`` for ``path`` (started, serving)."""
+    from models.viewer import SplatViewer, ViewerError, check_port, load_view_scene
+
+    source = Path(path).expanduser()
+    check_port(settings["host"], settings["port"])  # before loading anything
+    runner, initial, scene = None, {}, None
+    live = str(settings["live"]).lower()
+    if not source.exists():
+        raise ViewerError(f"{source}: not found")
+    is_output = source.is_dir() and (source / "gaussians.ply").is_file()
+    if source.is_file() and source.suffix.lower() != ".ply" and settings["model"]:
+        scene, runner, initial = reconstruct(source, settings)  # a video or one image
+    elif source.is_dir() and not is_output:
+        if not settings["model"]:
+            raise ViewerError(
+                f"{source}: nothing to show (no gaussians.ply; for a folder of photos pass "
+                "model=NAME, e.g. model=zipsplat_tiny)"
+            )
+        scene, runner, initial = reconstruct(source, settings)
+    elif is_output and live != "false":
+        again = _summary_settings(source, settings)
+        if again is None and live == "true":
+            raise ViewerError(
+                f"{source}: live=true needs summary.json naming the model and an input that exists"
+            )
+        saved = load_view_scene(source)  # validates the folder, gives the saved cameras
+        if again is not None:
+            scene, runner, initial = reconstruct(*again)
+            scene.cameras = saved.cameras or scene.cameras
+            scene.path = saved.path if saved.path is not None else scene.path
+            scene.title = saved.title
+        else:
+            scene = saved
+    else:
+        scene = load_view_scene(source)
+    if runner is None:
+        initial = {"max_gaussians": settings["max_gaussians"]} if settings["max_gaussians"] else {}
+        for key in KNOB_KEYS:
+            if key != "max_gaussians" and settings[key] is not None:
+                raise ViewerError(f"{key}={settings[key]}: needs a model (pass model=NAME)")
+    return SplatViewer(
+        scene,
+        runner,
+        host=settings["host"],
+        port=settings["port"],
+        save_path=settings["save"],
+        render_backend=settings["backend"],
+        initial=initial,
+    )
+
+
+def serve_cli(argv: list[str]) -> int:
+    """Parse, build and serve until Ctrl-C; bad input → one line on stderr, 2."""
+    import infer
+    from datamodules.errors import DataError
+    from models.pretrained import PretrainedError
+    from models.viewer import ViewerError
+
+    errors = (ViewerError, DataError, PretrainedError, infer.InferError)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
+    try:
+        path, settings = parse_args(argv)
+        viewer = build(path, settings)
+    except errors as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(f"splatzoo viewer: {viewer.url} ({viewer.count:,} Gaussians; Ctrl-C to stop)", flush=True)
+    viewer.serve_forever()
+    print("viewer stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_cli(sys.argv[1:]))
