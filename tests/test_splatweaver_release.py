@@ -363,3 +363,20 @@ def test_parity_released_size() -> None:
     assert torch.equal(out.extras["routing_map"].to(torch.int32), official["cardinality"])
     for key, error in _gaussian_errors(out.gaussians, official).items():
         assert error <= TOLERANCE, f"{key}: max abs error {error:.3g}"
+
+
+def test_knob_runner_reuses_the_trunk(tiny_model) -> None:
+    """The budget knob (models.knobs) re-runs only the experts: the trunk runs once for three
+    settings, and each result equals a fresh forward."""
+    from models.knobs import KnobRunner
+
+    context = {"image": torch.rand(1, 2, 3, 28, 28, generator=torch.Generator().manual_seed(0))}
+    runner = KnobRunner(tiny_model, context)
+    assert "aggregator" in runner.reused
+    for value in (None, 1.0, 0.25):
+        got = runner.run(gaussians_per_pixel=value)
+        kwargs = {} if value is None else {"gaussians_per_pixel": value}
+        with torch.inference_mode():
+            want = tiny_model(context, **kwargs).gaussians
+        assert torch.equal(got.means, want.means) and torch.equal(got.harmonics, want.harmonics)
+    assert runner.computed["aggregator"] == 1 and runner.forwards == 3

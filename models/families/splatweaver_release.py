@@ -71,6 +71,7 @@ from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 from ..sh import eval_sh_bases
 from ..wavelet import WAVELETS
+from .splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
 from .splatweaver import budget_shift, frozen_gumbel_noise, route
 
 __all__ = [
@@ -794,6 +795,19 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
             )
     return out
 
+
+# Inference knobs (models.knobs): the family's per-pixel budget and max_gaussians. The trunk, the
+# per-pixel features and the router's logits do not depend on them (the budget shifts the logits).
+INFERENCE_KNOBS = _FAMILY_KNOBS
+KNOB_FREE_MODULES = (
+    "aggregator",
+    "camera_head",
+    "depth_head",
+    "image_encoder",
+    "prior",
+    "feature_conv",
+    "router",
+)
 
 # ----------------------------------------------------------------------------- registry
 _TINY = dict(
