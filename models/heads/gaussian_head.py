@@ -2,8 +2,9 @@
 
 Every family ends here, so the activations live in exactly one place:
 
-- scale: ``softplus(x - scale_shift) * scale_factor`` (``scale_shift = 4`` by default), clamped to ``max_scale``, then optionally multiplied by
-  a per-location ``scale_reference`` (e.g. depth times the pixel footprint, as in DepthSplat);
+- scale: ``softplus(x - scale_shift) * scale_factor`` (``scale_shift = 4`` by default), clamped
+  to ``max_scale``, then optionally multiplied by a per-location ``scale_reference`` (e.g. depth
+  times the pixel footprint, as in DepthSplat);
 - opacity: ``sigmoid``;
 - rotation: normalised quaternion (wxyz);
 - colour: SH coefficients; the DC term optionally starts at the pixel colour, higher bands are
