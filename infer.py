@@ -5,7 +5,8 @@
 
 ``input`` is a folder of images, a video (sampled to ``views`` frames) or one image. Pose-free models
 need no cameras; posed models read ``cameras.json`` or a COLMAP model (``cameras=`` or found in the
-input folder). ``output`` receives:
+input folder), else (or with ``cameras=auto``) estimate poses by structure-from-motion
+(``datamodules.sfm``, pycolmap; settings ``sfm.*``). ``output`` receives:
 
 - ``gaussians.ply``: the Gaussians (INRIA 3DGS layout; opens in SuperSplat and other viewers);
 - ``cameras.json``: the input cameras in the scene frame (given, or predicted by a pose-free model),
@@ -13,7 +14,9 @@ input folder). ``output`` receives:
 - ``renders/NN_<name>.png``: the input views rendered from the Gaussians (poses known);
 - ``path/frame_XXXX.png`` and ``path.mp4``: a camera path interpolated between the input views
   (a small orbit around the first view when there is one view or the poses are unknown);
-- ``summary.json``: model, weights, Gaussian count, timings per stage, device.
+- ``sparse/``: with structure-from-motion poses, the COLMAP text model in the same scene frame;
+- ``summary.json``: model, weights, Gaussian count, timings per stage, device (and ``sfm``:
+  images registered, mean reprojection error, points, timings).
 
 Everything is written to a temporary folder beside ``output`` and renamed into place at the end, so
 an interrupted run never leaves half an output. Bad input (no images, too few views, unreadable
@@ -352,6 +355,8 @@ def load_inputs(cfg: DictConfig, model: torch.nn.Module, image_size: int) -> tup
     min_views = int(getattr(model, "min_views", 1))
     poses = "auto"
     cameras = cfg.cameras
+    if str(cameras) == "auto" or (not cameras and not pose_free and _without_poses(source)):
+        return _sfm_inputs(cfg, source, min_views, image_size)
     if cameras:
         cameras_path = Path(str(cameras)).expanduser()
         if not cameras_path.exists():
@@ -389,6 +394,43 @@ def load_inputs(cfg: DictConfig, model: torch.nn.Module, image_size: int) -> tup
     ]
     if not pose_free and images.extrinsics is None:
         raise _needs_poses(source, str(cfg.model), "no cameras.json or COLMAP sparse/ model found")
+    return images, notes
+
+
+def _without_poses(source: Path) -> bool:
+    """A folder without ``cameras.json`` or a COLMAP model, or a video: poses come from
+    structure-from-motion (a single image stays an error: it cannot be posed)."""
+    from datamodules.colmap import find_model_dir
+    from datamodules.image_folder import VIDEO_EXTENSIONS
+
+    if source.is_file():
+        return source.suffix.lower() in VIDEO_EXTENSIONS
+    jsons = (source / "cameras.json", source / "images" / "cameras.json")
+    return not any(p.is_file() for p in jsons) and find_model_dir(source) is None
+
+
+def _sfm_inputs(cfg: DictConfig, source: Path, min_views: int, image_size: int):
+    """Poses by structure-from-motion (``datamodules.sfm``, settings ``cfg.sfm``), then the
+    images loaded with them; the result rides along as ``ImageSet.sfm``."""
+    from datamodules.image_folder import load_images
+    from datamodules.sfm import SfmSettings, poses_for_input
+
+    options = OmegaConf.to_container(cfg.sfm, resolve=True) if cfg.get("sfm") else {}
+    cache = options.pop("cache", True)
+    try:
+        settings = SfmSettings(**options)
+        settings.check()
+    except (TypeError, ValueError) as error:
+        raise InferError("sfm", " ".join(str(error).split())) from error
+    views = int(cfg.views) if cfg.views is not None else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)
+        images = load_images(
+            folder, (image_size, image_size), views, min_views, poses=str(cameras_json)
+        )
+    images.pose_source, images.sfm = "structure-from-motion", result
+    notes = [" ".join(str(w.message).split()) for w in caught if w.category is UserWarning]
     return images, notes
 
 
@@ -557,10 +599,19 @@ def run(cfg: DictConfig) -> Path:
     for key in ("views", "orbit_frames", "fps", "image_size", "max_gaussians", "iterations"):
         _check_count(cfg, key)
     device = choose_device(str(cfg.device))
-    if cfg.backend not in ("auto", "torch", "gsplat"):
-        raise InferError(f"backend={cfg.backend}", "must be auto, torch or gsplat")
+    if cfg.backend not in ("auto", "torch", "gsplat", "cpu"):
+        raise InferError(f"backend={cfg.backend}", "must be auto, torch, gsplat or cpu")
     if cfg.backend == "gsplat" and device.type != "cuda":
         raise InferError("backend=gsplat", f"needs a CUDA device (device is {device})")
+    if cfg.backend == "cpu" and device.type != "cpu":
+        raise InferError("backend=cpu", f"needs device=cpu (device is {device})")
+    if cfg.backend == "cpu":
+        from models.render_cpu import cpu_rasterizer_error
+
+        if (error := cpu_rasterizer_error()) is not None:
+            raise InferError(
+                "backend=cpu", f"the compiled CPU rasteriser is not available: {error}"
+            )
     torch.manual_seed(int(cfg.seed))
 
     with timer("load_model"):
@@ -686,6 +737,8 @@ def run(cfg: DictConfig) -> Path:
         if unknown:
             cameras["unknown_poses"] = unknown
         (staging / "cameras.json").write_text(json.dumps(cameras, indent=2), encoding="utf-8")
+        if getattr(images, "sfm", None) is not None:  # the COLMAP model, in the same scene frame
+            images.sfm.export(staging / "sparse", images.names)
 
         timer.stages["total"] = round(time.perf_counter() - total_start, 4)
         summary = {
@@ -706,6 +759,7 @@ def run(cfg: DictConfig) -> Path:
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "render_backend": str(cfg.backend),
             "timings_s": timer.stages,
+            "sfm": images.sfm.summary() if getattr(images, "sfm", None) is not None else None,
             "warnings": notes,
         }
         if cardinality is not None:

@@ -1,10 +1,13 @@
-"""Benchmark: the tiled PyTorch rasteriser against an all-pixels x all-Gaussians dense one.
+"""Benchmark: the tiled PyTorch rasteriser, the compiled CPU one and an all-pixels x all-Gaussians
+dense one.
 
 For each resolution (64^2, 128^2, 256^2) and Gaussian count (4k, 16k, 65k) it times the forward
-and the forward+backward pass of ``render(..., backend="torch")`` (tiled) and of a dense renderer
+and the forward+backward pass of ``render(..., backend="torch")`` (tiled), of
+``render(..., backend="cpu")`` (the compiled CPU rasteriser, on CPU only) and of a dense renderer
 written here (every pixel against every Gaussian, the same projection and compositing rules), and
 measures their peak memory. Then it renders the real garden scene (``../shared/data``, 138,766
-points, 3 cameras, 648x420) forward. It prints a Markdown table.
+points, 3 cameras, 648x420) forward. It prints a Markdown table; ``--methods tiled,cpu`` leaves
+the (slow) dense renderer out. Workers run with ``torch.set_num_threads(--threads)`` (2).
 
 Memory is measured honestly for each backend: every configuration runs in a fresh subprocess;
 on CPU the peak resident set size (``VmHWM``) is reset through ``/proc/self/clear_refs`` right
@@ -14,6 +17,7 @@ allocation before the calls. Dense configurations whose predicted peak exceeds `
 (8 GB) are skipped. Wall times depend on the machine's load (printed); CPU times less so.
 
     OMP_NUM_THREADS=2 python bench/render.py [--quick] [--device cpu|cuda] [--repeats 3]
+        [--methods tiled,cpu,dense] [--threads 2]
 
 Workers get ``OMP_WAIT_POLICY=PASSIVE`` unless it is set (``--wait-policy inherit`` to keep
 OpenMP's default): on a shared machine with more runnable processes than cores, spinning OpenMP
@@ -174,6 +178,8 @@ def _cpu_seconds() -> float:
 def run_worker(spec: dict) -> dict:
     """Time one configuration in this process and measure its peak memory."""
     device = torch.device(spec["device"])
+    torch.set_num_threads(spec["threads"])
+    backend = "cpu" if spec["method"] == "cpu" else "torch"
     if spec["scene"] == "garden":
         gaussians, extrinsics, intrinsics, shape = garden_scene()
     else:
@@ -194,7 +200,7 @@ def run_worker(spec: dict) -> dict:
             if spec["method"] == "dense":
                 color = render_dense(gaussians, extrinsics, intrinsics, shape)[0]
             else:
-                color = render(gaussians, extrinsics, intrinsics, shape, backend="torch").color
+                color = render(gaussians, extrinsics, intrinsics, shape, backend=backend).color
             if backward:
                 (color * color).sum().backward()
         return color.detach()
@@ -213,7 +219,7 @@ def run_worker(spec: dict) -> dict:
         if spec["method"] == "dense":
             color = render_dense(tiny, *tiny_camera, (16, 16))[0]
         else:
-            color = render(tiny, *tiny_camera, (16, 16), backend="torch").color
+            color = render(tiny, *tiny_camera, (16, 16), backend=backend).color
         if backward:
             color.sum().backward()
     if device.type == "cuda":
@@ -283,6 +289,12 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dense-limit-gb", type=float, default=8.0)
+    parser.add_argument(
+        "--methods",
+        default="tiled,cpu,dense",
+        help="comma-separated subset of tiled (torch backend), cpu (compiled CPU backend), dense",
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads of workers")
     parser.add_argument("--timeout", type=float, default=900.0, help="per configuration, seconds")
     parser.add_argument(
         "--wait-policy",
@@ -298,6 +310,14 @@ def main() -> int:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
 
+    methods = {m.strip() for m in args.methods.split(",") if m.strip()}
+    unknown = methods - {"tiled", "cpu", "dense"}
+    if unknown or "tiled" not in methods:
+        parser.error(
+            f"--methods must include tiled and be among tiled,cpu,dense, got {args.methods}"
+        )
+    if args.device != "cpu":
+        methods.discard("cpu")
     env = dict(os.environ)
     if args.wait_policy == "passive":
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -307,6 +327,7 @@ def main() -> int:
         f"device {args.device}, torch {torch.__version__}, "
         f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}, "
         f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')}, {os.cpu_count()} CPUs, "
+        f"torch.set_num_threads({args.threads}), "
         f"load average {os.getloadavg()[0]:.1f} at start"
     )
     print(
@@ -316,10 +337,11 @@ def main() -> int:
     )
     print()
     print(
-        "| res | Gaussians | pass | tiled ms (CPU ms) | dense ms (CPU ms) | speed-up | "
-        "tiled peak MB | dense peak MB | memory ratio |"
+        "| res | Gaussians | pass | tiled ms (CPU ms) | cpu ms (CPU ms) | cpu vs tiled | "
+        "dense ms (CPU ms) | dense vs tiled | tiled peak MB | cpu peak MB | dense peak MB | "
+        "dense/tiled memory |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     largest: dict[str, tuple[int, dict]] = {}  # pass -> (entries, result) of the largest dense run
     for resolution in resolutions:
         for num in counts:
@@ -331,12 +353,18 @@ def main() -> int:
                     "num": num,
                     "mode": mode,
                     "repeats": args.repeats,
+                    "threads": args.threads,
                 }
                 tiled = measure({**spec, "method": "tiled"}, args.timeout, env)
+                compiled = None
+                if "cpu" in methods:
+                    compiled = measure({**spec, "method": "cpu"}, args.timeout, env)
                 entries = resolution * resolution * num
                 predicted = entries * DENSE_BYTES_PER_ENTRY[mode] / 1e9
                 dense, est_ms, est_mb = None, None, None
-                if predicted <= args.dense_limit_gb:
+                if "dense" not in methods:
+                    pass
+                elif predicted <= args.dense_limit_gb:
                     dense = measure({**spec, "method": "dense"}, args.timeout, env)
                     if "error" not in dense and entries >= largest.get(mode, (0, None))[0]:
                         largest[mode] = (entries, dense)
@@ -346,29 +374,55 @@ def main() -> int:
                     est_mb = base["peak_mb"] * entries / base_entries
                 dense_ms = dense["ms"] if dense and "error" not in dense else est_ms
                 dense_mb = dense["peak_mb"] if dense and "error" not in dense else est_mb
-                dense_time = cell(dense, "ms", est_ms)
+                dense_time = cell(dense, "ms", est_ms) if "dense" in methods else "-"
                 if dense is not None and "error" not in dense:
                     dense_time += f" ({dense['cpu_ms']:,.0f})"
                 estimated = dense is None
+                cpu_time, cpu_speedup, cpu_peak = "-", "-", "-"
+                if compiled is not None:
+                    cpu_time = f"{cell(compiled, 'ms')} ({cell(compiled, 'cpu_ms')})"
+                    cpu_peak = cell(compiled, "peak_mb")
+                    if "error" not in compiled and "error" not in tiled:
+                        cpu_speedup = f"{tiled['ms'] / compiled['ms']:.1f}x"
                 print(
                     f"| {resolution}² | {num:,} | {mode} | {cell(tiled, 'ms')} "
-                    f"({cell(tiled, 'cpu_ms')}) | {dense_time} | "
+                    f"({cell(tiled, 'cpu_ms')}) | {cpu_time} | {cpu_speedup} | {dense_time} | "
                     f"{speedup(dense_ms, tiled, 'ms', estimated)} | {cell(tiled, 'peak_mb')} | "
-                    f"{cell(dense, 'peak_mb', est_mb)} | "
+                    f"{cpu_peak} | {cell(dense, 'peak_mb', est_mb) if 'dense' in methods else '-'} | "
                     f"{speedup(dense_mb, tiled, 'peak_mb', estimated)} |",
                     flush=True,
                 )
+                if compiled is not None and "error" not in compiled and "error" not in tiled:
+                    gap = abs(compiled["checksum"] - tiled["checksum"]) / max(
+                        1.0, tiled["checksum"]
+                    )
+                    if gap > 1e-5:
+                        print(f"  (warning: cpu and tiled images differ, relative {gap:.2e})")
                 if dense is not None and "error" not in dense and "error" not in tiled:
                     gap = abs(dense["checksum"] - tiled["checksum"]) / max(1.0, tiled["checksum"])
                     if gap > 1e-4:
                         print(f"  (warning: tiled and dense images differ, relative {gap:.2e})")
     if not args.quick:
         if GARDEN.is_file():
-            spec = {"device": args.device, "scene": "garden", "mode": "fwd", "repeats": 1}
+            spec = {
+                "device": args.device,
+                "scene": "garden",
+                "mode": "fwd",
+                "repeats": args.repeats,
+                "threads": args.threads,
+            }
             garden = measure({**spec, "method": "tiled"}, args.timeout, env)
+            cpu_time, cpu_speedup, cpu_peak = "-", "-", "-"
+            if "cpu" in methods:
+                compiled = measure({**spec, "method": "cpu"}, args.timeout, env)
+                cpu_time = f"{cell(compiled, 'ms')} ({cell(compiled, 'cpu_ms')})"
+                cpu_peak = cell(compiled, "peak_mb")
+                if "error" not in compiled and "error" not in garden:
+                    cpu_speedup = f"{garden['ms'] / compiled['ms']:.1f}x"
             print(
                 f"| garden 648x420, 3 cameras | 138,766 | fwd | {cell(garden, 'ms')} "
-                f"({cell(garden, 'cpu_ms')}) | - | - | {cell(garden, 'peak_mb')} | - | - |"
+                f"({cell(garden, 'cpu_ms')}) | {cpu_time} | {cpu_speedup} | - | - | "
+                f"{cell(garden, 'peak_mb')} | {cpu_peak} | - | - |"
             )
         else:
             print(f"garden scene skipped: {GARDEN} not found")

@@ -5,6 +5,7 @@ Usage::
     python -m datamodules.convert SOURCE --out ROOT --split train|test \\
         [--resolution H W | --resolution MAX_SIDE] [--chunk-mb 100] [--images DIR] \\
         [--frames DIR] [--key KEY] [--quality 95] [--background white|black] [--no-undistort]
+    python -m datamodules.convert PHOTOS --poses auto --out ROOT --split test [--matching M] ...
 
 SOURCE is one scene or a folder of scenes (searched up to three levels deep; a folder holding
 both ``train/`` and ``test/`` is only searched in the ``--split`` one):
@@ -28,6 +29,12 @@ both ``train/`` and ``test/`` is only searched in the ``--split`` one):
   extracted to ``FRAMES/KEY/<timestamp>.png|jpg`` where FRAMES is ``--frames`` or the folder of
   the ``.txt`` files. A frame folder holding exactly one image per line is also accepted in
   name order (``00000.png, 00001.png, ...``).
+
+- A plain folder of photos or video frames with ``--poses auto``: camera poses by
+  structure-from-motion (``datamodules.sfm``, pycolmap; ``--matching auto|exhaustive|sequential``),
+  then converted like a COLMAP scene (images that do not register are left out and listed in the
+  report; the COLMAP model is kept in ``ROOT/sfm/KEY/sparse``). Fewer than two registered
+  images: exit status 2 with a one-line message, nothing written.
 
 Scene keys are the scene folder name or the ``.txt`` stem (``--key`` overrides it for a single
 scene). Images are stored as JPEG (JPEG sources that need no change are copied byte for byte),
@@ -90,6 +97,7 @@ __all__ = [
     "undistort_image",
     "resize_and_crop",
     "convert",
+    "sfm_scene",
     "main",
 ]
 
@@ -765,6 +773,8 @@ def convert(
     background: str = "white",
     undistort: bool = True,
     quiet: bool = False,
+    poses: str | None = None,
+    matching: str = "auto",
 ) -> dict:
     """Convert SOURCE into ``out/split`` and write ``out/convert_report.json``.
 
@@ -781,6 +791,8 @@ def convert(
         background: colour behind transparent pixels, ``"white"`` or ``"black"``.
         undistort: undistort distorted cameras (else skip such scenes).
         quiet: no progress bar.
+        poses: ``"auto"``: SOURCE is a folder of photos posed by structure-from-motion.
+        matching: structure-from-motion matching (``datamodules.sfm.MATCHING``).
 
     Returns:
         The report (also written to ``out/convert_report.json``).
@@ -808,7 +820,14 @@ def convert(
         background=(255, 255, 255) if background == "white" else (0, 0, 0),
         undistort=undistort,
     )
-    scenes = discover(Path(source), split, images, Path(frames) if frames else None, key)
+    sfm = None
+    if poses not in (None, "auto"):
+        raise InputError(f"--poses must be auto, got {poses!r}")
+    if poses == "auto":
+        scene, sfm = sfm_scene(Path(source), key, matching, quiet)
+        scenes = [scene]
+    else:
+        scenes = discover(Path(source), split, images, Path(frames) if frames else None, key)
     if not scenes:
         raise InputError(
             f"{source}: no scenes found (looked for COLMAP models, transforms.json and "
@@ -856,10 +875,39 @@ def convert(
         "chunks": writer.written,
     }
     out.mkdir(parents=True, exist_ok=True)
+    if sfm is not None:
+        report["sfm"] = sfm.summary()
+        if converted:
+            import shutil
+
+            kept = out / "sfm" / scenes[0].key / "sparse"
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(sfm.model_dir, kept)
+            report["sfm"]["model"] = str(kept)
     with open(out / "convert_report.json", "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2)
     write_marker(out, PROGRAM)
     return report
+
+
+def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool = False):
+    """A folder of photos posed by structure-from-motion, as a COLMAP ``SceneSource``.
+
+    Returns:
+        ``(scene, SfmResult)``.
+
+    Raises:
+        InputError: not a folder, or fewer than two images registered (one line).
+    """
+    from datamodules.sfm import SfmError, estimate_poses
+
+    if not source.is_dir():
+        raise InputError(f"{source}: --poses auto needs a folder of photos")
+    try:
+        result = estimate_poses(source, matching=matching, verbose=0 if quiet else 1)
+    except (SfmError, ValueError) as error:
+        raise InputError(" ".join(str(error).split())) from error
+    return colmap_scene(result.model_dir, result.image_dir, key or source.name), result
 
 
 PROGRAM = "datamodules.convert"
@@ -916,6 +964,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-undistort", action="store_true", help="skip distorted cameras instead of undistorting"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--poses", choices=["auto"], help="auto: pose a folder of photos by structure-from-motion"
+    )
+    parser.add_argument(
+        "--matching", default="auto", help="with --poses auto: auto, exhaustive or sequential"
+    )
     args = parser.parse_args(argv)
     try:
         report = convert(
@@ -931,6 +985,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             background=args.background,
             undistort=not args.no_undistort,
             quiet=args.quiet,
+            poses=args.poses,
+            matching=args.matching,
         )
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)

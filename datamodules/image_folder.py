@@ -45,6 +45,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,6 +95,7 @@ class ImageSet:
     extrinsics: Tensor | None = None
     intrinsics: Tensor | None = None
     pose_source: str | None = None
+    sfm: Any = None  # the datamodules.sfm.SfmResult when the poses came from structure-from-motion
 
     def __len__(self) -> int:
         return len(self.names)

@@ -69,7 +69,7 @@ class SplatLitModule(L.LightningModule):
         lpips_weight: weight of the LPIPS loss (0 disables it).
         lpips_start_step: step from which the LPIPS loss is added.
         depth_weight: weight of the depth loss when the batch has GT depth.
-        render_backend: ``"auto"``, ``"torch"`` or ``"gsplat"``.
+        render_backend: ``"auto"``, ``"torch"``, ``"gsplat"`` or ``"cpu"`` (see ``models.render``).
         background: RGB background of the renders.
         num_val_images: validation scenes whose renders are logged.
         refine_target_poses: test-time target-pose refinement for pose-free models.

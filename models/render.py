@@ -54,7 +54,7 @@ MAX_ALPHA = 0.999
 TRANSMITTANCE_MIN = 1e-4
 EPS2D = 0.3
 BOX_EXTEND = 3.33  # gsplat's bounding-box extent in standard deviations
-BACKENDS = ("auto", "torch", "gsplat")
+BACKENDS = ("auto", "torch", "gsplat", "cpu")
 MAX_NORMALISED_FOCAL = 50.0  # larger focal lengths are pixel intrinsics passed by mistake
 _MAX_CHUNK = 1024  # largest number of Gaussians per tile per round
 _NEG_SIGMA_FLOOR = -20.0  # exp(-20) * opacity < 1/255: such alphas are skipped anyway
@@ -694,6 +694,24 @@ def gsplat_available(device: torch.device | str = "cuda") -> bool:
     return _gsplat_works(str(device))
 
 
+def _cpu_backend_usable(dtype: torch.dtype) -> bool:
+    """Whether ``auto`` takes the compiled CPU rasteriser for ``dtype`` (warns once per reason)."""
+    from .render_cpu import cpu_rasterizer_error
+
+    error = cpu_rasterizer_error(dtype)
+    if error is not None and error not in _CPU_FALLBACK_WARNED:
+        _CPU_FALLBACK_WARNED.add(error)
+        warnings.warn(
+            f"the compiled CPU rasteriser is not used ({error}); rendering with the PyTorch one",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return error is None
+
+
+_CPU_FALLBACK_WARNED: set[str] = set()
+
+
 # ---------------------------------------------------------------------------------- entry point
 def _check_camera(name: str, value: Tensor, batch: int, views: int | None, size: int) -> None:
     if not isinstance(value, Tensor):
@@ -785,8 +803,10 @@ def render(
         intrinsics: ``[B, V, 3, 3]`` normalised (row 0 divided by the width, row 1 by the height).
         image_shape: ``(H, W)`` in pixels.
         background: ``[3]``, ``[B, 3]`` or ``[B, V, 3]``; black when ``None``.
-        backend: ``"torch"`` (tiled PyTorch rasteriser, any device), ``"gsplat"`` (CUDA, float32)
-            or ``"auto"`` (gsplat for CUDA float32 tensors when it works, else torch).
+        backend: ``"torch"`` (tiled PyTorch rasteriser, any device), ``"gsplat"`` (CUDA, float32),
+            ``"cpu"`` (the compiled CPU rasteriser of :mod:`models.render_cpu`, float32/64) or
+            ``"auto"`` (gsplat for CUDA float32 tensors when it works, the compiled one for CPU
+            tensors when it builds, else torch with one warning saying why).
         near: near plane (camera z), a float or ``[B, V]``; closer Gaussians are culled.
         far: far plane, a float or ``[B, V]``.
         tile_size: torch backend: tile side in pixels (gsplat uses 16).
@@ -850,6 +870,8 @@ def render(
     if backend == "auto":
         use_gsplat = gaussians.dtype == torch.float32 and gsplat_available(device)
         backend = "gsplat" if use_gsplat else "torch"
+        if device.type == "cpu" and _cpu_backend_usable(gaussians.dtype):
+            backend = "cpu"
     gaussians = _sanitise(gaussians)
     extrinsics = extrinsics.to(gaussians.dtype)
     intrinsics = intrinsics.to(gaussians.dtype)
@@ -862,6 +884,17 @@ def render(
             return _render_gsplat(
                 gaussians, extrinsics, intrinsics, image_shape, background, near, far
             )
+    if backend == "cpu":
+        from .render_cpu import cpu_rasterizer_error, render_cpu
+
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu' needs CPU tensors, got gaussians on {device}")
+        error = cpu_rasterizer_error(gaussians.dtype)
+        if error is not None:
+            raise RuntimeError(f"backend='cpu' is not available: {error}")
+        return render_cpu(
+            gaussians, extrinsics, intrinsics, image_shape, background, near, far, tile_size
+        )
     return _render_torch(
         gaussians,
         extrinsics,

@@ -440,15 +440,19 @@ def test_corrupt_safetensors(weights, tmp_path: Path, capsys) -> None:
 @needs_shared
 @pytest.mark.skipif(not POSED, reason="no posed model")
 def test_posed_model_without_poses(weights, tmp_path: Path, capsys) -> None:
+    """A single image cannot be posed (folders and videos get structure-from-motion poses:
+    tests/test_sfm.py)."""
     output = tmp_path / "out"
     args = (f"output={output}", f"model={POSED}", f"weights={weights[POSED]}", SIZE)
-    folder = EXAMPLES / "drone_frames"
+    image = EXAMPLES / "drone_frames" / "frame_00.jpg"
     line = assert_bad_input(
-        infer_here(capsys, f"input={folder}", *args), str(folder), "needs camera poses"
+        infer_here(capsys, f"input={image}", *args), str(image), "needs camera poses"
     )
     assert "pose-free model" in line
-    video = EXAMPLES / "drone.mp4"
-    assert_bad_input(infer_here(capsys, f"input={video}", *args), str(video), "needs camera poses")
+    line = assert_bad_input(
+        infer_here(capsys, f"input={image}", *args, "cameras=auto"), str(image), "registered 0"
+    )
+    assert "model=zipsplat_tiny" in line
     assert_no_output(tmp_path, output)
 
 

@@ -17,6 +17,23 @@ from models.sh import eval_sh
 ALPHA_MIN = 1.0 / 255.0
 
 
+def cpu_backend_or_skip() -> None:
+    """Skip unless ``backend="cpu"`` works here (test_render_cpu.py fails when it should)."""
+    from models.render_cpu import cpu_rasterizer_error
+
+    error = cpu_rasterizer_error(torch.float64)
+    if error is not None:
+        pytest.skip(f"backend='cpu' is not available: {error}")
+
+
+@pytest.fixture(params=["torch", "cpu"])
+def backend(request) -> str:
+    """The renderer tests run against the torch backend and the compiled CPU one."""
+    if request.param == "cpu":
+        cpu_backend_or_skip()
+    return request.param
+
+
 # ------------------------------------------------------------------------------ helpers
 def random_gaussians(
     batch: int,
@@ -205,7 +222,7 @@ def single_gaussian(mean, scale, opacity, rgb, dtype=torch.float64) -> Gaussians
     )
 
 
-def test_single_isotropic_gaussian_closed_form():
+def test_single_isotropic_gaussian_closed_form(backend):
     height, width, f, z, s, o = 24, 40, 30.0, 2.0, 0.1, 0.7
     g = single_gaussian([0.0, 0.0, z], s, o, [0.9, 0.2, 0.4])
     extrinsics = torch.eye(4, dtype=torch.float64)[None, None]
@@ -215,7 +232,7 @@ def test_single_isotropic_gaussian_closed_form():
         dtype=torch.float64,
     )
     bg = torch.tensor([0.1, 0.3, 0.5], dtype=torch.float64)
-    out = render(g, extrinsics, intrinsics, (height, width), background=bg, backend="torch")
+    out = render(g, extrinsics, intrinsics, (height, width), background=bg, backend=backend)
     variance = (f * s / z) ** 2 + 0.3  # isotropic 2D covariance with gsplat's blur
     for row, col in [(9, 17), (10, 18), (9, 20), (5, 12), (12, 23), (0, 0), (20, 35)]:
         d2 = (col + 0.5 - 17.3) ** 2 + (row + 0.5 - 9.6) ** 2
@@ -232,7 +249,7 @@ def test_single_isotropic_gaussian_closed_form():
     assert out.means2d[0, 0, 0].tolist() == pytest.approx([17.3, 9.6])
 
 
-def test_alpha_clamp_and_transmittance_stop():
+def test_alpha_clamp_and_transmittance_stop(backend):
     # Two nearly opaque Gaussians centred on pixel (15, 15): alpha clamps at 0.999; the second
     # would take T to 1e-6 <= 1e-4, so it is not composited and the pixel stops (gsplat's
     # exclusive rule). Pixels far from the centre composite both.
@@ -243,7 +260,7 @@ def test_alpha_clamp_and_transmittance_stop():
     c = 15.5 / 32
     intrinsics = torch.tensor([[[[1.0, 0, c], [0, 1.0, c], [0, 0, 1]]]], dtype=torch.float64)
     bg = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
-    out = render(g, extrinsics, intrinsics, (32, 32), background=bg, backend="torch")
+    out = render(g, extrinsics, intrinsics, (32, 32), background=bg, backend=backend)
     assert out.alpha[0, 0, 15, 15].item() == pytest.approx(0.999, abs=1e-12)
     expected = torch.tensor([0.999, 0.0, 0.001], dtype=torch.float64)
     assert max_abs(out.color[0, 0, :, 15, 15], expected) < 1e-12
@@ -266,7 +283,7 @@ def test_alpha_clamp_and_transmittance_stop():
         (2, 2, 60, 3, (40, 36), True),
     ],
 )
-def test_tiled_matches_per_pixel_reference(batch, views, num, degree, shape, masked):
+def test_tiled_matches_per_pixel_reference(batch, views, num, degree, shape, masked, backend):
     g = random_gaussians(batch, num, degree=degree, dtype=torch.float64, spread=0.9)
     if masked:
         g.mask = torch.rand(batch, num, generator=torch.Generator().manual_seed(3)) > 0.3
@@ -274,7 +291,7 @@ def test_tiled_matches_per_pixel_reference(batch, views, num, degree, shape, mas
         g.harmonics[~g.mask] = float("nan")
     extrinsics, intrinsics = cameras(batch, views, torch.float64)
     bg = torch.rand(batch, views, 3, dtype=torch.float64)
-    out = render(g, extrinsics, intrinsics, shape, background=bg, backend="torch", chunk=8)
+    out = render(g, extrinsics, intrinsics, shape, background=bg, backend=backend, chunk=8)
     color, depth, alpha, _ = reference_render(g, extrinsics, intrinsics, shape, background=bg)
     assert alpha.max() > 0.9  # overlapping Gaussians: some pixels are nearly opaque
     assert max_abs(out.color, color) <= 1e-5
@@ -282,13 +299,13 @@ def test_tiled_matches_per_pixel_reference(batch, views, num, degree, shape, mas
     assert max_abs(out.alpha, alpha) <= 1e-5
 
 
-def test_tiled_matches_reference_float32_with_saturation():
+def test_tiled_matches_reference_float32_with_saturation(backend):
     # Many overlapping opaque Gaussians: pixels saturate, so early termination and the
     # transmittance stop are exercised across chunks; float32 as in training.
     g = random_gaussians(1, 150, degree=1, spread=0.3, scale=(0.2, 0.5))
     g.opacities = 0.6 + 0.39 * g.opacities
     extrinsics, intrinsics = cameras(1, 1)
-    out = render(g, extrinsics, intrinsics, (48, 40), backend="torch", chunk=4)
+    out = render(g, extrinsics, intrinsics, (48, 40), backend=backend, chunk=4)
     color, depth, alpha, stopped = reference_render(g, extrinsics, intrinsics, (48, 40))
     assert stopped.float().mean() > 0.25  # a good share of pixels hit the transmittance stop
     assert max_abs(out.color, color) <= 1e-5
@@ -304,20 +321,21 @@ def test_chunking_does_not_change_the_result():
     assert max_abs(a.color, b.color) < 1e-6 and max_abs(a.alpha, b.alpha) < 1e-6
 
 
-def test_tile_size_does_not_change_the_result():
+@pytest.mark.parametrize("tile_size", [8, 5])
+def test_tile_size_does_not_change_the_result(backend, tile_size):
     g = random_gaussians(1, 200, degree=1)
     extrinsics, intrinsics = cameras(1, 1)
-    a = render(g, extrinsics, intrinsics, (45, 61), backend="torch")
-    b = render(g, extrinsics, intrinsics, (45, 61), backend="torch", tile_size=8)
+    a = render(g, extrinsics, intrinsics, (45, 61), backend=backend)
+    b = render(g, extrinsics, intrinsics, (45, 61), backend=backend, tile_size=tile_size)
     assert max_abs(a.color, b.color) < 1e-6 and max_abs(a.depth, b.depth) < 1e-5
 
 
-def test_near_and_far_planes_per_view():
+def test_near_and_far_planes_per_view(backend):
     g = random_gaussians(1, 100, depth=(1.0, 6.0))
     extrinsics, intrinsics = cameras(1, 2)
     near = torch.tensor([[0.01, 3.0]])
     far = torch.tensor([[4.0, 1e10]])
-    both = render(g, extrinsics, intrinsics, (24, 24), near=near, far=far, backend="torch")
+    both = render(g, extrinsics, intrinsics, (24, 24), near=near, far=far, backend=backend)
     for v in range(2):
         one = render(
             g,
@@ -326,43 +344,43 @@ def test_near_and_far_planes_per_view():
             (24, 24),
             near=float(near[0, v]),
             far=float(far[0, v]),
-            backend="torch",
+            backend=backend,
         )
         assert max_abs(both.color[:, v : v + 1], one.color) < 1e-6
-    full = render(g, extrinsics, intrinsics, (24, 24), backend="torch")
+    full = render(g, extrinsics, intrinsics, (24, 24), backend=backend)
     assert max_abs(both.color, full.color) > 0.05  # the planes did cull something
     assert (
         both.depth[0, 1][both.alpha[0, 1] > 0.5] / both.alpha[0, 1][both.alpha[0, 1] > 0.5]
     ).min() > 2.5
 
 
-def test_batch_equals_separate_scenes():
+def test_batch_equals_separate_scenes(backend):
     g = random_gaussians(2, 80, degree=1)
     extrinsics, intrinsics = cameras(2, 2)
-    both = render(g, extrinsics, intrinsics, (30, 34), backend="torch")
+    both = render(g, extrinsics, intrinsics, (30, 34), backend=backend)
     for b in range(2):
-        one = render(g[b], extrinsics[b : b + 1], intrinsics[b : b + 1], (30, 34), backend="torch")
+        one = render(g[b], extrinsics[b : b + 1], intrinsics[b : b + 1], (30, 34), backend=backend)
         assert max_abs(both.color[b : b + 1], one.color) < 1e-6
         assert max_abs(both.depth[b : b + 1], one.depth) < 1e-5
 
 
-def test_masked_entries_never_render():
+def test_masked_entries_never_render(backend):
     g = random_gaussians(1, 50, degree=1)
     g.mask = torch.arange(50)[None] % 3 != 0
     extrinsics, intrinsics = cameras(1, 1)
-    masked = render(g, extrinsics, intrinsics, (32, 32), backend="torch")
+    masked = render(g, extrinsics, intrinsics, (32, 32), backend=backend)
     keep = g.mask[0]
     compact = Gaussians(
         g.means[:, keep], g.scales[:, keep], g.rotations[:, keep], g.opacities[:, keep],
         g.harmonics[:, keep],
     )  # fmt: skip
-    reference = render(compact, extrinsics, intrinsics, (32, 32), backend="torch")
+    reference = render(compact, extrinsics, intrinsics, (32, 32), backend=backend)
     assert max_abs(masked.color, reference.color) < 1e-6
     assert (masked.radii[0, 0, ~keep] == 0).all()
 
 
 # ------------------------------------------------------------------------------ (c) gradients
-def test_gradcheck_float64():
+def test_gradcheck_float64(backend):
     g = random_gaussians(1, 4, degree=1, dtype=torch.float64, spread=0.5, scale=(0.1, 0.25))
     g.opacities = 0.3 + 0.5 * g.opacities  # away from the 0.999 clamp
     extrinsics, intrinsics = cameras(1, 1, torch.float64, focal=0.8)
@@ -375,7 +393,7 @@ def test_gradcheck_float64():
             intrinsics,
             (18, 20),
             background=bg,
-            backend="torch",
+            backend=backend,
             chunk=2,
         )
         return out.color, out.depth, out.alpha
@@ -387,14 +405,19 @@ def test_gradcheck_float64():
     color = fn(*inputs)[0]
     assert color.requires_grad
     # fast_mode checks a random projection of the full Jacobian (analytical vs finite
-    # differences); no custom autograd.Function here, so the undefined-grad check adds nothing.
+    # differences). The cpu backend's autograd.Function returns every gradient (no undefined
+    # ones), so the undefined-grad check adds nothing either.
     assert torch.autograd.gradcheck(
         fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=True, check_undefined_grad=False
     )
 
 
-@pytest.mark.parametrize("recompute", [True, False])
-def test_gradients_match_reference_with_saturation(recompute: bool):
+@pytest.mark.parametrize(
+    ("backend_name", "recompute"), [("torch", True), ("torch", False), ("cpu", True)]
+)
+def test_gradients_match_reference_with_saturation(backend_name: str, recompute: bool):
+    if backend_name == "cpu":
+        cpu_backend_or_skip()
     # Autograd through the masks (alpha skip, transmittance stop, early termination) must give
     # the gradient of what was composited: compare with autograd through the sequential reference.
     g = random_gaussians(1, 60, degree=1, dtype=torch.float64, spread=0.3, scale=(0.2, 0.5))
@@ -411,7 +434,7 @@ def test_gradients_match_reference_with_saturation(recompute: bool):
                 extrinsics,
                 intrinsics,
                 (24, 20),
-                backend="torch",
+                backend=backend_name,
                 chunk=4,
                 recompute=recompute,
             )
@@ -426,7 +449,7 @@ def test_gradients_match_reference_with_saturation(recompute: bool):
         assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-9), name
 
 
-def test_gradients_reach_every_parameter_and_are_finite():
+def test_gradients_reach_every_parameter_and_are_finite(backend):
     g = random_gaussians(2, 60, degree=2, spread=0.6)
     g.mask = torch.ones(2, 60, dtype=torch.bool)
     g.mask[1, 40:] = False
@@ -436,7 +459,7 @@ def test_gradients_reach_every_parameter_and_are_finite():
     for p in params:
         p.requires_grad_(True)
     extrinsics, intrinsics = cameras(2, 2)
-    out = render(g, extrinsics, intrinsics, (40, 40), backend="torch")
+    out = render(g, extrinsics, intrinsics, (40, 40), backend=backend)
     (out.color.sum() + out.depth.sum() + out.alpha.sum()).backward()
     for p in params:
         assert p.grad is not None and torch.isfinite(p.grad).all()
@@ -493,9 +516,9 @@ def garden_inputs(data_dir, scale_down: int):
     return g, extrinsics, intrinsics[None], shape
 
 
-def test_garden_scene_renders(shared_data):
+def test_garden_scene_renders(shared_data, backend):
     g, extrinsics, intrinsics, shape = garden_inputs(shared_data, scale_down=4)
-    out = render(g, extrinsics[:, :1], intrinsics[:, :1], shape, backend="torch")
+    out = render(g, extrinsics[:, :1], intrinsics[:, :1], shape, backend=backend)
     assert out.color.shape == (1, 1, 3, *shape)
     for t in (out.color, out.depth, out.alpha):
         assert torch.isfinite(t).all()
@@ -505,9 +528,9 @@ def test_garden_scene_renders(shared_data):
 
 
 @pytest.mark.slow
-def test_garden_scene_full_resolution(shared_data):
+def test_garden_scene_full_resolution(shared_data, backend):
     g, extrinsics, intrinsics, shape = garden_inputs(shared_data, scale_down=1)
-    out = render(g, extrinsics, intrinsics, shape, backend="torch")
+    out = render(g, extrinsics, intrinsics, shape, backend=backend)
     assert out.color.shape == (1, 3, 3, 420, 648)
     assert torch.isfinite(out.color).all() and (out.alpha > 0.5).float().mean() > 0.8
 
@@ -595,7 +618,7 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
 
 
 # ------------------------------------------------------------------------------ (h) degenerate
-def test_behind_camera_and_empty_sets_render_background():
+def test_behind_camera_and_empty_sets_render_background(backend):
     extrinsics, intrinsics = cameras(1, 2)
     bg = torch.tensor([0.25, 0.5, 0.75])
     behind = random_gaussians(1, 30, depth=(-5.0, -0.5))
@@ -607,7 +630,7 @@ def test_behind_camera_and_empty_sets_render_background():
     all_masked = random_gaussians(1, 30)
     all_masked.mask = torch.zeros(1, 30, dtype=torch.bool)
     for g in (behind, too_near, empty, all_masked):
-        out = render(g, extrinsics, intrinsics, (20, 24), background=bg, backend="auto")
+        out = render(g, extrinsics, intrinsics, (20, 24), background=bg, backend=backend)
         assert isinstance(out, RenderOutput)
         assert out.color.shape == (1, 2, 3, 20, 24)
         assert torch.equal(out.color, bg[None, None, :, None, None].expand(1, 2, 3, 20, 24))
@@ -615,17 +638,22 @@ def test_behind_camera_and_empty_sets_render_background():
         assert (out.radii == 0).all()
     # Gradients flow (as zeros) even when nothing is visible, so a training step does not crash.
     means = behind.means.clone().requires_grad_(True)
-    out = render(behind.replace(means=means), extrinsics, intrinsics, (20, 24), backend="torch")
+    out = render(behind.replace(means=means), extrinsics, intrinsics, (20, 24), backend=backend)
     out.color.sum().backward()
     assert means.grad is not None and (means.grad == 0).all()
 
 
-def test_default_background_is_black_and_backgrounds_broadcast():
+def test_default_background_is_black_and_backgrounds_broadcast(backend):
     g = random_gaussians(2, 20)
     extrinsics, intrinsics = cameras(2, 2)
-    black = render(g, extrinsics, intrinsics, (16, 16), backend="torch")
+    black = render(g, extrinsics, intrinsics, (16, 16), backend=backend)
     per_scene = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
-    red_green = render(g, extrinsics, intrinsics, (16, 16), background=per_scene, backend="torch")
+    red_green = render(g, extrinsics, intrinsics, (16, 16), background=per_scene, backend=backend)
     expected = black.color + per_scene[:, None, :, None, None] * (1 - black.alpha[:, :, None])
     assert max_abs(red_green.color, expected) < 1e-6
-    assert torch.equal(black.color, render(g, extrinsics, intrinsics, (16, 16)).color)  # auto
+    # auto: the compiled CPU rasteriser for CPU tensors when it works, else torch.
+    from models.render_cpu import cpu_rasterizer_error
+
+    picked = "cpu" if cpu_rasterizer_error(torch.float32) is None else "torch"
+    expected = render(g, extrinsics, intrinsics, (16, 16), backend=picked).color
+    assert torch.equal(expected, render(g, extrinsics, intrinsics, (16, 16)).color)

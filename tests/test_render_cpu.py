@@ -1,0 +1,221 @@
+"""The compiled CPU rasteriser (``models.render_cpu``): parity with the torch backend, the build,
+``auto``'s choice and its fallback.
+
+The renderer tests of ``test_render.py`` (reference renderer, closed form, garden scene, empty
+sets, masks, Gaussians behind the camera, gradcheck) also run against ``backend="cpu"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from test_render import cameras, garden_inputs, random_gaussians
+
+import models.render_cpu as render_cpu
+from models.gaussians import Gaussians
+from models.render import render
+
+NAMES = ("means", "scales", "rotations", "opacities", "harmonics")
+render_module = importlib.import_module("models.render")  # models.render is also the function
+REPO = Path(__file__).resolve().parents[1]
+
+
+def toolchain_present() -> bool:
+    return shutil.which("c++") is not None and shutil.which("ninja") is not None
+
+
+@pytest.fixture
+def cpu_backend():
+    error = render_cpu.cpu_rasterizer_error(torch.float32)
+    if error is not None:
+        if toolchain_present():
+            pytest.fail(f"a C++ compiler and ninja are here but backend='cpu' is not: {error}")
+        pytest.skip(f"backend='cpu' is not available: {error}")
+
+
+@pytest.fixture
+def fresh_build_state(monkeypatch):
+    """Forget the cached build result and warnings; the real build is found again afterwards."""
+    render_cpu._build_error.cache_clear()
+    monkeypatch.setattr(render_module, "_CPU_FALLBACK_WARNED", set())
+    yield
+    render_cpu._build_error.cache_clear()
+
+
+@pytest.fixture
+def failed_build(monkeypatch, fresh_build_state):
+    """A build that fails."""
+
+    def broken() -> None:
+        raise render_cpu.CpuRasterizerUnavailable("its build failed (simulated)")
+
+    monkeypatch.setattr(render_cpu, "_build", broken)
+
+
+def render_with_grads(gaussians, extrinsics, intrinsics, shape, background, backend):
+    """Render and differentiate a loss of colour, depth and alpha w.r.t. every field and pose."""
+    params = {k: getattr(gaussians, k).clone().requires_grad_(True) for k in NAMES}
+    poses = extrinsics.clone().requires_grad_(True)
+    out = render(
+        Gaussians(**params, mask=gaussians.mask),
+        poses,
+        intrinsics,
+        shape,
+        background=background,
+        backend=backend,
+    )
+    weight = torch.linspace(0.5, 1.5, out.color.numel(), dtype=out.color.dtype)
+    loss = (weight.reshape(out.color.shape) * out.color).sum()
+    loss = loss + 0.3 * out.depth.sum() + 2.0 * out.alpha.sum()
+    grads = torch.autograd.grad(loss, [*params.values(), poses])
+    return out, dict(zip([*NAMES, "extrinsics"], grads))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_matches_torch_backend_forward_and_gradients(cpu_backend, dtype):
+    g = random_gaussians(2, 600, degree=3, dtype=dtype, spread=0.9)
+    g.mask = torch.rand(2, 600, generator=torch.Generator().manual_seed(4)) > 0.2
+    g.means[~g.mask] = float("nan")  # masked entries may hold anything
+    extrinsics, intrinsics = cameras(2, 3, dtype)
+    bg = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    shape = (53, 75)
+    ours, ours_grads = render_with_grads(g, extrinsics, intrinsics, shape, bg, "cpu")
+    ref, ref_grads = render_with_grads(g, extrinsics, intrinsics, shape, bg, "torch")
+    assert ref.alpha.max() > 0.9 and (ref.alpha < 0.1).any()  # opaque and empty pixels
+    forward_tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for name in ("color", "depth", "alpha"):
+        a, b = getattr(ours, name), getattr(ref, name)
+        scale = b.abs().max().item() if name == "depth" else 1.0
+        assert (a - b).abs().max().item() <= forward_tol * scale, name
+    assert torch.equal(ours.radii, ref.radii)
+    grad_tol = 1e-4 if dtype == torch.float32 else 1e-10
+    for name, ref_grad in ref_grads.items():
+        error = (ours_grads[name] - ref_grad).abs().max().item()
+        assert ref_grad.abs().max() > 0, name
+        assert error <= grad_tol * ref_grad.abs().max().item(), (name, error)
+    assert (ours_grads["means"][~g.mask] == 0).all()
+
+
+def test_cpu_matches_torch_backend_on_garden(cpu_backend, shared_data):
+    # 138,766 real points: independent float32 implementations may differ at a pixel where an
+    # alpha sits within rounding of 1/255 or T of 1e-4 (different exp implementations), so bound
+    # the share of such pixels and the mean error, as the torch/gsplat parity test does.
+    g, extrinsics, intrinsics, shape = garden_inputs(shared_data, scale_down=4)
+    ours = render(g, extrinsics, intrinsics, shape, backend="cpu")
+    ref = render(g, extrinsics, intrinsics, shape, backend="torch")
+    off = ((ours.color - ref.color).abs() > 1e-5).float().mean().item()
+    assert off < 1e-3
+    assert (ours.color - ref.color).abs().mean() < 1e-6
+    assert ((ours.alpha - ref.alpha).abs() > 1e-5).float().mean() < 1e-3
+    assert torch.equal(ours.radii, ref.radii)
+
+
+def test_result_does_not_depend_on_threads(cpu_backend):
+    g = random_gaussians(2, 400, degree=1, spread=0.5, scale=(0.1, 0.4))
+    extrinsics, intrinsics = cameras(2, 2)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append(render_with_grads(g, extrinsics, intrinsics, (40, 56), None, "cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    (a, a_grads), (b, b_grads) = results
+    assert torch.equal(a.color, b.color) and torch.equal(a.depth, b.depth)
+    for name in a_grads:
+        assert torch.equal(a_grads[name], b_grads[name]), name
+
+
+def test_auto_uses_the_compiled_rasteriser_on_cpu(cpu_backend):
+    g = random_gaussians(1, 200, degree=1)
+    extrinsics, intrinsics = cameras(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning when it works
+        auto = render(g, extrinsics, intrinsics, (30, 40))
+    assert torch.equal(auto.color, render(g, extrinsics, intrinsics, (30, 40), backend="cpu").color)
+    torch_color = render(g, extrinsics, intrinsics, (30, 40), backend="torch").color
+    assert not torch.equal(auto.color, torch_color)  # really another implementation
+    assert (auto.color - torch_color).abs().max() < 1e-5
+
+
+def test_failed_build_falls_back_to_torch_with_one_warning(failed_build):
+    g = random_gaussians(1, 100, degree=1)
+    extrinsics, intrinsics = cameras(1, 1)
+    with pytest.warns(RuntimeWarning, match=r"compiled CPU rasteriser is not used") as record:
+        first = render(g, extrinsics, intrinsics, (24, 24))
+        second = render(g.to(torch.float64), extrinsics, intrinsics, (24, 24))
+    messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "its build failed (simulated)" in messages[0]
+    assert torch.equal(
+        first.color, render(g, extrinsics, intrinsics, (24, 24), backend="torch").color
+    )
+    assert second.color.dtype == torch.float64
+    with pytest.raises(RuntimeError, match=r"^backend='cpu' is not available: its build failed"):
+        render(g, extrinsics, intrinsics, (24, 24), backend="cpu")
+
+
+def test_missing_compiler_is_reported(tmp_path):
+    # A fresh process (the library is not loaded yet) and an empty extension cache.
+    script = (
+        "import json, warnings\n"
+        "from models.render import render\n"
+        "from test_render import cameras, random_gaussians\n"
+        "g = random_gaussians(1, 20)\n"
+        "e, k = cameras(1, 1)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    render(g, e, k, (16, 16)); render(g, e, k, (16, 16))\n"
+        "print(json.dumps([str(w.message) for w in caught if 'rasteriser' in str(w.message)]))\n"
+        "try:\n"
+        "    render(g, e, k, (16, 16), backend='cpu')\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+    )
+    env = {
+        **os.environ,
+        "CXX": "no-such-compiler-xyz",
+        "TORCH_EXTENSIONS_DIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    warned, raised = result.stdout.strip().splitlines()[-2:]
+    reason = "no C++ compiler ('no-such-compiler-xyz' is not on PATH)"
+    assert json.loads(warned) == [  # one warning for two renders
+        f"the compiled CPU rasteriser is not used ({reason}); rendering with the PyTorch one"
+    ]
+    assert raised == f"backend='cpu' is not available: {reason}"
+    assert not any(tmp_path.iterdir())  # nothing was built
+
+
+def test_unsupported_dtype_falls_back_with_a_warning(monkeypatch):
+    monkeypatch.setattr(render_module, "_CPU_FALLBACK_WARNED", set())
+    g = random_gaussians(1, 30, dtype=torch.float16)
+    extrinsics, intrinsics = cameras(1, 1, torch.float16)
+    assert "float32 and float64, not torch.float16" in render_cpu.cpu_rasterizer_error(torch.half)
+    with pytest.warns(RuntimeWarning, match="not torch.float16"):
+        out = render(g, extrinsics, intrinsics, (16, 16))
+    assert out.color.dtype == torch.float16
+    with pytest.raises(RuntimeError, match="not torch.float16"):
+        render(g, extrinsics, intrinsics, (16, 16), backend="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpu_backend_rejects_cuda_tensors():
+    g = random_gaussians(1, 10).to("cuda")
+    extrinsics, intrinsics = (t.cuda() for t in cameras(1, 1))
+    with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors"):
+        render(g, extrinsics, intrinsics, (16, 16), backend="cpu")
