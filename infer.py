@@ -150,6 +150,27 @@ def _save_png(image: Tensor, path: Path) -> None:
     Image.fromarray(array).save(path)
 
 
+CARDINALITY_COLOURS = ((0, 0, 255), (0, 255, 0), (255, 255, 0), (255, 0, 0))  # 0, 1, 2, 3+
+
+
+def _save_cardinality(routing_map: Tensor, folder: Path, names: list[str]) -> dict[str, float]:
+    """Per-view Gaussians-per-pixel maps of MoE-cardinality models (``extras["routing_map"]``
+    ``[V, H, W]``) as PNGs (blue 0, green 1, yellow 2, red 3 or more) and ``cardinality.npy``;
+    returns the mean count per pixel and the share of empty pixels."""
+    from PIL import Image
+
+    folder.mkdir()
+    counts = routing_map.detach().to(torch.int64).cpu()
+    np.save(folder / "cardinality.npy", counts.numpy().astype(np.uint8))
+    palette = torch.tensor(CARDINALITY_COLOURS, dtype=torch.uint8)
+    for name, view in zip(names, counts):
+        Image.fromarray(palette[view.clamp(0, 3)].numpy()).save(folder / name)
+    return {
+        "gaussians_per_pixel": round(float(counts.float().mean()), 4),
+        "empty_pixel_share": round(float((counts == 0).float().mean()), 4),
+    }
+
+
 def _to_uint8(images: Tensor) -> np.ndarray:
     """``[N, 3, H, W]`` in [0, 1] → ``[N, H, W, 3]`` uint8."""
     return (
@@ -658,6 +679,11 @@ def run(cfg: DictConfig) -> Path:
         for i, image in zip(known, rendered):
             _save_png(image, staging / "renders" / render_names[i])
         input_psnr = [psnr(r, images.images[i]) for i, r in zip(known, rendered)]
+        cardinality = None
+        if isinstance(pred.extras.get("routing_map"), Tensor):  # MoE-cardinality models
+            cardinality = _save_cardinality(
+                pred.extras["routing_map"][0], staging / "cardinality", render_names
+            )
 
         frames = int(cfg.orbit_frames)
         if len(known) >= 2:
@@ -736,6 +762,8 @@ def run(cfg: DictConfig) -> Path:
             "sfm": images.sfm.summary() if getattr(images, "sfm", None) is not None else None,
             "warnings": notes,
         }
+        if cardinality is not None:
+            summary["cardinality"] = cardinality
         (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     print(
         f"{output}: {count} Gaussians from {views} view(s) with {cfg.model} "

@@ -89,6 +89,9 @@ __all__ = [
     "target_usage_distribution",
     "quantile_targets",
     "straight_through_gumbel",
+    "frozen_gumbel_noise",
+    "route",
+    "budget_shift",
     "splatweaver_tiny",
     "splatweaver_small",
     "splatweaver_base",
@@ -184,6 +187,57 @@ def straight_through_gumbel(
     index = soft.argmax(dim=dim, keepdim=True)
     hard = torch.zeros_like(soft).scatter_(dim, index, 1.0)
     return hard - soft.detach() + soft, index.squeeze(dim)
+
+
+def frozen_gumbel_noise(logits: Tensor, v: int) -> Tensor:
+    """A fixed Gumbel(0, 1) field like ``logits [B*V, M + 1, H, W]``: drawn from a generator
+    seeded with ``ROUTING_SEED``, one field per view index, the same for every scene of a
+    batch (so a scene's routing does not depend on its position in the batch)."""
+    n, e, h, w = logits.shape
+    generator = torch.Generator().manual_seed(ROUTING_SEED)
+    uniform = torch.rand((v, e, h, w), generator=generator, dtype=torch.float64)
+    noise = -torch.log(-torch.log(uniform.clamp(1e-12, 1.0 - 1e-12)))
+    return noise.to(device=logits.device, dtype=logits.dtype).repeat(n // v, 1, 1, 1)
+
+
+def route(logits: Tensor, routing: str, noise: Tensor | None, tau: float) -> tuple[Tensor, Tensor]:
+    """Gates ``[N, M + 1, H, W]`` and chosen cardinalities ``[N, H, W]`` of router ``logits``.
+
+    ``"gumbel"``: a straight-through hard Gumbel-softmax sample at temperature ``tau``; otherwise
+    the argmax of ``logits`` (plus ``noise`` when given: ``"frozen_gumbel"``), one-hot gates.
+    """
+    if routing == "gumbel":
+        return straight_through_gumbel(logits, tau, dim=1)
+    choice = (logits if noise is None else logits + noise).argmax(dim=1)  # [N, H, W]
+    gates = F.one_hot(choice, logits.shape[1]).permute(0, 3, 1, 2).to(logits.dtype)
+    return gates, choice
+
+
+def budget_shift(
+    logits: Tensor, noise: Tensor | None, target: float, b: int, steps: int = 40
+) -> Tensor:
+    """Per-scene shift ``s [B]`` of router ``logits [B*V, M + 1, H, W]``: the largest whose
+    routing (``logits + s * k`` for expert ``k``, plus the frozen ``noise``, argmax) spends at
+    most ``target`` Gaussians per pixel on average (bisection, ``steps`` halvings)."""
+    num_experts = logits.shape[1] - 1
+    if not 0.0 <= target <= num_experts:
+        raise ValueError(f"gaussians_per_pixel must be in [0, {num_experts}], got {target}")
+    v = logits.shape[0] // b
+    ladder = torch.arange(logits.shape[1], device=logits.device, dtype=logits.dtype)
+    ladder = ladder[None, :, None, None]
+    bound = logits.abs().amax() + (0.0 if noise is None else noise.abs().amax())
+    spread = 2.0 * float(bound) + 1.0  # beyond it, one expert wins everywhere
+    low = torch.full((b,), -spread, device=logits.device, dtype=logits.dtype)
+    high = torch.full((b,), spread, device=logits.device, dtype=logits.dtype)
+    for _ in range(steps):
+        mid = 0.5 * (low + high)
+        shifted = logits + repeat(mid, "b -> (b v) 1 1 1", v=v) * ladder
+        _, choice = route(shifted, "argmax", noise, 1.0)
+        mean = rearrange(choice, "(b v) h w -> b (v h w)", b=b).float().mean(dim=-1)
+        over = mean > target
+        high = torch.where(over, mid, high)
+        low = torch.where(over, low, mid)
+    return low
 
 
 class HighFrequencyPrior(nn.Module):
@@ -594,49 +648,18 @@ class SplatWeaver(SplatModel):
 
     @staticmethod
     def _frozen_noise(logits: Tensor, v: int) -> Tensor:
-        """A fixed Gumbel(0, 1) field like ``logits [B*V, M + 1, H, W]``: drawn from a generator
-        seeded with ``ROUTING_SEED``, one field per view index, the same for every scene of a
-        batch (so a scene's routing does not depend on its position in the batch)."""
-        n, e, h, w = logits.shape
-        generator = torch.Generator().manual_seed(ROUTING_SEED)
-        uniform = torch.rand((v, e, h, w), generator=generator, dtype=torch.float64)
-        noise = -torch.log(-torch.log(uniform.clamp(1e-12, 1.0 - 1e-12)))
-        return noise.to(device=logits.device, dtype=logits.dtype).repeat(n // v, 1, 1, 1)
+        """See ``frozen_gumbel_noise``."""
+        return frozen_gumbel_noise(logits, v)
 
     def _route(self, logits: Tensor, routing: str, noise: Tensor | None) -> tuple[Tensor, Tensor]:
         """Gates ``[N, M + 1, H, W]`` and chosen cardinalities ``[N, H, W]``."""
-        if routing == "gumbel":
-            return straight_through_gumbel(logits, self.gumbel_tau, dim=1)
-        choice = (logits if noise is None else logits + noise).argmax(dim=1)  # [N, H, W]
-        gates = F.one_hot(choice, self.num_experts + 1).permute(0, 3, 1, 2).to(logits.dtype)
-        return gates, choice
+        return route(logits, routing, noise, self.gumbel_tau)
 
     def _budget_shift(
         self, logits: Tensor, noise: Tensor | None, target: float, b: int, steps: int = 40
     ) -> Tensor:
-        """Per-scene shift ``s [B]``: the largest whose routing (exactly as ``forward`` computes
-        it: ``logits + s * k``, plus the frozen noise, argmax) spends at most ``target`` Gaussians
-        per pixel on average."""
-        if not 0.0 <= target <= self.num_experts:
-            raise ValueError(
-                f"gaussians_per_pixel must be in [0, {self.num_experts}], got {target}"
-            )
-        v = logits.shape[0] // b
-        ladder = torch.arange(logits.shape[1], device=logits.device, dtype=logits.dtype)
-        ladder = ladder[None, :, None, None]
-        bound = logits.abs().amax() + (0.0 if noise is None else noise.abs().amax())
-        spread = 2.0 * float(bound) + 1.0  # beyond it, one expert wins everywhere
-        low = torch.full((b,), -spread, device=logits.device, dtype=logits.dtype)
-        high = torch.full((b,), spread, device=logits.device, dtype=logits.dtype)
-        for _ in range(steps):
-            mid = 0.5 * (low + high)
-            shifted = logits + repeat(mid, "b -> (b v) 1 1 1", v=v) * ladder
-            _, choice = self._route(shifted, "argmax", noise)
-            mean = rearrange(choice, "(b v) h w -> b (v h w)", b=b).float().mean(dim=-1)
-            over = mean > target
-            high = torch.where(over, mid, high)
-            low = torch.where(over, low, mid)
-        return low
+        """See ``budget_shift``."""
+        return budget_shift(logits, noise, target, b, steps)
 
     def _routing_losses(self, logits: Tensor, energy: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-entropy to the quantile targets and the usage penalty (both unweighted)."""

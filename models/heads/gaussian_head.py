@@ -2,9 +2,10 @@
 
 Every family ends here, so the activations live in exactly one place:
 
-- scale: ``softplus(x - 4) * scale_factor``, clamped to ``max_scale``, then optionally multiplied by
-  a per-location ``scale_reference`` (e.g. depth times the pixel footprint), then floored at
-  ``min_scale`` (DepthSplat's release: ``clamp(softplus(x - 4), 1e-10, 3)``, world units);
+- scale: ``softplus(x - scale_shift) * scale_factor`` (``scale_shift = 4`` by default), clamped
+  to ``max_scale``, then optionally multiplied by a per-location ``scale_reference`` (e.g. depth
+  times the pixel footprint), then floored at ``min_scale`` (DepthSplat's release:
+  ``clamp(softplus(x - 4), 1e-10, 3)``, world units);
 - opacity: ``sigmoid``;
 - rotation: normalised quaternion (wxyz);
 - colour: SH coefficients; the DC term optionally starts at the pixel colour, higher bands are
@@ -71,6 +72,9 @@ class GaussianHead(nn.Module):
         opacity_bias: initial bias of the opacity logit.
         min_scale: floor of the final scales.
         local_frame: rotations and SH are in the camera frame of ``extrinsics`` (see above).
+        scale_shift: the scale is ``softplus(x - scale_shift) * scale_factor`` (released
+            architectures that use ``softplus(x)`` set 0).
+        activation: hidden activation of the 2-layer MLP, ``"gelu"`` or ``"relu"``.
     """
 
     def __init__(
@@ -89,8 +93,12 @@ class GaussianHead(nn.Module):
         opacity_bias: float = 0.0,
         min_scale: float = 1e-7,
         local_frame: bool = False,
+        scale_shift: float = 4.0,
+        activation: str = "gelu",
     ) -> None:
         super().__init__()
+        if activation not in ("gelu", "relu"):
+            raise ValueError(f"activation must be 'gelu' or 'relu', got {activation!r}")
         if mean_mode not in MEAN_MODES:
             raise ValueError(f"mean_mode must be one of {MEAN_MODES}, got {mean_mode!r}")
         if not 0 <= sh_degree <= 3:
@@ -101,6 +109,7 @@ class GaussianHead(nn.Module):
         self.gaussians_per_location = gaussians_per_location
         self.sh_degree = sh_degree
         self.scale_factor = scale_factor
+        self.scale_shift = scale_shift
         self.max_scale = max_scale
         self.offset_bound = offset_bound
         self.free_mean_max = free_mean_max
@@ -118,7 +127,9 @@ class GaussianHead(nn.Module):
             last = self.proj
         else:
             self.proj = nn.Sequential(
-                nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim)
+                nn.Linear(in_dim, hidden_dim),
+                nn.GELU() if activation == "gelu" else nn.ReLU(),
+                nn.Linear(hidden_dim, out_dim),
             )
             last = self.proj[-1]
         if self.proj is not None:
@@ -206,7 +217,8 @@ class GaussianHead(nn.Module):
             raw_mean, depth, coords, pixel_size, intrinsics, extrinsics, anchors, offset_scale
         )  # [B, N, G, 3]
 
-        scales = (F.softplus(raw_scale - 4.0) * self.scale_factor).clamp(max=self.max_scale)
+        scales = F.softplus(raw_scale - self.scale_shift) * self.scale_factor
+        scales = scales.clamp(max=self.max_scale)
         if scale_reference is not None:
             scales = scales * scale_reference[..., None, None]
         scales = scales.clamp_min(self.min_scale)  # [B, N, G, 3]

@@ -1,0 +1,882 @@
+"""SplatWeaver's released model (``Jeasco/SplatWeaver``) in this project's code: the MoE-cardinality
+family (0..M Gaussians per pixel) on a VGGT-style pose-free trunk.
+
+Architecture of the release (``yecongwan/SplatWeaver`` at 6a157ce), re-implemented here:
+
+1. **Trunk** (``models.layers.vggt``): a DINOv2 ViT-L/14 patch encoder with 4 registers, then 24
+   pairs of per-view / all-view attention blocks (2D RoPE, QK-norm) with a camera token and 4
+   register tokens per view. The release runs this aggregator on images rounded to bfloat16 (its
+   weights are stored in bfloat16); we round the input the same way and compute in the weights'
+   dtype of this model (float32 unless you cast it).
+2. **Cameras (pose-free):** VGGT's camera head refines a 9-number encoding (translation,
+   quaternion, fields of view) over 4 iterations; it gives world-to-camera ``[R|t]`` and
+   intrinsics with the principal point at the image centre.
+3. **Depth:** VGGT's DPT depth head (``exp`` depth, ``1 + exp`` confidence); every pixel is
+   unprojected with the predicted camera (pixel ``(u, v)`` at integer coordinates, as released).
+4. **Gaussian features:** a second DPT on the same four layers (features 256 -> 128 channels at
+   full resolution) plus a small image CNN, a sine-cosine UV embedding and ``conv + ReLU``.
+5. **High-frequency prior:** the db2 wavelet detail bands (LH, HL, HH, PyWavelets' symmetric
+   border) of the luminance, two convolutions, bilinear upsampling, a conv and a sigmoid: a
+   per-channel gate ``g``; the router sees ``f + f_pre * g`` (``f_pre``: features before the last
+   conv).
+6. **Router and cardinality experts:** two 1x1 convolutions give ``M + 1 = 4`` logits per pixel;
+   expert ``k`` (an MLP, the shared ``GaussianHead`` with ReLU) emits ``k`` Gaussians within
+   ``tanh * 0.005`` of the pixel's point; expert 0 emits none. The release samples the expert with
+   a hard Gumbel-softmax (``tau = 0.5``) *at inference too*, so its output is random.
+7. **Neighbour refinement:** every emitted Gaussian attends over its 9 nearest emitted Gaussians
+   (itself included) in 3D (vector attention with a relative-position MLP) and a linear layer adds
+   a correction to its raw parameters. The release finds the neighbours with an approximate faiss
+   IVF search on the GPU (``nlist = N // 10000``, ``nprobe = 4``); we use an **exact** kNN
+   (``scipy``'s k-d tree on the CPU when available, else blocked ``torch.cdist``), so outputs can
+   differ from the release's wherever its approximate search misses a true neighbour.
+8. **Activations** (the shared ``GaussianHead.decode``): opacity ``sigmoid``, scale
+   ``0.001 * softplus(x)`` capped at 0.4, normalised quaternion, SH degree 2 with the higher bands
+   scaled by ``0.1 * 0.25^l``.
+
+Routing modes (forward keyword ``routing``): ``"frozen_gumbel"`` (default; Gumbel-max with a fixed
+noise field, this family's deterministic routing distributed like training), ``"argmax"`` and
+``"gumbel"`` (fresh noise every call: the release's behaviour). ``gaussians_per_pixel=g`` shifts
+the logits so that the routing spends at most ``g`` Gaussians per pixel on average (this family's
+budget knob). ``frame="scene"`` (default) moves the output into the project's scene frame
+(predicted view 0 is the identity, the largest predicted camera distance is 1, SH rotated);
+``frame="release"`` keeps the release's frame (VGGT's world frame).
+
+``checkpoint_filter_fn`` maps the release's ``model.safetensors`` (``encoder.aggregator.*`` in
+bfloat16, the heads in float32) onto this model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..base import ModelOutput, SplatModel, check_context
+from ..cameras import invert_extrinsics, normalize_scene
+from ..gaussians import Gaussians
+from ..heads import GaussianHead
+from ..heads.gaussian_head import raw_gaussian_dim
+from ..layers.vggt import (
+    AlternatingAggregator,
+    CameraHead,
+    DPTHead,
+    pose_encoding_to_cameras,
+)
+from ..point_transformer import knn as brute_force_knn
+from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from ..registry import register_model
+from ..sh import eval_sh_bases
+from ..wavelet import WAVELETS
+from .splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
+from .splatweaver import budget_shift, frozen_gumbel_noise, route
+
+__all__ = [
+    "SplatWeaverRelease",
+    "ReleaseHighFrequencyPrior",
+    "NeighbourRefiner",
+    "checkpoint_filter_fn",
+    "exact_knn",
+    "pywt_detail_bands",
+    "splatweaver_vggt",
+    "splatweaver_vggt_tiny",
+]
+
+ROUTING_MODES = ("frozen_gumbel", "argmax", "gumbel")
+FRAMES = ("scene", "release")
+
+
+# ----------------------------------------------------------------------------- wavelet prior
+def pywt_detail_bands(image: Tensor, wavelet: str = "db2") -> Tensor:
+    """One-level detail bands (LH, HL, HH) of the BT.601 luminance, PyWavelets' conventions.
+
+    ``mode="symmetric"`` in PyWavelets' sense (half-sample reflection, edge sample repeated) and
+    its output length ``floor((N + L - 1) / 2)`` (225 for 448 pixels with db2), which the released
+    prior (``pytorch_wavelets.DWTForward``) uses; ``models.wavelet`` pads by replication instead.
+
+    Args:
+        image: ``[N, 3, H, W]`` in [0, 1].
+
+    Returns:
+        ``[N, 3, h, w]``: low-pass along x / high-pass along y (LH), HL, HH.
+    """
+    lo, hi = (torch.tensor(f, dtype=image.dtype, device=image.device) for f in WAVELETS[wavelet])
+    taps = lo.numel()
+    r, g, b = image[:, 0], image[:, 1], image[:, 2]
+    x = (0.299 * r + 0.587 * g + 0.114 * b)[:, None]  # [N, 1, H, W]
+
+    def analyse(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+        n = x.shape[dim]
+        out = (n + taps - 1) // 2
+        pad = 2 * (out - 1) - n + taps
+        before, after = pad // 2, (pad + 1) // 2
+        parts = [x.narrow(dim, 0, before).flip(dim), x, x.narrow(dim, n - after, after).flip(dim)]
+        x = torch.cat(parts, dim=dim)
+        shape = [1, 1, 1, 1]
+        shape[dim] = taps
+        stride = [1, 1]
+        stride[dim - 2] = 2
+        channels = x.shape[1]
+        kernel = torch.cat([lo.reshape(shape), hi.reshape(shape)] * channels)
+        y = F.conv2d(x, kernel, stride=tuple(stride), groups=channels)  # [N, 2C, ...]
+        return y
+
+    rows = analyse(x, 3)  # [N, 2, H, w']: (x-low, x-high)
+    bands = analyse(rows, 2)  # [N, 4, h', w']: (xl yl, xl yh, xh yl, xh yh)
+    return bands[:, 1:]
+
+
+class ReleaseHighFrequencyPrior(nn.Module):
+    """The release's wavelet guidance: detail bands -> conv 5x5 -> conv 1x1 -> bilinear upsample
+    -> conv 3x3 -> sigmoid: a gate ``[N, out_dim, H, W]`` in (0, 1).
+
+    Args:
+        out_dim: gate channels.
+        hidden_dim: channels of the first two convolutions.
+        wavelet: ``"db2"`` (released) or ``"haar"``.
+    """
+
+    def __init__(self, out_dim: int, hidden_dim: int = 32, wavelet: str = "db2") -> None:
+        super().__init__()
+        self.wavelet = wavelet
+        self.reduce = nn.Sequential(
+            nn.Conv2d(3, hidden_dim, 5, padding=2), nn.Conv2d(hidden_dim, hidden_dim, 1)
+        )
+        self.expand = nn.Sequential(nn.Conv2d(hidden_dim, out_dim, 3, padding=1), nn.Sigmoid())
+
+    def forward(self, images: Tensor) -> Tensor:
+        """``images [N, 3, H, W]`` in [0, 1] -> gate ``[N, out_dim, H, W]``."""
+        detail = pywt_detail_bands(images, self.wavelet)
+        x = F.interpolate(
+            self.reduce(detail), size=images.shape[-2:], mode="bilinear", align_corners=False
+        )
+        return self.expand(x)
+
+
+# ----------------------------------------------------------------------------- kNN refinement
+def exact_knn(points: Tensor, k: int) -> Tensor:
+    """Exact ``k`` nearest neighbours of every point among ``points [N, 3]`` (itself included).
+
+    Returns ``[N, k]`` int64 indices; with fewer than ``k`` points the missing neighbours are the
+    point itself (as the release's search fills its misses). Uses ``scipy``'s k-d tree on the CPU
+    when it is installed (``O(N log N)``), else brute force in blocks (``O(N^2)``).
+    """
+    n = points.shape[0]
+    found = min(k, n)
+    if n == 0:
+        return torch.zeros(0, k, dtype=torch.long, device=points.device)
+    index = None
+    if points.device.type == "cpu" and n > 4096:
+        try:
+            from scipy.spatial import cKDTree
+        except ImportError:  # pragma: no cover - scipy is optional
+            cKDTree = None
+        if cKDTree is not None:
+            data = points.detach().double().numpy()
+            _, nearest = cKDTree(data).query(data, k=found)
+            index = torch.from_numpy(nearest.reshape(n, found)).long()
+    if index is None:
+        chunk = max(64, min(4096, 2**28 // n))  # ~1 GB of distances at a time
+        index = brute_force_knn(points[None].detach(), found, chunk=chunk)[0]
+    if found < k:
+        own = torch.arange(n, device=points.device)[:, None].expand(n, k - found)
+        index = torch.cat([index, own], dim=1)
+    return index
+
+
+class NeighbourRefiner(nn.Module):
+    """Vector attention of every Gaussian over its ``k`` nearest Gaussians in 3D; a linear layer
+    turns the result into a correction of its raw parameters.
+
+    Input rows: ``[mean (3), raw parameters (out_dim), pixel feature]``; output ``[N, out_dim]``:
+    ``head(attention) + raw parameters``.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, dim: int = 32, neighbours: int = 9) -> None:
+        super().__init__()
+        self.out_dim = out_dim
+        self.neighbours = neighbours
+        self.input = nn.Linear(in_dim, dim)
+        self.to_q = nn.Linear(dim, dim)
+        self.to_k = nn.Linear(dim, dim)
+        self.to_v = nn.Linear(dim, dim)
+        self.pos_mlp = nn.Sequential(nn.Linear(3, dim), nn.ReLU(), nn.Linear(dim, dim))
+        self.attn_mlp = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+        self.head = nn.Linear(dim, out_dim)
+
+    def forward(self, rows: Tensor, chunk: int = 65536) -> Tensor:
+        """``rows [N, 3 + out_dim + pixel]`` -> refined raw parameters ``[N, out_dim]``."""
+        positions = rows[:, :3]
+        neighbours = exact_knn(positions, self.neighbours)  # [N, k]
+        x = self.input(rows)  # [N, dim]
+        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        out = []
+        for start in range(0, rows.shape[0], chunk):
+            idx = neighbours[start : start + chunk]  # [c, k]
+            relative = self.pos_mlp(positions[idx] - positions[start : start + chunk, None])
+            weights = self.attn_mlp(q[start : start + chunk, None] - k[idx] + relative)
+            weights = weights.softmax(dim=1)  # over the neighbours
+            out.append((weights * (v[idx] + relative)).sum(dim=1))
+        fused = torch.cat(out) if out else x[:0]
+        return self.head(fused) + rows[:, 3 : 3 + self.out_dim]
+
+
+# ----------------------------------------------------------------------------- scene frame
+def _rotation_to_quaternion(matrix: Tensor) -> Tensor:
+    """Unit quaternion (wxyz) of a rotation matrix ``[3, 3]`` (float64 internally)."""
+    m = matrix.double()
+    trace = m[0, 0] + m[1, 1] + m[2, 2]
+    candidates = torch.stack(
+        [
+            torch.stack([1 + trace, m[2, 1] - m[1, 2], m[0, 2] - m[2, 0], m[1, 0] - m[0, 1]]),
+            torch.stack(
+                [m[2, 1] - m[1, 2], 1 + m[0, 0] - m[1, 1] - m[2, 2], m[0, 1] + m[1, 0]]
+                + [m[0, 2] + m[2, 0]]
+            ),
+            torch.stack(
+                [m[0, 2] - m[2, 0], m[0, 1] + m[1, 0], 1 - m[0, 0] + m[1, 1] - m[2, 2]]
+                + [m[1, 2] + m[2, 1]]
+            ),
+            torch.stack(
+                [m[1, 0] - m[0, 1], m[0, 2] + m[2, 0], m[1, 2] + m[2, 1]]
+                + [1 - m[0, 0] - m[1, 1] + m[2, 2]]
+            ),
+        ]
+    )  # each row is 2 * q * (its largest component)
+    best = torch.stack(
+        [1 + trace, 1 + m[0, 0] - m[1, 1] - m[2, 2]]
+        + [1 - m[0, 0] + m[1, 1] - m[2, 2], 1 - m[0, 0] - m[1, 1] + m[2, 2]]
+    ).argmax()
+    q = candidates[best]
+    q = q / q.norm()
+    return torch.where(q[0] < 0, -q, q).to(matrix.dtype)
+
+
+def _quaternion_multiply(a: Tensor, b: Tensor) -> Tensor:
+    """Hamilton product ``a ⊗ b`` of wxyz quaternions (broadcasting)."""
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack(
+        [
+            aw * bw - ax * bx - ay * by - az * bz,
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+        ],
+        dim=-1,
+    )
+
+
+def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
+    """``[K, K]`` matrix ``D`` with ``SH_c(R^T d) = SH_{D c}(d)``: coefficients ``c`` of a colour
+    field become those of the same field seen in a frame rotated by ``rotation [3, 3]``.
+
+    Exact up to rounding: fitted in float64 on 64 Fibonacci directions (each band ``l`` is an
+    invariant subspace, so a least-squares fit over enough directions recovers it).
+    """
+    count = 64
+    i = torch.arange(count, dtype=torch.float64) + 0.5
+    z = 1 - 2 * i / count
+    radius = (1 - z * z).sqrt()
+    phi = math.pi * (1 + 5**0.5) * i
+    directions = torch.stack([radius * phi.cos(), radius * phi.sin(), z], dim=-1)  # [M, 3]
+    r = rotation.detach().double().cpu()
+    new = eval_sh_bases(degree, directions)  # [M, K]
+    old = eval_sh_bases(degree, directions @ r)  # bases at R^T d (row vectors: d @ R)
+    return torch.linalg.lstsq(new, old).solution.T.to(rotation)  # [K, K]
+
+
+# ----------------------------------------------------------------------------- the model
+class SplatWeaverRelease(SplatModel):
+    """SplatWeaver as released (VGGT trunk, wavelet-guided cardinality experts, kNN refiner).
+
+    Architecture arguments only (defaults: the released 1.19 B-parameter model).
+
+    Args:
+        embed_dim, depth, num_heads: aggregator width, block pairs, heads.
+        encoder_depth, encoder_heads: DINOv2 patch encoder (its width is ``embed_dim``).
+        num_register_tokens: register tokens (encoder and aggregator).
+        patch_size: pixels per patch; image sides must be multiples of it.
+        pos_grid: side of the encoder's stored position-embedding grid (37: 518 pixels).
+        img_size: input side the weights were trained / demoed at (``infer.py``'s default size).
+        out_layers: aggregator blocks fed to both DPT heads.
+        camera_depth, camera_heads: camera head trunk.
+        depth_features, depth_channels: depth DPT widths.
+        gaussian_features, gaussian_channels: Gaussian-feature DPT widths (per-pixel features
+            have ``gaussian_features // 2`` channels).
+        num_experts: ``M``, the most Gaussians per pixel.
+        router_hidden_dim: hidden channels of the router.
+        prior_hidden_dim: channels of the wavelet prior's first convolutions.
+        pixel_feature_dim: width of the per-pixel feature the refiner sees.
+        refiner_dim: width of the neighbour attention.
+        neighbours: neighbours per Gaussian (itself included).
+        offset_bound: bound of a Gaussian's offset from its pixel's point (world units).
+        sh_degree: SH degree.
+        gumbel_tau: temperature of ``routing="gumbel"``.
+        scale_factor, max_scale: scale ``scale_factor * softplus(x)``, capped at ``max_scale``.
+    """
+
+    family = "splatweaver_release"
+    pose_free = True
+    min_views = 1
+
+    def __init__(
+        self,
+        *,
+        embed_dim: int = 1024,
+        depth: int = 24,
+        num_heads: int = 16,
+        encoder_depth: int = 24,
+        encoder_heads: int = 16,
+        num_register_tokens: int = 4,
+        patch_size: int = 14,
+        pos_grid: int = 37,
+        img_size: int = 448,
+        out_layers: Sequence[int] = (4, 11, 17, 23),
+        camera_depth: int = 4,
+        camera_heads: int = 16,
+        depth_features: int = 256,
+        depth_channels: Sequence[int] = (256, 512, 1024, 1024),
+        gaussian_features: int = 256,
+        gaussian_channels: Sequence[int] = (256, 512, 1024, 1024),
+        num_experts: int = 3,
+        router_hidden_dim: int = 32,
+        prior_hidden_dim: int = 32,
+        pixel_feature_dim: int = 32,
+        refiner_dim: int = 32,
+        neighbours: int = 9,
+        offset_bound: float = 0.005,
+        sh_degree: int = 2,
+        gumbel_tau: float = 0.5,
+        scale_factor: float = 0.001,
+        max_scale: float = 0.4,
+    ) -> None:
+        super().__init__()
+        out_layers = [int(i) for i in out_layers]
+        if len(out_layers) != 4 or not all(0 <= i < depth for i in out_layers):
+            raise ValueError(
+                f"out_layers must be 4 block indices in 0..{depth - 1}, got {out_layers}"
+            )
+        if num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        self.patch_size = patch_size
+        self.img_size = img_size
+        self.out_layers = out_layers
+        self.num_experts = num_experts
+        self.gumbel_tau = gumbel_tau
+        width = gaussian_features // 2
+        self.aggregator = AlternatingAggregator(
+            embed_dim,
+            depth,
+            num_heads,
+            num_register_tokens=num_register_tokens,
+            patch_size=patch_size,
+            encoder_depth=encoder_depth,
+            encoder_heads=encoder_heads,
+            pos_grid=pos_grid,
+        )
+        self.camera_head = CameraHead(2 * embed_dim, camera_depth, camera_heads)
+        self.depth_head = DPTHead(
+            2 * embed_dim, patch_size, depth_features, depth_channels, output_dim=2
+        )
+        self.feature_head = DPTHead(2 * embed_dim, patch_size, gaussian_features, gaussian_channels)
+        self.image_encoder = nn.Sequential(
+            nn.Conv2d(3, 32, 7, padding=3), nn.ReLU(), nn.Conv2d(32, width, 5, padding=2), nn.ReLU()
+        )
+        self.prior = ReleaseHighFrequencyPrior(width, prior_hidden_dim)
+        self.feature_conv = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+        self.router = nn.Sequential(
+            nn.Conv2d(width, router_hidden_dim, 1),
+            nn.ReLU(),
+            nn.Conv2d(router_hidden_dim, num_experts + 1, 1),
+        )
+        self.pixel_projector = nn.Sequential(
+            nn.Linear(width, pixel_feature_dim),
+            nn.ReLU(),
+            nn.Linear(pixel_feature_dim, pixel_feature_dim),
+        )
+        self.experts = nn.ModuleList(
+            GaussianHead(
+                width,
+                mean_mode="anchor_offset",
+                gaussians_per_location=k,
+                sh_degree=sh_degree,
+                hidden_dim=width,
+                scale_factor=scale_factor,
+                max_scale=max_scale,
+                offset_bound=offset_bound,
+                dc_from_color=False,
+                scale_shift=0.0,
+                activation="relu",
+            )
+            for k in range(1, num_experts + 1)
+        )
+        raw = raw_gaussian_dim(sh_degree)
+        self.refiner = NeighbourRefiner(raw + pixel_feature_dim, raw - 3, refiner_dim, neighbours)
+
+    # ------------------------------------------------------------------ pieces
+    @staticmethod
+    def _unproject(depth: Tensor, w2c: Tensor, intrinsics: Tensor) -> Tensor:
+        """World points ``[B, V, H, W, 3]`` of ``depth [B, V, H, W]`` (pixel ``(u, v)`` at integer
+        coordinates, as released) with world-to-camera ``[B, V, 3, 4]``, pixel intrinsics."""
+        h, w = depth.shape[-2:]
+        u = torch.arange(w, device=depth.device, dtype=depth.dtype)[None, None, None, :]
+        v = torch.arange(h, device=depth.device, dtype=depth.dtype)[None, None, :, None]
+        k = intrinsics[..., None, None, :, :]  # [B, V, 1, 1, 3, 3]
+        x = (u - k[..., 0, 2]) * depth / k[..., 0, 0]
+        y = (v - k[..., 1, 2]) * depth / k[..., 1, 1]
+        camera = torch.stack([x, y, depth], dim=-1)  # [B, V, H, W, 3]
+        rotation = w2c[..., :3, :3]
+        center = -torch.einsum("bvji,bvj->bvi", rotation, w2c[..., :3, 3])  # -R^T t
+        return torch.einsum("bvji,bvhwj->bvhwi", rotation, camera) + center[:, :, None, None]
+
+    def _scene_gaussians(
+        self, choice: Tensor, gates: Tensor, features: Tensor, points: Tensor
+    ) -> Gaussians:
+        """One scene's Gaussians (expert-major, then pixel, then slot, as released).
+
+        Args:
+            choice: ``[N]`` chosen cardinality per pixel; ``gates [N, M + 1]``.
+            features: ``[N, C]`` per-pixel features; ``points [N, 3]``.
+
+        Returns:
+            ``Gaussians`` with batch size 1.
+        """
+        raw_means, rows, anchors = [], [], []
+        for k, expert in enumerate(self.experts, start=1):
+            index = (choice == k).nonzero().squeeze(-1)
+            if index.numel() == 0:
+                continue
+            f = features.index_select(0, index)
+            raw = expert.proj(f) * gates.index_select(0, index)[:, k : k + 1]  # [P, k * R]
+            raw = raw.reshape(index.numel() * k, -1)  # [P * k, R], pixel-major
+            anchor = points.index_select(0, index).repeat_interleave(k, dim=0)
+            means = anchor + torch.tanh(raw[:, :3]) * expert.offset_bound
+            pixel = self.pixel_projector(f).repeat_interleave(k, dim=0)
+            raw_means.append(raw[:, :3])
+            rows.append(torch.cat([means, raw[:, 3:], pixel], dim=1))
+            anchors.append(anchor)
+        raw_dim = self.refiner.out_dim + 3
+        if rows:
+            refined = self.refiner(torch.cat(rows))  # [G, R - 3]
+            raw = torch.cat([torch.cat(raw_means), refined], dim=1)
+            anchor = torch.cat(anchors)
+        else:
+            raw = features.new_zeros(0, raw_dim)
+            anchor = features.new_zeros(0, 3)
+        # decode places the means again (anchor + tanh * bound: the refiner's positions)
+        return self.experts[0].decode(raw[None, :, None], anchors=anchor[None])
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        context: dict[str, Tensor],
+        *,
+        routing: str = "frozen_gumbel",
+        gaussians_per_pixel: float | None = None,
+        max_gaussians: int | None = None,
+        frame: str = "scene",
+    ) -> ModelOutput:
+        """Predict Gaussians and cameras from ``context["image"] [B, V, 3, H, W]`` in [0, 1].
+
+        Poses and intrinsics in ``context`` are ignored (pose-free). ``H`` and ``W`` must be
+        multiples of ``patch_size`` (14).
+
+        Args:
+            routing: ``"frozen_gumbel"`` (deterministic, distributed like the training samples),
+                ``"argmax"`` or ``"gumbel"`` (fresh noise: the release's behaviour).
+            gaussians_per_pixel: at most this many Gaussians per pixel on average (deterministic
+                routings only).
+            max_gaussians: keep at most this many per scene (the most opaque).
+            frame: ``"scene"`` (predicted view 0 = identity, largest camera distance 1) or
+                ``"release"`` (the release's world frame).
+
+        Returns:
+            ``ModelOutput`` with padded ``gaussians`` (``mask`` where scenes differ) and extras
+            ``extrinsics [B, V, 4, 4]`` (camera-to-world, predicted), ``intrinsics [B, V, 3, 3]``
+            (normalised), ``routing_map [B, V, H, W]`` (Gaussians per pixel, 0..M),
+            ``expert_usage [M + 1]``, ``gaussians_per_pixel``, ``router_logits
+            [B, V, M + 1, H, W]``, ``depth [B, V, H, W]``, ``depth_conf``, ``points
+            [B, V, H, W, 3]``, ``pose_encoding [B, V, 9]`` and ``scene_scale [B]`` (distances of the
+            release's frame divided by it; 1 with ``frame="release"``).
+        """
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"routing must be one of {ROUTING_MODES}, got {routing!r}")
+        if frame not in FRAMES:
+            raise ValueError(f"frame must be one of {FRAMES}, got {frame!r}")
+        b, v, h, w = check_context(context, require_poses=False)
+        p = self.patch_size
+        if h % p or w % p:
+            raise ValueError(
+                f"context['image'] is {h}x{w}; SplatWeaver needs sides that are multiples of {p}"
+            )
+        images = context["image"]
+        dtype = self.camera_head.embed_pose.weight.dtype
+        images = images.to(dtype)
+
+        # --- trunk: released aggregator input is rounded to bfloat16 ---
+        trunk_in = images.to(torch.bfloat16).to(self.aggregator.camera_token.dtype)
+        outputs = self.aggregator(trunk_in, self.out_layers)
+        kept = sorted(set(self.out_layers) | {self.aggregator.depth - 1})
+        by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
+        layers = [by_layer[i] for i in self.out_layers]
+        start = self.aggregator.patch_start_idx
+
+        # --- cameras and depth ---
+        encoding = self.camera_head(by_layer[self.aggregator.depth - 1])[-1]  # [B, V, 9]
+        w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
+        raw_depth = self.depth_head(layers, start, (h, w))  # [B, V, 2, H, W]
+        depth = torch.exp(raw_depth[:, :, 0])
+        depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
+        points = self._unproject(depth, w2c, pixel_k)  # [B, V, H, W, 3]
+        bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
+        c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
+        intrinsics = torch.stack(
+            [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
+        )
+
+        # --- per-pixel features, wavelet guidance and routing ---
+        flat_images = images.reshape(b * v, 3, h, w)
+        fused = self.feature_head.forward_features(layers, start, (h, w))
+        fused = F.interpolate(fused, size=(h, w), mode="bilinear", align_corners=True)
+        fused = DPTHead.add_uv_embedding(fused + self.image_encoder(flat_images), (h, w))
+        features = self.feature_conv(fused)  # [BV, C, H, W]
+        logits = self.router(features + fused * self.prior(flat_images))  # [BV, M + 1, H, W]
+        noise = frozen_gumbel_noise(logits, v) if routing == "frozen_gumbel" else None
+        shift = None
+        if gaussians_per_pixel is not None:
+            if routing == "gumbel":
+                raise ValueError(
+                    "gaussians_per_pixel needs deterministic routing (frozen_gumbel or argmax)"
+                )
+            shift = budget_shift(logits.detach(), noise, float(gaussians_per_pixel), b)
+            ladder = torch.arange(self.num_experts + 1, device=logits.device, dtype=logits.dtype)
+            logits = (
+                logits + shift.repeat_interleave(v)[:, None, None, None] * ladder[:, None, None]
+            )
+        gates, choice = route(logits, routing, noise, self.gumbel_tau)
+
+        # --- experts and neighbour refinement, one scene at a time (kNN within a scene) ---
+        flat_features = rearrange(features, "(b v) c h w -> b (v h w) c", b=b)
+        flat_points = rearrange(points, "b v h w c -> b (v h w) c")
+        flat_gates = rearrange(gates, "(b v) e h w -> b (v h w) e", b=b)
+        flat_choice = rearrange(choice, "(b v) h w -> b (v h w)", b=b)
+        scenes = [
+            self._scene_gaussians(flat_choice[i], flat_gates[i], flat_features[i], flat_points[i])
+            for i in range(b)
+        ]
+        gaussians = _pad(scenes)
+
+        # --- frame ---
+        scale = torch.ones(b, dtype=dtype, device=images.device)
+        if frame == "scene":
+            c2w, gaussians, points, scale = _to_scene_frame(c2w, gaussians, points)
+            depth = depth / scale[:, None, None, None]
+        if max_gaussians is not None:
+            gaussians = gaussians.prune(max_count=max_gaussians)
+
+        usage = F.one_hot(choice, self.num_experts + 1).to(dtype).mean(dim=(0, 1, 2))
+        extras = {
+            "extrinsics": c2w,
+            "intrinsics": intrinsics,
+            "routing_map": rearrange(choice, "(b v) h w -> b v h w", b=b),
+            "expert_usage": usage,
+            "gaussians_per_pixel": (usage * torch.arange(len(usage), device=usage.device)).sum(),
+            "router_logits": rearrange(logits, "(b v) e h w -> b v e h w", b=b),
+            "depth": depth,
+            "depth_conf": depth_conf,
+            "points": points,
+            "pose_encoding": encoding,
+            "scene_scale": scale,
+        }
+        if shift is not None:
+            extras["budget_shift"] = shift
+        return ModelOutput(gaussians=gaussians, extras=extras)
+
+
+def _pad(scenes: list[Gaussians]) -> Gaussians:
+    """Stack single-scene sets into one batch, padded to the largest count (``mask`` marks valid
+    entries; ``None`` when every scene has the same count)."""
+    counts = [g.num_slots for g in scenes]
+    most = max(counts)
+    if all(c == most for c in counts):
+        return _stack(scenes)
+    padded = []
+    for g, count in zip(scenes, counts):
+        extra = most - count
+
+        def grow(t: Tensor, fill: float, extra: int = extra) -> Tensor:
+            pad = t.new_full((1, extra, *t.shape[2:]), fill)
+            return torch.cat([t, pad], dim=1)
+
+        rotations = grow(g.rotations, 0.0)
+        rotations[:, count:, 0] = 1.0
+        mask = torch.arange(most, device=g.device)[None] < count
+        padded.append(
+            Gaussians(
+                means=grow(g.means, 0.0),
+                scales=grow(g.scales, 1e-7),
+                rotations=rotations,
+                opacities=grow(g.opacities, 0.0),
+                harmonics=grow(g.harmonics, 0.0),
+                mask=mask,
+            )
+        )
+    return _stack(padded)
+
+
+def _stack(scenes: list[Gaussians]) -> Gaussians:
+    fields = ("means", "scales", "rotations", "opacities", "harmonics")
+    out = {key: torch.cat([getattr(g, key) for g in scenes], dim=0) for key in fields}
+    masks = [g.mask for g in scenes]
+    out["mask"] = (
+        None
+        if all(m is None for m in masks)
+        else torch.cat([g.valid_mask() for g in scenes], dim=0)
+    )
+    return Gaussians(**out)
+
+
+def _to_scene_frame(
+    c2w: Tensor, gaussians: Gaussians, points: Tensor
+) -> tuple[Tensor, Gaussians, Tensor, Tensor]:
+    """Move cameras ``[B, V, 4, 4]``, Gaussians and points ``[B, V, H, W, 3]`` into the scene
+    frame: view 0 the identity, the largest camera-centre distance 1 (``normalize_scene``)."""
+    moved, _, scale = normalize_scene(c2w)  # scale [B]
+    reference = invert_extrinsics(c2w[:, :1])[:, 0]  # [B, 4, 4]
+    rotation, translation = reference[:, :3, :3], reference[:, :3, 3]
+
+    def move(x: Tensor) -> Tensor:  # [B, ..., 3]
+        shape = x.shape
+        flat = x.reshape(shape[0], -1, 3)
+        out = torch.einsum("bij,bnj->bni", rotation, flat) + translation[:, None]
+        return (out / scale[:, None, None]).reshape(shape)
+
+    degree = gaussians.sh_degree
+    harmonics = []
+    quaternions = []
+    for i in range(c2w.shape[0]):
+        harmonics.append(gaussians.harmonics[i] @ sh_rotation_matrix(rotation[i], degree).T)
+        q = _rotation_to_quaternion(rotation[i])
+        quaternions.append(_quaternion_multiply(q, gaussians.rotations[i]))
+    moved_gaussians = Gaussians(
+        means=move(gaussians.means),
+        scales=gaussians.scales / scale[:, None, None],
+        rotations=torch.stack(quaternions),
+        opacities=gaussians.opacities,
+        harmonics=torch.stack(harmonics),
+        mask=gaussians.mask,
+    )
+    return moved, moved_gaussians, move(points), scale
+
+
+# ----------------------------------------------------------------------------- official weights
+# Per-Gaussian raw layout: the release's [xyz 3, density 1, scale 3, rotation xyzw 4, SH] and ours
+# (GaussianHead) [xyz 3, scale 3, rotation wxyz 4, opacity 1, SH]: ours[j] = release[_ORDER[j]].
+def _raw_order(raw_dim: int) -> list[int]:
+    return [0, 1, 2, 4, 5, 6, 10, 7, 8, 9, 3] + list(range(11, raw_dim))
+
+
+_HEAD_RENAMES = (  # release prefix under encoder.gaussian_param_head. -> ours
+    ("scratch.output_conv2.", "feature_conv."),
+    ("input_merger.", "image_encoder."),
+    ("wave_merger1.", "prior.reduce."),
+    ("wave_merger2.", "prior.expand."),
+    ("gs_moe.gating.", "router."),
+    ("gs_moe.pixel_projector.", "pixel_projector."),
+    ("gs_moe.gs_predictor.pt_block.", "refiner."),
+    ("gs_moe.gs_predictor.input.", "refiner.input."),
+    ("gs_moe.gs_predictor.head.0.", "refiner.head."),
+    ("", "feature_head."),  # the DPT part keeps its names
+)
+# Release keys with no counterpart here, and why.
+DROPPED_KEYS = {
+    # DINOv2's mask-token embedding: only used for masked-image training, never at inference.
+    "encoder.aggregator.patch_embed.mask_token": "DINOv2 mask token (masked training only)",
+}
+
+
+def _map_key(key: str) -> str | None:
+    """Our parameter name of a release key (``None``: not a key of this release)."""
+    if not key.startswith("encoder."):
+        return None
+    key = key[len("encoder.") :]
+    for part in ("aggregator.", "camera_head.", "depth_head."):
+        if key.startswith(part):
+            return key
+    prefix = "gaussian_param_head."
+    if not key.startswith(prefix):
+        return None
+    key = key[len(prefix) :]
+    if key.startswith("gs_moe.experts."):
+        index, rest = key[len("gs_moe.experts.") :].split(".", 1)
+        return f"experts.{int(index) - 1}.proj.{rest}"
+    for old, new in _HEAD_RENAMES:
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return None  # pragma: no cover - the last rename matches everything
+
+
+def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor]:
+    """Map the release's ``model.safetensors`` (or a ``torch.load``-ed dict holding it under
+    ``state_dict``/``model``) onto ``SplatWeaverRelease``.
+
+    Keys lose ``encoder.``; the Gaussian head's parts are renamed (``_HEAD_RENAMES``); the experts'
+    last layers and the refiner's input/output layers are permuted from the release's per-Gaussian
+    layout to ``GaussianHead``'s (rotation xyzw -> wxyz, opacity after it). Tensors keep their
+    stored dtype (bfloat16 for the aggregator): ``load_state_dict`` casts while it copies, so no
+    float32 copy of the file is held beside the model (cast first for ``assign=True``).
+    ``DROPPED_KEYS`` are consumed and dropped.
+
+    Raises:
+        ValueError: one line, when the file is not this release's format or does not match the
+            model's configuration (unknown or missing keys, shapes).
+    """
+    state = checkpoint
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError("not a SplatWeaver release checkpoint: expected a dict of tensors")
+    if "encoder.aggregator.camera_token" not in state:
+        raise ValueError(
+            "not a SplatWeaver release checkpoint: no 'encoder.aggregator.camera_token' "
+            f"(found {len(state)} keys, e.g. {sorted(state)[:3]})"
+        )
+    targets = model.state_dict()
+    out: dict[str, Tensor] = {}
+    unknown = []
+    for key, value in state.items():
+        if key in DROPPED_KEYS:
+            continue
+        name = _map_key(key)
+        if name is None or name not in targets:
+            unknown.append(key)
+            continue
+        out[name] = value
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} key(s) this SplatWeaver configuration does not have, e.g. "
+            f"{', '.join(unknown[:4])} (a different architecture size?)"
+        )
+    # per-Gaussian layout: experts' output rows, refiner input columns and output rows
+    raw_dim = model.refiner.out_dim + 3
+    order = torch.tensor(_raw_order(raw_dim))
+    for k in range(1, model.num_experts + 1):
+        rows = torch.cat([order + j * raw_dim for j in range(k)])
+        for suffix in ("weight", "bias"):
+            name = f"experts.{k - 1}.proj.2.{suffix}"
+            if name in out and out[name].shape[0] == rows.numel():
+                out[name] = out[name][rows]
+    name = "refiner.input.weight"
+    if name in out and out[name].shape[1] >= raw_dim:
+        columns = torch.cat([order, torch.arange(raw_dim, out[name].shape[1])])
+        out[name] = out[name][:, columns]
+    head_rows = order[3:] - 3
+    for suffix in ("weight", "bias"):
+        name = f"refiner.head.{suffix}"
+        if name in out and out[name].shape[0] == head_rows.numel():
+            out[name] = out[name][head_rows]
+    missing = sorted(set(targets) - set(out))
+    if missing:
+        raise ValueError(
+            f"the checkpoint lacks {len(missing)} weight(s) of this model, e.g. "
+            f"{', '.join(missing[:4])}"
+        )
+    for name, value in out.items():
+        target = targets[name]
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(
+                f"{name}: shape {tuple(value.shape)} in the checkpoint, "
+                f"{tuple(target.shape)} in the model (a different architecture size?)"
+            )
+    return out
+
+
+# Inference knobs (models.knobs): the family's per-pixel budget and max_gaussians. The trunk, the
+# per-pixel features and the router's logits do not depend on them (the budget shifts the logits).
+INFERENCE_KNOBS = _FAMILY_KNOBS
+KNOB_FREE_MODULES = (
+    "aggregator",
+    "camera_head",
+    "depth_head",
+    "image_encoder",
+    "prior",
+    "feature_conv",
+    "router",
+)
+
+# ----------------------------------------------------------------------------- registry
+_TINY = dict(
+    embed_dim=32,
+    depth=4,
+    num_heads=2,
+    encoder_depth=2,
+    encoder_heads=2,
+    pos_grid=4,
+    img_size=56,
+    out_layers=[0, 1, 2, 3],
+    camera_depth=1,
+    camera_heads=2,
+    depth_features=32,
+    depth_channels=[16, 32, 32, 32],
+    gaussian_features=256,
+    gaussian_channels=[16, 32, 32, 32],
+)
+
+
+@register_model
+def splatweaver_vggt(**kwargs) -> SplatWeaverRelease:
+    """SplatWeaver as released (1.19 B parameters: VGGT-1B trunk, 0..3 Gaussians per pixel)."""
+    return SplatWeaverRelease(**kwargs)
+
+
+@register_model
+def splatweaver_vggt_tiny(**kwargs) -> SplatWeaverRelease:
+    """The released architecture at a tiny width and depth (tests; the parity fixtures' size).
+    Its Gaussian-feature DPT keeps the released 256 features (the release hard-codes the 128
+    full-resolution channels)."""
+    return SplatWeaverRelease(**{**_TINY, **kwargs})
+
+
+register_pretrained_cfgs(
+    {
+        "splatweaver_vggt.official_448": PretrainedCfg(
+            hf_hub_id="Jeasco/SplatWeaver",
+            hf_hub_filename="model.safetensors",
+            file_format="official",
+            license=(
+                "Apache-2.0 (the repository's LICENSE; the Hub file states no other). The trunk "
+                "starts from VGGT-1B (facebook/VGGT-1B: its own licence) and DINOv2 (Apache-2.0)"
+            ),
+            source=(
+                "Wan, Li, Shao, Zuo: SplatWeaver: Learning to Allocate Gaussian Primitives for "
+                "Generalizable Novel View Synthesis, arXiv 2605.07287; "
+                "github.com/yecongwan/SplatWeaver (6a157ce)"
+            ),
+            train_data=(
+                "not stated for the released file; the repository's training command "
+                "(+experiment=multi-dataset) mixes DL3DV, CO3D, ScanNet++ and in-the-wild video "
+                "at 224x448"
+            ),
+            input_size=(448, 448),
+            views=None,
+            pose_free=True,
+            metrics={},
+            metrics_source=(
+                "authors' paper/README, not verified here (the README shows a figure only, "
+                "figures/performance.png; no numbers to record)"
+            ),
+            notes=(
+                "The demo centre-crops to 448x448 and feeds any number of views (16 in its "
+                "example). Aggregator weights are bfloat16 in the file (1,210 tensors), heads "
+                "float32; 1.19 B parameters. The release samples its router with Gumbel noise at "
+                "inference; this port defaults to frozen-Gumbel routing (deterministic). Its kNN "
+                "is an approximate faiss GPU search; this port's is exact."
+            ),
+        ),
+    }
+)
