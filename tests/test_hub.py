@@ -75,6 +75,13 @@ def _params(names: list[str]) -> list:
 @pytest.mark.parametrize("name", _params(list_models()))
 def test_round_trip_every_model(name: str, tmp_path: Path) -> None:
     """save_pretrained -> load is bit-exact and strict; config.json has every constructor arg."""
+    with torch.device("meta"):  # counted without memory
+        count = sum(p.numel() for p in create_model(name).parameters())
+    if count > 600_000_000:
+        pytest.skip(
+            f"{name}: {count / 1e9:.2f} B parameters, a round trip holds three copies (> 14 GB); "
+            "its loading is covered by the port's parity tests"
+        )
     model = create_model(name)
     reference = {k: v.clone() for k, v in model.state_dict().items()}
     save_pretrained(model, tmp_path, name=name)
