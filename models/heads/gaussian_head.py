@@ -61,6 +61,11 @@ class GaussianHead(nn.Module):
         free_mean_max: ``free`` means are clamped to this absolute value.
         dc_from_color: add the pixel colour's DC coefficient to the predicted DC.
         opacity_bias: initial bias of the opacity logit.
+        sh_layout: order of the ``3 (d+1)^2`` raw SH values: ``"channel"`` (channel-major, ours)
+            or ``"coefficient"`` (coefficient-major, ``[K, 3]``, as ZipSplat's release stores them).
+        sh_band_scale: scale the raw higher SH bands down (``0.1 * 0.25**degree``); ports of
+            released weights turn it off.
+        min_scale: lower clamp of the scales.
     """
 
     def __init__(
@@ -77,6 +82,9 @@ class GaussianHead(nn.Module):
         free_mean_max: float = 100.0,
         dc_from_color: bool = True,
         opacity_bias: float = 0.0,
+        sh_layout: str = "channel",
+        sh_band_scale: bool = True,
+        min_scale: float = 1e-7,
     ) -> None:
         super().__init__()
         if mean_mode not in MEAN_MODES:
@@ -85,7 +93,12 @@ class GaussianHead(nn.Module):
             raise ValueError(f"sh_degree must be in 0..3, got {sh_degree}")
         if gaussians_per_location < 1:
             raise ValueError(f"gaussians_per_location must be >= 1, got {gaussians_per_location}")
+        if sh_layout not in ("channel", "coefficient"):
+            raise ValueError(f"sh_layout must be 'channel' or 'coefficient', got {sh_layout!r}")
         self.mean_mode = mean_mode
+        self.sh_layout = sh_layout
+        self.sh_band_scale = sh_band_scale
+        self.min_scale = min_scale
         self.gaussians_per_location = gaussians_per_location
         self.sh_degree = sh_degree
         self.scale_factor = scale_factor
@@ -188,12 +201,15 @@ class GaussianHead(nn.Module):
         scales = (F.softplus(raw_scale - 4.0) * self.scale_factor).clamp(max=self.max_scale)
         if scale_reference is not None:
             scales = scales * scale_reference[..., None, None]
-        scales = scales.clamp_min(1e-7)  # [B, N, G, 3]
+        scales = scales.clamp_min(self.min_scale)  # [B, N, G, 3]
 
         rotations = F.normalize(raw_rot, dim=-1, eps=1e-8)  # [B, N, G, 4]
         opacities = torch.sigmoid(raw_opacity[..., 0])  # [B, N, G]
 
-        harmonics = rearrange(raw_sh, "b n g (c k) -> b n g c k", c=3) * self.sh_mask
+        order = "(c k)" if self.sh_layout == "channel" else "(k c)"
+        harmonics = rearrange(raw_sh, f"b n g {order} -> b n g c k", c=3)
+        if self.sh_band_scale:
+            harmonics = harmonics * self.sh_mask
         if self.dc_from_color and color is not None:
             dc = rgb_to_sh(color)  # [B, N, 3] per location or [B, N, G, 3] per Gaussian
             dc = dc[:, :, None, :, None] if dc.dim() == 3 else dc[..., None]
