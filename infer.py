@@ -570,9 +570,30 @@ def run(cfg: DictConfig) -> Path:
         pose_kind = ["input"] * views
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
-        pose_note = f"unknown (pose-free {cfg.model} does not predict cameras)"
-        pose_kind = ["identity"] + ["unknown"] * (views - 1)
-        unknown = images.names[1:]
+        steps = int(cfg.refine_poses)
+        if views > 1 and steps > 0:
+            # Place views 1.. by test-time pose refinement (as eval does for pose-free models),
+            # each starting from view 0's pose, against its own image with the Gaussians frozen.
+            from models.pose_refinement import refine_target_poses
+
+            with timer("refine_poses", device):
+                extrinsics[1:] = refine_target_poses(
+                    gaussians,
+                    context["image"][:, 1:].float(),
+                    extrinsics[None, 1:],
+                    intrinsics[None, 1:],
+                    steps=steps,
+                    backend=str(cfg.backend),
+                )[0]
+            pose_note = (
+                f"refined: pose-free {cfg.model} predicts no cameras; views 1.. placed by "
+                f"test-time pose refinement ({steps} steps from view 0's pose)"
+            )
+            pose_kind = ["identity"] + ["refined"] * (views - 1)
+        else:
+            pose_note = f"unknown (pose-free {cfg.model} does not predict cameras)"
+            pose_kind = ["identity"] + ["unknown"] * (views - 1)
+            unknown = images.names[1:]
     known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
     render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(images.names)]
 
