@@ -31,7 +31,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another fo
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import DataError  # noqa: E402
+from models.output_folder import OutputFolder, OutputFolderError  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
 __all__ = [
@@ -113,22 +113,30 @@ def choose_device(spec: str) -> torch.device:
     return device
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise InferError(output, "exists and is not a folder")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise InferError(output, "already holds files (pass overwrite=true to replace them)")
+# What an infer.py output folder written before the output marker existed may hold.
+_INFER_ENTRIES = ("gaussians.ply", "cameras.json", "renders", "path", "path.mp4", "summary.json")
 
 
-def _publish(staging: Path, output: Path) -> None:
-    """Move the finished ``staging`` folder to ``output`` (replacing an old one)."""
-    if output.exists():
-        backup = output.with_name(f".{output.name}.old-{os.getpid()}")
-        output.rename(backup)
-        staging.rename(output)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        staging.rename(output)
+def _legacy_output(folder: Path) -> tuple[str, ...] | None:
+    """The entries of an older infer.py output (it has our ``summary.json``), else ``None``."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and {"gaussians", "timings_s", "model"} <= summary.keys():
+        return _INFER_ENTRIES
+    return None
+
+
+def output_folder(output: Path, inputs: list[Path], overwrite: bool) -> OutputFolder:
+    """The atomic output of a run: refuses to replace anything but an earlier infer.py output,
+    and any output that is, holds or lies inside one of the ``inputs``."""
+    try:
+        return OutputFolder(
+            output, "infer.py", inputs=inputs, overwrite=overwrite, legacy=_legacy_output
+        )
+    except OutputFolderError as error:
+        raise InferError(error.path, error.message) from None
 
 
 def _save_png(image: Tensor, path: Path) -> None:
@@ -509,11 +517,14 @@ def run(cfg: DictConfig) -> Path:
     output = Path(str(cfg.output)).expanduser()
     source = Path(str(cfg.input)).expanduser()
     overwrite = bool(cfg.overwrite)
-    _check_output(output, overwrite)
     if not source.exists():
         raise InferError(source, "input not found")
-    if output.resolve() == source.resolve() or source.resolve() in output.resolve().parents:
-        raise InferError(output, "output must not be inside the input")
+    inputs = [source] + [
+        Path(str(value)).expanduser()
+        for value in (cfg.get("cameras"), cfg.get("weights"))
+        if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
+    ]
+    folder = output_folder(output, inputs, overwrite)
     if int(cfg.orbit_frames) < 1 or int(cfg.fps) < 1:
         raise InferError(f"orbit_frames={cfg.orbit_frames}", "orbit_frames and fps must be >= 1")
     device = choose_device(str(cfg.device))
@@ -597,10 +608,7 @@ def run(cfg: DictConfig) -> Path:
     known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
     render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(images.names)]
 
-    staging: Path | None = None
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with folder as staging:
         with timer("save_ply"):
             gaussians.save_ply(staging / "gaussians.ply")
 
@@ -688,12 +696,6 @@ def run(cfg: DictConfig) -> Path:
             "warnings": notes,
         }
         (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        _check_output(output, overwrite)  # nothing appeared there meanwhile
-        _publish(staging, output)
-        staging = None
-    finally:
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     print(
         f"{output}: {count} Gaussians from {views} view(s) with {cfg.model} "
         f"in {timer.stages['total']:.1f} s on {device}"
@@ -708,7 +710,7 @@ def run_cli(cfg: DictConfig) -> int:
             cfg.model = _MODEL_OVERRIDE[-1]
     try:
         run(cfg)
-    except (InferError, DataError, PretrainedError) as error:
+    except (InferError, DataError, PretrainedError, OutputFolderError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     finally:

@@ -73,6 +73,7 @@ from models.cameras import (
     invert_extrinsics,
     pixel_grid,
 )
+from models.output_folder import OutputFolderError, check_output_folder, write_marker
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -790,8 +791,11 @@ def convert(
     out = Path(out)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", split) or split in (".", ".."):
         raise InputError(f"invalid split name {split!r}")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder")
+    try:  # convert adds to a dataset root; it never deletes, and writes only into its own roots
+        inputs = [Path(source)] + ([Path(frames)] if frames else [])
+        check_output_folder(out, PROGRAM, inputs=inputs, replace=False, legacy=_legacy_root)
+    except OutputFolderError as error:
+        raise InputError(str(error)) from None
     if chunk_mb <= 0:
         raise InputError(f"--chunk-mb must be positive, got {chunk_mb}")
     if not 1 <= quality <= 100:
@@ -854,7 +858,28 @@ def convert(
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "convert_report.json", "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2)
+    write_marker(out, PROGRAM)
     return report
+
+
+PROGRAM = "datamodules.convert"
+
+
+def _legacy_root(folder: Path) -> list[str] | None:
+    """The entries of a chunk dataset root made before the output marker existed, else ``None``:
+    split folders holding only chunks and an index, and the report files beside them."""
+    entries = []
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            names = {p.name for p in entry.iterdir()}
+            if "index.json" not in names or any(
+                not (n == "index.json" or n.endswith((".torch", ".torch.tmp"))) for n in names
+            ):
+                return None
+        elif entry.name not in ("convert_report.json", "evaluation_index.json", "metadata.json"):
+            return None
+        entries.append(entry.name)
+    return entries
 
 
 def _parse_resolution(values: list[int] | None) -> Resolution | None:

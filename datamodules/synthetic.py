@@ -43,8 +43,6 @@ import io
 import json
 import logging
 import multiprocessing
-import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -52,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from models.output_folder import OutputFolder, OutputFolderError
 
 from .chunks import encode_depths
 from .errors import DataError
@@ -1002,65 +1002,75 @@ def generate_dataset(
     Returns:
         The output folder.
     """
+    settings = settings or SyntheticSettings()
+    settings.validate()
+    out = Path(out)
+    try:
+        folder = OutputFolder(
+            out, "datamodules.synthetic", overwrite=overwrite, legacy=_legacy_dataset
+        )
+    except OutputFolderError as error:
+        raise DataError(str(error)) from None
+    sizes = settings.split_sizes()
+    tasks = [(split, i, settings) for split in ("train", "test") for i in range(sizes[split])]
+    try:
+        with folder as tmp:
+            _generate_into(tmp, settings, sizes, tasks, workers, chunk_mb, progress)
+    except OutputFolderError as error:
+        if not overwrite and is_complete(out):  # another process finished first
+            return out
+        raise DataError(str(error)) from None
+    return out
+
+
+def _generate_into(
+    tmp: Path,
+    settings: SyntheticSettings,
+    sizes: dict[str, int],
+    tasks: list,
+    workers: int,
+    chunk_mb: float,
+    progress: bool,
+) -> None:
     from tqdm import tqdm
 
     from .chunk_writer import ChunkWriter
 
-    settings = settings or SyntheticSettings()
-    settings.validate()
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: output path exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise DataError(
-            f"{out}: output folder exists, is not empty and is not a complete synthetic "
-            "dataset (remove it, or pass --overwrite)"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    sizes = settings.split_sizes()
-    tasks = [(split, i, settings) for split in ("train", "test") for i in range(sizes[split])]
-    try:
-        writers = {split: ChunkWriter(tmp, split, chunk_mb=chunk_mb) for split in sizes}
-        bar = tqdm(
-            total=len(tasks),
-            desc=f"synthetic {settings.kind} scenes",
-            unit="scene",
-            disable=not progress,
-            dynamic_ncols=True,
-        )
-        if workers > 1:
-            with multiprocessing.get_context().Pool(workers) as pool:
-                for scene in pool.imap(_task, tasks, chunksize=4):
-                    writers[scene["key"].split("_")[1]].add(_to_chunk_scene(scene))
-                    bar.update()
-        else:
-            for task in tasks:
-                scene = _task(task)
-                writers[task[0]].add(_to_chunk_scene(scene))
+    writers = {split: ChunkWriter(tmp, split, chunk_mb=chunk_mb) for split in sizes}
+    bar = tqdm(
+        total=len(tasks),
+        desc=f"synthetic {settings.kind} scenes",
+        unit="scene",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    if workers > 1:
+        with multiprocessing.get_context().Pool(workers) as pool:
+            for scene in pool.imap(_task, tasks, chunksize=4):
+                writers[scene["key"].split("_")[1]].add(_to_chunk_scene(scene))
                 bar.update()
-        bar.close()
-        for split, writer in writers.items():
-            writer.close()
-            if sizes[split] == 0:  # an empty split still gets an (empty) index
-                (tmp / split).mkdir(parents=True, exist_ok=True)
-                (tmp / split / "index.json").write_text("{}", encoding="utf-8")
-        index = {scene_key("test", i): evaluation_entry(i, settings) for i in range(sizes["test"])}
-        (tmp / "evaluation_index.json").write_text(json.dumps(index), encoding="utf-8")
-        (tmp / "metadata.json").write_text(json.dumps(asdict(settings), indent=2), encoding="utf-8")
-        if out.is_dir():
-            shutil.rmtree(out) if overwrite else out.rmdir()
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if not is_complete(out):  # another process finished first otherwise
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    else:
+        for task in tasks:
+            scene = _task(task)
+            writers[task[0]].add(_to_chunk_scene(scene))
+            bar.update()
+    bar.close()
+    for split, writer in writers.items():
+        writer.close()
+        if sizes[split] == 0:  # an empty split still gets an (empty) index
+            (tmp / split).mkdir(parents=True, exist_ok=True)
+            (tmp / split / "index.json").write_text("{}", encoding="utf-8")
+    index = {scene_key("test", i): evaluation_entry(i, settings) for i in range(sizes["test"])}
+    (tmp / "evaluation_index.json").write_text(json.dumps(index), encoding="utf-8")
+    (tmp / "metadata.json").write_text(json.dumps(asdict(settings), indent=2), encoding="utf-8")
+
+
+# What a synthetic dataset written before the output marker existed holds.
+_DATASET_ENTRIES = ("train", "test", "metadata.json", "evaluation_index.json")
+
+
+def _legacy_dataset(folder: Path) -> tuple[str, ...] | None:
+    return _DATASET_ENTRIES if is_complete(folder) else None
 
 
 def ensure_synthetic(

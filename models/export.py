@@ -1,7 +1,14 @@
-"""Export a Lightning checkpoint to the ``save_pretrained`` layout (and optionally to the Hub).
+"""Export a Lightning checkpoint, or an authors' release file, to the ``save_pretrained`` layout
+(and optionally to the Hub).
 
     python -m models.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL]
         [metrics=metrics.json] [data="..."] [overwrite=true] [private=true]
+    python -m models.export release=depthsplat-gs-small-...-cfeab6b1.pth \
+        model=depthsplat_small.re10k_256x256_view2 out=DIR
+
+A release file is mapped by its family's ``checkpoint_filter_fn``; the tag's pretrained config
+(licence, source, training data, the authors' reported metrics, labelled as theirs) goes into the
+model card.
 
 Writes ``DIR/config.json`` (every constructor argument plus the ``splatzoo`` metadata entry),
 ``DIR/model.safetensors`` and a generated model card ``DIR/README.md`` naming the family, the
@@ -17,16 +24,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from .output_folder import MARKER_NAME, OutputFolder, OutputFolderError
 from .pretrained import (
     _INIT_ONLY_ARGS,
+    METADATA_KEY,
     PretrainedError,
     load_checkpoint_state_dict,
     load_state_dict_strict,
@@ -37,7 +44,8 @@ __all__ = ["ExportError", "export_checkpoint", "model_card", "push_folder", "mai
 
 USAGE = (
     "usage: python -m models.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL] "
-    "[metrics=JSON] [metric.NAME=VALUE ...] [data=TEXT] [overwrite=true] [private=true]"
+    "[metrics=JSON] [metric.NAME=VALUE ...] [data=TEXT] [overwrite=true] [private=true]; "
+    "or python -m models.export release=FILE model=ARCH[.TAG] out=DIR"
 )
 
 
@@ -132,9 +140,12 @@ def model_card(
     facts: dict[str, str],
     metrics: dict[str, float],
     repo_id: str | None = None,
+    license: str = "apache-2.0",
+    metrics_note: str = "",
 ) -> str:
     """The README.md of an exported model: YAML metadata, what it is, how it was trained, its
-    metrics and how to use it."""
+    metrics and how to use it. ``license`` is the weights' Hub licence identifier (a released
+    model's licence travels with its weights); ``metrics_note`` says who measured the metrics."""
     from huggingface_hub import ModelCard, ModelCardData
 
     family = getattr(model, "family", "unknown")
@@ -146,7 +157,7 @@ def model_card(
     params = sum(p.numel() for p in model.parameters())
     card_data = ModelCardData(
         library_name="splatzoo",
-        license="apache-2.0",
+        license=license,
         pipeline_tag="image-to-3d",
         tags=sorted({"gaussian-splatting", "3d-reconstruction", "splatzoo", family}),
     )
@@ -162,6 +173,8 @@ def model_card(
         metric_table = "| metric | value |\n|---|---|\n" + "\n".join(
             f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())
         )
+        if metrics_note:
+            metric_table += f"\n\n{metrics_note}"
     else:
         metric_table = "No metrics were recorded with this checkpoint."
     location = f"hf-hub:{repo_id}" if repo_id else "local-dir:/path/to/this/folder"
@@ -259,30 +272,117 @@ def export_checkpoint(
         ExportError, PretrainedError: one line naming the path.
     """
     ckpt, out = Path(ckpt), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(out, "exists and is not empty (pass overwrite=true to replace it)")
+    folder = _output_folder(out, ckpt, overwrite)
     state, checkpoint = load_checkpoint_state_dict(ckpt)
     model, name = _build_model(checkpoint, name, ckpt)
     load_state_dict_strict(model, state, ckpt, name)
     model.eval()
     all_metrics = {**checkpoint_metrics(checkpoint), **(metrics or {})}
     card = model_card(model, name, _training_facts(checkpoint, data), all_metrics, repo_id)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with folder as staging:
         save_with_metadata(model, staging, name=name, model_card=card)
-        if out.exists():
-            backup = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(backup)
-            staging.rename(out)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _hub_license(text: str | None) -> str:
+    """The Hub licence identifier of a pretrained config's licence text (``other`` if unclear)."""
+    known = ("apache-2.0", "mit", "cc-by-nc-4.0", "cc-by-4.0", "bsd-3-clause")
+    lowered = (text or "").lower()
+    found = [k for k in known if k in lowered.replace(" ", "-")]
+    return found[0] if len(found) == 1 else "other"
+
+
+def export_release(
+    release: str | os.PathLike,
+    name: str,
+    out: str | os.PathLike,
+    overwrite: bool = False,
+    repo_id: str | None = None,
+) -> Path:
+    """Convert an authors' release file into this project's ``save_pretrained`` folder.
+
+    Args:
+        release: the downloaded release file (read with ``weights_only=True`` and mapped by the
+            family's ``checkpoint_filter_fn``).
+        name: ``architecture`` or ``architecture.tag``; the tag's pretrained config (licence,
+            source, training data, the authors' reported metrics) goes into the model card.
+        out: the output folder (same rules as :func:`export_checkpoint`).
+
+    Raises:
+        ExportError, PretrainedError: one line naming the path.
+    """
+    from .factory import create_model
+    from .pretrained_cfg import split_model_name
+    from .registry import get_pretrained_cfg
+
+    release, out = Path(release), Path(out)
+    folder = _output_folder(out, release, overwrite)
+    architecture, tag = split_model_name(name)
+    cfg = get_pretrained_cfg(name)
+    if tag is None:  # the file says which tag it is when its name is a registered file name
+        for candidate in list_models_pretrained(architecture):
+            if candidate.hf_hub_filename == release.name:
+                cfg = candidate
+    model = create_model(cfg.name if cfg is not None else architecture, pretrained=str(release))
+    facts = {"converted from": f"`{release.name}` (the authors' release file)"}
+    if cfg is not None:
+        facts.update(
+            {
+                "weights": f"`{cfg.name}`",
+                "licence": cfg.license or "see the source",
+                "source": cfg.source or "",
+                "training data": cfg.train_data or "",
+                "input size": "x".join(map(str, cfg.input_size or ())) or "",
+                "context views": str(cfg.views or ""),
+            }
+        )
+    facts = {k: v for k, v in facts.items() if v}
+    note = f"Reported by {cfg.metrics_source}." if cfg is not None and cfg.metrics_source else ""
+    card = model_card(
+        model,
+        architecture,
+        facts,
+        dict(cfg.metrics) if cfg is not None else {},
+        repo_id,
+        license=_hub_license(cfg.license if cfg is not None else None),
+        metrics_note=note,
+    )
+    with folder as staging:
+        save_with_metadata(model, staging, name=architecture, model_card=card)
+    return out
+
+
+def list_models_pretrained(architecture: str) -> list:
+    """The pretrained configs of ``architecture``."""
+    from .registry import get_pretrained_cfg, list_models
+
+    return [
+        get_pretrained_cfg(n)
+        for n in list_models(pretrained=True)
+        if n.startswith(f"{architecture}.")
+    ]
+
+
+# What an export folder written before the output marker existed holds.
+_EXPORT_ENTRIES = ("config.json", "model.safetensors", "README.md")
+
+
+def _legacy_export(folder: Path) -> tuple[str, ...] | None:
+    """The entries of an older export (a ``config.json`` with our metadata), else ``None``."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return _EXPORT_ENTRIES if isinstance(config, dict) and METADATA_KEY in config else None
+
+
+def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
+    try:
+        return OutputFolder(
+            out, "models.export", inputs=[source], overwrite=overwrite, legacy=_legacy_export
+        )
+    except OutputFolderError as error:
+        raise ExportError(error.path, error.message) from None
 
 
 def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
@@ -307,6 +407,7 @@ def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False) 
             folder_path=os.fspath(folder),
             repo_type="model",
             commit_message="Upload splatzoo weights",
+            ignore_patterns=[MARKER_NAME],  # local bookkeeping, not part of the weights
         )
     except OfflineModeIsEnabled as error:
         raise ExportError(
@@ -338,6 +439,8 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
                 raise ExportError(item, "metric values must be numbers") from error
         elif key in (
             "ckpt",
+            "release",
+            "model",
             "out",
             "push_to_hub",
             "name",
@@ -349,7 +452,12 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
             args[key] = value
         else:
             raise ExportError(item, f"unknown argument {key!r}. {USAGE}")
-    for required in ("ckpt", "out"):
+    sources = [k for k in ("ckpt", "release") if args.get(k)]
+    if len(sources) != 1:
+        raise ExportError("ckpt", f"give exactly one of ckpt=... or release=... {USAGE}")
+    if args.get("release") and not args.get("model"):
+        raise ExportError("model", f"release=... needs model=ARCH[.TAG]. {USAGE}")
+    for required in ("out",):
         if not args.get(required):
             raise ExportError(required, f"missing {required}=... {USAGE}")
     return args, metrics
@@ -384,16 +492,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.get("metrics"):
             metrics = {**_read_metrics(args["metrics"]), **metrics}
         repo_id = args.get("push_to_hub") or None
-        out = export_checkpoint(
-            args["ckpt"],
-            args["out"],
-            name=args.get("name"),
-            metrics=metrics,
-            data=args.get("data"),
-            overwrite=_truthy(args.get("overwrite")),
-            repo_id=repo_id,
-        )
-        print(f"exported {args['ckpt']} -> {out}")
+        if args.get("release"):
+            out = export_release(
+                args["release"],
+                args["model"],
+                args["out"],
+                overwrite=_truthy(args.get("overwrite")),
+                repo_id=repo_id,
+            )
+        else:
+            out = export_checkpoint(
+                args["ckpt"],
+                args["out"],
+                name=args.get("name"),
+                metrics=metrics,
+                data=args.get("data"),
+                overwrite=_truthy(args.get("overwrite")),
+                repo_id=repo_id,
+            )
+        print(f"exported {args.get('ckpt') or args['release']} -> {out}")
         if repo_id:
             url = push_folder(out, repo_id, private=_truthy(args.get("private")))
             print(f"pushed {out} -> {url}")

@@ -20,10 +20,15 @@ Locations (the ``pretrained`` argument):
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
+import pickle
+import re
+import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from .base import INIT_ONLY_ARGS
+from .pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
+from .registry import get_pretrained_cfg, is_model, model_entrypoint
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -95,8 +102,6 @@ def discover_local_weights(root: str | os.PathLike = CHECKPOINTS_DIR) -> dict[st
     Returns:
         ``{name: "local-dir:<root>/<name>"}``, sorted by name.
     """
-    from .registry import is_model
-
     root = Path(root)
     if not root.is_dir():
         return {}
@@ -224,29 +229,174 @@ def _download(repo_id: str, revision: str | None, location: str) -> Path:
     return Path(folder)
 
 
-def resolve_weights(name: str, pretrained: bool | str) -> tuple[str, Path]:
-    """Resolve a ``pretrained`` argument to ``(location string, local path)``.
+OFFICIAL_SUFFIXES = (".pth", ".pt", ".tar", ".bin")
 
-    The path is a ``save_pretrained`` folder, or a ``.safetensors``/``.ckpt`` file.
+
+def _location_of(name: str, pretrained: bool | str) -> tuple[str, PretrainedCfg | None]:
+    """The location string a ``pretrained`` argument names, and the pretrained config behind it."""
+    architecture, tag = split_model_name(name)
+    cfg = get_pretrained_cfg(name) if (tag is not None or pretrained is True) else None
+    if tag is not None and cfg is None:
+        known = ", ".join(list_pretrained(f"{architecture}.*")) or "none"
+        raise PretrainedError(name, f"no pretrained weights tagged {tag!r} (known: {known})")
+    if pretrained is True:
+        if cfg is None:
+            return default_weights(architecture), None
+        if cfg.local_dir is not None:
+            local = Path(cfg.local_dir)
+            local = local if local.is_absolute() else REPO_ROOT / local
+            return f"local-dir:{local}", cfg
+        if cfg.hf_hub_filename is not None:
+            return f"hf-file:{cfg.hf_hub_id}/{cfg.hf_hub_filename}", cfg
+        revision = f"@{cfg.hf_hub_revision}" if cfg.hf_hub_revision else ""
+        return f"hf-hub:{cfg.hf_hub_id}{revision}", cfg
+    if isinstance(pretrained, (str, os.PathLike)) and os.fspath(pretrained):
+        return os.fspath(pretrained), cfg
+    raise PretrainedError(
+        str(pretrained), "pretrained must be True, 'hf-hub:org/repo', 'local-dir:/path' or a path"
+    )
+
+
+def _download_file(cfg: PretrainedCfg) -> Path:
+    """``hf_hub_download`` of a pretrained config's single file; failures become one line."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    shown = f"hf-hub:{cfg.hf_hub_id}/{cfg.hf_hub_filename}"
+    cache = hub_cache_dir()
+    try:
+        path = hf_hub_download(
+            cfg.hf_hub_id,
+            cfg.hf_hub_filename,
+            revision=cfg.hf_hub_revision,
+            cache_dir=cache,
+            local_files_only=_offline(),
+            library_name="splatzoo",
+        )
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as error:
+        reason = "HF_HUB_OFFLINE is set" if _offline() else "the Hub cannot be reached"
+        raise PretrainedError(
+            shown,
+            f"not downloaded yet and {reason}: with network access run "
+            f"`huggingface-cli download {cfg.hf_hub_id} {cfg.hf_hub_filename}"
+            f"{' --cache-dir ' + str(cache) if cache else ''}`, or download the file yourself "
+            f"and pass pretrained='/path/to/{cfg.hf_hub_filename}'",
+        ) from error
+    except (RepositoryNotFoundError, EntryNotFoundError) as error:
+        raise PretrainedError(shown, "not found on the Hub (repository or file)") from error
+    except (HfHubHTTPError, OSError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise PretrainedError(
+            shown, f"download failed: {type(error).__name__}: {first_line}"
+        ) from error
+    return Path(path)
+
+
+_SHA_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")
+
+
+def check_sha256(path: Path, prefix: str | None = None) -> None:
+    """Check a file's sha256 against ``prefix`` (or the ``-<hex>.`` suffix of its name, the
+    release convention torch.hub checks too); nothing to check passes.
 
     Raises:
-        PretrainedError: unknown default, malformed location, missing folder, failed download.
+        PretrainedError: the digest does not start with the expected hex digits.
     """
-    if pretrained is True:
-        location = default_weights(name)
-    elif isinstance(pretrained, (str, os.PathLike)) and os.fspath(pretrained):
-        location = os.fspath(pretrained)
-    else:
+    if prefix is None:
+        match = _SHA_IN_NAME.search(path.name)
+        prefix = match.group(1) if match else None
+    if not prefix:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    if not digest.hexdigest().startswith(prefix.lower()):
         raise PretrainedError(
-            str(pretrained),
-            "pretrained must be True, 'hf-hub:org/repo', 'local-dir:/path' or a path",
+            path,
+            f"sha256 {digest.hexdigest()[:12]}... does not start with {prefix} (an incomplete "
+            "or altered download: download it again)",
         )
+
+
+@dataclass
+class WeightsSource:
+    """A weights location resolved once: what it is, where it is, what it says about itself.
+
+    Attributes:
+        location: the location as given (or the registry default it stands for).
+        path: the local file or ``save_pretrained`` folder.
+        format: ``"folder"`` (ours: ``config.json`` + ``model.safetensors``), ``"safetensors"``
+            (ours, a bare file), ``"lightning"`` (a training ``.ckpt``) or ``"official"`` (a
+            release file read by the family's ``checkpoint_filter_fn``).
+        pretrained_cfg: the registered config these weights are, if any.
+        config: the folder's ``config.json`` (ours) or ``None``.
+        owner: the registry name the weights record, if any.
+        arguments: the constructor arguments they record (init-only arguments left out).
+    """
+
+    location: str
+    path: Path
+    format: str
+    pretrained_cfg: PretrainedCfg | None = None
+    config: dict[str, Any] | None = None
+    owner: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None
+    _state: dict[str, Tensor] | None = None
+
+    @property
+    def weights_file(self) -> Path:
+        return self.path / WEIGHTS_NAME if self.path.is_dir() else self.path
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """This project's state dict (read once; not for official files)."""
+        if self._state is None:
+            if self.format == "lightning":
+                self._state, self.checkpoint = load_checkpoint_state_dict(self.path)
+            else:
+                self._state = read_safetensors(self.weights_file)
+        return self._state
+
+
+def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
+    """Resolve a ``pretrained`` argument of model ``name`` (``arch`` or ``arch.tag``) once.
+
+    Raises:
+        PretrainedError: unknown default or tag, malformed location, missing folder or file,
+            failed download, sha256 mismatch.
+    """
+    location, cfg = _location_of(name, pretrained)
+    if location.startswith("hf-file:"):
+        path = _download_file(cfg)
+        check_sha256(path, cfg.sha256_prefix)
+        return WeightsSource(location, path, "official", cfg)
     kind, target, revision = parse_location(location)
-    if kind == "hf-hub":
-        return location, _download(target, revision, location)
-    path = Path(target)
+    path = _download(target, revision, location) if kind == "hf-hub" else Path(target)
     if kind == "file":
-        return location, path
+        if path.suffix == ".ckpt":
+            source = WeightsSource(location, path, "lightning", cfg)
+            _, source.checkpoint = load_checkpoint_state_dict(path)
+            hparams = source.checkpoint.get("hyper_parameters") or {}
+            source.owner = hparams.get("model_name")
+            source.arguments = _without_init_only(hparams.get("model_config") or {})
+            return source
+        if path.suffix == ".safetensors":
+            return _folder_source(location, path.parent, cfg, bare_file=path)
+        if path.suffix in OFFICIAL_SUFFIXES:
+            check_sha256(path, cfg.sha256_prefix if cfg else None)
+            return WeightsSource(location, path, "official", cfg)
+        raise PretrainedError(
+            path,
+            "not a weights file this project reads (.safetensors, a Lightning .ckpt, or a "
+            f"release file: {', '.join(OFFICIAL_SUFFIXES)})",
+        )
     if not path.exists():
         raise PretrainedError(path, "weights folder does not exist")
     if not path.is_dir():
@@ -254,7 +404,35 @@ def resolve_weights(name: str, pretrained: bool | str) -> tuple[str, Path]:
     if not (path / WEIGHTS_NAME).is_file():
         present = ", ".join(sorted(p.name for p in path.iterdir())) or "empty"
         raise PretrainedError(path, f"no {WEIGHTS_NAME} in this folder (found: {present})")
-    return location, path
+    return _folder_source(location, path, cfg)
+
+
+def _without_init_only(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in dict(arguments).items() if k not in _INIT_ONLY_ARGS}
+
+
+def _folder_source(
+    location: str, folder: Path, cfg: PretrainedCfg | None, bare_file: Path | None = None
+) -> WeightsSource:
+    try:
+        config = read_config(folder)
+    except PretrainedError:
+        if bare_file is None:
+            raise
+        config = None  # a bare file beside some unrelated config.json
+    arguments = dict(config or {})
+    owner = (arguments.pop(METADATA_KEY, None) or {}).get("model_name")
+    if bare_file is not None and bare_file.name != WEIGHTS_NAME:
+        return WeightsSource(location, bare_file, "safetensors", cfg, None, owner, {})
+    return WeightsSource(
+        location, folder, "folder", cfg, config, owner, _without_init_only(arguments)
+    )
+
+
+def resolve_weights(name: str, pretrained: bool | str) -> tuple[str, Path]:
+    """``(location, local path)`` of a ``pretrained`` argument (see :func:`resolve_source`)."""
+    source = resolve_source(name, pretrained)
+    return source.location, source.path
 
 
 # --------------------------------------------------------------------------- reading
@@ -479,25 +657,22 @@ def _listing(keys: list[str], limit: int = 8) -> str:
 
 
 def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str, Tensor], Path]:
-    """The network weights at ``location``, whatever holds them.
-
-    Args:
-        location: a Lightning ``.ckpt``, a ``.safetensors`` file, a ``save_pretrained`` folder, or
-            a ``local-dir:``/``hf-hub:`` location of one.
-        name: registry name the location belongs to (only for ``True``-style defaults/errors).
+    """The network weights at ``location`` (a Lightning ``.ckpt``, a ``.safetensors`` file, a
+    ``save_pretrained`` folder, or a ``local-dir:``/``hf-hub:`` location of one).
 
     Returns:
         ``(state_dict, path of the file read)``.
 
     Raises:
-        PretrainedError: missing or unreadable weights.
+        PretrainedError: missing or unreadable weights, or a release file (those need a model:
+            ``create_model(arch, pretrained=file)``).
     """
-    _, path = resolve_weights(name, os.fspath(location))
-    if path.is_dir():
-        path = path / WEIGHTS_NAME
-    if path.suffix == ".ckpt":
-        return load_checkpoint_state_dict(path)[0], path
-    return read_safetensors(path), path
+    source = resolve_source(name or "unknown", os.fspath(location))
+    if source.format == "official":
+        raise PretrainedError(
+            source.path, "a release file: load it with create_model(arch, pretrained=file)"
+        )
+    return source.state_dict(), source.weights_file
 
 
 def sub_state_dict(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -505,30 +680,22 @@ def sub_state_dict(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def _recorded_identity(path: Path) -> tuple[str | None, dict[str, Any]]:
-    """``(registry name, constructor arguments)`` saved with resolved weights ``path``: a
-    Lightning checkpoint's ``model_name``/``model_config`` or a folder's ``config.json``; arguments
-    that only fetch initial weights are left out."""
-    if path.is_file() and path.suffix == ".ckpt":
-        _, checkpoint = load_checkpoint_state_dict(path)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        owner = hparams.get("model_name")
-        arguments = dict(hparams.get("model_config") or {})
-    else:
-        folder = path.parent if path.is_file() else path
-        arguments = dict(read_config(folder) or {})
-        owner = (arguments.pop(METADATA_KEY, None) or {}).get("model_name")
-    return owner, {k: v for k, v in arguments.items() if k not in _INIT_ONLY_ARGS}
-
-
 def recorded_arguments(name: str, pretrained: bool | str) -> dict[str, Any]:
     """The constructor arguments saved with some weights of model ``name`` (``{}`` if none).
 
-    Only when the weights say they belong to ``name`` (otherwise :func:`load_pretrained` refuses
-    them by name). Arguments that only fetch initial weights are left out.
+    Only when the weights say they belong to ``name`` (otherwise loading refuses them by name);
+    a release's pretrained config contributes its ``arch_kwargs``.
     """
-    owner, arguments = _recorded_identity(resolve_weights(name, pretrained)[1])
-    return arguments if owner == name else {}
+    source = resolve_source(name, pretrained)
+    return source_arguments(source, split_model_name(name)[0])
+
+
+def source_arguments(source: WeightsSource, architecture: str) -> dict[str, Any]:
+    """The constructor arguments a resolved source asks of ``architecture``."""
+    arguments = dict(source.pretrained_cfg.arch_kwargs) if source.pretrained_cfg else {}
+    if source.owner == architecture:
+        arguments.update(source.arguments)
+    return arguments
 
 
 def load_state_dict_strict(
@@ -571,13 +738,12 @@ def load_state_dict_strict(
 
 
 def load_pretrained(model: nn.Module, name: str, pretrained: bool | str) -> nn.Module:
-    """Load weights into a freshly built registry model (called by ``create_model``).
+    """Load weights into a freshly built registry model (see :func:`load_source`)."""
+    return load_source(model, name, resolve_source(name, pretrained))
 
-    Args:
-        model: the model built by ``name``'s entry point.
-        name: its registry name.
-        pretrained: ``True`` (registry default), ``"hf-hub:org/repo[@rev]"``, ``"local-dir:/path"``,
-            a folder, a ``.safetensors`` file or a Lightning ``.ckpt`` file.
+
+def load_source(model: nn.Module, name: str, source: WeightsSource) -> nn.Module:
+    """Load a resolved source into ``model`` (built by ``name``'s entry point), strictly.
 
     Returns:
         ``model`` with the weights loaded, in eval mode.
@@ -585,22 +751,26 @@ def load_pretrained(model: nn.Module, name: str, pretrained: bool | str) -> nn.M
     Raises:
         PretrainedError: one line naming the path and the problem.
     """
-    _, path = resolve_weights(name, pretrained)
+    name = split_model_name(name)[0]
+    if source.format == "official":
+        return load_official(model, name, source.path)
+    if _is_release_safetensors(model, name, source):
+        checkpoint = source.state_dict()
+        if source.format == "folder" and source.config is not None:
+            checkpoint = {"state_dict": checkpoint, "config": source.config}
+        return _load_filtered(model, name, source.weights_file, checkpoint)
     differences: list[str] = []
-    if path.is_file() and path.suffix == ".ckpt":
-        state, checkpoint = load_checkpoint_state_dict(path)
-        trained = checkpoint.get("hyper_parameters", {}).get("model_name")
-        if trained is not None and trained != name:
+    if source.format == "lightning":
+        state = source.state_dict()
+        if source.owner is not None and source.owner != name:
             raise PretrainedError(
-                path, f"checkpoint holds model {trained!r}, but {name!r} was asked for"
+                source.path, f"checkpoint holds model {source.owner!r}, but {name!r} was asked for"
             )
     else:
-        folder = path.parent if path.is_file() else path
-        path = path if path.is_file() else path / WEIGHTS_NAME
-        config = read_config(folder) if path.name == WEIGHTS_NAME else None
-        if config is not None:
-            differences = _check_config(model, name, config, folder)
-        state = read_safetensors(path)
+        if source.config is not None:
+            differences = _check_config(model, name, source.config, source.path)
+        state = source.state_dict()
+    path = source.weights_file
     try:
         load_state_dict_strict(model, state, path, name)
     except PretrainedError as error:
@@ -614,6 +784,86 @@ def load_pretrained(model: nn.Module, name: str, pretrained: bool | str) -> nn.M
             + "; ".join(differences),
             stacklevel=3,
         )
+    return model.eval()
+
+
+def read_official_file(path: str | os.PathLike) -> Any:
+    """A release file as the object its authors saved, read without running code.
+
+    ``.safetensors`` (or a folder holding ``model.safetensors``) → a dict of tensors (a folder's
+    ``config.json`` under the key ``"config"`` beside ``"state_dict"``); anything else →
+    ``torch.load(weights_only=True)``.
+
+    Raises:
+        PretrainedError: missing, empty, truncated or corrupt file, or a pickle that needs code.
+    """
+    path = Path(path)
+    if path.is_dir():
+        config = (
+            json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
+            if (path / CONFIG_NAME).is_file()
+            else None
+        )
+        state = read_safetensors(path / WEIGHTS_NAME)
+        return {"state_dict": state, "config": config} if config is not None else state
+    if not path.is_file():
+        raise PretrainedError(path, "weights file does not exist")
+    if path.stat().st_size == 0:
+        raise PretrainedError(path, "empty file (an interrupted download?)")
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
+    try:
+        return torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise PretrainedError(
+            path,
+            "refused: reading it would run code beyond plain weights (only weights_only=True "
+            "loading is allowed; a release file holds tensors and plain containers)",
+        ) from error
+    except Exception as error:  # RuntimeError (bad zip), EOFError, ValueError ...
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise PretrainedError(path, f"truncated or corrupt file ({detail[:160]})") from error
+
+
+def load_official(model: nn.Module, name: str, path: str | os.PathLike) -> nn.Module:
+    """Load a release file through the family's ``checkpoint_filter_fn``, strictly.
+
+    Raises:
+        PretrainedError: the family reads no release files, the file is not this release's
+            format, or its weights do not fit ``model`` (e.g. another size).
+    """
+    path = Path(path)
+    if _filter_fn(name) is None:
+        raise PretrainedError(
+            path, f"model {name!r} reads no release files (only this project's weights)"
+        )
+    return _load_filtered(model, name, path, read_official_file(path))
+
+
+def _filter_fn(name: str):
+    """The family's ``checkpoint_filter_fn`` (official keys → ours), or ``None``."""
+    module = sys.modules[model_entrypoint(name).__module__]
+    return getattr(module, "checkpoint_filter_fn", None)
+
+
+def _is_release_safetensors(model: nn.Module, name: str, source: WeightsSource) -> bool:
+    """A safetensors file or folder without this project's metadata whose keys are not the
+    model's, for a family that reads release files: the authors' Hub format."""
+    if source.format not in ("folder", "safetensors") or _filter_fn(name) is None:
+        return False
+    if source.config is not None and METADATA_KEY in source.config:
+        return False
+    return set(source.state_dict()) != set(model.state_dict())
+
+
+def _load_filtered(model: nn.Module, name: str, path: Path, checkpoint: Any) -> nn.Module:
+    filter_fn = _filter_fn(name)
+    try:
+        state = filter_fn(checkpoint, model)
+    except (ValueError, KeyError, TypeError) as error:
+        detail = " ".join(str(error).split()) or type(error).__name__
+        raise PretrainedError(path, f"not a release file of {name!r}: {detail}") from error
+    load_state_dict_strict(model, state, path, name)
     return model.eval()
 
 
@@ -671,30 +921,8 @@ def save_pretrained(
 
 
 def load_model(location: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Build the registry model that some weights describe and load them (strict).
+    """Build the registry model that some weights describe and load them (strict); see
+    :func:`models.factory.load_model`."""
+    from .factory import load_model as _load_model
 
-    The weights say what they are: a Lightning ``.ckpt`` records ``model_name`` and
-    ``model_config`` in its hyper-parameters, a ``save_pretrained`` folder (or ``hf-hub:`` repo)
-    its ``config.json``. Arguments that only fetch initial weights (``pretrained_backbone``,
-    ``init_checkpoint``) are dropped, since the loaded weights replace them.
-
-    Args:
-        location: a ``.ckpt`` file, a ``save_pretrained`` folder or ``.safetensors`` file beside
-            its ``config.json``, ``local-dir:/path`` or ``hf-hub:org/repo[@rev]``.
-        **overrides: constructor arguments to change (e.g. ``iterations=4``).
-
-    Returns:
-        The model with the weights loaded, in eval mode.
-
-    Raises:
-        PretrainedError: the weights do not say which model they belong to, or do not load.
-    """
-    from .registry import create_model
-
-    location = os.fspath(location)
-    _, path = resolve_weights("unknown", location)
-    name, _ = _recorded_identity(path)
-    if not name:
-        raise PretrainedError(path, "the weights do not record which registry model they are")
-    # create_model builds with the recorded arguments (overrides win) and loads strictly.
-    return create_model(name, pretrained=location, **overrides).eval()
+    return _load_model(location, **overrides)

@@ -1,13 +1,12 @@
-"""Model registry in the style of timm: ``@register_model`` entry points, ``create_model``,
-``list_models``. Architecture lives in one file per family; pretrained weight locations live in
-``models/pretrained.py``, apart from the architecture.
+"""Model registry in the style of timm's ``_registry``: ``@register_model`` entry points,
+``list_models``, and the pretrained configs (``architecture.tag``) families declare. Architecture
+lives in one file per family (``models/families/``); reading weights in ``models/pretrained.py``;
+``create_model`` in ``models/factory.py`` (above both).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import re
-import warnings
 from collections.abc import Callable
 
 from torch import nn
@@ -18,7 +17,6 @@ from .pretrained_cfg import get_pretrained_cfg as _get_pretrained_cfg
 __all__ = [
     "get_pretrained_cfg",
     "register_model",
-    "create_model",
     "list_models",
     "model_entrypoint",
     "is_model",
@@ -99,67 +97,11 @@ def to_plain(value):
     return value
 
 
-def _build_with_recorded(entrypoint, name: str, recorded: dict, overrides: dict):
-    """Build with the arguments recorded with some weights (explicit overrides win).
+def __getattr__(name: str):
+    # Old import path (``from models.registry import create_model``), kept for one release: the
+    # factory sits above this module, so it is imported only when asked for.
+    if name == "create_model":
+        from .factory import create_model
 
-    Recorded arguments this version's constructor no longer takes (an option removed since the
-    weights were saved) are left out with a warning; if the option changed the architecture, the
-    strict weight loading that follows says so. Returns ``None`` when the arguments do not suit
-    this entry point at all.
-    """
-    arguments = {**recorded, **overrides}
-    dropped = []
-    while True:
-        try:
-            model = entrypoint(**arguments)
-            break
-        except TypeError as error:
-            match = re.search(r"unexpected keyword argument '(\w+)'", str(error))
-            key = match.group(1) if match else None
-            if key is None or key not in recorded or key in overrides:
-                return None
-            dropped.append(f"{key}={arguments.pop(key)!r}")
-    if dropped:
-        warnings.warn(
-            f"weights of {name!r} were saved with constructor argument(s) this version does not "
-            f"have: {', '.join(dropped)}; left out",
-            stacklevel=3,
-        )
-    return model
-
-
-def create_model(name: str, pretrained: bool | str = False, **overrides) -> nn.Module:
-    """Build a registered model.
-
-    Args:
-        name: a name from ``list_models()``.
-        pretrained: ``False`` for random weights; ``True`` for the registry's default weights;
-            or a weights location string: ``"hf-hub:org/repo"`` or ``"local-dir:/path"``
-            (a ``save_pretrained`` folder).
-        **overrides: constructor keyword arguments replacing the entry point's defaults (and,
-            with ``pretrained``, the arguments recorded with the weights).
-
-    Returns:
-        The model (an ``nn.Module``), in eval mode when weights were loaded.
-
-    With ``pretrained``, the constructor arguments saved with the weights (``config.json`` or a
-    Lightning checkpoint's ``model_config``) build the model, as ``from_pretrained`` does, so
-    weights trained with non-default arguments (e.g. SplatWeaver's ``posed=True``) load by name.
-    """
-    entrypoint = model_entrypoint(name)
-    overrides = {key: to_plain(value) for key, value in overrides.items()}
-    if pretrained:
-        from .pretrained import recorded_arguments
-
-        recorded = recorded_arguments(name, pretrained)
-        model = _build_with_recorded(entrypoint, name, recorded, overrides) if recorded else None
-        if model is None:  # not this entry point's arguments: load_pretrained explains
-            model = entrypoint(**overrides)
-    else:
-        model = entrypoint(**overrides)
-    model.registry_name = name  # checkpoints and exports record which entry built the model
-    if not pretrained:
-        return model
-    from .pretrained import load_pretrained
-
-    return load_pretrained(model, name, pretrained)
+        return create_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

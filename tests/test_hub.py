@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models import create_model, list_models
+from models.output_folder import MARKER_NAME
 from models.pretrained import (
     CONFIG_NAME,
     METADATA_KEY,
@@ -331,7 +332,12 @@ def test_export_checkpoint(lightning_checkpoint, tmp_path: Path) -> None:
 
     ckpt, net = lightning_checkpoint
     out = export_checkpoint(ckpt, tmp_path / "export", metrics={"test/psnr": 20.25})
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(p.name for p in out.iterdir()) == [
+        MARKER_NAME,
+        "README.md",
+        CONFIG_NAME,
+        WEIGHTS_NAME,
+    ]
     loaded = create_model(TINY, pretrained=f"local-dir:{out}")
     _assert_same_state(net, loaded)
     card = (out / "README.md").read_text()
@@ -344,7 +350,7 @@ def test_export_checkpoint(lightning_checkpoint, tmp_path: Path) -> None:
     # Refuses a non-empty output unless overwrite.
     from models.export import ExportError
 
-    with pytest.raises(ExportError, match="not empty"):
+    with pytest.raises(ExportError, match="already holds files"):
         export_checkpoint(ckpt, out)
     export_checkpoint(ckpt, out, overwrite=True)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left

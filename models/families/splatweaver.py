@@ -76,6 +76,7 @@ from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_
 from ..gaussians import Gaussians
 from ..heads import GaussianHead, free_mean_activation
 from ..point_transformer import PointTransformerBlock
+from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 from ..wavelet import WAVELETS, detail_bands, detail_energy
 from .pixel_aligned import rigid_fit
@@ -883,3 +884,21 @@ def splatweaver_small(**kwargs) -> SplatWeaver:
 def splatweaver_base(**kwargs) -> SplatWeaver:
     """SplatWeaver on a ViT-B/14 (DINOv2-compatible) backbone."""
     return SplatWeaver(**{**_BASE, **kwargs})
+
+
+register_pretrained_cfgs(
+    {
+        "splatweaver_tiny.synthetic64": PretrainedCfg(
+            local_dir="checkpoints/splatweaver_tiny",
+            license="Apache-2.0",
+            source="trained by this project (checkpoints/README.md): experiment=synthetic_splatweaver (posed=true), 814 steps (30 min)",
+            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
+            input_size=(64, 64),
+            views=2,
+            pose_free=False,
+            metrics={"synthetic64/psnr": 20.36, "synthetic64/ssim": 0.613},
+            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
+            notes="a 30-CPU-minute demo and test model, not a converged one",
+        ),
+    }
+)

@@ -72,6 +72,7 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_embedding, unproject
 from ..heads import GaussianHead
 from ..kmeans import cluster_count, kmeans_select
+from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
 
 __all__ = [
@@ -747,3 +748,21 @@ def zipsplat_base(**kwargs) -> ZipSplat:
 def zipsplat_large(**kwargs) -> ZipSplat:
     """ZipSplat on a ViT-L/14 (DINOv2-compatible) backbone."""
     return ZipSplat(**{**_LARGE, **kwargs})
+
+
+register_pretrained_cfgs(
+    {
+        "zipsplat_tiny.synthetic64": PretrainedCfg(
+            local_dir="checkpoints/zipsplat_tiny",
+            license="Apache-2.0",
+            source="trained by this project (checkpoints/README.md): experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose refinement",
+            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
+            input_size=(64, 64),
+            views=2,
+            pose_free=True,
+            metrics={"synthetic64/psnr": 18.72, "synthetic64/ssim": 0.521},
+            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
+            notes="a 30-CPU-minute demo and test model, not a converged one",
+        ),
+    }
+)

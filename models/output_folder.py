@@ -1,0 +1,312 @@
+"""Output folders that are written atomically and never replace anything but our own output.
+
+Every command that writes a folder (``infer.py``, ``models.export``, ``datamodules.synthetic``,
+``datamodules.convert``) goes through :class:`OutputFolder`:
+
+- the output is refused outright (whatever ``overwrite`` says) when it is a filesystem root, the
+  home directory or a parent of it, the current directory or a parent of it, the same as an input,
+  inside an input, or holds an input;
+- an existing non-empty folder is replaced only with ``overwrite`` and only when it carries this
+  program's marker (:data:`MARKER_NAME`, written into every folder published here, listing what
+  was written) and holds nothing the marker does not list — so user files are never deleted;
+- the new content is written into a hidden staging folder beside the output and moved into place
+  when complete (never half-written); the staging folder is removed on any error, on Ctrl-C and
+  on SIGTERM, and stale staging folders of a killed run are removed by the next one;
+- published folders get the user's normal permissions (``mkdtemp`` makes them 0700).
+
+This module imports nothing of the project (any layer may use it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+__all__ = [
+    "MARKER_NAME",
+    "OutputFolder",
+    "OutputFolderError",
+    "check_output_folder",
+    "read_marker",
+    "remove_stale_staging",
+    "terminate_as_exit",
+    "write_marker",
+]
+
+MARKER_NAME = ".splatzoo-output.json"
+_STAGING_MARKER = ".splatzoo-staging"
+
+
+class OutputFolderError(ValueError):
+    """The output folder may not be written or replaced (one line naming it)."""
+
+    def __init__(self, path: str | os.PathLike, message: str) -> None:
+        self.path = os.fspath(path)
+        self.message = message
+        super().__init__(f"{self.path}: {message}")
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    return Path(path).expanduser().resolve(strict=False)
+
+
+def _contains(parent: Path, child: Path) -> bool:
+    """``child`` is ``parent`` or lies inside it (both resolved)."""
+    return child == parent or parent in child.parents
+
+
+def read_marker(folder: str | os.PathLike) -> dict | None:
+    """The marker of a folder published by :class:`OutputFolder`, or ``None``."""
+    path = Path(folder) / MARKER_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("program"), str):
+        return None
+    if not isinstance(data.get("entries"), list):
+        return None
+    return data
+
+
+def write_marker(folder: str | os.PathLike, program: str) -> None:
+    """Mark ``folder`` as ``program``'s output, listing its current top-level entries."""
+    folder = Path(folder)
+    entries = sorted(
+        p.name for p in folder.iterdir() if p.name not in (MARKER_NAME, _STAGING_MARKER)
+    )
+    marker = {"program": program, "entries": entries}
+    (folder / MARKER_NAME).write_text(json.dumps(marker, indent=2), encoding="utf-8")
+
+
+def _replaceable(
+    output: Path, program: str, legacy: Callable[[Path], Iterable[str] | None] | None
+) -> str | None:
+    """Why the existing non-empty folder ``output`` must not be replaced, or ``None`` if it may."""
+    present = {p.name for p in output.iterdir()}
+    marker = read_marker(output)
+    if marker is not None:
+        if marker["program"] != program:
+            return f"is an output of {marker['program']}, not of {program}: refusing to replace it"
+        allowed = set(marker["entries"]) | {MARKER_NAME}
+    else:
+        known = legacy(output) if legacy is not None else None
+        if known is None:
+            return (
+                f"holds files that are not an output of {program} (no {MARKER_NAME}): "
+                "refusing to replace it; choose a new or empty folder"
+            )
+        allowed = set(known)
+    extra = sorted(present - allowed)
+    if extra:
+        shown = ", ".join(extra[:3]) + (" ..." if len(extra) > 3 else "")
+        return (
+            f"holds files {program} did not write ({shown}): refusing to replace it; "
+            "move them away or choose another folder"
+        )
+    return None
+
+
+def check_output_folder(
+    output: str | os.PathLike,
+    program: str,
+    inputs: Iterable[str | os.PathLike] = (),
+    overwrite: bool = False,
+    legacy: Callable[[Path], Iterable[str] | None] | None = None,
+    replace: bool = True,
+) -> Path:
+    """Check that ``output`` may be written (see the module docstring); returns it resolved.
+
+    Args:
+        output: the folder to write.
+        program: the writing program's name, recorded in and checked against the marker.
+        inputs: paths the program reads; the output may neither be, hold nor lie inside one.
+        overwrite: whether an existing non-empty output of this program may be replaced.
+        legacy: for folders without a marker (written by older versions): a function returning
+            the entries such a folder may hold when it is one of this program's outputs, or
+            ``None`` when it is not.
+        replace: ``False`` for programs that add to an existing output instead of replacing it
+            (then only the location rules apply, plus the marker rule for non-empty folders).
+
+    Raises:
+        OutputFolderError: one line naming the folder and the reason.
+    """
+    shown = os.fspath(output)
+    resolved = _resolve(output)
+    if resolved.exists() and not resolved.is_dir():
+        raise OutputFolderError(shown, "exists and is not a folder")
+    if resolved == Path(resolved.anchor):
+        raise OutputFolderError(shown, "is a filesystem root: refusing to write there")
+    home = _resolve(Path.home())
+    if _contains(resolved, home):
+        raise OutputFolderError(shown, "is the home directory or holds it: refusing to write there")
+    cwd = _resolve(Path.cwd())
+    if _contains(resolved, cwd):
+        raise OutputFolderError(
+            shown, "is the current directory or a parent of it: choose a new folder"
+        )
+    for source in inputs:
+        source_resolved = _resolve(source)
+        if _contains(resolved, source_resolved):
+            raise OutputFolderError(
+                shown, f"holds the input {os.fspath(source)}: choose another folder"
+            )
+        if _contains(source_resolved, resolved):
+            raise OutputFolderError(shown, f"lies inside the input {os.fspath(source)}")
+    ancestor = resolved
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputFolderError(shown, f"cannot be written ({ancestor} is not writable)")
+    if resolved.is_dir() and any(resolved.iterdir()):
+        if replace and not overwrite:
+            raise OutputFolderError(
+                shown, "already holds files (pass overwrite=true to replace them)"
+            )
+        reason = _replaceable(resolved, program, legacy)
+        if reason is not None:
+            raise OutputFolderError(shown, reason)
+    return resolved
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
+    """Remove staging and backup folders left beside ``output`` by killed runs of this module.
+
+    Only folders named like ours that carry our staging marker with a process id that no longer
+    runs are removed. Returns what was removed.
+    """
+    output = _resolve(output)
+    removed = []
+    if not output.parent.is_dir():
+        return removed
+    for pattern in (f".{output.name}.tmp-*", f".{output.name}.old-*"):
+        for candidate in output.parent.glob(pattern):
+            marker = candidate / _STAGING_MARKER
+            try:
+                pid = int(marker.read_text(encoding="utf-8").strip())
+            except (OSError, ValueError):
+                continue
+            if pid != os.getpid() and _pid_alive(pid):
+                continue
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
+
+
+def _user_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``SystemExit(143)`` so ``finally`` clauses clean up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class OutputFolder:
+    """Write a folder atomically: ``with OutputFolder(out, "infer.py") as staging: ...``.
+
+    ``__enter__`` checks the output (:func:`check_output_folder`), removes stale staging folders
+    and returns a fresh staging folder beside it; a clean ``__exit__`` marks the staging folder,
+    checks the output again (nothing appeared meanwhile) and swaps it into place; any exception
+    (SIGTERM included) removes the staging folder and leaves the old output as it was.
+    """
+
+    def __init__(
+        self,
+        output: str | os.PathLike,
+        program: str,
+        inputs: Iterable[str | os.PathLike] = (),
+        overwrite: bool = False,
+        legacy: Callable[[Path], Iterable[str] | None] | None = None,
+    ) -> None:
+        self.shown = os.fspath(output)
+        self.program = program
+        self.inputs = list(inputs)
+        self.overwrite = overwrite
+        self.legacy = legacy
+        self.output = self.check()
+        self.staging: Path | None = None
+        self._terminate = terminate_as_exit()
+
+    def check(self) -> Path:
+        return check_output_folder(
+            self.shown, self.program, self.inputs, self.overwrite, self.legacy
+        )
+
+    def __enter__(self) -> Path:
+        self._terminate.__enter__()
+        try:
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_staging(self.output)
+            staging = Path(
+                tempfile.mkdtemp(prefix=f".{self.output.name}.tmp-", dir=self.output.parent)
+            )
+        except OSError as error:
+            self._terminate.__exit__(None, None, None)
+            reason = error.strerror or type(error).__name__
+            raise OutputFolderError(self.shown, f"cannot be written ({reason})") from error
+        (staging / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
+        self.staging = staging
+        return staging
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        staging, self.staging = self.staging, None
+        try:
+            if exc_type is None and staging is not None:
+                self._publish(staging)
+                staging = None
+        finally:
+            if staging is not None and staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+            self._terminate.__exit__(None, None, None)
+
+    def _publish(self, staging: Path) -> None:
+        write_marker(staging, self.program)
+        os.chmod(staging, _user_mode())
+        self.check()  # nothing appeared there meanwhile
+        output = self.output
+        if output.exists():
+            backup = output.with_name(f".{output.name}.old-{os.getpid()}")
+            output.rename(backup)
+            (backup / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
+            try:
+                staging.rename(output)
+            except OSError:
+                backup.rename(output)  # put the old output back
+                (output / _STAGING_MARKER).unlink(missing_ok=True)
+                raise
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            staging.rename(output)
+        (output / _STAGING_MARKER).unlink(missing_ok=True)

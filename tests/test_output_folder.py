@@ -1,0 +1,292 @@
+"""Nothing but our own output is ever replaced: ``models.output_folder`` and every command that
+writes a folder (infer.py, models.export, datamodules.synthetic, datamodules.convert).
+
+The first test is the reported data loss: ``input=shoot/photos output=shoot overwrite=true``
+deleted the photos and an unrelated ``notes.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from models import create_model
+from models.output_folder import (
+    MARKER_NAME,
+    OutputFolder,
+    OutputFolderError,
+    check_output_folder,
+    remove_stale_staging,
+)
+from models.pretrained import save_pretrained
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _photos(folder: Path, count: int = 2, size: int = 24) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        array = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+        Image.fromarray(array).save(folder / f"photo_{i}.png")
+    return folder
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def _infer(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    capsys.readouterr()
+    status = infer.run_cli(infer.compose(list(args)))
+    return status, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def zipsplat_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("weights")
+    return save_pretrained(create_model("zipsplat_tiny"), root / "zs", name="zipsplat_tiny")
+
+
+# --------------------------------------------------------------------------- infer.py
+
+
+def test_reported_case_input_inside_output_is_refused(capsys, tmp_path, zipsplat_weights) -> None:
+    shoot = tmp_path / "shoot"
+    photos = _photos(shoot / "photos")
+    (shoot / "notes.txt").write_text("my notes", encoding="utf-8")
+    before = _snapshot(shoot)
+    status, err = _infer(
+        capsys,
+        f"input={photos}",
+        f"output={shoot}",
+        "overwrite=true",
+        "model=zipsplat_tiny",
+        f"weights={zipsplat_weights}",
+        "image_size=32",
+    )
+    assert status == 2
+    assert f"{shoot}: holds the input" in err and len(err.strip().splitlines()) == 1
+    assert _snapshot(shoot) == before  # the photos and notes.txt are intact
+
+
+def test_infer_replaces_only_its_own_output(capsys, tmp_path, zipsplat_weights) -> None:
+    photos = _photos(tmp_path / "photos")
+    out = tmp_path / "out"
+    args = [f"input={photos}", "model=zipsplat_tiny", f"weights={zipsplat_weights}"]
+    args += ["image_size=32", "orbit_frames=2"]
+    assert _infer(capsys, *args, f"output={out}")[0] == 0
+    marker = json.loads((out / MARKER_NAME).read_text())
+    assert marker["program"] == "infer.py" and "gaussians.ply" in marker["entries"]
+    # A previous output is replaced with overwrite=true, and keeps the user's normal mode.
+    assert _infer(capsys, *args, f"output={out}", "overwrite=true")[0] == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~_umask()
+    # A file the user added to an output is never deleted: the replacement is refused.
+    (out / "my_edit.txt").write_text("keep me", encoding="utf-8")
+    before = _snapshot(out)
+    status, err = _infer(capsys, *args, f"output={out}", "overwrite=true")
+    assert status == 2 and "my_edit.txt" in err and "did not write" in err
+    assert _snapshot(out) == before
+    # A non-empty folder that is not an infer.py output is refused, whatever overwrite says.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "thesis.tex").write_text("...", encoding="utf-8")
+    status, err = _infer(capsys, *args, f"output={other}", "overwrite=true")
+    assert status == 2 and "not an output of infer.py" in err
+    assert (other / "thesis.tex").read_text() == "..."
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_infer_refuses_dangerous_outputs(capsys, tmp_path, monkeypatch, zipsplat_weights) -> None:
+    photos = _photos(tmp_path / "a" / "work" / "photos")
+    work = tmp_path / "a" / "work"
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "file").write_text("x")
+    args = [
+        f"input={photos}",
+        "model=zipsplat_tiny",
+        f"weights={zipsplat_weights}",
+        "overwrite=true",
+    ]
+    cases = {
+        ".": "current directory",
+        "..": "current directory or a parent",
+        str(tmp_path / "home"): "home directory",
+        str(tmp_path): "home directory or holds it",
+        "/": "filesystem root",
+        str(photos): "holds the input",
+        str(photos / "sub"): "inside the input",
+    }
+    before = _snapshot(tmp_path)
+    for output, message in cases.items():
+        status, err = _infer(capsys, *args, f"output={output}")
+        assert status == 2, output
+        assert message in err, (output, err)
+    assert _snapshot(tmp_path) == before
+
+
+def test_older_infer_output_without_marker_is_replaceable(
+    capsys, tmp_path, zipsplat_weights
+) -> None:
+    photos = _photos(tmp_path / "photos")
+    out = tmp_path / "old"
+    (out / "renders").mkdir(parents=True)
+    (out / "gaussians.ply").write_bytes(b"ply")
+    summary = {"model": "zipsplat_tiny", "gaussians": 3, "timings_s": {}}
+    (out / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    args = [f"input={photos}", "model=zipsplat_tiny", f"weights={zipsplat_weights}"]
+    status, _ = _infer(capsys, *args, f"output={out}", "overwrite=true", "image_size=32")
+    assert status == 0 and (out / MARKER_NAME).is_file()
+
+
+def test_unwritable_output_is_one_line(capsys, tmp_path, zipsplat_weights) -> None:
+    """A folder that cannot be created (read-only location; as root, /sys refuses too)."""
+    photos = _photos(tmp_path / "photos")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    target = locked / "out" if os.geteuid() != 0 else Path("/sys/splatzoo-test-out")
+    try:
+        status, err = _infer(
+            capsys, f"input={photos}", f"output={target}", "model=zipsplat_tiny",
+            f"weights={zipsplat_weights}", "image_size=32",
+        )  # fmt: skip
+    finally:
+        locked.chmod(0o700)
+    assert status == 2 and f"{target}: cannot be written" in err, err
+
+
+def test_sigterm_cleans_staging(tmp_path, zipsplat_weights) -> None:
+    """SIGTERM mid-run removes the staging folder; a stale one of a killed run is removed next."""
+    photos = _photos(tmp_path / "photos", count=2, size=32)
+    out = tmp_path / "out"
+    command = [
+        sys.executable, str(REPO_ROOT / "infer.py"), f"input={photos}", f"output={out}",
+        "model=zipsplat_tiny", f"weights={zipsplat_weights}", "image_size=32",
+        "orbit_frames=400",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob(".out.tmp-*")):
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".out.tmp-*")), "the run never started writing"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    assert process.returncode != 0
+    assert not list(tmp_path.glob(".out.*")) and not out.exists()
+
+
+def test_stale_staging_of_dead_process_is_removed(tmp_path) -> None:
+    out = tmp_path / "out"
+    stale = tmp_path / ".out.tmp-abc"
+    stale.mkdir()
+    (stale / ".splatzoo-staging").write_text("999999999")  # no such process
+    alive = tmp_path / ".out.tmp-def"
+    alive.mkdir()
+    (alive / ".splatzoo-staging").write_text(str(os.getppid()))  # a running process
+    foreign = tmp_path / ".out.tmp-user"
+    foreign.mkdir()  # not ours (no staging marker): never touched
+    assert remove_stale_staging(out) == [stale]
+    assert alive.is_dir() and foreign.is_dir() and not stale.exists()
+
+
+# --------------------------------------------------------------------------- the helper itself
+
+
+def test_output_folder_error_keeps_old_output(tmp_path) -> None:
+    out = tmp_path / "out"
+    with OutputFolder(out, "prog") as staging:
+        (staging / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError):
+        with OutputFolder(out, "prog", overwrite=True) as staging:
+            (staging / "a.txt").write_text("second")
+            raise RuntimeError("boom")
+    assert (out / "a.txt").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # Another program's output is never replaced.
+    with pytest.raises(OutputFolderError, match="is an output of prog, not of other"):
+        check_output_folder(out, "other", overwrite=True)
+
+
+def test_output_appearing_meanwhile_is_not_replaced(tmp_path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(OutputFolderError, match="already holds files"):
+        with OutputFolder(out, "prog") as staging:
+            (staging / "a.txt").write_text("mine")
+            out.mkdir()
+            (out / "theirs.txt").write_text("theirs")
+    assert (out / "theirs.txt").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# --------------------------------------------------------------------------- other commands
+
+
+def test_export_refuses_a_foreign_folder(tmp_path) -> None:
+    from models.export import ExportError, export_checkpoint
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "paper.pdf").write_bytes(b"%PDF")
+    with pytest.raises(ExportError, match="not an output of models.export"):
+        export_checkpoint(tmp_path / "missing.ckpt", out, overwrite=True)
+    assert (out / "paper.pdf").read_bytes() == b"%PDF"
+
+
+def test_synthetic_refuses_a_foreign_folder(tmp_path) -> None:
+    from datamodules.errors import DataError
+    from datamodules.synthetic import SyntheticSettings, generate_dataset
+
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    settings = SyntheticSettings(scenes=2, resolution=16, views=2, test_fraction=0.5)
+    with pytest.raises(DataError, match="not an output of datamodules.synthetic"):
+        generate_dataset(out, settings, progress=False, overwrite=True)
+    assert (out / "notes.txt").read_text() == "keep"
+    # Its own output is replaced with overwrite.
+    fresh = generate_dataset(tmp_path / "fresh", settings, progress=False)
+    generate_dataset(fresh, settings, progress=False, overwrite=True)
+    assert (fresh / MARKER_NAME).is_file()
+
+
+def test_convert_refuses_roots_that_are_not_datasets(tmp_path, monkeypatch) -> None:
+    from datamodules.convert import InputError, convert
+
+    photos = _photos(tmp_path / "photos")
+    foreign = tmp_path / "documents"
+    foreign.mkdir()
+    (foreign / "cv.docx").write_bytes(b"x")
+    with pytest.raises(InputError, match="not an output of datamodules.convert"):
+        convert(photos, foreign, "test", quiet=True)
+    with pytest.raises(InputError, match="holds the input"):
+        convert(photos, tmp_path, "test", quiet=True)
+    monkeypatch.chdir(tmp_path / "photos")
+    with pytest.raises(InputError, match="current directory"):
+        convert(photos, ".", "test", quiet=True)
+    assert sorted(p.name for p in foreign.iterdir()) == ["cv.docx"]
