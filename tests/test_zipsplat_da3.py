@@ -258,3 +258,58 @@ def test_release_kmeans_is_deterministic_and_finds_separated_clusters() -> None:
     assert torch.allclose(centroids[0].sort(0).values, centres.sort(0).values, atol=0.1)
     again = kmeans_nearest_tokens(tokens, 3, chunk_size=7)
     assert torch.equal(nearest, again[1]) and torch.equal(assign, again[2])
+
+
+# ---------------------------------------------------------------------- the loader on main
+def _official_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict under the release's key names (the inverse of the filter's renames)."""
+    renames = (
+        ("backbone.vit.", "backbone.backbone."),
+        ("head_mlp.", "gaussian_head.gaussian_head.0."),
+        ("gaussian_head.proj.", "gaussian_head.gaussian_head.1."),
+    )
+    out = {}
+    for key, value in state.items():
+        for ours, official in renames:
+            if key.startswith(ours):
+                key = official + key[len(ours) :]
+                break
+        out[key] = value
+    return out
+
+
+def test_create_model_reads_a_release_format_file(tmp_path) -> None:
+    """``create_model(arch, pretrained=<release .tar>)`` maps it through the filter, strictly."""
+    source = create_model("zipsplat_da3_tiny").eval()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    official = _official_names(source.state_dict())
+    assert any(k.startswith("gaussian_head.gaussian_head.1.") for k in official)
+    path = tmp_path / "zipsplat-tiny.tar"
+    torch.save(
+        {
+            "model": official,
+            "conf": {"model": {"img_size": 64}},
+            "epoch": 3,
+            "eval": {"psnr": 20.0},
+        },
+        path,
+    )
+    loaded = create_model("zipsplat_da3_tiny", pretrained=str(path))
+    images = torch.rand(1, 2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for r in (1.0, 0.3):
+            a = source({"image": images}, compression=r).gaussians
+            b = loaded({"image": images}, compression=r).gaussians
+            assert torch.equal(a.means, b.means) and torch.equal(a.harmonics, b.harmonics)
+
+    from models.pretrained import PretrainedError
+
+    broken = dict(official)
+    broken.pop("color_embed.proj.bias")
+    torch.save({"model": broken, "conf": {}, "epoch": 0, "eval": {}}, tmp_path / "broken.tar")
+    with pytest.raises(PretrainedError) as info:
+        create_model("zipsplat_da3_tiny", pretrained=str(tmp_path / "broken.tar"))
+    message = str(info.value)
+    assert "broken.tar" in message and "color_embed.proj.bias" in message and "\n" not in message
