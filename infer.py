@@ -42,6 +42,7 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
@@ -587,10 +588,15 @@ def run(cfg: DictConfig) -> Path:
             # each starting from view 0's pose, against its own image with the Gaussians frozen.
             from models.pose_refinement import refine_target_poses
 
+            targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
+            if max(targets.shape[-2:]) > 128:  # fit at <= 128 px (intrinsics are normalised)
+                factor = 128 / max(targets.shape[-2:])
+                small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
+                targets = F.interpolate(targets[0], size=small, mode="area")[None]
             with timer("refine_poses", device):
                 extrinsics[1:] = refine_target_poses(
                     gaussians,
-                    context["image"][:, 1:].float(),
+                    targets,
                     extrinsics[None, 1:],
                     intrinsics[None, 1:],
                     steps=steps,
@@ -598,7 +604,8 @@ def run(cfg: DictConfig) -> Path:
                 )[0]
             pose_note = (
                 f"refined: pose-free {cfg.model} predicts no cameras; views 1.. placed by "
-                f"test-time pose refinement ({steps} steps from view 0's pose)"
+                f"test-time pose refinement ({steps} steps from view 0's pose, at "
+                f"{targets.shape[-1]}x{targets.shape[-2]} px)"
             )
             pose_kind = ["identity"] + ["refined"] * (views - 1)
         else:
