@@ -555,7 +555,10 @@ def run(cfg: DictConfig) -> Path:
     views = len(images)
     with timer("inference", device), torch.inference_mode():
         for _ in _progress(range(1), desc="inference", unit="forward"):
-            pred = model(context, **kwargs)
+            try:
+                pred = model(context, **kwargs)
+            except ValueError as error:  # the model refuses this input (e.g. its image size)
+                raise InferError(f"model={cfg.model}", str(error)) from error
     gaussians = pred.gaussians.detach()
     count = int(gaussians.count()[0])
     if count == 0:

@@ -313,3 +313,67 @@ def test_create_model_reads_a_release_format_file(tmp_path) -> None:
         create_model("zipsplat_da3_tiny", pretrained=str(tmp_path / "broken.tar"))
     message = str(info.value)
     assert "broken.tar" in message and "color_embed.proj.bias" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------- infer.py
+def _infer(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    import sys
+
+    root = str(recipe.FIXTURES.parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import infer
+
+    capsys.readouterr()
+    status = infer.run_cli(infer.compose(list(args)))
+    return status, capsys.readouterr().err
+
+
+def test_infer_on_a_plain_image_folder_places_views_by_pose_refinement(tmp_path, capsys) -> None:
+    """No cameras at all: view 0 is the identity, the others are placed by test-time pose
+    refinement, and the outputs say so."""
+    import json
+
+    from PIL import Image
+
+    from models.pretrained import save_pretrained
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    images = recipe.fixture_images(3, 80, 96)[0]
+    for i, image in enumerate(images):
+        pixels = (image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+        Image.fromarray(pixels).save(photos / f"{i}.png")
+    weights = save_pretrained(
+        create_model("zipsplat_da3_tiny"), tmp_path / "w", name="zipsplat_da3_tiny"
+    )
+    out = tmp_path / "out"
+    status, err = _infer(
+        capsys,
+        f"input={photos}",
+        f"output={out}",
+        "model=zipsplat_da3_tiny",
+        f"weights={weights}",
+        "orbit_frames=2",
+        "refine_poses=3",
+        "compression=0.5",
+    )
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["poses"].startswith("refined") and summary["image_size"] == [64, 64]
+    assert summary["gaussians"] == int(3 * 64 * 0.5) * 4
+    cameras = json.loads((out / "cameras.json").read_text())
+    assert [f["pose"] for f in cameras["frames"]] == ["identity", "refined", "refined"]
+    assert (out / "gaussians.ply").is_file() and (out / "path.mp4").is_file()
+
+    status, err = _infer(
+        capsys,
+        f"input={photos}",
+        f"output={tmp_path / 'bad'}",
+        "model=zipsplat_da3_tiny",
+        f"weights={weights}",
+        "image_size=60",
+    )
+    assert status == 2 and not (tmp_path / "bad").exists()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "multiples of 8" in lines[0] and lines[0].startswith("error: ")
