@@ -44,6 +44,7 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
@@ -634,7 +635,10 @@ def run(cfg: DictConfig) -> Path:
     views = len(images)
     with timer("inference", device), torch.inference_mode():
         for _ in _progress(range(1), desc="inference", unit="forward"):
-            pred = model(context, **kwargs)
+            try:
+                pred = model(context, **kwargs)
+            except ValueError as error:  # the model refuses this input (e.g. its image size)
+                raise InferError(f"model={cfg.model}", str(error)) from error
     gaussians = pred.gaussians.detach()
     count = int(gaussians.count()[0])
     if count == 0:
@@ -661,9 +665,36 @@ def run(cfg: DictConfig) -> Path:
         pose_kind = ["input"] * views
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
-        pose_note = f"unknown (pose-free {cfg.model} does not predict cameras)"
-        pose_kind = ["identity"] + ["unknown"] * (views - 1)
-        unknown = images.names[1:]
+        steps = int(cfg.refine_poses)
+        if views > 1 and steps > 0:
+            # Place views 1.. by test-time pose refinement (as eval does for pose-free models),
+            # each starting from view 0's pose, against its own image with the Gaussians frozen.
+            from models.pose_refinement import refine_target_poses
+
+            targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
+            if max(targets.shape[-2:]) > 128:  # fit at <= 128 px (intrinsics are normalised)
+                factor = 128 / max(targets.shape[-2:])
+                small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
+                targets = F.interpolate(targets[0], size=small, mode="area")[None]
+            with timer("refine_poses", device):
+                extrinsics[1:] = refine_target_poses(
+                    gaussians,
+                    targets,
+                    extrinsics[None, 1:],
+                    intrinsics[None, 1:],
+                    steps=steps,
+                    backend=str(cfg.backend),
+                )[0]
+            pose_note = (
+                f"refined: pose-free {cfg.model} predicts no cameras; views 1.. placed by "
+                f"test-time pose refinement ({steps} steps from view 0's pose, at "
+                f"{targets.shape[-1]}x{targets.shape[-2]} px)"
+            )
+            pose_kind = ["identity"] + ["refined"] * (views - 1)
+        else:
+            pose_note = f"unknown (pose-free {cfg.model} does not predict cameras)"
+            pose_kind = ["identity"] + ["unknown"] * (views - 1)
+            unknown = images.names[1:]
     known = [i for i, kind in enumerate(pose_kind) if kind != "unknown"]
     render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(images.names)]
 

@@ -5,7 +5,8 @@ that folder's README), rebuild the deterministic weights from the key manifest, 
 ``create_model(arch, pretrained=<file in the release's format>)`` and print the max abs error of
 every Gaussian field against the official numbers. No weights or network are needed.
 
-    python bench/official_parity.py [--port depthsplat|splatweaver_release] [--only TAG ...] [--threads 2]
+    python bench/official_parity.py [--port depthsplat|splatweaver_release|zipsplat_da3] [--only TAG ...]
+    python bench/official_parity.py --port zipsplat_da3 --only giant   # the released giant, ~7 GB [--threads 2]
 
 One function per port (``<port>_rows(only) -> (header, rows)``) returns the table rows; add yours
 beside the others and in ``PORTS``.
@@ -155,7 +156,84 @@ def splatweaver_release_rows(only: list[str] | None = None) -> tuple[list[str], 
     return header, rows
 
 
-PORTS = {"depthsplat": depthsplat_rows, "splatweaver_release": splatweaver_release_rows}
+def _zipsplat_da3_cases(giant: bool = False) -> list[dict]:
+    """ZipSplat's release (DA3): DA3-S cases, and the released giant's with ``giant``."""
+    import zipsplat_da3_recipe as recipe
+    from safetensors.torch import load_file
+
+    from models import create_model
+    from models.families.zipsplat_da3 import checkpoint_filter_fn
+
+    rows = []
+    for size in ("s", "g") if giant else ("s",):
+        path = recipe.FIXTURES / f"official_{size}.safetensors"
+        if not path.exists():
+            print(f"{path}: missing, skipped", file=sys.stderr)
+            continue
+        reference = load_file(path)
+        state = recipe.deterministic_state_dict(recipe.load_manifest(size))
+        with torch.device("meta"):
+            model = create_model(f"zipsplat_da3{size}")
+        mapped = checkpoint_filter_fn(recipe.release_container(state, size), model)
+        model.load_state_dict(mapped, assign=True)
+        model.eval()
+        del state, mapped
+        for name, (case_size, views, h, w, r, prior) in recipe.CASES.items():
+            if case_size != size:
+                continue
+            context = {"image": recipe.fixture_images(views, h, w)}
+            if prior:
+                context["extrinsics"], context["intrinsics"] = recipe.fixture_cameras(views)
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model(context, compression=r, camera_prior=prior)
+            seconds = time.perf_counter() - start
+            g, pick = out.gaussians, reference[f"{name}/index"]
+            official = {
+                "means": reference[f"{name}/means"],
+                "scales": reference[f"{name}/scales"],
+                "rotations": reference[f"{name}/quats"],
+                "opacities": reference[f"{name}/opacities"],
+                "harmonics": reference[f"{name}/sh_coeffs"].transpose(-1, -2),
+            }
+            row = {"port": "zipsplat_da3", "case": name, "gaussians": g.means.shape[1]}
+            for field, value in official.items():
+                row[field] = float((getattr(g, field)[:, pick] - value).abs().max())
+            row["same_tokens"] = bool(
+                torch.equal(out.extras["scene_token_index"], reference[f"{name}/scene_token_index"])
+            )
+            row["forward_s"] = seconds
+            rows.append(row)
+        del model
+    return rows
+
+
+def zipsplat_da3_rows(only: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """ZipSplat's release (DA3): the DA3-S cases; the released giant's too with ``--only giant``
+    (about 7 GB and minutes)."""
+    fields = ["means", "scales", "rotations", "opacities", "harmonics"]
+    rows = []
+    for row in _zipsplat_da3_cases(giant=bool(only) and "giant" in only):
+        worst = max(row[f] for f in fields)
+        rows.append(
+            [
+                row["case"],
+                str(row["gaussians"]),
+                *(f"{row[f]:.2e}" for f in fields),
+                str(row["same_tokens"]),
+                "yes" if worst <= TOLERANCE and row["same_tokens"] else "NO",
+                f"{row['forward_s']:.1f}",
+            ]
+        )
+    header = ["case", "Gaussians", *fields, "same scene tokens", "<= 1e-4", "port s"]
+    return header, rows
+
+
+PORTS = {
+    "depthsplat": depthsplat_rows,
+    "splatweaver_release": splatweaver_release_rows,
+    "zipsplat_da3": zipsplat_da3_rows,
+}
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

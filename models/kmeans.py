@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["cluster_count", "kmeans_select", "nearest_centroid"]
+__all__ = ["cluster_count", "kmeans_nearest_tokens", "kmeans_select", "nearest_centroid"]
 
 
 def cluster_count(num_tokens: int, ratio: float) -> int:
@@ -163,3 +163,56 @@ def kmeans_select(
         1, order, torch.arange(k, device=device).expand(b, k)
     )
     return selected, position.gather(1, assign)
+
+
+@torch.no_grad()
+def kmeans_nearest_tokens(
+    tokens: Tensor, k: int, iterations: int = 5, chunk_size: int = 2048
+) -> tuple[Tensor, Tensor, Tensor]:
+    """k-means as ZipSplat's release runs it (for ports of its weights; ``kmeans_select`` is ours).
+
+    Differences from ``kmeans_select``: the initial centroids are the tokens
+    ``round(linspace(0, N - 1, k))``; a cluster that goes empty gets the zero vector as its
+    centroid; each final centroid takes the index of its nearest token (two centroids may pick
+    the same token); Euclidean distances come from ``torch.cdist``. Deterministic.
+
+    Args:
+        tokens: ``[B, N, C]``.
+        k: clusters, ``1 <= k <= N``.
+        iterations: Lloyd iterations.
+        chunk_size: rows per distance block.
+
+    Returns:
+        Centroids ``[B, k, C]``, the nearest token of each ``[B, k]`` (int64) and the last
+        assignment of every token ``[B, N]`` (int64).
+    """
+    b, n, c = tokens.shape
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in [1, {n}], got {k}")
+    device = tokens.device
+    start = torch.linspace(0, n - 1, k, device=device).round().long()  # [k]
+    centroids = tokens[:, start]  # [B, k, C]
+    assign = torch.zeros(b, n, dtype=torch.long, device=device)
+    for _ in range(iterations):
+        assign = torch.cat(
+            [
+                torch.cdist(tokens[:, s : s + chunk_size], centroids).argmin(dim=-1)
+                for s in range(0, n, chunk_size)
+            ],
+            dim=1,
+        )  # [B, N]
+        sums = torch.zeros_like(centroids).scatter_add_(
+            1, assign[..., None].expand(-1, -1, c), tokens
+        )
+        counts = torch.zeros(b, k, 1, device=device, dtype=tokens.dtype).scatter_add_(
+            1, assign[..., None], torch.ones(b, n, 1, device=device, dtype=tokens.dtype)
+        )
+        centroids = sums / counts.clamp(min=1)
+    nearest = torch.cat(
+        [
+            torch.cdist(centroids[:, s : s + chunk_size], tokens).argmin(dim=-1)
+            for s in range(0, k, chunk_size)
+        ],
+        dim=1,
+    )  # [B, k]
+    return centroids, nearest, assign

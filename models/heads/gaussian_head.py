@@ -75,6 +75,10 @@ class GaussianHead(nn.Module):
         scale_shift: the scale is ``softplus(x - scale_shift) * scale_factor`` (released
             architectures that use ``softplus(x)`` set 0).
         activation: hidden activation of the 2-layer MLP, ``"gelu"`` or ``"relu"``.
+        sh_layout: order of the ``3 (d+1)^2`` raw SH values: ``"channel"`` (channel-major, ours)
+            or ``"coefficient"`` (coefficient-major, ``[K, 3]``, as ZipSplat's release stores them).
+        sh_band_scale: scale the raw higher SH bands down (``0.1 * 0.25**degree``); ports of
+            released weights turn it off.
     """
 
     def __init__(
@@ -95,6 +99,8 @@ class GaussianHead(nn.Module):
         local_frame: bool = False,
         scale_shift: float = 4.0,
         activation: str = "gelu",
+        sh_layout: str = "channel",
+        sh_band_scale: bool = True,
     ) -> None:
         super().__init__()
         if activation not in ("gelu", "relu"):
@@ -105,7 +111,11 @@ class GaussianHead(nn.Module):
             raise ValueError(f"sh_degree must be in 0..3, got {sh_degree}")
         if gaussians_per_location < 1:
             raise ValueError(f"gaussians_per_location must be >= 1, got {gaussians_per_location}")
+        if sh_layout not in ("channel", "coefficient"):
+            raise ValueError(f"sh_layout must be 'channel' or 'coefficient', got {sh_layout!r}")
         self.mean_mode = mean_mode
+        self.sh_layout = sh_layout
+        self.sh_band_scale = sh_band_scale
         self.gaussians_per_location = gaussians_per_location
         self.sh_degree = sh_degree
         self.scale_factor = scale_factor
@@ -226,7 +236,10 @@ class GaussianHead(nn.Module):
         rotations = F.normalize(raw_rot, dim=-1, eps=1e-8)  # [B, N, G, 4]
         opacities = torch.sigmoid(raw_opacity[..., 0])  # [B, N, G]
 
-        harmonics = rearrange(raw_sh, "b n g (c k) -> b n g c k", c=3) * self.sh_mask
+        order = "(c k)" if self.sh_layout == "channel" else "(k c)"
+        harmonics = rearrange(raw_sh, f"b n g {order} -> b n g c k", c=3)
+        if self.sh_band_scale:
+            harmonics = harmonics * self.sh_mask
         if self.dc_from_color and color is not None:
             dc = rgb_to_sh(color)  # [B, N, 3] per location or [B, N, G, 3] per Gaussian
             dc = dc[:, :, None, :, None] if dc.dim() == 3 else dc[..., None]

@@ -1,0 +1,482 @@
+"""ZipSplat's released model (``cvg/ZipSplat``, Apache-2.0) in the token-clustered family.
+
+The release (arXiv 2606.05102; code at commit ``e1b592d``) reconstructs a scene from unposed
+images at 252 x 252 in one forward pass:
+
+1. **Backbone.** Depth Anything 3's multi-view ViT (``models.backbones.da3_vit``) returns the
+   ``[local ‖ global]`` tokens of three layers (giant: blocks 19, 29, 39). With a camera prior
+   (optional, off by default) the DA3 camera encoder's tokens replace the learned camera tokens.
+2. **Per-layer preparation.** Each half is LayerNormed (``pre_norm_local``/``pre_norm_global``)
+   and the token is ``Linear([local ‖ global]) + (local + global) / 2`` (``downscale``).
+3. **Clustering** on the deepest layer's tokens of all views together: ``K = max(1, int(r * N))``
+   clusters (``r`` = ``compression``, truncated as the release does), release k-means
+   (``models.kmeans.kmeans_nearest_tokens``: 5 Lloyd iterations from the tokens at
+   ``round(linspace(0, N - 1, K))``, deterministic), each centroid replaced by the index of its
+   nearest token. ``K = N`` skips clustering.
+4. **Scene tokens.** Start from the deepest layer's selected tokens; for each layer, deepest
+   first: ``scene += CrossAttention(selected tokens of that layer -> all its tokens)`` (the
+   block's attention and MLP deltas only, the MLP seeing ``queries + attention delta``), then a
+   self-attention block over the scene tokens. Heads of width 64, LayerScale.
+5. **Colour skip.** A 14 x 14 patch embedding of the raw images (width 128), cross-attended at the
+   same selected tokens (a full residual block, MLP ratio 1), concatenated to the scene tokens.
+6. **Head.** ``Mlp(C -> 2C -> C)`` then the shared ``GaussianHead`` (one linear layer) decodes 32
+   Gaussians per token: means ``sign(y) * expm1(|clamp(y, +-5)|)``, scales
+   ``clamp(softplus(x - 4), 1e-6, 15)``, normalised quaternions (wxyz), ``sigmoid`` opacity, SH
+   degree 1 stored coefficient-major ``[K, 3]`` (turned into this project's ``[3, K]``).
+
+The release predicts **no cameras**: its Gaussians are in the camera frame of view 0 (OpenCV
+axes), at the scale its training data was normalised to (not this project's unit-baseline
+convention), so anything that renders a given camera must place it first (``infer.py`` and
+``eval.py`` use the test-time pose refinement of ``models.pose_refinement``).
+
+Weights: ``checkpoint_filter_fn`` reads the release's ``.tar`` (``{'model', 'conf', 'epoch',
+'eval'}``, unprefixed keys). The release loads it non-strictly; the only extra keys it names are
+BatchNorm statistics (``*running_mean``/``*running_var``/``*num_batches_tracked``, which it drops
+silently; this architecture has no BatchNorm, so the released file holds none) and a DDP
+``module.`` prefix (stripped): this filter tolerates exactly those and refuses anything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..backbones.da3_vit import DA3_SIZES, Block, DA3Encoder, LayerScale, Mlp, PatchEmbed
+from ..base import ModelOutput, SplatModel, check_context
+from ..heads import GaussianHead
+from ..kmeans import kmeans_nearest_tokens
+from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from ..registry import register_model
+
+__all__ = [
+    "INFERENCE_KNOBS",
+    "ZipSplatDA3",
+    "checkpoint_filter_fn",
+    "zipsplat_da3_tiny",
+    "zipsplat_da3s",
+    "zipsplat_da3b",
+    "zipsplat_da3l",
+    "zipsplat_da3g",
+]
+
+# Inference-time knobs (readable without building a model).
+INFERENCE_KNOBS = {
+    "compression": dict(
+        type=float,
+        range=(0.0, 1.0),
+        default=1.0,
+        help="cluster ratio r in (0, 1]: K = int(r * tokens) scene tokens, 32 Gaussians each",
+    ),
+    "max_gaussians": dict(type=int, range=(1, None), default=None, help="keep the most opaque"),
+}
+POSE_FREE = True
+
+
+def _gather(tokens: Tensor, index: Tensor) -> Tensor:
+    """``tokens [B, N, C]`` at ``index [B, K]`` -> ``[B, K, C]``."""
+    return torch.gather(tokens, 1, index[..., None].expand(-1, -1, tokens.shape[-1]))
+
+
+class CrossAttention(nn.Module):
+    """Queries ``[B, K, C]`` attend over a context ``[B, N, C]``; per-head q/k LayerNorm."""
+
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        head_dim = dim // num_heads
+        self.q_proj = nn.Linear(dim, dim)
+        self.kv_proj = nn.Linear(dim, 2 * dim)
+        self.q_norm = nn.LayerNorm(head_dim)
+        self.k_norm = nn.LayerNorm(head_dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, queries: Tensor, context: Tensor) -> Tensor:
+        q = rearrange(self.q_proj(queries), "b k (h d) -> b h k d", h=self.num_heads)
+        k, v = rearrange(
+            self.kv_proj(context), "b n (two h d) -> two b h n d", two=2, h=self.num_heads
+        )
+        out = torch.nn.functional.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v)
+        return self.proj(rearrange(out, "b h k d -> b k (h d)"))
+
+
+class CrossAttentionBlock(nn.Module):
+    """Pre-norm cross-attention then MLP, each LayerScaled.
+
+    ``forward(..., delta=True)`` returns only the attention and MLP deltas (the MLP still sees
+    ``queries + attention delta``): the release adds them to a separate scene-token stream.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, init_values: float) -> None:
+        super().__init__()
+        self.norm_q = nn.LayerNorm(dim)
+        self.norm_kv = nn.LayerNorm(dim)
+        self.attn = CrossAttention(dim, num_heads)
+        self.ls1 = LayerScale(dim, init_values)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = LayerScale(dim, init_values)
+
+    def forward(self, queries: Tensor, context: Tensor, delta: bool = False) -> Tensor:
+        attended = self.ls1(self.attn(self.norm_q(queries), self.norm_kv(context)))
+        mlp = self.ls2(self.mlp(self.norm2(queries + attended)))
+        return attended + mlp if delta else queries + attended + mlp
+
+
+class ZipSplatDA3(SplatModel):
+    """ZipSplat's released architecture (see the module docstring).
+
+    Args:
+        size: Depth Anything 3 size, ``"small"``, ``"base"``, ``"large"`` or ``"giant"``
+            (ZipSplat's ``configs/model/backbone/da3{s,b,l,g}.yaml``).
+        embed_dim, depth, num_heads, out_layers, alt_start, ffn: override the size's backbone
+            shape (the tiny test variant); ``None`` keeps the size's.
+        patch_size: patch side (14 in DA3).
+        pos_embed_size: side in pixels of the stored position-embedding grid (518 in DA3).
+        img_size: the square input side the weights were trained at (252); any multiple of
+            ``patch_size`` runs.
+        color_dim: width of the colour skip.
+        gaussians_per_token: Gaussians decoded per scene token.
+        sh_degree: SH degree of the colours.
+        fuse_layer_scale: initial LayerScale of the refinement blocks.
+        compression: default cluster ratio in ``(0, 1]`` (the ``compression`` forward keyword
+            overrides it).
+        kmeans_iterations: Lloyd iterations.
+        kmeans_chunk_size: rows per k-means distance block.
+        camera_encoder: build DA3's camera encoder (the release has it; used with a camera prior).
+    """
+
+    family = "zipsplat"
+    pose_free = True
+    min_views = 1
+
+    def __init__(
+        self,
+        *,
+        size: str = "giant",
+        embed_dim: int | None = None,
+        depth: int | None = None,
+        num_heads: int | None = None,
+        out_layers: list[int] | None = None,
+        alt_start: int | None = None,
+        ffn: str | None = None,
+        patch_size: int = 14,
+        pos_embed_size: int = 518,
+        img_size: int = 252,
+        color_dim: int = 128,
+        gaussians_per_token: int = 32,
+        sh_degree: int = 1,
+        fuse_layer_scale: float = 0.01,
+        compression: float = 1.0,
+        kmeans_iterations: int = 5,
+        kmeans_chunk_size: int = 2048,
+        camera_encoder: bool = True,
+    ) -> None:
+        super().__init__()
+        if size not in DA3_SIZES:
+            raise ValueError(f"size must be one of {sorted(DA3_SIZES)}, got {size!r}")
+        if not 0.0 < compression <= 1.0:
+            raise ValueError(f"compression must be in (0, 1], got {compression}")
+        overrides = dict(
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            out_layers=tuple(out_layers) if out_layers is not None else None,
+            alt_start=alt_start,
+            ffn=ffn,
+        )
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        self.backbone = DA3Encoder(
+            size,
+            camera_encoder=camera_encoder,
+            patch_size=patch_size,
+            pos_embed_size=pos_embed_size,
+            **overrides,
+        )
+        dim = self.backbone.embed_dim
+        layers = len(self.backbone.vit.out_layers)
+        heads = max(1, dim // 64)
+        self.size = size
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.compression = compression
+        self.kmeans_iterations = kmeans_iterations
+        self.kmeans_chunk_size = kmeans_chunk_size
+        self.gaussians_per_token = gaussians_per_token
+
+        self.pre_norm_local = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
+        self.pre_norm_global = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
+        self.downscale = nn.ModuleList(nn.Linear(2 * dim, dim) for _ in range(layers))
+        self.cross_attention = nn.ModuleList(
+            CrossAttentionBlock(dim, heads, 4.0, fuse_layer_scale) for _ in range(layers)
+        )
+        self.self_attention = nn.ModuleList(
+            Block(dim, heads, init_values=fuse_layer_scale, qk_norm=True) for _ in range(layers)
+        )
+        self.color_embed = PatchEmbed(patch_size, 3, color_dim)
+        self.color_cross_attention = CrossAttentionBlock(
+            color_dim, max(1, color_dim // 64), 1.0, fuse_layer_scale
+        )
+        head_dim = dim + color_dim
+        self.head_mlp = Mlp(head_dim, 2 * head_dim, head_dim)
+        self.gaussian_head = GaussianHead(
+            head_dim,
+            mean_mode="free",
+            gaussians_per_location=gaussians_per_token,
+            sh_degree=sh_degree,
+            hidden_dim=None,
+            scale_factor=1.0,
+            max_scale=15.0,
+            min_scale=1e-6,
+            free_mean_max=math.expm1(5.0),  # |y| clamped at log1p(expm1(5)) = 5 exactly
+            dc_from_color=False,
+            sh_layout="coefficient",
+            sh_band_scale=False,
+        )
+
+    def _check_images(self, h: int, w: int) -> None:
+        p = self.patch_size
+        if h % p or w % p or h < p or w < p:
+            raise ValueError(
+                f"context['image'] is {h}x{w}: this ZipSplat (DA3 backbone) takes sides that "
+                f"are positive multiples of {p} (the release runs at "
+                f"{self.img_size}x{self.img_size}; resize or crop first)"
+            )
+
+    def _prepare(self, features: list[Tensor]) -> list[Tensor]:
+        """``[B, V, T, 2C]`` per layer (deepest first) -> fused ``[B, V*T, C]``."""
+        d = self.backbone.embed_dim
+        out = []
+        for i, raw in enumerate(features):
+            local = self.pre_norm_local[i](raw[..., :d])
+            global_ = self.pre_norm_global[i](raw[..., d:])
+            token = self.downscale[i](torch.cat([local, global_], dim=-1)) + (local + global_) / 2
+            out.append(rearrange(token, "b v t c -> b (v t) c"))
+        return out
+
+    def forward(
+        self,
+        context: dict[str, Tensor],
+        *,
+        compression: float | None = None,
+        max_gaussians: int | None = None,
+        camera_prior: bool = False,
+    ) -> ModelOutput:
+        """Predict Gaussians in the camera frame of context view 0.
+
+        Args:
+            context: ``image [B, V, 3, H, W]`` in [0, 1], sides multiples of the patch size;
+                ``extrinsics``/``intrinsics`` are used only with ``camera_prior``.
+            compression: cluster ratio ``r`` in ``(0, 1]`` (``None``: the configured default).
+            max_gaussians: keep at most this many Gaussians per scene (the most opaque).
+            camera_prior: feed the context cameras to DA3's camera encoder (the release's
+                ``use_priors``); needs ``extrinsics`` and ``intrinsics``.
+
+        Returns:
+            ``ModelOutput`` with ``K * gaussians_per_token`` Gaussians (token-major) and extras
+            ``scene_token_index [B, K]`` (into the view-major token list), ``compression``,
+            ``num_scene_tokens`` and ``camera_prior``.
+        """
+        r = self.compression if compression is None else float(compression)
+        if not 0.0 < r <= 1.0:
+            raise ValueError(f"compression must be in (0, 1], got {r}")
+        b, v, h, w = check_context(context, require_poses=camera_prior)
+        self._check_images(h, w)
+        images = context["image"]
+        cameras = (context["extrinsics"], context["intrinsics"]) if camera_prior else (None, None)
+        features = self.backbone(images, *cameras)[::-1]  # deepest layer first
+        layers = self._prepare(features)  # [B, N, C] each
+        n = layers[0].shape[1]
+        k = max(1, int(n * r))
+        if k >= n:
+            k = n
+            index = torch.arange(n, device=images.device).expand(b, n)
+        else:
+            _, index, _ = kmeans_nearest_tokens(
+                layers[0], k, self.kmeans_iterations, self.kmeans_chunk_size
+            )
+
+        scene = _gather(layers[0], index)  # [B, K, C]
+        for tokens, cross, self_attention in zip(layers, self.cross_attention, self.self_attention):
+            scene = scene + cross(_gather(tokens, index), tokens, delta=True)
+            scene = self_attention(scene)
+        color = rearrange(self.color_embed(images.flatten(0, 1)), "(b v) t c -> b (v t) c", b=b)
+        color = self.color_cross_attention(_gather(color, index), color)  # [B, K, C_color]
+        features = self.head_mlp(torch.cat([scene, color], dim=-1))
+        gaussians = self.gaussian_head(features)
+        if max_gaussians is not None:
+            gaussians = gaussians.prune(max_count=max_gaussians)
+        extras = {
+            "scene_token_index": index,
+            "compression": r,
+            "num_scene_tokens": k,
+            "camera_prior": bool(camera_prior),
+        }
+        return ModelOutput(gaussians=gaussians, extras=extras)
+
+
+# ---------------------------------------------------------------------- official weights
+_RENAMES = (  # official prefix -> ours (every other key keeps its name)
+    ("backbone.backbone.", "backbone.vit."),
+    ("gaussian_head.gaussian_head.0.", "head_mlp."),
+    ("gaussian_head.gaussian_head.1.", "gaussian_head.proj."),
+)
+# What the release's non-strict loader names and ignores: BatchNorm statistics (none in this
+# architecture) and a DDP "module." prefix.
+_TOLERATED_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _official_to_ours(key: str) -> str:
+    for official, ours in _RENAMES:
+        if key.startswith(official):
+            return ours + key[len(official) :]
+    return key
+
+
+def checkpoint_filter_fn(checkpoint: Mapping, model: nn.Module) -> dict[str, Tensor]:
+    """Map ZipSplat's release file (or its bare state dict) to this model's state dict.
+
+    Args:
+        checkpoint: what ``torch.load(path, weights_only=True)`` returned for
+            ``zipsplat-da3g-252p.tar`` (``{'model', 'conf', 'epoch', 'eval'}``) or a state dict.
+        model: the ``ZipSplatDA3`` to fill.
+
+    Returns:
+        Every parameter of ``model`` under its own name.
+
+    Raises:
+        ValueError: one line, when the file is not this release's format or not this size.
+    """
+    if not isinstance(checkpoint, Mapping):
+        raise ValueError(f"not a ZipSplat release file: expected a dict, got {type(checkpoint)}")
+    state = checkpoint
+    for key in ("model", "state_dict"):
+        if isinstance(checkpoint.get(key), Mapping):
+            state = checkpoint[key]
+            break
+    if not state or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(
+            "not a ZipSplat release file: no state dict of tensors under 'model' "
+            f"(top-level keys: {sorted(map(str, checkpoint))[:6]})"
+        )
+    if all(k.startswith("module.") for k in state):
+        state = {k[len("module.") :]: v for k, v in state.items()}
+    if not any(k.startswith("backbone.backbone.") for k in state):
+        raise ValueError(
+            "not a ZipSplat release file: no 'backbone.backbone.*' (DA3 ViT) keys "
+            f"(first keys: {sorted(state)[:3]})"
+        )
+    expected = model.state_dict()
+    out, unknown = {}, []
+    for key, value in state.items():
+        if key.endswith(_TOLERATED_SUFFIXES):
+            continue
+        ours = _official_to_ours(key)
+        if ours not in expected:
+            unknown.append(key)
+            continue
+        if tuple(value.shape) != tuple(expected[ours].shape):
+            raise ValueError(
+                f"{key} has shape {tuple(value.shape)} but this model's {ours} is "
+                f"{tuple(expected[ours].shape)}: the file is for another ZipSplat/DA3 size"
+            )
+        out[ours] = value
+    missing = sorted(set(expected) - set(out))
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"{len(unknown)} unexpected key(s), e.g. {sorted(unknown)[:3]}")
+        if missing:
+            parts.append(f"{len(missing)} missing key(s), e.g. {missing[:3]}")
+        raise ValueError("file does not match this ZipSplat/DA3 architecture: " + "; ".join(parts))
+    return out
+
+
+register_pretrained_cfgs(
+    {
+        "zipsplat_da3g.re10k_dl3dv_252px": PretrainedCfg(
+            hf_hub_id="veichta/zipsplat",
+            hf_hub_filename="zipsplat-da3g-252p.tar",
+            file_format="official",
+            arch_kwargs={},
+            license=(
+                "Apache-2.0 (cvg/ZipSplat code and released weights); the backbone was "
+                "initialised from Depth Anything 3 Giant, whose own weights carry their authors' "
+                "licence (check it before commercial use)"
+            ),
+            source="ZipSplat (arXiv 2606.05102), github.com/cvg/ZipSplat @ e1b592d",
+            train_data="RealEstate10K + DL3DV (2-24 context views, 252 x 252)",
+            input_size=(252, 252),
+            views=None,
+            pose_free=True,
+            metrics={
+                "re10k_6v/psnr": 26.20,
+                "re10k_6v/ssim": 0.842,
+                "re10k_6v/lpips": 0.158,
+                "dl3dv_6v/psnr": 25.24,
+                "dl3dv_6v/ssim": 0.804,
+                "dl3dv_6v/lpips": 0.172,
+                "dl3dv_12v/psnr": 24.27,
+                "dl3dv_12v/ssim": 0.767,
+                "dl3dv_12v/lpips": 0.197,
+                "dl3dv_24v/psnr": 24.14,
+                "dl3dv_24v/ssim": 0.768,
+                "dl3dv_24v/lpips": 0.198,
+            },
+            metrics_source="authors' paper/README, not verified here",
+            notes=(
+                "1.45 B parameters; 32 Gaussians per scene token, SH degree 1; no cameras "
+                "predicted (Gaussians in view 0's camera frame at the release's own scale)"
+            ),
+        )
+    }
+)
+
+
+# ---------------------------------------------------------------------- registry entries
+_TINY = dict(
+    size="small",
+    embed_dim=64,
+    depth=6,
+    num_heads=2,
+    out_layers=[3, 4, 5],
+    alt_start=2,
+    patch_size=8,
+    pos_embed_size=64,
+    img_size=64,
+    color_dim=32,
+    gaussians_per_token=4,
+)
+
+
+@register_model
+def zipsplat_da3_tiny(**kwargs) -> ZipSplatDA3:
+    """The release's architecture at test size (64 px, 8 px patches, width 64)."""
+    return ZipSplatDA3(**{**_TINY, **kwargs})
+
+
+@register_model
+def zipsplat_da3s(**kwargs) -> ZipSplatDA3:
+    """ZipSplat on Depth Anything 3 Small (ZipSplat's ``da3s`` config)."""
+    return ZipSplatDA3(**{"size": "small", **kwargs})
+
+
+@register_model
+def zipsplat_da3b(**kwargs) -> ZipSplatDA3:
+    """ZipSplat on Depth Anything 3 Base (``da3b``)."""
+    return ZipSplatDA3(**{"size": "base", **kwargs})
+
+
+@register_model
+def zipsplat_da3l(**kwargs) -> ZipSplatDA3:
+    """ZipSplat on Depth Anything 3 Large (``da3l``)."""
+    return ZipSplatDA3(**{"size": "large", **kwargs})
+
+
+@register_model
+def zipsplat_da3g(**kwargs) -> ZipSplatDA3:
+    """ZipSplat on Depth Anything 3 Giant: the released model (1.45 B parameters)."""
+    return ZipSplatDA3(**{"size": "giant", **kwargs})
