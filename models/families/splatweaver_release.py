@@ -69,6 +69,7 @@ from ..layers.vggt import (
 from ..point_transformer import knn as brute_force_knn
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
+from ..rotations import quaternion_multiply
 from ..sh import eval_sh_bases
 from ..wavelet import WAVELETS
 from .splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
@@ -253,21 +254,6 @@ def _rotation_to_quaternion(matrix: Tensor) -> Tensor:
     q = candidates[best]
     q = q / q.norm()
     return torch.where(q[0] < 0, -q, q).to(matrix.dtype)
-
-
-def _quaternion_multiply(a: Tensor, b: Tensor) -> Tensor:
-    """Hamilton product ``a ⊗ b`` of wxyz quaternions (broadcasting)."""
-    aw, ax, ay, az = a.unbind(-1)
-    bw, bx, by, bz = b.unbind(-1)
-    return torch.stack(
-        [
-            aw * bw - ax * bx - ay * by - az * bz,
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw,
-        ],
-        dim=-1,
-    )
 
 
 def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
@@ -661,7 +647,7 @@ def _to_scene_frame(
     for i in range(c2w.shape[0]):
         harmonics.append(gaussians.harmonics[i] @ sh_rotation_matrix(rotation[i], degree).T)
         q = _rotation_to_quaternion(rotation[i])
-        quaternions.append(_quaternion_multiply(q, gaussians.rotations[i]))
+        quaternions.append(quaternion_multiply(q, gaussians.rotations[i]))
     moved_gaussians = Gaussians(
         means=move(gaussians.means),
         scales=gaussians.scales / scale[:, None, None],

@@ -51,6 +51,7 @@ from ..heads import GaussianHead
 from ..kmeans import kmeans_nearest_tokens
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
+from .zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
 
 __all__ = [
     "INFERENCE_KNOBS",
@@ -63,17 +64,8 @@ __all__ = [
     "zipsplat_da3g",
 ]
 
-# Inference-time knobs (readable without building a model).
-INFERENCE_KNOBS = {
-    "compression": dict(
-        type=float,
-        range=(0.0, 1.0),
-        default=1.0,
-        help="cluster ratio r in (0, 1]: K = int(r * tokens) scene tokens, 32 Gaussians each",
-    ),
-    "max_gaussians": dict(type=int, range=(1, None), default=None, help="keep the most opaque"),
-}
-POSE_FREE = True
+# Inference-time knobs (readable without building a model): the token-clustered family's.
+INFERENCE_KNOBS = _FAMILY_KNOBS
 
 
 def _gather(tokens: Tensor, index: Tensor) -> Tensor:

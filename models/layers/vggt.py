@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
+
 __all__ = [
     "Block",
     "DinoPatchEncoder",
@@ -45,30 +47,6 @@ RESNET_STD = (0.229, 0.224, 0.225)
 
 
 # ----------------------------------------------------------------------------- blocks
-class LayerScale(nn.Module):
-    """Per-channel learned residual scale ``gamma``."""
-
-    def __init__(self, dim: int, init_values: float) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * self.gamma
-
-
-class Mlp(nn.Module):
-    """``fc1 -> GELU -> fc2``."""
-
-    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int | None = None) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(in_dim, hidden_dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dim, out_dim or in_dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class RotaryEmbedding2D(nn.Module):
     """2D rotary position embedding: the first half of each head's channels rotates with the
     token's row, the second half with its column (RoPE-ViT / CroCo style)."""
