@@ -54,6 +54,7 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another fo
 
 from datamodules.errors import DataError  # noqa: E402
 from models.command_line import quote_path_arguments  # noqa: E402
+from models.errors import PathError  # noqa: E402
 from models.output_folder import OutputFolder, OutputFolderError  # noqa: E402
 from models.pretrained import PretrainedError  # noqa: E402
 
@@ -71,12 +72,8 @@ _MODEL_OVERRIDE: list[str] = []  # ``model=NAME`` taken from the command line be
 _TEMPORARY_FILES: list[str] = []  # removed when ``run`` ends
 
 
-class InferError(ValueError):
+class InferError(PathError):
     """Unusable input or settings; reported as one line naming ``path``."""
-
-    def __init__(self, path: str | os.PathLike, message: str) -> None:
-        self.path = os.fspath(path)
-        super().__init__(f"{self.path}: {message}")
 
 
 # --------------------------------------------------------------------------- helpers

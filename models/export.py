@@ -30,6 +30,7 @@ from typing import Any
 
 from torch import nn
 
+from .errors import PathError
 from .output_folder import MARKER_NAME, OutputFolder, OutputFolderError
 from .pretrained import (
     _INIT_ONLY_ARGS,
@@ -49,12 +50,8 @@ USAGE = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(PathError):
     """An export cannot proceed; ``path`` names the file or location at fault."""
-
-    def __init__(self, path: str | os.PathLike, message: str) -> None:
-        self.path = os.fspath(path)
-        super().__init__(f"{self.path}: {message}")
 
 
 # --------------------------------------------------------------------------- card

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from .errors import PathError
+
 __all__ = [
     "MARKER_NAME",
     "OutputFolder",
@@ -44,13 +46,8 @@ MARKER_NAME = ".splatzoo-output.json"
 _STAGING_MARKER = ".splatzoo-staging"
 
 
-class OutputFolderError(ValueError):
+class OutputFolderError(PathError):
     """The output folder may not be written or replaced (one line naming it)."""
-
-    def __init__(self, path: str | os.PathLike, message: str) -> None:
-        self.path = os.fspath(path)
-        self.message = message
-        super().__init__(f"{self.path}: {message}")
 
 
 def _resolve(path: str | os.PathLike) -> Path:

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import INIT_ONLY_ARGS
+from .errors import PathError
 from .pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
 from .registry import get_pretrained_cfg, is_model, model_entrypoint
 
@@ -79,17 +80,12 @@ _INIT_ONLY_ARGS = INIT_ONLY_ARGS
 HUB_WEIGHTS: dict[str, str] = {}
 
 
-class PretrainedError(ValueError):
+class PretrainedError(PathError):
     """Weights cannot be found, read, or loaded into the requested model.
 
     Attributes:
         path: the file, folder or location the error is about.
     """
-
-    def __init__(self, path: str | os.PathLike, message: str) -> None:
-        self.path = os.fspath(path)
-        self.message = message
-        super().__init__(f"{self.path}: {message}")
 
 
 # --------------------------------------------------------------------------- default table
