@@ -22,6 +22,7 @@ __all__ = [
     "list_pretrained",
     "register_pretrained_cfgs",
     "split_model_name",
+    "synthetic64_cfg",
 ]
 
 
@@ -141,3 +142,24 @@ def list_pretrained(pattern: str | None = None) -> list[str]:
 def default_tag(architecture: str) -> str | None:
     """The architecture's default tag, or ``None``."""
     return _default_tags.get(architecture)
+
+
+def synthetic64_cfg(
+    architecture: str, recipe: str, pose_free: bool, psnr: float, ssim: float
+) -> dict[str, PretrainedCfg]:
+    """``{"<architecture>.synthetic64": cfg}`` of weights this project trained and ships in
+    ``checkpoints/<architecture>/`` (64x64 synthetic rooms, 2 context views, 30 CPU minutes)."""
+    return {
+        f"{architecture}.synthetic64": PretrainedCfg(
+            local_dir=f"checkpoints/{architecture}",
+            license="Apache-2.0",
+            source=f"trained by this project (checkpoints/README.md): {recipe}",
+            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
+            input_size=(64, 64),
+            views=2,
+            pose_free=pose_free,
+            metrics={"synthetic64/psnr": psnr, "synthetic64/ssim": ssim},
+            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
+            notes="a 30-CPU-minute demo and test model, not a converged one",
+        )
+    }

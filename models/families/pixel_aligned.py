@@ -28,7 +28,7 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid
 from ..heads import GaussianHead
 from ..knobs import MAX_GAUSSIANS
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
 
 __all__ = [
@@ -427,18 +427,11 @@ def noposplat_tiny(**kwargs) -> PixelAligned:
 
 
 register_pretrained_cfgs(
-    {
-        "pixel_aligned_tiny.synthetic64": PretrainedCfg(
-            local_dir="checkpoints/pixel_aligned_tiny",
-            license="Apache-2.0",
-            source="trained by this project (checkpoints/README.md): experiment=synthetic_pixel_aligned, 782 steps (30 min, one CPU thread)",
-            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
-            input_size=(64, 64),
-            views=2,
-            pose_free=False,
-            metrics={"synthetic64/psnr": 22.1, "synthetic64/ssim": 0.726},
-            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
-            notes="a 30-CPU-minute demo and test model, not a converged one",
-        ),
-    }
+    synthetic64_cfg(
+        "pixel_aligned_tiny",
+        "experiment=synthetic_pixel_aligned, 782 steps (30 min, one CPU thread)",
+        pose_free=False,
+        psnr=22.1,
+        ssim=0.726,
+    )
 )

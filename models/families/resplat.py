@@ -50,7 +50,7 @@ from ..gaussians import Gaussians
 from ..heads import GaussianHead, raw_gaussian_dim
 from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformer, PointTransformerBlock
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
 from ..render import render
 
@@ -687,18 +687,11 @@ def resplat_base(**kwargs) -> ReSplat:
 
 
 register_pretrained_cfgs(
-    {
-        "resplat_tiny.synthetic64": PretrainedCfg(
-            local_dir="checkpoints/resplat_tiny",
-            license="Apache-2.0",
-            source="trained by this project (checkpoints/README.md): synthetic_resplat_init 15 min + synthetic_resplat 15 min (1,150 + 858 steps); 2 iterations",
-            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
-            input_size=(64, 64),
-            views=2,
-            pose_free=False,
-            metrics={"synthetic64/psnr": 19.31, "synthetic64/ssim": 0.547},
-            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
-            notes="a 30-CPU-minute demo and test model, not a converged one",
-        ),
-    }
+    synthetic64_cfg(
+        "resplat_tiny",
+        "synthetic_resplat_init 15 min + synthetic_resplat 15 min (1,150 + 858 steps); 2 iterations",
+        pose_free=False,
+        psnr=19.31,
+        ssim=0.547,
+    )
 )

@@ -77,7 +77,7 @@ from ..gaussians import Gaussians
 from ..heads import GaussianHead, free_mean_activation
 from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformerBlock
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
 from ..wavelet import WAVELETS, detail_bands, detail_energy
 from .pixel_aligned import rigid_fit
@@ -928,18 +928,11 @@ def splatweaver_base(**kwargs) -> SplatWeaver:
 
 
 register_pretrained_cfgs(
-    {
-        "splatweaver_tiny.synthetic64": PretrainedCfg(
-            local_dir="checkpoints/splatweaver_tiny",
-            license="Apache-2.0",
-            source="trained by this project (checkpoints/README.md): experiment=synthetic_splatweaver (posed=true), 814 steps (30 min)",
-            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
-            input_size=(64, 64),
-            views=2,
-            pose_free=False,
-            metrics={"synthetic64/psnr": 20.36, "synthetic64/ssim": 0.613},
-            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
-            notes="a 30-CPU-minute demo and test model, not a converged one",
-        ),
-    }
+    synthetic64_cfg(
+        "splatweaver_tiny",
+        "experiment=synthetic_splatweaver (posed=true), 814 steps (30 min)",
+        pose_free=False,
+        psnr=20.36,
+        ssim=0.613,
+    )
 )

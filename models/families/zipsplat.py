@@ -73,7 +73,7 @@ from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_em
 from ..heads import GaussianHead
 from ..kmeans import cluster_count, kmeans_select
 from ..knobs import MAX_GAUSSIANS, Knob
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
 
 __all__ = [
@@ -770,18 +770,11 @@ def zipsplat_large(**kwargs) -> ZipSplat:
 
 
 register_pretrained_cfgs(
-    {
-        "zipsplat_tiny.synthetic64": PretrainedCfg(
-            local_dir="checkpoints/zipsplat_tiny",
-            license="Apache-2.0",
-            source="trained by this project (checkpoints/README.md): experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose refinement",
-            train_data="synthetic 64x64 rooms (python -m datamodules.synthetic), 2 context views",
-            input_size=(64, 64),
-            views=2,
-            pose_free=True,
-            metrics={"synthetic64/psnr": 18.72, "synthetic64/ssim": 0.521},
-            metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
-            notes="a 30-CPU-minute demo and test model, not a converged one",
-        ),
-    }
+    synthetic64_cfg(
+        "zipsplat_tiny",
+        "experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose refinement",
+        pose_free=True,
+        psnr=18.72,
+        ssim=0.521,
+    )
 )
