@@ -362,19 +362,18 @@ def main() -> int:
                 entries = resolution * resolution * num
                 predicted = entries * DENSE_BYTES_PER_ENTRY[mode] / 1e9
                 dense, est_ms, est_mb = None, None, None
-                if "dense" not in methods:
-                    pass
-                elif predicted <= args.dense_limit_gb:
+                run_dense = "dense" in methods
+                if run_dense and predicted <= args.dense_limit_gb:
                     dense = measure({**spec, "method": "dense"}, args.timeout, env)
                     if "error" not in dense and entries >= largest.get(mode, (0, None))[0]:
                         largest[mode] = (entries, dense)
-                elif mode in largest:
+                elif run_dense and mode in largest:
                     base_entries, base = largest[mode]
                     est_ms = base["ms"] * entries / base_entries
                     est_mb = base["peak_mb"] * entries / base_entries
                 dense_ms = dense["ms"] if dense and "error" not in dense else est_ms
                 dense_mb = dense["peak_mb"] if dense and "error" not in dense else est_mb
-                dense_time = cell(dense, "ms", est_ms) if "dense" in methods else "-"
+                dense_time = cell(dense, "ms", est_ms) if run_dense else "-"
                 if dense is not None and "error" not in dense:
                     dense_time += f" ({dense['cpu_ms']:,.0f})"
                 estimated = dense is None

@@ -215,8 +215,8 @@ class ResumableCSVLogger(CSVLogger):
 
 
 class _AppendingWriter(ExperimentWriter):
-    def _check_log_dir_exists(self) -> None:  # keep earlier metrics (Lightning deletes them)
-        pass
+    def _check_log_dir_exists(self) -> None:
+        """Keep the earlier ``metrics.csv`` (Lightning's version deletes it)."""
 
 
 class StepProgressBar(RichProgressBar):

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image as PILImage
+from test_infer import Result, infer_here  # what `python infer.py ARGS` runs, in-process
 
 from datamodules import convert
 from datamodules.colmap import (
@@ -110,11 +111,6 @@ CORRUPT_IMAGES = {
 }
 
 
-class Result:
-    def __init__(self, returncode: int, stderr: str) -> None:
-        self.returncode, self.stderr = returncode, stderr
-
-
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random weights of the posed tiny model, saved as a user's folder would be."""
@@ -124,17 +120,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_pretrained(
         create_model(POSED), tmp_path_factory.mktemp("weights") / POSED, name=POSED
     )
-
-
-def infer_here(capsys: pytest.CaptureFixture, *args: str) -> Result:
-    """What ``python infer.py ARGS`` runs, in this process."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import infer
-
-    capsys.readouterr()
-    status = infer.run_cli(infer.compose(list(args)))
-    return Result(status, capsys.readouterr().err)
 
 
 def assert_one_error_line(result, *expected: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_infer import infer_here
 
 from models import create_model
 from models.output_folder import (
@@ -49,13 +50,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def _infer(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import infer
-
-    capsys.readouterr()
-    status = infer.run_cli(infer.compose(list(args)))
-    return status, capsys.readouterr().err
+    result = infer_here(capsys, *args)
+    return result.returncode, result.stderr
 
 
 @pytest.fixture(scope="module")

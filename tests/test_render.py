@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -17,12 +18,19 @@ from models.sh import eval_sh
 ALPHA_MIN = 1.0 / 255.0
 
 
-def cpu_backend_or_skip() -> None:
-    """Skip unless ``backend="cpu"`` works here (test_render_cpu.py fails when it should)."""
+def toolchain_present() -> bool:
+    """A C++ compiler and ninja: what building the CPU rasteriser needs."""
+    return shutil.which("c++") is not None and shutil.which("ninja") is not None
+
+
+def cpu_backend_or_skip(dtype: torch.dtype = torch.float64) -> None:
+    """Fail when ``backend="cpu"`` should build here but does not; skip only without a toolchain."""
     from models.render_cpu import cpu_rasterizer_error
 
-    error = cpu_rasterizer_error(torch.float64)
+    error = cpu_rasterizer_error(dtype)
     if error is not None:
+        if toolchain_present():
+            pytest.fail(f"a C++ compiler and ninja are here but backend='cpu' is not: {error}")
         pytest.skip(f"backend='cpu' is not available: {error}")
 
 

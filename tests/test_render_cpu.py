@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_render import cameras, garden_inputs, random_gaussians
+from test_render import cameras, cpu_backend_or_skip, garden_inputs, random_gaussians
 
 import models.render_cpu as render_cpu
 from models.gaussians import Gaussians
@@ -29,17 +28,9 @@ render_module = importlib.import_module("models.render")  # models.render is als
 REPO = Path(__file__).resolve().parents[1]
 
 
-def toolchain_present() -> bool:
-    return shutil.which("c++") is not None and shutil.which("ninja") is not None
-
-
 @pytest.fixture
 def cpu_backend():
-    error = render_cpu.cpu_rasterizer_error(torch.float32)
-    if error is not None:
-        if toolchain_present():
-            pytest.fail(f"a C++ compiler and ninja are here but backend='cpu' is not: {error}")
-        pytest.skip(f"backend='cpu' is not available: {error}")
+    cpu_backend_or_skip(torch.float32)
 
 
 @pytest.fixture
