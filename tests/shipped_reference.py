@@ -1,0 +1,72 @@
+"""The shipped weights' Gaussians on one fixed input, recorded before the redesign (issue 16).
+
+``tests/test_shipped_weights.py`` compares today's code with the recording bit for bit, so a
+refactor that changes what the shipped weights predict fails. Regenerate (only when a change of
+the predictions is intended, and say so in the commit) with::
+
+    OMP_NUM_THREADS=1 python tests/shipped_reference.py
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+FIXTURE = Path(__file__).parent / "fixtures" / "shipped" / "gaussians.safetensors"
+SHIPPED = ("pixel_aligned_tiny", "zipsplat_tiny", "resplat_tiny", "splatweaver_tiny")
+FIELDS = ("means", "scales", "rotations", "opacities", "harmonics")
+
+
+def fixed_context(views: int = 2, size: int = 64) -> dict[str, torch.Tensor]:
+    """Two views at 64² on a short baseline, images a smooth function of the pixel (no RNG)."""
+    y, x = torch.meshgrid(torch.linspace(0, 1, size), torch.linspace(0, 1, size), indexing="ij")
+    images = []
+    for v in range(views):
+        r = 0.5 + 0.4 * torch.sin(6.0 * x + 1.3 * v)
+        g = 0.5 + 0.4 * torch.cos(5.0 * y - 0.7 * v)
+        b = 0.5 + 0.3 * torch.sin(4.0 * (x + y) + 0.5 * v)
+        images.append(torch.stack([r, g, b]))
+    image = torch.stack(images)[None]  # [1, V, 3, H, W]
+    extrinsics = torch.eye(4).repeat(1, views, 1, 1)  # [1, V, 4, 4]
+    for v in range(views):
+        angle = 0.05 * v
+        extrinsics[0, v, 0, 0] = extrinsics[0, v, 2, 2] = math.cos(angle)
+        extrinsics[0, v, 0, 2], extrinsics[0, v, 2, 0] = math.sin(angle), -math.sin(angle)
+        extrinsics[0, v, 0, 3] = float(v) / max(views - 1, 1)
+    intrinsics = torch.tensor([[0.9, 0.0, 0.5], [0.0, 0.9, 0.5], [0.0, 0.0, 1.0]])
+    return {
+        "image": image,
+        "extrinsics": extrinsics,
+        "intrinsics": intrinsics.repeat(1, views, 1, 1),
+        "near": torch.full((1, views), 0.5),
+        "far": torch.full((1, views), 20.0),
+    }
+
+
+@torch.no_grad()
+def predict(name: str) -> dict[str, torch.Tensor]:
+    """The shipped model's Gaussians on ``fixed_context`` (eval mode, seeded)."""
+    from models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(name, pretrained=True).eval()
+    gaussians = model(fixed_context()).gaussians
+    return {f"{name}/{field}": getattr(gaussians, field).contiguous() for field in FIELDS}
+
+
+def main() -> None:
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    tensors: dict[str, torch.Tensor] = {}
+    for name in SHIPPED:
+        tensors.update(predict(name))
+    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(FIXTURE))
+    print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
