@@ -42,9 +42,9 @@ from .sh import eval_sh, sh_degree_of
 __all__ = [
     "ALPHA_THRESHOLD",
     "BACKENDS",
-    "RASTERIZE_MODES",
     "EPS2D",
     "MAX_ALPHA",
+    "RASTERIZE_MODES",
     "TILE_SIZE",
     "TRANSMITTANCE_MIN",
     "Projection",
@@ -175,10 +175,9 @@ def opacity_compensation(cov2d: Tensor, eps2d: float = EPS2D) -> Tensor:
     Returns:
         ``[...]`` the factor applied to the opacity.
     """
-    det_orig = cov2d[..., 0, 0] * cov2d[..., 1, 1] - cov2d[..., 0, 1] * cov2d[..., 1, 0]
-    det_blur = (cov2d[..., 0, 0] + eps2d) * (cov2d[..., 1, 1] + eps2d) - cov2d[..., 0, 1] * cov2d[
-        ..., 1, 0
-    ]
+    s_xx, s_xy, s_yx, s_yy = cov2d[..., 0, 0], cov2d[..., 0, 1], cov2d[..., 1, 0], cov2d[..., 1, 1]
+    det_orig = s_xx * s_yy - s_xy * s_yx
+    det_blur = (s_xx + eps2d) * (s_yy + eps2d) - s_xy * s_yx
     return _SqrtWithEps.apply(det_orig / det_blur.clamp_min(1e-10))
 
 
