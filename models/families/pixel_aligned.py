@@ -3,18 +3,18 @@
 Posed (pixelSplat / MVSplat / DepthSplat lineage): a multi-view ViT with camera (Plücker) tokens
 and alternating frame / global attention, a DPT head to full-resolution features, per-pixel depth
 from a softmax over ``num_depth_candidates`` inverse depths between ``1/far`` and ``1/near``
-(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` in ``ray_depth``
-mode: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded sub-pixel
-offset, and its scales are measured in pixel footprints at that depth.
+(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` with a
+``RayDepthPlacement``: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded
+sub-pixel offset, and its scales are measured in pixel footprints at that depth.
 
 Pose-free (``pose_free=True``, NoPoSplat-style): no pose tokens (optionally intrinsics-only ray
 tokens); Gaussians are predicted directly in the first view's camera frame. Each view predicts a
 depth map in its own frame and a 3D correction: view 0's anchor points are its pixels unprojected
 at their depth (exact rays: view 0 is the scene frame); the other views' anchors are their own
 unprojection plus the correction times the depth (together a point map in view 0's frame). The
-head runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered
-by a rigid fit between their own-frame points and their view-0-frame anchors
-(``extras["extrinsics"]``).
+head places the means with an ``AnchorOffsetPlacement`` around these anchors. The other views'
+cameras are recovered by a rigid fit between their own-frame points and their view-0-frame
+anchors (``extras["extrinsics"]``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ..backbones import DPTHead, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid
-from ..heads import GaussianHead
+from ..heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
 from ..knobs import MAX_GAUSSIANS
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
@@ -209,13 +209,12 @@ class PixelAligned(SplatModel):
             self.point_head = None
         self.gaussian_head = GaussianHead(
             feature_dim + g,
-            mean_mode="anchor_offset" if pose_free else "ray_depth",
+            AnchorOffsetPlacement(offset_bound) if pose_free else RayDepthPlacement(offset_bound),
             gaussians_per_location=g,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim,
             scale_factor=scale_factor,
             max_scale=max_scale,
-            offset_bound=offset_bound,
             opacity_bias=opacity_bias,
         )
         candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth

@@ -10,7 +10,7 @@ Initial model (posed):
    the latent pixels are lifted to a point cloud (one point per 4x4 pixels per view);
 3. a point transformer (kNN attention, k=16, interleaved with global attention over the points of
    all views) refines the point features;
-4. the shared ``GaussianHead`` (``mean_mode="ray_depth"``, a sub-pixel offset whose pixel is the
+4. the shared ``GaussianHead`` (``RayDepthPlacement``, a sub-pixel offset whose pixel is the
    4x4 block) decodes one Gaussian per point. The point features are the initial hidden state.
 
 Recurrent update (weights shared across iterations), for ``i = 0 .. iterations - 1``:
@@ -47,7 +47,7 @@ from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
 from ..feature_extractor import FrozenFeatureExtractor
 from ..gaussians import Gaussians
-from ..heads import GaussianHead, raw_gaussian_dim
+from ..heads import GaussianHead, RayDepthPlacement, raw_gaussian_dim
 from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformer, PointTransformerBlock
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
@@ -193,7 +193,7 @@ class InitialModel(nn.Module):
         self.points = PointTransformer(dim, depth=blocks, heads=heads, k=knn_k)
         self.head = GaussianHead(
             dim,
-            mean_mode="ray_depth",
+            RayDepthPlacement(),
             sh_degree=sh_degree,
             hidden_dim=dim,
             scale_factor=scale_factor,

@@ -20,7 +20,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    convolutions, are upsampled to full resolution and a sigmoid makes a per-channel gate; the
    router sees ``features + features * gate``.
 4. **Router and cardinality experts.** ``M + 1`` experts (``num_experts = M = 3``); expert ``k`` is
-   a small MLP (the shared ``GaussianHead`` with a hidden layer, ``anchor_offset`` mode,
+   a small MLP (the shared ``GaussianHead`` with a hidden layer, ``AnchorOffsetPlacement``,
    ``gaussians_per_location = k``) emitting ``k`` Gaussians at the pixel's point plus tanh-bounded
    offsets measured in pixel footprints; expert 0 emits none. The router is a per-pixel
    LayerNorm and two 1x1 convolutions giving ``M + 1`` logits. In training the choice is a
@@ -74,7 +74,7 @@ from ..backbones import DPTHead, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from ..gaussians import Gaussians
-from ..heads import GaussianHead, free_mean_activation
+from ..heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
 from ..knobs import MAX_GAUSSIANS, Knob
 from ..point_transformer import PointTransformerBlock
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
@@ -578,13 +578,12 @@ class SplatWeaver(SplatModel):
         self.experts = nn.ModuleList(
             GaussianHead(
                 feature_dim + 1,
-                mean_mode="anchor_offset",
+                AnchorOffsetPlacement(offset_bound),
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
                 hidden_dim=expert_hidden_dim,
                 scale_factor=scale_factor,
                 max_scale=max_scale,
-                offset_bound=offset_bound,
                 opacity_bias=opacity_bias,
             )
             for k in range(1, num_experts + 1)
