@@ -12,9 +12,9 @@ tokens); Gaussians are predicted directly in the first view's camera frame. Each
 depth map in its own frame and a 3D correction: view 0's anchor points are its pixels unprojected
 at their depth (exact rays: view 0 is the scene frame); the other views' anchors are their own
 unprojection plus the correction times the depth (together a point map in view 0's frame). The
-head places the means with an ``AnchorOffsetPlacement`` around these anchors. The other views'
-cameras are recovered by a rigid fit between their own-frame points and their view-0-frame
-anchors (``extras["extrinsics"]``).
+head runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered
+by a rigid fit between their own-frame points and their view-0-frame anchors
+(``extras["extrinsics"]``).
 """
 
 from __future__ import annotations
@@ -254,7 +254,8 @@ class PixelAligned(PixelTrunk, SplatModel):
         )  # [BV, C, H, W]
         near, far = self._depth_range(context, (b, v), images)
         pixel_depth = self.pixel_depth(features, near, far)
-        depth, t = pixel_depth.depth, pixel_depth.inverse  # [B, V, G, H, W], [BV, G, H, W]
+        depth, depth_coarse = pixel_depth.depth, pixel_depth.coarse  # [B, V, G, H, W]
+        t = pixel_depth.inverse  # [BV, G, H, W]
 
         head_in = torch.cat([features, t], dim=1)  # [BV, C + G, H, W]
         head_in = rearrange(head_in, "(b v) c h w -> b (v h w) c", b=b, v=v)
@@ -270,7 +271,7 @@ class PixelAligned(PixelTrunk, SplatModel):
 
         extras: dict[str, Tensor] = {
             "depth": depth[:, :, 0],
-            "depth_coarse": pixel_depth.coarse[:, :, 0],
+            "depth_coarse": depth_coarse[:, :, 0],
         }
         if not self.pose_free:
             gaussians = self.gaussian_head(
