@@ -35,7 +35,7 @@ from ..backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
 from ..backbones.dinov2 import DINOV2_SIZES
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import pixel_grid
-from ..heads import GaussianHead
+from ..heads import GaussianHead, RayDepthPlacement
 from ..knobs import MAX_GAUSSIANS
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
@@ -167,11 +167,10 @@ class DepthSplat(SplatModel):
             self.raw_head[-1].bias[10:].zero_()
         self.gaussian_head = GaussianHead(
             None,
-            mean_mode="ray_depth",
+            RayDepthPlacement(offset_bound=1.0),
             sh_degree=SH_DEGREE,
             max_scale=max_scale,
             min_scale=min_scale,
-            offset_bound=1.0,
             dc_from_color=True,
             local_frame=True,
         )

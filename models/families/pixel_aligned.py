@@ -3,9 +3,9 @@
 Posed (pixelSplat / MVSplat / DepthSplat lineage): a multi-view ViT with camera (Plücker) tokens
 and alternating frame / global attention, a DPT head to full-resolution features, per-pixel depth
 from a softmax over ``num_depth_candidates`` inverse depths between ``1/far`` and ``1/near``
-(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` in ``ray_depth``
-mode: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded sub-pixel
-offset, and its scales are measured in pixel footprints at that depth.
+(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` with a
+``RayDepthPlacement``: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded
+sub-pixel offset, and its scales are measured in pixel footprints at that depth.
 
 Pose-free (``pose_free=True``, NoPoSplat-style): no pose tokens (optionally intrinsics-only ray
 tokens); Gaussians are predicted directly in the first view's camera frame. Each view predicts a
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange, repeat
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..backbones import DPTHead, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid
-from ..heads import GaussianHead
+from ..heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
 from ..knobs import MAX_GAUSSIANS
+from ..layers.pixel_trunk import PixelTrunk
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
 
@@ -73,7 +73,7 @@ def rigid_fit(source: Tensor, target: Tensor, weights: Tensor | None = None) -> 
     return transform
 
 
-class PixelAligned(SplatModel):
+class PixelAligned(PixelTrunk, SplatModel):
     """Pixel-aligned Gaussian predictor (posed, or pose-free with ``pose_free=True``).
 
     Args:
@@ -161,65 +161,40 @@ class PixelAligned(SplatModel):
         self.gaussians_per_pixel = gaussians_per_pixel
         self.camera_tokens = intrinsics_tokens if pose_free else use_camera_tokens
 
-        self.backbone = MultiViewTransformer(
+        self.build_pixel_encoder(
             size,
             img_size=img_size,
             patch_size=patch_size,
-            embed_dim=backbone_dim,
-            depth=backbone_depth,
-            num_heads=backbone_heads,
+            backbone_dim=backbone_dim,
+            backbone_depth=backbone_depth,
+            backbone_heads=backbone_heads,
             global_layers=global_layers,
             out_layers=out_layers,
-            use_camera_tokens=self.camera_tokens,
+            camera_tokens=self.camera_tokens,
             pretrained_backbone=pretrained_backbone,
             drop_path_rate=drop_path_rate,
-        )
-        self.dpt = DPTHead(
-            self.backbone.embed_dim,
-            num_layers=len(self.backbone.out_layers),
-            features=dpt_features,
-            out_dim=feature_dim,
+            dpt_features=dpt_features,
+            feature_dim=feature_dim,
             shallow_dim=shallow_dim,
         )
         g = gaussians_per_pixel
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(feature_dim, num_depth_candidates * g, 1),
+        self.build_pixel_depth(
+            feature_dim,
+            num_depth_candidates,
+            depths_per_pixel=g,
+            refine_dim=refine_dim if depth_refine else None,
+            point_head=pose_free,  # pose-free: starts at each view's own unprojection
         )
-        if depth_refine:
-            self.depth_refine = nn.Sequential(
-                nn.Conv2d(feature_dim + g, refine_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(refine_dim, g, 3, padding=1),
-            )
-            nn.init.zeros_(self.depth_refine[-1].weight)  # start as the identity
-            nn.init.zeros_(self.depth_refine[-1].bias)
-        else:
-            self.depth_refine = None
-        if pose_free:
-            self.point_head = nn.Sequential(
-                nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(feature_dim, 3 * g, 1),
-            )
-            nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
-            nn.init.zeros_(self.point_head[-1].bias)
-        else:
-            self.point_head = None
         self.gaussian_head = GaussianHead(
             feature_dim + g,
-            mean_mode="anchor_offset" if pose_free else "ray_depth",
+            AnchorOffsetPlacement(offset_bound) if pose_free else RayDepthPlacement(offset_bound),
             gaussians_per_location=g,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim,
             scale_factor=scale_factor,
             max_scale=max_scale,
-            offset_bound=offset_bound,
             opacity_bias=opacity_bias,
         )
-        candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
-        self.register_buffer("depth_candidates", candidates, persistent=False)
 
     # ------------------------------------------------------------------ forward
     def _depth_range(
@@ -233,29 +208,6 @@ class PixelAligned(SplatModel):
                 value = torch.full(shape, default, dtype=like.dtype, device=like.device)
             out.append(value.to(like.dtype))
         return out[0], out[1]
-
-    def _predict_depth(
-        self, features: Tensor, near: Tensor, far: Tensor, b: int, v: int
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Refined depth ``[B, V, G, H, W]``, the softmax estimate before refinement (same
-        shape) and the refined normalised inverse depth ``[B*V, G, H, W]`` in (0, 1)."""
-        g, d = self.gaussians_per_pixel, self.num_depth_candidates
-        logits = rearrange(self.depth_head(features), "n (g d) h w -> n g d h w", g=g, d=d)
-        prob = logits.softmax(dim=2)
-        t = torch.einsum("ngdhw,d->nghw", prob, self.depth_candidates)  # [BV, G, H, W] in [0, 1]
-        t_coarse = t
-        if self.depth_refine is not None:
-            delta = self.depth_refine(torch.cat([features, t], dim=1))
-            t = torch.sigmoid(torch.logit(t.clamp(1e-4, 1 - 1e-4)) + delta)
-        inv_near = rearrange(1.0 / near, "b v -> (b v) 1 1 1")
-        inv_far = rearrange(1.0 / far, "b v -> (b v) 1 1 1")
-
-        def to_depth(x: Tensor) -> Tensor:
-            return rearrange(
-                1.0 / (inv_far + x * (inv_near - inv_far)), "(b v) g h w -> b v g h w", b=b, v=v
-            )
-
-        return to_depth(t), to_depth(t_coarse), t
 
     def forward(
         self, context: dict[str, Tensor], *, max_gaussians: int | None = None
@@ -294,14 +246,16 @@ class PixelAligned(SplatModel):
             # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
             token_extrinsics = normalize_scene(extrinsics)[0]
 
-        tokens = self.backbone(
+        features = self.pixel_features(
             images,
+            (h, w),
             token_extrinsics if self.camera_tokens else None,
             intrinsics if self.camera_tokens else None,
-        )
-        features = self.dpt(tokens.features, tokens.grid_size, (h, w), images)  # [BV, C, H, W]
+        )  # [BV, C, H, W]
         near, far = self._depth_range(context, (b, v), images)
-        depth, depth_coarse, t = self._predict_depth(features, near, far, b, v)  # [B, V, G, H, W]
+        pixel_depth = self.pixel_depth(features, near, far)
+        depth, depth_coarse = pixel_depth.depth, pixel_depth.coarse  # [B, V, G, H, W]
+        t = pixel_depth.inverse  # [BV, G, H, W]
 
         head_in = torch.cat([features, t], dim=1)  # [BV, C + G, H, W]
         head_in = rearrange(head_in, "(b v) c h w -> b (v h w) c", b=b, v=v)

@@ -10,7 +10,7 @@ Initial model (posed):
    the latent pixels are lifted to a point cloud (one point per 4x4 pixels per view);
 3. a point transformer (kNN attention, k=16, interleaved with global attention over the points of
    all views) refines the point features;
-4. the shared ``GaussianHead`` (``mean_mode="ray_depth"``, a sub-pixel offset whose pixel is the
+4. the shared ``GaussianHead`` (``RayDepthPlacement``, a sub-pixel offset whose pixel is the
    4x4 block) decodes one Gaussian per point. The point features are the initial hidden state.
 
 Recurrent update (weights shared across iterations), for ``i = 0 .. iterations - 1``:
@@ -42,13 +42,13 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..backbones import DPTHead, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
 from ..feature_extractor import FrozenFeatureExtractor
 from ..gaussians import Gaussians
-from ..heads import GaussianHead, raw_gaussian_dim
+from ..heads import GaussianHead, RayDepthPlacement, raw_gaussian_dim
 from ..knobs import MAX_GAUSSIANS, Knob
+from ..layers.pixel_trunk import PixelTrunk
 from ..point_transformer import PointTransformer, PointTransformerBlock
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
@@ -116,7 +116,7 @@ def _per_point(camera: Tensor, count: int) -> Tensor:
     return expanded.reshape(b, v * count, *camera.shape[2:])
 
 
-class InitialModel(nn.Module):
+class InitialModel(PixelTrunk, nn.Module):
     """The initial model: images and cameras to Gaussians at 1/4 resolution plus point features.
 
     Args:
@@ -161,21 +161,17 @@ class InitialModel(nn.Module):
         opacity_bias: float,
     ) -> None:
         super().__init__()
-        self.backbone = MultiViewTransformer(
+        self.build_pixel_encoder(
             backbone_size,
             img_size=img_size,
             patch_size=patch_size,
-            embed_dim=backbone_dim,
-            depth=backbone_depth,
-            num_heads=backbone_heads,
-            use_camera_tokens=True,
+            backbone_dim=backbone_dim,
+            backbone_depth=backbone_depth,
+            backbone_heads=backbone_heads,
+            camera_tokens=True,
             pretrained_backbone=pretrained_backbone,
-        )
-        self.dpt = DPTHead(
-            self.backbone.embed_dim,
-            num_layers=len(self.backbone.out_layers),
-            features=dpt_features,
-            out_dim=dim,
+            dpt_features=dpt_features,
+            feature_dim=dim,
             shallow_dim=0,
         )
         unshuffled = 3 * DOWNSAMPLE**2
@@ -184,16 +180,12 @@ class InitialModel(nn.Module):
             nn.GELU(),
             nn.Conv2d(dim, dim, 3, padding=1),
         )
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(dim, dim, 3, padding=1), nn.GELU(), nn.Conv2d(dim, num_depth_candidates, 1)
-        )
-        candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
-        self.register_buffer("depth_candidates", candidates, persistent=False)
+        self.build_pixel_depth(dim, num_depth_candidates, activation="gelu")
         self.point_in = nn.Linear(dim + 3, dim)  # + normalised inverse depth, latent xy
         self.points = PointTransformer(dim, depth=blocks, heads=heads, k=knn_k)
         self.head = GaussianHead(
             dim,
-            mean_mode="ray_depth",
+            RayDepthPlacement(),
             sh_degree=sh_degree,
             hidden_dim=dim,
             scale_factor=scale_factor,
@@ -221,17 +213,14 @@ class InitialModel(nn.Module):
         b, v, _, height, width = images.shape
         h, w = _latent_shape(height, width)
         # Camera tokens see the poses relative to view 0 at unit baseline (frame invariant).
-        out = self.backbone(images, normalize_scene(extrinsics)[0], intrinsics)
-        feats = self.dpt(out.features, out.grid_size, (h, w))  # [BV, dim, h, w]
+        feats = self.pixel_features(images, (h, w), normalize_scene(extrinsics)[0], intrinsics)
         unshuffled = F.pixel_unshuffle(images.flatten(0, 1), DOWNSAMPLE)  # [BV, 48, h, w]
         feats = self.fuse(torch.cat([feats, unshuffled], dim=1))  # [BV, dim, h, w]
 
         # Softmax over inverse-depth candidates between 1/far and 1/near (MVSplat / DepthSplat).
-        prob = self.depth_head(feats).softmax(dim=1)  # [BV, D, h, w]
-        disparity = torch.einsum("ndhw,d->nhw", prob, self.depth_candidates)  # [BV, h, w] in [0, 1]
-        inv_near = 1.0 / near.reshape(b * v, 1, 1)
-        inv_far = 1.0 / far.reshape(b * v, 1, 1)
-        depth = 1.0 / (inv_far + disparity * (inv_near - inv_far))  # [BV, h, w]
+        pixel_depth = self.pixel_depth(feats, near, far)
+        disparity = pixel_depth.inverse[:, 0]  # [BV, h, w] in [0, 1]
+        depth = pixel_depth.depth[:, :, 0].flatten(0, 1)  # [BV, h, w]
 
         coords = pixel_grid((h, w), images.device, images.dtype).reshape(1, 1, h * w, 2)
         coords = coords.expand(b, v, h * w, 2)

@@ -20,7 +20,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    convolutions, are upsampled to full resolution and a sigmoid makes a per-channel gate; the
    router sees ``features + features * gate``.
 4. **Router and cardinality experts.** ``M + 1`` experts (``num_experts = M = 3``); expert ``k`` is
-   a small MLP (the shared ``GaussianHead`` with a hidden layer, ``anchor_offset`` mode,
+   a small MLP (the shared ``GaussianHead`` with a hidden layer, ``AnchorOffsetPlacement``,
    ``gaussians_per_location = k``) emitting ``k`` Gaussians at the pixel's point plus tanh-bounded
    offsets measured in pixel footprints; expert 0 emits none. The router is a per-pixel
    LayerNorm and two 1x1 convolutions giving ``M + 1`` logits. In training the choice is a
@@ -70,12 +70,12 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from ..backbones import DPTHead, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from ..gaussians import Gaussians
-from ..heads import GaussianHead, free_mean_activation
+from ..heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
 from ..knobs import MAX_GAUSSIANS, Knob
+from ..layers.pixel_trunk import PixelTrunk
 from ..point_transformer import PointTransformerBlock
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 from ..registry import register_model
@@ -380,7 +380,7 @@ class CardinalityRouter(nn.Module):
         return logits + ladder
 
 
-class SplatWeaver(SplatModel):
+class SplatWeaver(PixelTrunk, SplatModel):
     """SplatWeaver: pose-free, 0..M Gaussians per pixel chosen by a wavelet-guided router.
 
     Args:
@@ -517,58 +517,33 @@ class SplatWeaver(SplatModel):
         self.energy_floor = energy_floor
         self.wavelet = wavelet
 
-        self.backbone = MultiViewTransformer(
+        self.build_pixel_encoder(
             size,
             img_size=img_size,
             patch_size=patch_size,
             global_layers=global_layers,
             out_layers=out_layers,
-            use_camera_tokens=posed,
+            camera_tokens=posed,
             pretrained_backbone=pretrained_backbone,
             drop_path_rate=drop_path_rate,
-        )
-        self.dpt = DPTHead(
-            self.backbone.embed_dim,
-            num_layers=len(self.backbone.out_layers),
-            features=dpt_features,
-            out_dim=feature_dim,
+            dpt_features=dpt_features,
+            feature_dim=feature_dim,
             shallow_dim=shallow_dim,
         )
-        # --- point head: own-frame depth + a free correction into view 0's frame ---
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(feature_dim, num_depth_candidates, 1),
+        # --- point head: own-frame depth + a free correction into view 0's frame (posed: points
+        # stay on their rays, no correction to predict) ---
+        self.build_pixel_depth(
+            feature_dim,
+            num_depth_candidates,
+            refine_dim=refine_dim if depth_refine else None,
+            point_head=not posed,
         )
-        if depth_refine:
-            self.depth_refine = nn.Sequential(
-                nn.Conv2d(feature_dim + 1, refine_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(refine_dim, 1, 3, padding=1),
-            )
-            nn.init.zeros_(self.depth_refine[-1].weight)  # start as the identity
-            nn.init.zeros_(self.depth_refine[-1].bias)
-        else:
-            self.depth_refine = None
-        if posed:  # points stay on their rays: no correction to predict
-            self.point_head = None
-        else:
-            self.point_head = nn.Sequential(
-                nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(feature_dim, 3, 1),
-            )
-            nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
-            nn.init.zeros_(self.point_head[-1].bias)
         # --- routing ---
         self.prior = HighFrequencyPrior(feature_dim, prior_dim, wavelet)
         self.router = CardinalityRouter(
             feature_dim, router_hidden_dim, usage, energy_ladder, floor=energy_floor
         )
         self.register_buffer("target_usage", torch.tensor(usage), persistent=False)
-        self.register_buffer(
-            "depth_candidates", torch.linspace(0.0, 1.0, num_depth_candidates), persistent=False
-        )
         self.neighbour = (
             PointTransformerBlock(feature_dim, neighbour_heads, neighbour_k, mode="knn")
             if neighbour_aggregation
@@ -578,13 +553,12 @@ class SplatWeaver(SplatModel):
         self.experts = nn.ModuleList(
             GaussianHead(
                 feature_dim + 1,
-                mean_mode="anchor_offset",
+                AnchorOffsetPlacement(offset_bound),
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
                 hidden_dim=expert_hidden_dim,
                 scale_factor=scale_factor,
                 max_scale=max_scale,
-                offset_bound=offset_bound,
                 opacity_bias=opacity_bias,
             )
             for k in range(1, num_experts + 1)
@@ -595,8 +569,7 @@ class SplatWeaver(SplatModel):
     # ------------------------------------------------------------------ loading
     def trunk_modules(self) -> dict[str, nn.Module]:
         """The per-pixel trunk that ``init_checkpoint`` starts from trained weights."""
-        names = ("backbone", "dpt", "depth_head", "depth_refine", "point_head")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return self.pixel_trunk_modules()
 
     def load_init_checkpoint(self, location: str | os.PathLike) -> list[str]:
         """Load a trained trunk (see ``init_checkpoint``) strictly, module by module.
@@ -632,20 +605,6 @@ class SplatWeaver(SplatModel):
         return loaded
 
     # ------------------------------------------------------------------ pieces
-    def _depth(
-        self, features: Tensor, near: Tensor, far: Tensor, b: int, v: int
-    ) -> tuple[Tensor, Tensor]:
-        """Own-frame z-depth ``[B, V, H, W]`` and normalised inverse depth ``[B*V, 1, H, W]``."""
-        prob = self.depth_head(features).softmax(dim=1)  # [BV, D, H, W]
-        t = torch.einsum("ndhw,d->nhw", prob, self.depth_candidates)[:, None]  # [BV, 1, H, W]
-        if self.depth_refine is not None:
-            delta = self.depth_refine(torch.cat([features, t], dim=1))
-            t = torch.sigmoid(torch.logit(t.clamp(1e-4, 1 - 1e-4)) + delta)
-        inv_near = rearrange(1.0 / near, "b v -> (b v) 1 1 1")
-        inv_far = rearrange(1.0 / far, "b v -> (b v) 1 1 1")
-        depth = 1.0 / (inv_far + t * (inv_near - inv_far))
-        return rearrange(depth, "(b v) 1 h w -> b v h w", b=b), t
-
     @staticmethod
     def _frozen_noise(logits: Tensor, v: int) -> Tensor:
         """See ``frozen_gumbel_noise``."""
@@ -732,19 +691,19 @@ class SplatWeaver(SplatModel):
         if self.posed:
             extrinsics = context["extrinsics"].to(dtype)
             # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
-            tokens = self.backbone(
-                images, normalize_scene(extrinsics)[0], context["intrinsics"].to(dtype)
+            features = self.pixel_features(
+                images, (h, w), normalize_scene(extrinsics)[0], context["intrinsics"].to(dtype)
             )
         else:
-            tokens = self.backbone(images)
-        features = self.dpt(tokens.features, tokens.grid_size, (h, w), images)  # [BV, C, H, W]
+            features = self.pixel_features(images, (h, w))  # [BV, C, H, W]
 
         # --- one point per pixel, in view 0's frame ---
         near = context.get("near")
         far = context.get("far")
         near = torch.full((b, v), self.near, device=device) if near is None else near
         far = torch.full((b, v), self.far, device=device) if far is None else far
-        depth, t = self._depth(features, near.to(dtype), far.to(dtype), b, v)  # [B, V, H, W]
+        pixel_depth = self.pixel_depth(features, near.to(dtype), far.to(dtype))
+        depth, t = pixel_depth.depth[:, :, 0], pixel_depth.inverse  # [B, V, H, W], [BV, 1, H, W]
         given = context.get("intrinsics") if (self.use_intrinsics or self.posed) else None
         if given is not None:
             intrinsics = given.to(dtype)

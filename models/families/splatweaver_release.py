@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import invert_extrinsics, normalize_scene
 from ..gaussians import Gaussians
-from ..heads import GaussianHead
+from ..heads import AnchorOffsetPlacement, GaussianHead
 from ..heads.gaussian_head import raw_gaussian_dim
 from ..layers.vggt import (
     AlternatingAggregator,
@@ -387,13 +387,12 @@ class SplatWeaverRelease(SplatModel):
         self.experts = nn.ModuleList(
             GaussianHead(
                 width,
-                mean_mode="anchor_offset",
+                AnchorOffsetPlacement(offset_bound),
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
                 hidden_dim=width,
                 scale_factor=scale_factor,
                 max_scale=max_scale,
-                offset_bound=offset_bound,
                 dc_from_color=False,
                 scale_shift=0.0,
                 activation="relu",
@@ -440,7 +439,7 @@ class SplatWeaverRelease(SplatModel):
             raw = expert.proj(f) * gates.index_select(0, index)[:, k : k + 1]  # [P, k * R]
             raw = raw.reshape(index.numel() * k, -1)  # [P * k, R], pixel-major
             anchor = points.index_select(0, index).repeat_interleave(k, dim=0)
-            means = anchor + torch.tanh(raw[:, :3]) * expert.offset_bound
+            means = anchor + torch.tanh(raw[:, :3]) * expert.placement.offset_bound
             pixel = self.pixel_projector(f).repeat_interleave(k, dim=0)
             raw_means.append(raw[:, :3])
             rows.append(torch.cat([means, raw[:, 3:], pixel], dim=1))

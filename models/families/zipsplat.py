@@ -23,7 +23,7 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    and projected. *Colour skip:* a patch embedding of the raw images (plus a fixed 2D sin-cos
    position and a reference/other-view embedding) is cross-attended at the same indices and
    concatenated to the scene tokens.
-4. **Head.** The shared ``GaussianHead`` in ``free`` mode decodes each scene token into
+4. **Head.** The shared ``GaussianHead`` with a ``FreeMeanPlacement`` decodes each scene token into
    ``gaussians_per_token`` (``G``) Gaussians with unconstrained means ``sign(y) * expm1(|y|)``
    (clamped) in the frame of context view 0; the DC colour starts at the token's patch colour.
    Exactly ``K * G`` Gaussians come out. Additions of ours (not in the paper): the head also sees
@@ -70,7 +70,7 @@ from torch import Tensor, nn
 from ..backbones import VIT_SIZES, MultiViewTransformer
 from ..base import ModelOutput, SplatModel, check_context
 from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_embedding, unproject
-from ..heads import GaussianHead
+from ..heads import FreeMeanPlacement, GaussianHead
 from ..kmeans import cluster_count, kmeans_select
 from ..knobs import MAX_GAUSSIANS, Knob
 from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
@@ -373,13 +373,12 @@ class ZipSplat(SplatModel):
         self.head_norm = nn.LayerNorm(dim + color_dim)
         self.gaussian_head = GaussianHead(
             dim + color_dim + 1,
-            mean_mode="free",
+            FreeMeanPlacement(free_mean_max),
             gaussians_per_location=gaussians_per_token,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim or dim,
             scale_factor=scale_factor,
             max_scale=max_scale,
-            free_mean_max=free_mean_max,
             dc_from_color=True,
             opacity_bias=opacity_bias,
         )

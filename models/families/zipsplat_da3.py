@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from ..backbones.da3_vit import DA3_SIZES, Block, DA3Encoder, LayerScale, Mlp, PatchEmbed
 from ..base import ModelOutput, SplatModel, check_context
-from ..heads import GaussianHead
+from ..heads import FreeMeanPlacement, GaussianHead
 from ..kmeans import kmeans_nearest_tokens
 from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 from ..registry import register_model
@@ -216,14 +216,13 @@ class ZipSplatDA3(SplatModel):
         self.head_mlp = Mlp(head_dim, 2 * head_dim, head_dim)
         self.gaussian_head = GaussianHead(
             head_dim,
-            mean_mode="free",
+            FreeMeanPlacement(math.expm1(5.0)),  # |y| clamped at log1p(expm1(5)) = 5 exactly
             gaussians_per_location=gaussians_per_token,
             sh_degree=sh_degree,
             hidden_dim=None,
             scale_factor=1.0,
             max_scale=15.0,
             min_scale=1e-6,
-            free_mean_max=math.expm1(5.0),  # |y| clamped at log1p(expm1(5)) = 5 exactly
             dc_from_color=False,
             sh_layout="coefficient",
             sh_band_scale=False,

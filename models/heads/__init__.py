@@ -1,5 +1,25 @@
 """Heads shared by the families."""
 
-from .gaussian_head import MEAN_MODES, GaussianHead, free_mean_activation, raw_gaussian_dim
+from .gaussian_head import (
+    MEAN_MODES,
+    AnchorOffsetPlacement,
+    FreeMeanPlacement,
+    GaussianHead,
+    MeanPlacement,
+    RayDepthPlacement,
+    free_mean_activation,
+    placement_for_mode,
+    raw_gaussian_dim,
+)
 
-__all__ = ["GaussianHead", "MEAN_MODES", "free_mean_activation", "raw_gaussian_dim"]
+__all__ = [
+    "AnchorOffsetPlacement",
+    "FreeMeanPlacement",
+    "GaussianHead",
+    "MEAN_MODES",
+    "MeanPlacement",
+    "RayDepthPlacement",
+    "free_mean_activation",
+    "placement_for_mode",
+    "raw_gaussian_dim",
+]
