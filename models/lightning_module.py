@@ -311,19 +311,25 @@ class SplatLitModule(L.LightningModule):
         results.update(self._scores("", out.color, images))
         pose_free = bool(getattr(self.net, "pose_free", False))
         if pose_free and self.hparams.refine_target_poses:
-            from .pose_refinement import refine_target_poses
+            # The model's frame may differ from the scene frame by a similarity: the targets' GT
+            # poses are mapped into it (fitted on the context views), then refined there.
+            from .pose_refinement import place_targets
 
-            with torch.inference_mode(False), torch.enable_grad():
-                refined = refine_target_poses(
-                    gaussians.map(lambda t: t.clone()),
-                    images.clone(),
-                    target["extrinsics"].clone(),
-                    target["intrinsics"].clone(),
-                    steps=self.hparams.pose_refinement_steps,
-                    backend=self.hparams.render_backend,
-                    background=self._background(images),
-                )
-            out_refined = self.render_views(gaussians, target, extrinsics=refined.detach())
+            placed = place_targets(
+                gaussians,
+                context,
+                target,
+                steps=self.hparams.pose_refinement_steps,
+                backend=self.hparams.render_backend,
+                alignment=getattr(self, "target_pose_alignment", "similarity"),  # set by eval.py
+                background=self._background(images),
+            )
+            if placed.frame.mode != "none":
+                out_aligned = self.render_views(gaussians, target, extrinsics=placed.initial)
+                results.update(self._scores("aligned_", out_aligned.color, images))
+                results["frame_scale"] = placed.frame.scale
+                results["frame_residual"] = placed.frame.residual
+            out_refined = self.render_views(gaussians, target, extrinsics=placed.refined)
             results.update(self._scores("refined_", out_refined.color, images))
             out = out_refined
         if self.hparams.compute_baselines:

@@ -393,10 +393,15 @@ register_pretrained_cfgs(
             hf_hub_filename="zipsplat-da3g-252p.tar",
             file_format="official",
             arch_kwargs={},
+            # Read 2026-12-01: cvg/ZipSplat README "License" (e1b592d and the Hub-indexed copy);
+            # ByteDance-Seed/Depth-Anything-3 README "Model Cards" table. The weights' own Hub
+            # model card (huggingface.co/veichta/zipsplat) was not reachable from here.
             license=(
-                "Apache-2.0 (cvg/ZipSplat code and released weights); the backbone was "
-                "initialised from Depth Anything 3 Giant, whose own weights carry their authors' "
-                "licence (check it before commercial use)"
+                "CC-BY-NC-4.0, non-commercial use only (the released weights, per cvg/ZipSplat's "
+                "README; its code is Apache-2.0). Required by their inputs: initialised from "
+                "Depth Anything 3 Giant (depth-anything/DA3-GIANT, CC-BY-NC-4.0; DA3-Large is "
+                "CC-BY-NC-4.0 too, DA3-Base/Small are Apache-2.0) and trained on DL3DV-10K "
+                "(CC-BY-NC-4.0). Full terms: the Hub model card veichta/zipsplat (not read here)"
             ),
             source="ZipSplat (arXiv 2606.05102), github.com/cvg/ZipSplat @ e1b592d",
             train_data="RealEstate10K + DL3DV (2-24 context views, 252 x 252)",
