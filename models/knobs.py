@@ -59,6 +59,8 @@ class Knob:
         low_open: ``low`` itself is not allowed (ZipSplat's ratio is in ``(0, 1]``).
         on_output: the knob only edits the forward's result (``max_gaussians``: a prune), so a
             re-runner applies it to a cached result instead of running the model.
+        sweep: values a benchmark scores the family at (a curve across the knob; ``bench/zoo.py``
+            reads them); empty: not swept.
     """
 
     name: str
@@ -71,6 +73,7 @@ class Knob:
     high_attr: str | None = None
     low_open: bool = False
     on_output: bool = False
+    sweep: tuple[float, ...] = ()
 
     def bounds(self, model: nn.Module | None = None) -> tuple[float, float | None]:
         """``(low, high)`` for ``model`` (``high_attr`` read from it when given)."""

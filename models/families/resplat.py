@@ -618,6 +618,7 @@ INFERENCE_KNOBS = (
         low=0,
         high=16,
         step=1,
+        sweep=(0, 1, 2, 4),
         default_attr="iterations",
         help="recurrent refinement steps driven by the rendering error on the input views "
         "(0: the initial set); the count stays the same, the fit improves",

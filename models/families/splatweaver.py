@@ -859,6 +859,7 @@ INFERENCE_KNOBS = (
         low=0.0,
         high=None,
         high_attr="num_experts",
+        sweep=(0.25, 0.5, 1.0),
         step=0.05,
         help="at most this many Gaussians per pixel on average: the router's choice shifted "
         "towards cheaper experts, keeping its ranking of pixels (off: as routed)",

@@ -695,6 +695,7 @@ INFERENCE_KNOBS = (
         high=1.0,
         step=0.01,
         low_open=True,
+        sweep=(1.0, 0.5, 0.25, 0.1),
         default_attr="compression",
         help="cluster ratio r: k-means keeps r of the tokens as scene tokens, each decoding "
         "gaussians_per_token Gaussians (fewer tokens, fewer Gaussians)",
