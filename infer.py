@@ -648,10 +648,10 @@ def run(cfg: DictConfig) -> Path:
         extrinsics = context["extrinsics"][0].float()
         pose_note = f"input ({images.pose_source})"
         pose_kind = ["input"] * views
-    elif isinstance(pred.extras.get("extrinsics"), Tensor):
-        extrinsics = pred.extras["extrinsics"][0].float()
-        if isinstance(pred.extras.get("intrinsics"), Tensor):
-            intrinsics = pred.extras["intrinsics"][0].float()
+    elif pred.extrinsics is not None:
+        extrinsics = pred.extrinsics[0].float()
+        if pred.intrinsics is not None:
+            intrinsics = pred.intrinsics[0].float()
         pose_note = f"predicted by {cfg.model}"
         pose_kind = ["identity"] + ["predicted"] * (views - 1)
     elif input_extrinsics is not None:
@@ -708,9 +708,9 @@ def run(cfg: DictConfig) -> Path:
             _save_png(image, staging / "renders" / render_names[i])
         input_psnr = [psnr(r, images.images[i]) for i, r in zip(known, rendered)]
         cardinality = None
-        if isinstance(pred.extras.get("routing_map"), Tensor):  # MoE-cardinality models
+        if isinstance(pred.diagnostics.get("routing_map"), Tensor):  # MoE-cardinality models
             cardinality = _save_cardinality(
-                pred.extras["routing_map"][0], staging / "cardinality", render_names
+                pred.diagnostics["routing_map"][0], staging / "cardinality", render_names
             )
 
         frames = int(cfg.orbit_frames)

@@ -399,7 +399,7 @@ def evaluate_model(request: dict[str, Any]) -> dict[str, Any]:
                         gaussians = (
                             pred.gaussians
                             if variant.iteration is None
-                            else pred.extras["gaussians_per_iteration"][variant.iteration]
+                            else pred.gaussians_per_iteration[variant.iteration]
                         )
                         _sync(device)
                         start = time.perf_counter()

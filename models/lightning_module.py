@@ -167,7 +167,7 @@ class SplatLitModule(L.LightningModule):
         if hasattr(self.net, "train_kwargs"):
             kwargs = self.net.train_kwargs(step, self._max_steps())
         pred: ModelOutput = self.net(context, **kwargs)
-        render_targets = pred.extras.get("render_targets") or [(1.0, pred.gaussians)]
+        render_targets = pred.render_targets or [(1.0, pred.gaussians)]
         terms: dict[str, Tensor] = {}
         loss = target["image"].new_zeros(())
         photometric = loss
@@ -180,19 +180,18 @@ class SplatLitModule(L.LightningModule):
                 term = term + self.hparams.lpips_weight * self._lpips_loss(
                     out.color, target["image"]
                 )
-            if depth_weight > 0 and "depth" in target and "depth" not in pred.extras:
+            if depth_weight > 0 and "depth" in target and pred.depth is None:
                 term = term + depth_weight * self._depth_loss(out.depth, out.alpha, target["depth"])
             photometric = photometric + weight * term
         loss = loss + photometric
         terms["loss/photometric"] = photometric.detach()
-        if depth_weight > 0 and "depth" in context and "depth" in pred.extras:
-            depth_term = self._depth_loss(pred.extras["depth"], None, context["depth"])
+        if depth_weight > 0 and "depth" in context and pred.depth is not None:
+            depth_term = self._depth_loss(pred.depth, None, context["depth"])
             loss = loss + depth_weight * depth_term
             terms["loss/depth"] = depth_term.detach()
-        for key, value in pred.extras.items():
-            if key.startswith("loss/") and isinstance(value, Tensor):
-                loss = loss + value
-                terms[key] = value.detach()
+        for name, value in pred.losses.items():
+            loss = loss + value
+            terms[f"loss/{name}"] = value.detach()
         terms["gaussians/count"] = pred.gaussians.count().float().mean()
         for key, value in kwargs.items():
             if isinstance(value, (int, float)):

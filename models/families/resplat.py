@@ -28,7 +28,7 @@ Recurrent update (weights shared across iterations), for ``i = 0 .. iterations -
 The previous Gaussians are detached every iteration, so gradients cross iterations only through the
 hidden state. Training (``train_kwargs``) samples 1..``train_iterations`` iterations per step and
 supervises every iteration's render with weight ``loss_decay ** (N - 1 - i)``
-(``pred.extras["render_targets"]``). The two-stage recipe trains the initial model alone
+(``ModelOutput.render_targets``). The two-stage recipe trains the initial model alone
 (``train_iterations=0``), then the update with ``init_checkpoint`` and ``freeze_init=True``.
 """
 
@@ -540,7 +540,7 @@ class ReSplat(SplatModel):
             max_gaussians: keep at most this many (the most opaque) Gaussians of the result.
 
         Returns:
-            ``ModelOutput``: the last iteration's Gaussians; extras ``gaussians_per_iteration``
+            ``ModelOutput``: the last iteration's Gaussians, ``gaussians_per_iteration``
             (init first), ``render_targets`` (``(weight, Gaussians)`` for the training loss),
             ``depth`` ``[B, V, H, W]`` (the initial depth, upsampled), ``latent_depth``
             ``[B, V, h, w]`` and ``iterations``.
@@ -599,14 +599,13 @@ class ReSplat(SplatModel):
             mode="bilinear",
             align_corners=False,
         )
-        extras = {
-            "gaussians_per_iteration": per_iteration,
-            "render_targets": render_targets,
-            "depth": depth.reshape(b, v, height, width),
-            "latent_depth": latent_depth,
-            "iterations": iterations,
-        }
-        return ModelOutput(gaussians=final, extras=extras)
+        return ModelOutput(
+            final,
+            depth=depth.reshape(b, v, height, width),
+            gaussians_per_iteration=per_iteration,
+            render_targets=render_targets,
+            diagnostics={"latent_depth": latent_depth, "iterations": iterations},
+        )
 
 
 # Inference knobs (models.knobs): the refinement iterations, and every family's max_gaussians. The

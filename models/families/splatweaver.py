@@ -13,7 +13,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    (zero-initialised) moves the point into view 0's frame, as NoPoSplat predicts xyz directly.
    With the default ``use_intrinsics=False`` the model is intrinsics-free: view 0 gets a correction
    too (the canonical rays may be wrong), and its focal length is estimated from its points
-   (``extras["intrinsics"]``). With ``use_intrinsics=True`` the context intrinsics (when given)
+   (``ModelOutput.intrinsics``). With ``use_intrinsics=True`` the context intrinsics (when given)
    define the rays and view 0's points stay on them, exactly as ``noposplat_tiny``.
 3. **High-frequency prior.** A one-level wavelet transform (``models.wavelet``, Haar or db2) of the
    luminance; the detail sub-bands (LH, HL, HH), log-compressed, go through two small
@@ -711,9 +711,9 @@ class SplatWeaver(SplatModel):
 
         Returns:
             ``ModelOutput``: ``gaussians`` padded to the largest count in the batch (``mask``
-            marks valid ones; ``count()`` is the sum of the routed cardinalities) and extras
-            ``loss/routing`` (weighted regulariser), ``routing_map [B, V, H, W]`` (chosen
-            cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
+            marks valid ones; ``count()`` is the sum of the routed cardinalities),
+            ``losses["routing"]`` (the regulariser), diagnostics ``routing_map [B, V, H, W]``
+            (chosen cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
             ``routing_ce``, ``routing_usage_penalty``, ``gaussians_per_pixel``,
             ``hf_energy [B, V, H, W]``, ``depth [B, V, H, W]`` (own-frame z-depth),
             ``points [B, V, H, W, 3]`` (view 0's frame; ``posed``: the world frame),
@@ -832,22 +832,25 @@ class SplatWeaver(SplatModel):
                 intrinsics = intrinsics.clone()
                 intrinsics[..., 0, 0] = focal[:, None, 0]
                 intrinsics[..., 1, 1] = focal[:, None, 1]
-        extras: dict[str, Tensor] = {
-            "loss/routing": self.routing_weight * (ce + self.usage_weight * penalty),
+        diagnostics: dict[str, Tensor] = {
             "routing_map": rearrange(choice, "b (v h w) -> b v h w", v=v, h=h),
             "expert_usage": usage,
             "routing_ce": ce.detach(),
             "routing_usage_penalty": penalty.detach(),
             "gaussians_per_pixel": (usage * torch.arange(len(usage), device=device)).sum(),
             "hf_energy": energy,
-            "depth": depth,
             "points": rearrange(points, "b v (h w) c -> b v h w c", h=h),
-            "extrinsics": fitted,
-            "intrinsics": intrinsics,
         }
         if budget_shift is not None:
-            extras["budget_shift"] = budget_shift
-        return ModelOutput(gaussians=gaussians, extras=extras)
+            diagnostics["budget_shift"] = budget_shift
+        return ModelOutput(
+            gaussians,
+            depth=depth,
+            extrinsics=fitted,
+            intrinsics=intrinsics,
+            losses={"routing": self.routing_weight * (ce + self.usage_weight * penalty)},
+            diagnostics=diagnostics,
+        )
 
 
 # Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone

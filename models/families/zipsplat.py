@@ -574,9 +574,9 @@ class ZipSplat(SplatModel):
 
         Returns:
             ``ModelOutput`` with ``K * G`` Gaussians (``K = round(r * V * h * w)``; fewer when
-            pruned) and extras: ``scene_token_index [B, K]`` (into the view-major token list),
+            pruned), diagnostics ``scene_token_index [B, K]`` (into the view-major token list),
             ``cluster_size [B, K]``, ``compression``, ``num_scene_tokens``, ``camera_prior [B]``
-            and, in training with GT depth, ``loss/chamfer``.
+            and, in training with GT depth, ``losses["chamfer"]``.
         """
         if compression is not None and ratio is not None and compression != ratio:
             raise ValueError(f"compression={compression} and ratio={ratio} disagree; pass one")
@@ -661,7 +661,7 @@ class ZipSplat(SplatModel):
             unused = sum(p.sum() for p in self.camera_prior_embed.parameters())
             gaussians = gaussians.replace(means=gaussians.means + 0.0 * unused)
 
-        extras: dict[str, Tensor | float | int] = {
+        diagnostics: dict[str, Tensor | float | int] = {
             "scene_token_index": index,
             "cluster_size": cluster_size,
             "compression": r,
@@ -672,6 +672,7 @@ class ZipSplat(SplatModel):
                 else torch.zeros(b, dtype=torch.bool, device=images.device)
             ),
         }
+        losses: dict[str, Tensor] = {}
         if (
             self.chamfer_weight > 0
             and torch.is_grad_enabled()
@@ -679,10 +680,10 @@ class ZipSplat(SplatModel):
             and context.get("extrinsics") is not None
         ):
             chamfer = self._chamfer(context, gaussians.means, intrinsics)
-            extras["loss/chamfer"] = self.chamfer_weight * chamfer
+            losses["chamfer"] = self.chamfer_weight * chamfer
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        return ModelOutput(gaussians=gaussians, extras=extras)
+        return ModelOutput(gaussians, losses=losses, diagnostics=diagnostics)
 
 
 # Inference knobs (models.knobs): the cluster ratio, and every family's max_gaussians. The backbone
