@@ -158,6 +158,9 @@ class SplatModel(
     family: ClassVar[str] = "base"
     pose_free: ClassVar[bool] = False
     min_views: ClassVar[int] = 1
+    # Constructor arguments of an older version that are training settings now (the family's
+    # recipe, ``models/training/recipes.py``): weights saved with them load, leaving them out.
+    retired_args: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def _from_pretrained(cls, **kwargs):  # type: ignore[override]
