@@ -80,7 +80,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     return paths[0], settings
 
 
-def _known_cameras(images, context, given, pred_extras, pose_free: bool):
+def _known_cameras(images, context, given, pred, pose_free: bool):
     """Extrinsics/intrinsics of the input views in the scene frame, and which are known."""
     import torch
 
@@ -88,10 +88,10 @@ def _known_cameras(images, context, given, pred_extras, pose_free: bool):
     intrinsics = context["intrinsics"][0].float().cpu()
     if not pose_free:
         return context["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
-    if isinstance(pred_extras.get("extrinsics"), torch.Tensor):
-        if isinstance(pred_extras.get("intrinsics"), torch.Tensor):
-            intrinsics = pred_extras["intrinsics"][0].float().cpu()
-        return pred_extras["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
+    if pred is not None and pred.extrinsics is not None:
+        if pred.intrinsics is not None:
+            intrinsics = pred.intrinsics[0].float().cpu()
+        return pred.extrinsics[0].float().cpu(), intrinsics, list(range(views))
     if given is not None:  # given, not shown to the pose-free model (same scene frame)
         return given[0].float().cpu(), intrinsics, list(range(views))
     return torch.eye(4).expand(views, 4, 4).clone(), intrinsics, [0]
@@ -144,7 +144,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         raise inference.InferenceError("view.py", str(error)) from error
     if int(gaussians.count()[0]) == 0:
         raise inference.InferenceError(source, f"model {name} produced no Gaussians for this input")
-    extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.extras, pose_free)
+    extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.output, pose_free)
     height, width = images.images.shape[-2:]
     cameras = [
         ViewCamera(

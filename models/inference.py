@@ -165,17 +165,6 @@ def _name(model: nn.Module) -> str:
     return str(getattr(model, "registry_name", None) or type(model).__name__)
 
 
-def _output_field(pred: Any, name: str) -> Any:
-    """A typed ``ModelOutput`` field (``pred.depth``, ``pred.diagnostics[name]``), else the old
-    ``pred.extras[name]`` key (kept for one release)."""
-    value = getattr(pred, name, None)
-    if value is None:
-        value = (getattr(pred, "diagnostics", None) or {}).get(name)
-    if value is None:
-        value = (getattr(pred, "extras", None) or {}).get(name)
-    return value
-
-
 def choose_device(spec: str | None) -> torch.device:
     """``auto`` → CUDA when available, else CPU; anything else is parsed by ``torch.device``."""
     if spec in (None, "", "auto"):
@@ -437,13 +426,13 @@ def reconstruct(
 
     views = context["image"].shape[1]
     intrinsics = context["intrinsics"][0].float()  # [V, 3, 3]
-    predicted_e = _output_field(pred, "extrinsics")
+    predicted_e = pred.extrinsics  # [1, V, 4, 4] cameras a pose-free model predicts, or None
     if not pose_free:
         extrinsics, placement = given[0].float(), [origin] * views
         poses = f"input ({label})"
     elif isinstance(predicted_e, Tensor):
         extrinsics = predicted_e[0].float()
-        predicted_k = _output_field(pred, "intrinsics")
+        predicted_k = pred.intrinsics
         if isinstance(predicted_k, Tensor):
             intrinsics = predicted_k[0].float()
         placement = ["identity"] + ["predicted"] * (views - 1)
@@ -486,7 +475,7 @@ def reconstruct(
             poses = f"unknown (pose-free {name} does not predict cameras)"
 
     maps = {}
-    routing = _output_field(pred, "routing_map")  # MoE-cardinality: Gaussians per pixel
+    routing = pred.diagnostics.get("routing_map")  # [1, V, H, W] MoE-cardinality: per pixel
     if isinstance(routing, Tensor):
         maps["cardinality"] = routing[0].detach().to(torch.int64).cpu()  # [V, H, W]
     return Reconstruction(

@@ -26,12 +26,15 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from .gaussians import Gaussians
+
+if TYPE_CHECKING:
+    from .base import ModelOutput
 
 __all__ = [
     "Knob",
@@ -193,7 +196,7 @@ class KnobRunner:
         reused: the memoised submodule names present on this model.
         computed: how often each memoised submodule actually ran (a cache miss).
         forwards: how many forward passes ran.
-        extras: the last forward's extras.
+        output: the last forward's ``ModelOutput`` (None before the first forward).
     """
 
     def __init__(
@@ -210,7 +213,7 @@ class KnobRunner:
         )
         self.computed: Counter[str] = Counter()
         self.forwards = 0
-        self.extras: dict[str, Any] = {}
+        self.output: ModelOutput | None = None
         self._memo: dict[str, tuple[tuple, dict, Any]] = {}
         self._results: OrderedDict[tuple, Gaussians] = OrderedDict()
         self._max_cached = max_cached
@@ -271,7 +274,7 @@ class KnobRunner:
             with torch.inference_mode(), self._reusing():
                 pred = self.model(self.context, **self.forward_kwargs, **forward)
             self.forwards += 1
-            self.extras = pred.extras
+            self.output = pred
             gaussians = pred.gaussians.detach()
             self._results[key] = gaussians
             while len(self._results) > self._max_cached:
