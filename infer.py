@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import DataError  # noqa: E402
 from models.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
-from models.command_line import quote_path_arguments  # noqa: E402
+from models.command_line import config_help, quote_path_arguments  # noqa: E402
 from models.errors import PathError  # noqa: E402
 from models.inference import InferenceError as InferError  # noqa: E402
 from models.inference import pose_free_models as _pose_free_models  # noqa: E402, F401
@@ -92,17 +92,13 @@ def run(cfg: DictConfig) -> Path:
     timings["load_model"] = round(time.perf_counter() - start, 4)
     model = loaded.model
     knobs = forward_kwargs(model, cfg)
-    config = getattr(model, "_hub_mixin_config", None) or {}
-    size = int(cfg.image_size or config.get("img_size") or getattr(model, "img_size", 0) or 64)
-    if size < 8:
-        raise InferError(f"image_size={size}", "must be at least 8 pixels")
+    size = inference.input_size(model, cfg.image_size)
     start = time.perf_counter()
     images, notes = load_inputs(
         source,
         size,
-        pose_free=bool(getattr(model, "pose_free", False)),
-        model=str(cfg.model),
-        min_views=int(getattr(model, "min_views", 1)),
+        model,
+        name=str(cfg.model),
         views=int(cfg.views) if cfg.views is not None else None,
         cameras=cfg.cameras,
         sfm=OmegaConf.to_container(cfg.sfm, resolve=True) if cfg.get("sfm") else {},
@@ -169,31 +165,16 @@ def main(cfg: DictConfig) -> None:
         sys.exit(status)
 
 
-def help_text(config: Path = CONFIG) -> str:
-    """``--help``: the usage and every setting with its default and the explanation written
-    above it in ``configs/infer.yaml`` (Hydra's own help shows the values without them)."""
-    lines = config.read_text(encoding="utf-8").splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")][:4]
-    rows, comment = [], []
-    for line in lines:
-        if line.startswith("hydra:"):
-            break
-        if line.startswith("#"):
-            comment.append(line.lstrip("# ").rstrip())
-        elif line and not line.startswith((" ", "-", "defaults")) and ":" in line:
-            key, _, value = line.partition(":")
-            rows.append((f"{key}={value.strip() or '...'}", " ".join(comment)))
-            comment = []
-        else:
-            comment = []
-    width = max(len(key) for key, _ in rows)
-    body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
-    notes = [
-        "",
-        "??? marks a required setting. Paths may hold any character (quote them for your shell).",
-        "Models: python -c 'import models; print(models.list_models(pretrained=True))'",
-    ]
-    return "\n".join([*header, "", "Settings:", *body, *notes])
+def help_text() -> str:
+    """``--help``: the usage and every setting of ``configs/infer.yaml`` with its explanation."""
+    return config_help(
+        CONFIG,
+        (
+            "??? marks a required setting. Paths may hold any character (quote them for your "
+            "shell).",
+            "Models: python -c 'import models; print(models.list_models(pretrained=True))'",
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -110,17 +110,11 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     device = inference.choose_device(settings["device"])
     loaded = inference.load_for_inference(name, settings["weights"], device)
     model = loaded.model
-    if settings["image_size"] is not None:
-        size = int(settings["image_size"])
-    else:
-        config = getattr(model, "_hub_mixin_config", None) or {}
-        size = int(config.get("img_size") or getattr(model, "img_size", 0) or 64)
     images, more = load_inputs(
         source,
-        size,
-        pose_free=bool(getattr(model, "pose_free", False)),
-        model=name,
-        min_views=int(getattr(model, "min_views", 1)),
+        inference.input_size(model, settings["image_size"]),
+        model,
+        name=name,
         views=int(settings["views"]) if settings["views"] is not None else None,
         cameras=settings["cameras"],
     )

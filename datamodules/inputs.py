@@ -65,22 +65,21 @@ def _notes(caught: list[warnings.WarningMessage], exact: bool = False) -> list[s
 def load_inputs(
     source: str | os.PathLike,
     image_size: int | tuple[int, int],
+    model: Any,
     *,
-    pose_free: bool,
-    model: str = "this model",
-    min_views: int = 1,
+    name: str | None = None,
     views: int | None = None,
     cameras: str | os.PathLike | None = None,
     sfm: Mapping[str, Any] | None = None,
 ) -> tuple[Any, list[str]]:
-    """The input views for a model; returns the ``ImageSet`` and warnings (one line each).
+    """The input views for ``model``; returns the ``ImageSet`` and warnings (one line each).
 
     Args:
         source: a folder of images, a video or one image.
         image_size: side (or ``(H, W)``) of the model's input.
-        pose_free: whether the model needs no cameras (else poses are found or estimated).
-        model: the model's name in messages.
-        min_views: fewer usable views is an error.
+        model: the model; its ``pose_free`` (else poses are found or estimated) and
+            ``min_views`` (fewer usable views is an error) are read.
+        name: the model's name in messages (default: its registry name).
         views: frames sampled from a video / at most this many images of a folder.
         cameras: a ``cameras.json`` file, a COLMAP model folder, ``"auto"`` (structure-from-
             motion) or ``None`` (found in the input folder; posed models without: SfM).
@@ -92,6 +91,9 @@ def load_inputs(
     """
     from .image_folder import VIDEO_EXTENSIONS, load_images
 
+    pose_free = bool(getattr(model, "pose_free", False))
+    min_views = int(getattr(model, "min_views", 1))
+    name = name or str(getattr(model, "registry_name", None) or type(model).__name__)
     source = Path(source).expanduser()
     shape = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if str(cameras) == "auto" or (not cameras and not pose_free and without_poses(source)):
@@ -104,7 +106,7 @@ def load_inputs(
         poses = str(path)
     if not pose_free and source.is_file():
         kind = "a video" if source.suffix.lower() in VIDEO_EXTENSIONS else "a single image"
-        raise _needs_poses(source, model, f"{kind} has no camera poses")
+        raise _needs_poses(source, name, f"{kind} has no camera poses")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -117,7 +119,7 @@ def load_inputs(
                 raise DataError(f"{error} (skipped unreadable: {names}{more})") from error
             raise
     if not pose_free and images.extrinsics is None:
-        raise _needs_poses(source, model, "no cameras.json or COLMAP sparse/ model found")
+        raise _needs_poses(source, name, "no cameras.json or COLMAP sparse/ model found")
     return images, _notes(caught)
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "check_backend",
     "check_knobs",
     "choose_device",
+    "input_size",
     "load_for_inference",
     "output_folder",
     "pose_free_models",
@@ -293,6 +294,20 @@ def load_for_inference(
     else:
         described = str(pretrained)
     return LoadedModel(model.to(device).eval(), described, notes)
+
+
+def input_size(model: nn.Module, requested: int | None = None) -> int:
+    """Side of the square model input: ``requested``, else the model's ``img_size`` (64 when it
+    records none).
+
+    Raises:
+        InferenceError: below 8 pixels.
+    """
+    config = getattr(model, "_hub_mixin_config", None) or {}
+    size = int(requested or config.get("img_size") or getattr(model, "img_size", 0) or 64)
+    if size < 8:
+        raise InferenceError(f"image_size={size}", "must be at least 8 pixels")
+    return size
 
 
 def pose_free_models() -> list[str]:
