@@ -237,3 +237,38 @@ def test_write_reconstruction_is_atomic(tmp_path: Path, monkeypatch) -> None:
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     with pytest.raises(OutputFolderError, match="holds the input"):
         write_reconstruction(result, tmp_path / "w", inputs=[tmp_path / "w" / "x"], frames=2)
+
+
+def test_infer_model_setting_is_not_the_training_group() -> None:
+    """``model=NAME`` is a plain setting of infer.py, even where ``configs/model/NAME.yaml`` (a
+    training config) exists; no other training group leaks in."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    assert (REPO_ROOT / "configs" / "model" / "zipsplat.yaml").is_file()
+    for name in ("zipsplat", "noposplat_tiny"):
+        cfg = infer.compose(["input=a", "output=b", f"model={name}", "compression=0.5"])
+        assert cfg.model == name and cfg.compression == 0.5
+        assert "net" not in cfg and "recipe" not in cfg
+
+
+def test_zoo_sweeps_the_declared_knobs() -> None:
+    """bench/zoo.py's scored points are the families' ``Knob.sweep`` declarations."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    import zoo
+
+    from models.knobs import inference_knobs
+
+    for family in zoo.FAMILIES.values():
+        swept = [k for k in inference_knobs(family.model) if k.sweep]
+        points = [v.kwargs for v in family.variants if v.kwargs]
+        if not swept:
+            assert family.knob == "-" and points == []
+            continue
+        knob = swept[0]
+        assert family.knob == knob.name
+        assert points == [{knob.name: value} for value in knob.sweep]
+        for value in knob.sweep:
+            check_knobs(family.model, {knob.name: value})  # every point is in range
+    assert zoo.FAMILIES["splatweaver"].variants[0].kwargs == {}  # as routed, then the budgets
