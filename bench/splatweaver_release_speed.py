@@ -107,8 +107,8 @@ def stats(name: str, size: int, threads: int) -> None:
     for routing, budget in runs:
         with torch.no_grad():
             out = model({"image": images}, routing=routing, gaussians_per_pixel=budget)
-        counts = out.extras["routing_map"].float()
-        usage = " / ".join(f"{u:.3f}" for u in out.extras["expert_usage"].tolist())
+        counts = out.diagnostics["routing_map"].float()
+        usage = " / ".join(f"{u:.3f}" for u in out.diagnostics["expert_usage"].tolist())
         label = routing if budget is None else f"{routing}, gaussians_per_pixel={budget}"
         print(
             f"| {label} | {int(out.gaussians.count()[0])} | {counts.mean():.3f} | "

@@ -141,6 +141,23 @@ class ImageSet:
             out["extrinsics"] = extrinsics
         return out
 
+    def original_intrinsics(self, intrinsics: Tensor) -> Tensor:
+        """Normalised intrinsics ``[V, 3, 3]`` of these (resized, centre-cropped) views as pixel
+        intrinsics of the original images (``original_sizes``), e.g. to write them back out."""
+        from models.cameras import intrinsics_to_pixels
+
+        from .transforms import cover_shape, crop_transform
+
+        shape = tuple(self.images.shape[-2:])
+        out = []
+        for k, original in zip(intrinsics, self.original_sizes):
+            a = torch.eye(3, dtype=torch.float64)
+            if tuple(original) != shape:
+                a, _, _ = crop_transform(cover_shape(tuple(original), shape), shape)
+            k = torch.linalg.inv(a.double()) @ k.double().cpu()
+            out.append(intrinsics_to_pixels(k, tuple(original)))
+        return torch.stack(out)
+
 
 def _natural_key(name: str) -> list:
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name)]
@@ -458,7 +475,8 @@ def load_image_folder(
         min_views: fewer usable images than this is an error.
         background: colour behind transparent pixels: ``"white"``, ``"black"`` or ``(r, g, b)``.
         poses: ``"auto"`` (``cameras.json``, else a COLMAP model, else none), ``"none"``,
-            ``"cameras.json"``, ``"colmap"`` or a path to a ``cameras.json`` file.
+            ``"cameras.json"``, ``"colmap"``, a path to a ``cameras.json`` file or to a COLMAP
+            model folder.
 
     Raises:
         DataError: no images, too few images, or bad pose files (one line naming the path).
@@ -473,7 +491,12 @@ def load_image_folder(
         folder = root / "images"
 
     pose_table, pose_source, pose_file = None, None, None
-    if poses not in ("auto", "none", "cameras.json", "colmap"):
+    if poses not in ("auto", "none", "cameras.json", "colmap") and Path(poses).is_dir():
+        pose_file = Path(poses)  # a COLMAP model folder elsewhere (sparse/0, sparse or itself)
+        pose_table, pose_source = _colmap_poses(pose_file), "colmap"
+        if pose_table is None:
+            raise DataError(f"{pose_file}: no COLMAP model (cameras, images) found in this folder")
+    elif poses not in ("auto", "none", "cameras.json", "colmap"):
         pose_file = Path(poses)
         pose_table, pose_source = read_cameras_json(pose_file), "cameras.json"
     elif poses in ("auto", "cameras.json"):

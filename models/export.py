@@ -232,6 +232,10 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
     for key in _INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
         kwargs.pop(key, None)  # may be gone)
+    from .factory import model_class
+
+    for key in getattr(model_class(name), "retired_args", ()):  # training settings of an older
+        kwargs.pop(key, None)  # version, the recipe's now (models/training/recipes.py)
     try:
         model = create_model(name, **kwargs)
     except (TypeError, ValueError) as error:

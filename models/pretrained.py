@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from .base import INIT_ONLY_ARGS
 from .errors import PathError
 from .pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
-from .registry import get_pretrained_cfg, is_model, model_entrypoint
+from .registry import get_pretrained_cfg, is_model, model_entrypoint, to_plain
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -506,7 +506,7 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> tuple[dict[str, Tenso
         raise PretrainedError(path, "checkpoint holds no network weights (no 'net.*' keys)")
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         if key in checkpoint:
-            checkpoint[key] = _plain(checkpoint[key])
+            checkpoint[key] = to_plain(checkpoint[key], resolve=False)
     return state, checkpoint
 
 
@@ -535,21 +535,6 @@ def checkpoint_safe_globals() -> list:
         nodes.BooleanNode,
     ]
     return allowed
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers (and nested ones) as plain dicts and lists."""
-    try:
-        from omegaconf import Container, OmegaConf
-    except ImportError:  # pragma: no cover
-        return value
-    if isinstance(value, Container):
-        return OmegaConf.to_container(value, resolve=False)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    return value
 
 
 # --------------------------------------------------------------------------- checking
@@ -609,7 +594,7 @@ def _check_config(model: nn.Module, name: str, config: dict[str, Any], path: Pat
             )
     args = {k: v for k, v in config.items() if k != METADATA_KEY}
     accepted = _constructor_args(type(model))
-    foreign = sorted(set(args) - accepted)
+    foreign = sorted(set(args) - accepted - set(getattr(type(model), "retired_args", ())))
     if foreign:
         matches = [
             cls

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -88,12 +89,26 @@ def model_entrypoint(name: str) -> Callable[..., nn.Module]:
     return _model_entrypoints[name]
 
 
-def to_plain(value):
-    """OmegaConf containers (what Hydra passes) to plain lists/dicts, so configs stay JSON."""
-    if type(value).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
+def to_plain(value: Any, resolve: bool = True) -> Any:
+    """OmegaConf containers (what Hydra passes), also nested in dicts, lists and tuples, as
+    plain dicts and lists, so that configs stay JSON and checkpoints load with
+    ``weights_only=True``. The project's one converter (no OmegaConf import unless one is there).
 
-        return OmegaConf.to_container(value, resolve=True)
+    Args:
+        value: anything; non-container values come back unchanged.
+        resolve: resolve ``${...}`` interpolations (``False`` for stored hyper-parameters, whose
+            interpolations may point at a config that is gone).
+    """
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import Container, OmegaConf
+
+        if isinstance(value, Container):
+            return OmegaConf.to_container(value, resolve=resolve)
+        return value
+    if isinstance(value, dict):
+        return {k: to_plain(v, resolve) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_plain(v, resolve) for v in value)
     return value
 
 

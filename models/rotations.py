@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["matrix_to_quaternion", "quaternion_multiply"]
+__all__ = ["matrix_to_quaternion", "quaternion_multiply", "quaternion_to_matrix"]
 
 
 def quaternion_multiply(a: Tensor, b: Tensor) -> Tensor:
@@ -57,3 +57,23 @@ def matrix_to_quaternion(matrix: Tensor) -> Tensor:
     q = candidates.gather(-2, best)[..., 0, :]
     q = torch.where(q[..., :1] < 0, -q, q)
     return F.normalize(q, dim=-1)
+
+
+def quaternion_to_matrix(quaternions: Tensor) -> Tensor:
+    """Rotation matrices ``[..., 3, 3]`` of wxyz quaternions ``[..., 4]`` (normalised here)."""
+    w, x, y, z = F.normalize(quaternions, dim=-1).unbind(-1)
+    matrix = torch.stack(
+        [
+            1 - 2 * (y * y + z * z),
+            2 * (x * y - w * z),
+            2 * (x * z + w * y),
+            2 * (x * y + w * z),
+            1 - 2 * (x * x + z * z),
+            2 * (y * z - w * x),
+            2 * (x * z - w * y),
+            2 * (y * z + w * x),
+            1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    )
+    return matrix.reshape(*quaternions.shape[:-1], 3, 3)

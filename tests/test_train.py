@@ -17,7 +17,10 @@ from omegaconf import DictConfig, open_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
-MODEL_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "model").glob("*.yaml"))
+# configs/model/base.yaml is the LightningModule settings the family configs extend, not a model
+MODEL_CONFIGS = sorted(
+    p.stem for p in (REPO / "configs" / "model").glob("*.yaml") if p.stem != "base"
+)
 DATA_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 
@@ -87,7 +90,8 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("data", DATA_CONFIGS)
 def test_train_config_composes(model, data, tmp_path):
     cfg = compose_config("train.yaml", [f"model={model}", f"data={data}"], tmp_path)
-    assert cfg.model._target_ == "models.lightning_module.SplatLitModule"
+    assert cfg.model._target_ == "models.training.module.SplatLitModule"
+    assert cfg.model.recipe._target_.startswith("models.training.recipes.")
     assert cfg.model.net._target_ == "models.create_model"
     assert cfg.data._target_.endswith("SplatDataModule")
 

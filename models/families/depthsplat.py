@@ -201,7 +201,7 @@ class DepthSplat(SplatModel):
 
         Returns:
             ``V * H * W`` Gaussians per scene (view-major, row-major pixels) in the frame of the
-            given extrinsics; ``extras["depth"]`` ``[B, V, H, W]``.
+            given extrinsics; ``depth`` ``[B, V, H, W]``.
         """
         b, v, h, w = check_context(context, require_poses=True)
         if v < 2:
@@ -244,7 +244,7 @@ class DepthSplat(SplatModel):
         )
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        return ModelOutput(gaussians=gaussians, extras={"depth": depth})
+        return ModelOutput(gaussians, depth=depth)
 
 
 # ----------------------------------------------------------------------------- official weights

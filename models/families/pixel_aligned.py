@@ -14,7 +14,7 @@ at their depth (exact rays: view 0 is the scene frame); the other views' anchors
 unprojection plus the correction times the depth (together a point map in view 0's frame). The
 head runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered
 by a rigid fit between their own-frame points and their view-0-frame anchors
-(``extras["extrinsics"]``).
+(``ModelOutput.extrinsics``).
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ class PixelAligned(PixelTrunk, SplatModel):
 
         Returns:
             ``ModelOutput`` with ``V * H * W * gaussians_per_pixel`` Gaussians (fewer when
-            pruned) and extras ``depth [B, V, H, W]`` (z-depth in each view's own frame; with
-            several Gaussians per pixel, the first one's), ``depth_coarse`` (before the
+            pruned), ``depth [B, V, H, W]`` (z-depth in each view's own frame; with
+            several Gaussians per pixel, the first one's) and diagnostics ``depth_coarse`` (before the
             refinement); pose-free also ``points [B, V, H, W, 3]`` (anchors in view 0's frame),
             ``extrinsics [B, V, 4, 4]`` (a rigid fit of each view's own-frame points to its
             anchors, no gradient; view 0 is the identity) and the ``intrinsics`` used.
@@ -269,10 +269,9 @@ class PixelAligned(PixelTrunk, SplatModel):
         scale_reference = depth_loc[..., 0] * repeat(footprint, "b v -> b (v p)", p=h * w)
         intr_loc = repeat(intrinsics, "b v i j -> b (v p) i j", p=h * w)
 
-        extras: dict[str, Tensor] = {
-            "depth": depth[:, :, 0],
-            "depth_coarse": depth_coarse[:, :, 0],
-        }
+        out_depth = depth[:, :, 0]  # [B, V, H, W]
+        diagnostics: dict[str, Tensor] = {"depth_coarse": depth_coarse[:, :, 0]}
+        fitted = out_intrinsics = None
         if not self.pose_free:
             gaussians = self.gaussian_head(
                 head_in,
@@ -306,18 +305,25 @@ class PixelAligned(PixelTrunk, SplatModel):
                 offset_scale=scale_reference,
                 scale_reference=scale_reference,
             )
-            extras["points"] = rearrange(anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h)
+            diagnostics["points"] = rearrange(
+                anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h
+            )
             with torch.no_grad():
                 fitted = rigid_fit(
                     rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
                     rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
                 )
                 fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
-            extras["extrinsics"] = fitted
-            extras["intrinsics"] = intrinsics
+            out_intrinsics = intrinsics
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        return ModelOutput(gaussians=gaussians, extras=extras)
+        return ModelOutput(
+            gaussians,
+            depth=out_depth,
+            extrinsics=fitted,
+            intrinsics=out_intrinsics,
+            diagnostics=diagnostics,
+        )
 
 
 # Inference knobs (models.knobs): one Gaussian per pixel; only max_gaussians (a prune of the result).

@@ -26,10 +26,11 @@ Recurrent update (weights shared across iterations), for ``i = 0 .. iterations -
    ``scale = exp``, ``opacity = sigmoid``, quaternion normalised.
 
 The previous Gaussians are detached every iteration, so gradients cross iterations only through the
-hidden state. Training (``train_kwargs``) samples 1..``train_iterations`` iterations per step and
-supervises every iteration's render with weight ``loss_decay ** (N - 1 - i)``
-(``pred.extras["render_targets"]``). The two-stage recipe trains the initial model alone
-(``train_iterations=0``), then the update with ``init_checkpoint`` and ``freeze_init=True``.
+hidden state. Training (``models.training.recipes.ReSplatRecipe``) samples 1..``train_iterations``
+iterations per step and supervises every iteration's render (``gaussians_per_iteration``) with
+weight ``loss_decay ** (N - 1 - i)``. The two-stage recipe trains the initial model alone
+(``train_iterations=0``), then the update with ``init_checkpoint`` and ``freeze_init=True`` (the
+recipe calls ``freeze_initial_model``).
 """
 
 from __future__ import annotations
@@ -354,10 +355,6 @@ class ReSplat(SplatModel):
         max_scale: initial-model scale clamp, in footprints.
         opacity_bias: initial opacity logit.
         iterations: refinement iterations at inference (the ``iterations`` forward default).
-        train_iterations: training samples 1..this many iterations per step; 0 trains the initial
-            model alone.
-        loss_decay: per-iteration loss weight ``loss_decay ** (N - 1 - i)``.
-        freeze_init: freeze the initial model (refinement stage).
         init_checkpoint: weights of a trained initial model, loaded strictly into it: a Lightning
             ``.ckpt``, a ``.safetensors`` file or a ``save_pretrained`` folder of a ReSplat model
             (its ``init_model.*`` entries) or of the initial model alone. ``None``/``False``: none.
@@ -372,6 +369,7 @@ class ReSplat(SplatModel):
     family = "resplat"
     pose_free = False
     min_views = 1
+    retired_args = ("train_iterations", "loss_decay", "freeze_init")
 
     def __init__(
         self,
@@ -397,9 +395,6 @@ class ReSplat(SplatModel):
         max_scale: float = 8.0,
         opacity_bias: float = 2.0,
         iterations: int = 2,
-        train_iterations: int = 4,
-        loss_decay: float = 0.9,
-        freeze_init: bool = False,
         init_checkpoint: str | bool | None = None,
         feature_extractor: str = "resnet18",
         feature_weights: str = "seeded",
@@ -409,15 +404,11 @@ class ReSplat(SplatModel):
         render_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if iterations < 0 or train_iterations < 0:
-            raise ValueError("iterations and train_iterations must be >= 0")
-        if freeze_init and train_iterations == 0:
-            raise ValueError("freeze_init=True needs train_iterations >= 1 (nothing would train)")
+        if iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {iterations}")
         self.sh_degree = sh_degree
         self.iterations = iterations
-        self.train_iterations = train_iterations
-        self.loss_decay = loss_decay
-        self.freeze_init = freeze_init
+        self.freeze_init = False  # training state (the recipe's freeze_initial_model), not config
         self.near = near
         self.far = far
         self.render_backend = render_backend
@@ -455,8 +446,6 @@ class ReSplat(SplatModel):
         )
         if init_checkpoint:
             self.load_init_checkpoint(init_checkpoint)
-        if freeze_init:
-            self.init_model.requires_grad_(False)
 
     # ------------------------------------------------------------------ weights
     def load_init_checkpoint(self, location: str | os.PathLike) -> None:
@@ -476,18 +465,18 @@ class ReSplat(SplatModel):
         state = sub_state_dict(state, "init_model.") or state  # a whole ReSplat, or its init
         load_state_dict_strict(self.init_model, state, path, "ReSplat initial model")
 
+    def freeze_initial_model(self, frozen: bool = True) -> None:
+        """Freeze the initial model (ReSplat's refinement stage): no gradients, eval mode, and
+        its forward runs without autograd."""
+        self.freeze_init = frozen
+        self.init_model.requires_grad_(not frozen)
+        self.train(self.training)
+
     def train(self, mode: bool = True) -> ReSplat:
         super().train(mode)
         if self.freeze_init:
             self.init_model.eval()
         return self
-
-    def train_kwargs(self, step: int, max_steps: int) -> dict[str, int]:
-        """Forward keywords of a training step: a random iteration count in 1..train_iterations
-        (0 when the initial model trains alone)."""
-        if self.train_iterations == 0:
-            return {"iterations": 0}
-        return {"iterations": int(torch.randint(1, self.train_iterations + 1, ()).item())}
 
     # ------------------------------------------------------------------ error signal
     def error_features(
@@ -529,9 +518,8 @@ class ReSplat(SplatModel):
             max_gaussians: keep at most this many (the most opaque) Gaussians of the result.
 
         Returns:
-            ``ModelOutput``: the last iteration's Gaussians; extras ``gaussians_per_iteration``
-            (init first), ``render_targets`` (``(weight, Gaussians)`` for the training loss),
-            ``depth`` ``[B, V, H, W]`` (the initial depth, upsampled), ``latent_depth``
+            ``ModelOutput``: the last iteration's Gaussians, ``gaussians_per_iteration``
+            (init first; the training recipe weighs their renders), ``depth`` ``[B, V, H, W]`` (the initial depth, upsampled), ``latent_depth``
             ``[B, V, h, w]`` and ``iterations``.
         """
         b, v, height, width = check_context(context, require_poses=True)
@@ -573,12 +561,6 @@ class ReSplat(SplatModel):
                 raw, state = self.updater(raw, state, error, rays)
                 per_iteration.append(decode_gaussians(raw, self.sh_degree))
 
-        count = len(per_iteration)
-        render_targets = [
-            (self.loss_decay ** (count - 1 - i), g)
-            for i, g in enumerate(per_iteration)
-            if not (i == 0 and self.freeze_init and count > 1)
-        ]
         final = per_iteration[-1]
         if max_gaussians is not None:
             final = final.prune(max_count=max_gaussians)
@@ -588,14 +570,12 @@ class ReSplat(SplatModel):
             mode="bilinear",
             align_corners=False,
         )
-        extras = {
-            "gaussians_per_iteration": per_iteration,
-            "render_targets": render_targets,
-            "depth": depth.reshape(b, v, height, width),
-            "latent_depth": latent_depth,
-            "iterations": iterations,
-        }
-        return ModelOutput(gaussians=final, extras=extras)
+        return ModelOutput(
+            final,
+            depth=depth.reshape(b, v, height, width),
+            gaussians_per_iteration=per_iteration,
+            diagnostics={"latent_depth": latent_depth, "iterations": iterations},
+        )
 
 
 # Inference knobs (models.knobs): the refinement iterations, and every family's max_gaussians. The
@@ -607,6 +587,7 @@ INFERENCE_KNOBS = (
         low=0,
         high=16,
         step=1,
+        sweep=(0, 1, 2, 4),
         default_attr="iterations",
         help="recurrent refinement steps driven by the rendering error on the input views "
         "(0: the initial set); the count stays the same, the fit improves",

@@ -13,7 +13,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    (zero-initialised) moves the point into view 0's frame, as NoPoSplat predicts xyz directly.
    With the default ``use_intrinsics=False`` the model is intrinsics-free: view 0 gets a correction
    too (the canonical rays may be wrong), and its focal length is estimated from its points
-   (``extras["intrinsics"]``). With ``use_intrinsics=True`` the context intrinsics (when given)
+   (``ModelOutput.intrinsics``). With ``use_intrinsics=True`` the context intrinsics (when given)
    define the rays and view 0's points stay on them, exactly as ``noposplat_tiny``.
 3. **High-frequency prior.** A one-level wavelet transform (``models.wavelet``, Haar or db2) of the
    luminance; the detail sub-bands (LH, HL, HH), log-compressed, go through two small
@@ -43,7 +43,8 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    training: it empties whole flat regions that training only ever thinned out (on 8 synthetic
    test scenes, a posed ``splatweaver_tiny`` after ~400 steps scored 14.70 dB with argmax
    routing, 19.08 dB with frozen-Gumbel routing and 19.09 dB with sampled routing).
-6. **Routing regulariser** (``extras["loss/routing"]``, weight ``routing_weight``): cross-entropy
+6. **Routing regulariser** (``losses``: ``routing_ce``, ``routing_smoothing``, ``routing_usage``,
+   unweighted; ``models.training.recipes.SplatWeaverRecipe`` weighs them): cross-entropy
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
    wavelet energy ``sqrt(LH² + HL² + HH²)`` at per-batch quantiles (the flattest pixels get
    expert 0, the most textured ones expert ``M``; bin sizes follow the target usage; pixels
@@ -419,9 +420,6 @@ class SplatWeaver(PixelTrunk, SplatModel):
         gumbel_tau: temperature of the Gumbel-softmax in training.
         target_gaussians_per_pixel: expected Gaussians per pixel the regulariser aims for.
         target_usage: explicit target distribution over experts ``0..M`` (overrides the above).
-        routing_weight: weight of the routing regulariser in ``extras["loss/routing"]``.
-        usage_weight: weight of the usage penalty relative to the cross-entropy.
-        label_smoothing: label smoothing of the routing cross-entropy.
         energy_floor: wavelet energy at or below which a pixel's routing target is expert 0.
         energy_ladder: add the router's ordinal log-energy ladder to its logits (see
             ``CardinalityRouter``); ``False``: the paper's router (features only).
@@ -440,6 +438,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
     family = "splatweaver"
     pose_free = True
     min_views = 1
+    retired_args = ("routing_weight", "usage_weight", "label_smoothing")
 
     def __init__(
         self,
@@ -470,9 +469,6 @@ class SplatWeaver(PixelTrunk, SplatModel):
         gumbel_tau: float = 0.5,
         target_gaussians_per_pixel: float = 0.5,
         target_usage: list[float] | None = None,
-        routing_weight: float = 0.01,
-        usage_weight: float = 1.0,
-        label_smoothing: float = 0.1,
         energy_floor: float = 0.01,
         energy_ladder: bool = True,
         neighbour_aggregation: bool = False,
@@ -511,9 +507,6 @@ class SplatWeaver(PixelTrunk, SplatModel):
         self.num_depth_candidates = num_depth_candidates
         self.num_experts = num_experts
         self.gumbel_tau = gumbel_tau
-        self.routing_weight = routing_weight
-        self.usage_weight = usage_weight
-        self.label_smoothing = label_smoothing
         self.energy_floor = energy_floor
         self.wavelet = wavelet
 
@@ -620,15 +613,20 @@ class SplatWeaver(PixelTrunk, SplatModel):
         """See ``budget_shift``."""
         return budget_shift(logits, noise, target, b, steps)
 
-    def _routing_losses(self, logits: Tensor, energy: Tensor) -> tuple[Tensor, Tensor]:
-        """Cross-entropy to the quantile targets and the usage penalty (both unweighted)."""
+    def _routing_losses(self, logits: Tensor, energy: Tensor) -> dict[str, Tensor]:
+        """The regulariser's unweighted terms: cross-entropy to the quantile targets
+        (``routing_ce``), to the uniform distribution (``routing_smoothing``; label smoothing
+        ``e`` mixes the two, ``(1 - e) * ce + e * smoothing``, which is
+        ``F.cross_entropy(..., label_smoothing=e)``) and the usage penalty (``routing_usage``)."""
         logits = logits.float()
         targets = quantile_targets(energy, self.target_usage, self.energy_floor)  # [N, H, W]
-        ce = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        log_p = logits.log_softmax(dim=1)  # [N, M + 1, H, W]
+        ce = F.nll_loss(log_p, targets)
+        smoothing = -log_p.mean(dim=1).mean()
         usage = logits.softmax(dim=1).mean(dim=(0, 2, 3))  # [M + 1]
         target = self.target_usage.float().clamp_min(1e-8)
         penalty = (usage * (usage.clamp_min(1e-8).log() - target.log())).sum()
-        return ce, penalty
+        return {"routing_ce": ce, "routing_smoothing": smoothing, "routing_usage": penalty}
 
     @staticmethod
     def _estimate_focal(points: Tensor, coords: Tensor) -> Tensor:
@@ -670,10 +668,10 @@ class SplatWeaver(PixelTrunk, SplatModel):
 
         Returns:
             ``ModelOutput``: ``gaussians`` padded to the largest count in the batch (``mask``
-            marks valid ones; ``count()`` is the sum of the routed cardinalities) and extras
-            ``loss/routing`` (weighted regulariser), ``routing_map [B, V, H, W]`` (chosen
-            cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
-            ``routing_ce``, ``routing_usage_penalty``, ``gaussians_per_pixel``,
+            marks valid ones; ``count()`` is the sum of the routed cardinalities),
+            ``losses`` (the regulariser's terms, unweighted), diagnostics ``routing_map [B, V, H, W]``
+            (chosen cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
+            ``gaussians_per_pixel``,
             ``hf_energy [B, V, H, W]``, ``depth [B, V, H, W]`` (own-frame z-depth),
             ``points [B, V, H, W, 3]`` (view 0's frame; ``posed``: the world frame),
             ``extrinsics [B, V, 4, 4]`` (fitted, view 0 identity; ``posed``: the given ones) and
@@ -746,7 +744,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
             shift = repeat(budget_shift, "b -> (b v) 1 1 1", v=v)
             logits = logits + shift * ladder[None, :, None, None]
         gates, choice = self._route(logits, routing, noise)  # [BV, M + 1, H, W], [BV, H, W]
-        ce, penalty = self._routing_losses(logits, flat_energy)
+        losses = self._routing_losses(logits, flat_energy)
 
         # --- experts ---
         expert_in = torch.cat([features, t], dim=1)  # [BV, C + 1, H, W]
@@ -791,22 +789,23 @@ class SplatWeaver(PixelTrunk, SplatModel):
                 intrinsics = intrinsics.clone()
                 intrinsics[..., 0, 0] = focal[:, None, 0]
                 intrinsics[..., 1, 1] = focal[:, None, 1]
-        extras: dict[str, Tensor] = {
-            "loss/routing": self.routing_weight * (ce + self.usage_weight * penalty),
+        diagnostics: dict[str, Tensor] = {
             "routing_map": rearrange(choice, "b (v h w) -> b v h w", v=v, h=h),
             "expert_usage": usage,
-            "routing_ce": ce.detach(),
-            "routing_usage_penalty": penalty.detach(),
             "gaussians_per_pixel": (usage * torch.arange(len(usage), device=device)).sum(),
             "hf_energy": energy,
-            "depth": depth,
             "points": rearrange(points, "b v (h w) c -> b v h w c", h=h),
-            "extrinsics": fitted,
-            "intrinsics": intrinsics,
         }
         if budget_shift is not None:
-            extras["budget_shift"] = budget_shift
-        return ModelOutput(gaussians=gaussians, extras=extras)
+            diagnostics["budget_shift"] = budget_shift
+        return ModelOutput(
+            gaussians,
+            depth=depth,
+            extrinsics=fitted,
+            intrinsics=intrinsics,
+            losses=losses,
+            diagnostics=diagnostics,
+        )
 
 
 # Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone
@@ -818,6 +817,7 @@ INFERENCE_KNOBS = (
         low=0.0,
         high=None,
         high_attr="num_experts",
+        sweep=(0.25, 0.5, 1.0),
         step=0.05,
         help="at most this many Gaussians per pixel on average: the router's choice shifted "
         "towards cheaper experts, keeping its ranking of pixels (off: as routed)",

@@ -480,7 +480,7 @@ class SplatWeaverRelease(SplatModel):
                 ``"release"`` (the release's world frame).
 
         Returns:
-            ``ModelOutput`` with padded ``gaussians`` (``mask`` where scenes differ) and extras
+            ``ModelOutput`` with padded ``gaussians`` (``mask`` where scenes differ),
             ``extrinsics [B, V, 4, 4]`` (camera-to-world, predicted), ``intrinsics [B, V, 3, 3]``
             (normalised), ``routing_map [B, V, H, W]`` (Gaussians per pixel, 0..M),
             ``expert_usage [M + 1]``, ``gaussians_per_pixel``, ``router_logits
@@ -564,22 +564,21 @@ class SplatWeaverRelease(SplatModel):
             gaussians = gaussians.prune(max_count=max_gaussians)
 
         usage = F.one_hot(choice, self.num_experts + 1).to(dtype).mean(dim=(0, 1, 2))
-        extras = {
-            "extrinsics": c2w,
-            "intrinsics": intrinsics,
+        diagnostics = {
             "routing_map": rearrange(choice, "(b v) h w -> b v h w", b=b),
             "expert_usage": usage,
             "gaussians_per_pixel": (usage * torch.arange(len(usage), device=usage.device)).sum(),
             "router_logits": rearrange(logits, "(b v) e h w -> b v e h w", b=b),
-            "depth": depth,
             "depth_conf": depth_conf,
             "points": points,
             "pose_encoding": encoding,
             "scene_scale": scale,
         }
         if shift is not None:
-            extras["budget_shift"] = shift
-        return ModelOutput(gaussians=gaussians, extras=extras)
+            diagnostics["budget_shift"] = shift
+        return ModelOutput(
+            gaussians, depth=depth, extrinsics=c2w, intrinsics=intrinsics, diagnostics=diagnostics
+        )
 
 
 def _pad(scenes: list[Gaussians]) -> Gaussians:

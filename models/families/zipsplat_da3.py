@@ -267,7 +267,7 @@ class ZipSplatDA3(SplatModel):
                 ``use_priors``); needs ``extrinsics`` and ``intrinsics``.
 
         Returns:
-            ``ModelOutput`` with ``K * gaussians_per_token`` Gaussians (token-major) and extras
+            ``ModelOutput`` with ``K * gaussians_per_token`` Gaussians (token-major) and diagnostics
             ``scene_token_index [B, K]`` (into the view-major token list), ``compression``,
             ``num_scene_tokens`` and ``camera_prior``.
         """
@@ -300,13 +300,13 @@ class ZipSplatDA3(SplatModel):
         gaussians = self.gaussian_head(features)
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        extras = {
+        diagnostics = {
             "scene_token_index": index,
             "compression": r,
             "num_scene_tokens": k,
             "camera_prior": bool(camera_prior),
         }
-        return ModelOutput(gaussians=gaussians, extras=extras)
+        return ModelOutput(gaussians, diagnostics=diagnostics)
 
 
 # ---------------------------------------------------------------------- official weights
