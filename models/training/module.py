@@ -317,7 +317,7 @@ class SplatLitModule(L.LightningModule):
         results.update(self._scores("", out.color, images))
         pose_free = bool(getattr(self.net, "pose_free", False))
         if pose_free and self.hparams.refine_target_poses:
-            from .pose_refinement import refine_target_poses
+            from ..pose_refinement import refine_target_poses
 
             with torch.inference_mode(False), torch.enable_grad():
                 refined = refine_target_poses(
