@@ -171,3 +171,20 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
     record = module.hparams["recipe"]
     assert type(record["loss_weights"]) is dict and record["chamfer_weight"] == 0.2
     json.dumps(record)  # plain: checkpoints load with weights_only=True
+
+
+def test_pose_free_test_step_refines_target_poses() -> None:
+    """The module's test step (moved to models/training/) still refines a pose-free model's
+    target poses and records both scores."""
+    torch.manual_seed(0)
+    net = create_model("zipsplat_tiny", img_size=32)
+    module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
+    module.eval()
+    scene = _context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
+    batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log without a trainer
+        with torch.no_grad():
+            module.test_step(batch, 0)
+    (record,) = module.test_records
+    assert {"psnr", "refined_psnr", "ssim", "refined_ssim"} <= set(record)
