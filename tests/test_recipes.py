@@ -188,3 +188,31 @@ def test_pose_free_test_step_refines_target_poses() -> None:
             module.test_step(batch, 0)
     (record,) = module.test_records
     assert {"psnr", "refined_psnr", "ssim", "refined_ssim"} <= set(record)
+
+
+def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path: Path) -> None:
+    """A training checkpoint of an older version records the training settings in its
+    ``model_config``: load_model and export_checkpoint leave them out and keep every weight."""
+    from models.export import export_checkpoint
+    from models.pretrained import model_config
+
+    name = "resplat_tiny"
+    shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")
+    config = {k: v for k, v in model_config(shipped, name).items() if k != "splatzoo"}
+    ckpt = tmp_path / "old.ckpt"
+    hparams = {
+        "model_name": name,
+        "model_class": "models.families.resplat.ReSplat",
+        "model_config": {**config, **OLD_TRAINING_KEYS[name]},
+    }
+    state = {f"net.{k}": v for k, v in shipped.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hparams}, ckpt)
+    with pytest.warns(UserWarning, match="training setting"):
+        loaded = load_model(ckpt)
+    exported = export_checkpoint(ckpt, tmp_path / "export")
+    written = json.loads((exported / "config.json").read_text())
+    assert not set(written) & set(OLD_TRAINING_KEYS[name])
+    again = create_model(name, pretrained=str(exported))
+    for model in (loaded, again):
+        for key, value in shipped.state_dict().items():
+            assert torch.equal(value, model.state_dict()[key]), key
