@@ -171,3 +171,48 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
     record = module.hparams["recipe"]
     assert type(record["loss_weights"]) is dict and record["chamfer_weight"] == 0.2
     json.dumps(record)  # plain: checkpoints load with weights_only=True
+
+
+def test_pose_free_test_step_refines_target_poses() -> None:
+    """The module's test step (moved to models/training/) still refines a pose-free model's
+    target poses and records both scores."""
+    torch.manual_seed(0)
+    net = create_model("zipsplat_tiny", img_size=32)
+    module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
+    module.eval()
+    scene = _context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
+    batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log without a trainer
+        with torch.no_grad():
+            module.test_step(batch, 0)
+    (record,) = module.test_records
+    assert {"psnr", "refined_psnr", "ssim", "refined_ssim"} <= set(record)
+
+
+def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path: Path) -> None:
+    """A training checkpoint of an older version records the training settings in its
+    ``model_config``: load_model and export_checkpoint leave them out and keep every weight."""
+    from models.export import export_checkpoint
+    from models.pretrained import model_config
+
+    name = "resplat_tiny"
+    shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")
+    config = {k: v for k, v in model_config(shipped, name).items() if k != "splatzoo"}
+    ckpt = tmp_path / "old.ckpt"
+    hparams = {
+        "model_name": name,
+        "model_class": "models.families.resplat.ReSplat",
+        "model_config": {**config, **OLD_TRAINING_KEYS[name]},
+    }
+    state = {f"net.{k}": v for k, v in shipped.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hparams}, ckpt)
+    with pytest.warns(UserWarning, match="training setting"):
+        loaded = load_model(ckpt)
+    exported = export_checkpoint(ckpt, tmp_path / "export")
+    written = json.loads((exported / "config.json").read_text())
+    assert not set(written) & set(OLD_TRAINING_KEYS[name])
+    again = create_model(name, pretrained=str(exported))
+    for model in (loaded, again):
+        for key, value in shipped.state_dict().items():
+            assert torch.equal(value, model.state_dict()[key]), key
