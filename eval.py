@@ -23,14 +23,14 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.cli import (
+from models.command_line import quote_path_arguments
+from models.training.cli import (
     StepProgressBar,
     UserError,
     exit_on_user_error,
     instantiate_group,
     quiet_third_party,
 )
-from models.command_line import quote_path_arguments
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -101,7 +101,7 @@ def target_pose_placement(refined: bool, alignment: str, steps: int) -> str:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    from models.pretrained import load_pretrained
+    from models.weights.pretrained import load_pretrained
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):

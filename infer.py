@@ -26,9 +26,9 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import DataError  # noqa: E402
-from models.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.command_line import config_help, quote_path_arguments  # noqa: E402
 from models.errors import PathError  # noqa: E402
+from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
 from models.inference import pose_free_models as _pose_free_models  # noqa: E402, F401
 
@@ -66,7 +66,7 @@ def run(cfg: DictConfig) -> Path:
     ``DataError``, one line)."""
     import torch
 
-    from datamodules.inputs import load_inputs
+    from datamodules.tools.inputs import load_inputs
     from models import inference
 
     started = time.perf_counter()

@@ -101,7 +101,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
     ``models.inference`` and ``datamodules.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
-    from datamodules.inputs import load_inputs
+    from datamodules.tools.inputs import load_inputs
     from models import inference
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8

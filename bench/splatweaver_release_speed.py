@@ -87,7 +87,7 @@ def speed(views: list[int], sizes: list[int], threads: int, repeats: int) -> Non
 def stats(name: str, size: int, threads: int) -> None:
     from splatweaver_release_weights import deterministic_state, load_manifest
 
-    from datamodules.image_folder import load_images
+    from datamodules.readers.image_folder import load_images
     from models import create_model
     from models.families.splatweaver_release import checkpoint_filter_fn
 

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO_ROOT  # noqa: E402
 
-from models.cli import latest_last_checkpoint  # noqa: E402
+from models.training.cli import latest_last_checkpoint  # noqa: E402
 
 DONE_MARKER = "zoo_done.json"
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from huggingface_hub import PyTorchModelHubMixin
 from torch import Tensor, nn
 
-from .gaussians import Gaussians
+from models.gaussians import Gaussians
 
 __all__ = ["ModelOutput", "SplatModel", "check_context"]
 

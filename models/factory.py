@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import nn
 
-from .pretrained import PretrainedError, load_source, resolve_source, source_arguments
-from .pretrained_cfg import split_model_name
-from .registry import get_pretrained_cfg, model_entrypoint, to_plain
+from models.registry import get_pretrained_cfg, model_entrypoint, to_plain
+from models.weights.pretrained import PretrainedError, load_source, resolve_source, source_arguments
+from models.weights.pretrained_cfg import split_model_name
 
 __all__ = ["create_model", "load_model", "model_class"]
 

@@ -36,12 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .camera_paths import interpolate_cameras, orbit_cameras
-from .cameras import intrinsics_to_pixels, normalize_scene
-from .errors import PathError
-from .gaussians import Gaussians
-from .knobs import Knob, inference_knobs
-from .output_folder import OutputFolder, OutputFolderError
+from models.errors import PathError
+from models.gaussians import Gaussians
+from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
+from models.geometry.cameras import intrinsics_to_pixels, normalize_scene
+from models.knobs import Knob, inference_knobs
+from models.output_folder import OutputFolder, OutputFolderError
 
 __all__ = [
     "PLACEMENTS",
@@ -190,7 +190,7 @@ def check_backend(backend: str, device: torch.device) -> None:
     if backend == "cpu" and device.type != "cpu":
         raise InferenceError("backend=cpu", f"needs device=cpu (device is {device})")
     if backend == "cpu":
-        from .render_cpu import cpu_rasterizer_error
+        from models.render.cpu import cpu_rasterizer_error
 
         if (error := cpu_rasterizer_error()) is not None:
             raise InferenceError(
@@ -263,8 +263,8 @@ def load_for_inference(
         InferenceError: unknown model name, weights path not found.
         PretrainedError: weights that do not load (one line naming the file).
     """
-    from .factory import create_model
-    from .registry import is_model, list_models
+    from models.factory import create_model
+    from models.registry import is_model, list_models
 
     if not is_model(name):
         raise InferenceError(
@@ -288,7 +288,7 @@ def load_for_inference(
         and Path(w.filename).resolve().is_relative_to(REPO_ROOT)
     ]
     if pretrained is True:
-        from .pretrained import default_weights
+        from models.weights.pretrained import default_weights
 
         described = default_weights(name)
     else:
@@ -314,7 +314,7 @@ def pose_free_models() -> list[str]:
     """Pose-free models that load by name (no weights given): weights shipped in this checkout
     first, then released weights (downloaded on first use). Read from the pretrained configs:
     nothing is built."""
-    from .registry import get_pretrained_cfg, list_models
+    from models.registry import get_pretrained_cfg, list_models
 
     shipped, released = [], []
     for tag in list_models(pretrained=True):
@@ -463,7 +463,7 @@ def reconstruct(
         if views > 1 and steps > 0:
             # Views 1.. by test-time pose refinement (as eval does for pose-free models), each
             # from view 0's pose, against its own image with the Gaussians frozen.
-            from .pose_refinement import refine_target_poses
+            from models.pose_refinement import refine_target_poses
 
             targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
             if max(targets.shape[-2:]) > refine_size:  # intrinsics are normalised
@@ -525,7 +525,7 @@ def render_views(
 ) -> Tensor:
     """Render every camera, ``views_per_call`` at a time (batched views are several times cheaper
     per view on the torch backend); returns ``[N, 3, H, W]`` on CPU."""
-    from .render import render
+    from models.render.core import render
 
     out = []
     with _progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
@@ -728,7 +728,7 @@ def write_reconstruction(
             )
         (staging / "renders").mkdir()
         _save_pngs(rendered, [staging / "renders" / render_names[i] for i in known])
-        from .metrics import psnr
+        from models.metrics import psnr
 
         input_psnr = [psnr(r, result.images[i]) for i, r in zip(known, rendered)]
         cardinality = None

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .gaussians import Gaussians
+from models.gaussians import Gaussians
 
 if TYPE_CHECKING:
-    from .base import ModelOutput
+    from models.base import ModelOutput
 
 __all__ = [
     "Knob",
@@ -133,7 +133,7 @@ MAX_GAUSSIANS = Knob(
 
 
 def _family_module(model: str | nn.Module):
-    from .registry import model_entrypoint
+    from models.registry import model_entrypoint
 
     if isinstance(model, str):
         return import_module(model_entrypoint(model).__module__)

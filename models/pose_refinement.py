@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gaussians import Gaussians
+from models.gaussians import Gaussians
 
 __all__ = [
     "ALIGNMENTS",
@@ -136,7 +136,7 @@ def refine_target_poses(
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
         lowest photometric loss among the initial pose and every step's pose.
     """
-    from .render import render
+    from models.render.core import render
 
     if image.ndim != 5 or image.shape[2] != 3:
         raise ValueError(f"image must be [B, V, 3, H, W], got {tuple(image.shape)}")
@@ -397,7 +397,7 @@ def place_context_views(
     Returns:
         The ``FrameAlignment``.
     """
-    from .render import render
+    from models.render.core import render
 
     if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}")

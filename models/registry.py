@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from .pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
-from .pretrained_cfg import get_pretrained_cfg as _get_pretrained_cfg
+from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
+from models.weights.pretrained_cfg import get_pretrained_cfg as _get_pretrained_cfg
 
 __all__ = [
     "get_pretrained_cfg",
@@ -40,7 +40,7 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 def _ensure_families_imported() -> None:
     # Importing the family modules runs their @register_model decorators.
-    from . import families  # noqa: F401
+    from models import families  # noqa: F401
 
 
 def list_models(
@@ -116,7 +116,7 @@ def __getattr__(name: str):
     # Old import path (``from models.registry import create_model``), kept for one release: the
     # factory sits above this module, so it is imported only when asked for.
     if name == "create_model":
-        from .factory import create_model
+        from models.factory import create_model
 
         return create_model
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,7 @@ def data_root(tmp_path_factory) -> Path:
     """12 synthetic scenes of 24 views at 64² (one test scene with its evaluation index)."""
     root = tmp_path_factory.mktemp("synthetic")
     subprocess.run(
-        [sys.executable, "-m", "datamodules.synthetic", "--out", str(root), "--scenes", "12"]
+        [sys.executable, "-m", "datamodules.tools.synthetic", "--out", str(root), "--scenes", "12"]
         + ["--resolution", "64", "--views", "24", "--seed", "0", "--workers", "1"],
         check=True,
         cwd=REPO,
@@ -117,7 +117,7 @@ def test_eval_aligns_targets_for_zipsplat_da3(data_root, weights, tmp_path, comp
 
 def test_eval_rejects_an_unknown_alignment(weights, tmp_path):
     import eval as eval_script
-    from models.cli import UserError
+    from models.training.cli import UserError
 
     missing = tmp_path / "no_data"  # refused before the data is read
     cfg = _config(tmp_path, [*_overrides(missing, weights), "target_pose_alignment=affine"])

@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.cameras import project
 from models.gaussians import sh_to_rgb
-from models.heads import (
+from models.geometry.cameras import project
+from models.layers.heads import (
     AnchorOffsetPlacement,
     FreeMeanPlacement,
     GaussianHead,

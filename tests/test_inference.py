@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from models import Gaussians, create_model
-from models.cameras import normalize_scene
+from models.geometry.cameras import normalize_scene
 from models.inference import (
     InferenceError,
     KnobError,
@@ -39,7 +39,7 @@ def _turn(angle: float, x: float) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def views() -> dict[str, torch.Tensor]:
     """Two 64x64 views of the shipped example room with two cameras in an arbitrary world frame."""
-    from datamodules.image_folder import load_images
+    from datamodules.readers.image_folder import load_images
 
     images = load_images(EXAMPLE, image_shape=(64, 64), num_views=2)
     extrinsics = torch.stack([_turn(0.1, 2.0), _turn(-0.2, 2.7)])  # not the scene frame

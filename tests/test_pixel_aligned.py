@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.base import ModelOutput, SplatModel
-from models.cameras import pixel_grid, project
+from models.geometry.cameras import pixel_grid, project
 from models.pixel_aligned import (
     PixelAligned,
     noposplat_tiny,

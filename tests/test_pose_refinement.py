@@ -185,7 +185,7 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
     test step: with the alignment the refined targets are the true ones (PSNR > 40 dB), without
     it (refinement from the scene-frame poses, as before) they are not."""
     from models import pose_refinement, render
-    from models.lightning_module import SplatLitModule
+    from models.training.module import SplatLitModule
 
     gaussians = _wide_scene()
     context = _posed([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], [[0.0, 0.0, 0.0], [0.0, 0.05, 0.0]])

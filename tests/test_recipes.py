@@ -193,8 +193,8 @@ def test_pose_free_test_step_refines_target_poses() -> None:
 def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path: Path) -> None:
     """A training checkpoint of an older version records the training settings in its
     ``model_config``: load_model and export_checkpoint leave them out and keep every weight."""
-    from models.export import export_checkpoint
-    from models.pretrained import model_config
+    from models.training.export import export_checkpoint
+    from models.weights.pretrained import model_config
 
     name = "resplat_tiny"
     shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")

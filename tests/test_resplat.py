@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from models import create_model, list_models, render
-from models.feature_extractor import FrozenFeatureExtractor
-from models.pretrained import PretrainedError, model_config
+from models.layers.feature_extractor import FrozenFeatureExtractor
 from models.resplat import ReSplat, decode_gaussians, encode_gaussians
 from models.training.recipes import ReSplatRecipe
+from models.weights.pretrained import PretrainedError, model_config
 
 SIZE = 32  # images of the tests: 32x32 -> an 8x8 latent grid per view
 
@@ -293,7 +293,7 @@ def test_feature_extractor_pretrained_from_local_file(tmp_path) -> None:
 
 
 def test_feature_extractor_falls_back_offline(tmp_path, monkeypatch, caplog) -> None:
-    import models.feature_extractor as module
+    from models.layers import feature_extractor as module
 
     real = module.timm.create_model
 
@@ -303,7 +303,7 @@ def test_feature_extractor_falls_back_offline(tmp_path, monkeypatch, caplog) -> 
         return real(name, pretrained=False, **kwargs)
 
     monkeypatch.setattr(module.timm, "create_model", offline)
-    with caplog.at_level(logging.WARNING, logger="models.feature_extractor"):
+    with caplog.at_level(logging.WARNING, logger="models.layers.feature_extractor"):
         extractor = FrozenFeatureExtractor("test_resnet", weights="pretrained")
     assert extractor.loaded_weights == "seeded"
     assert "falling back" in caplog.text and "no network" in caplog.text

@@ -8,7 +8,7 @@ import torch
 import models.zipsplat as zipsplat_module
 from models import create_model, list_models
 from models.gaussians import sh_to_rgb
-from models.kmeans import cluster_count, kmeans_select
+from models.layers.kmeans import cluster_count, kmeans_select
 from models.training.recipes import ZipSplatRecipe
 from models.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 

@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
-from ..backbones.dinov2 import DINOV2_SIZES
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import pixel_grid
-from ..heads import GaussianHead, RayDepthPlacement
-from ..knobs import MAX_GAUSSIANS
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
+from models.base import ModelOutput, SplatModel, check_context
+from models.geometry.cameras import pixel_grid
+from models.knobs import MAX_GAUSSIANS
+from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
+from models.layers.backbones.dinov2 import DINOV2_SIZES
+from models.layers.heads import GaussianHead, RayDepthPlacement
+from models.registry import register_model
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "DepthSplat",

@@ -23,13 +23,16 @@ import torch
 from einops import rearrange, repeat
 from torch import Tensor
 
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import camera_directions, normalize_scene, pixel_grid
-from ..heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
-from ..knobs import MAX_GAUSSIANS
-from ..layers.pixel_trunk import PixelTrunk
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
+from models.base import ModelOutput, SplatModel, check_context
+from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
+from models.geometry.rigid import (  # noqa: F401  (defined there; kept here for old imports)
+    rigid_fit,
+)
+from models.knobs import MAX_GAUSSIANS
+from models.layers.heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
+from models.layers.pixel_trunk import PixelTrunk
+from models.registry import register_model
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "PixelAligned",
@@ -39,38 +42,6 @@ __all__ = [
     "noposplat_tiny",
     "rigid_fit",
 ]
-
-
-def rigid_fit(source: Tensor, target: Tensor, weights: Tensor | None = None) -> Tensor:
-    """Least-squares rigid transform mapping ``source`` points onto ``target`` (Kabsch).
-
-    Args:
-        source: ``[..., P, 3]``.
-        target: ``[..., P, 3]``.
-        weights: ``[..., P]`` non-negative, or ``None`` for uniform.
-
-    Returns:
-        ``[..., 4, 4]`` with ``target ≈ R @ source + t``.
-    """
-    if weights is None:
-        weights = torch.ones_like(source[..., 0])
-    w = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-12)  # [..., P]
-    mu_s = (w[..., None] * source).sum(dim=-2)  # [..., 3]
-    mu_t = (w[..., None] * target).sum(dim=-2)
-    cov = torch.einsum(
-        "...p,...pi,...pj->...ij", w, target - mu_t[..., None, :], source - mu_s[..., None, :]
-    )
-    u, _, vh = torch.linalg.svd(cov.double())
-    d = torch.sign(torch.linalg.det(u @ vh))
-    fix = torch.ones_like(u[..., 0])
-    fix[..., -1] = d
-    rotation = (u * fix[..., None, :]) @ vh
-    rotation = rotation.to(source.dtype)
-    transform = torch.zeros(*source.shape[:-2], 4, 4, dtype=source.dtype, device=source.device)
-    transform[..., :3, :3] = rotation
-    transform[..., :3, 3] = mu_t - torch.einsum("...ij,...j->...i", rotation, mu_s)
-    transform[..., 3, 3] = 1.0
-    return transform
 
 
 class PixelAligned(PixelTrunk, SplatModel):

@@ -43,17 +43,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
-from ..feature_extractor import FrozenFeatureExtractor
-from ..gaussians import Gaussians
-from ..heads import GaussianHead, RayDepthPlacement, raw_gaussian_dim
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..layers.pixel_trunk import PixelTrunk
-from ..point_transformer import PointTransformer, PointTransformerBlock
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
-from ..render import render
+from models.base import ModelOutput, SplatModel, check_context
+from models.gaussians import Gaussians
+from models.geometry.cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.feature_extractor import FrozenFeatureExtractor
+from models.layers.heads import GaussianHead, RayDepthPlacement, raw_gaussian_dim
+from models.layers.pixel_trunk import PixelTrunk
+from models.layers.point_transformer import PointTransformer, PointTransformerBlock
+from models.registry import register_model
+from models.render.core import render
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "ReSplat",
@@ -459,7 +459,7 @@ class ReSplat(SplatModel):
         Raises:
             PretrainedError: unreadable weights, or keys/shapes that do not match the initial model.
         """
-        from ..pretrained import load_state_dict_strict, read_weights, sub_state_dict
+        from models.weights.pretrained import load_state_dict_strict, read_weights, sub_state_dict
 
         state, path = read_weights(location, "resplat")
         state = sub_state_dict(state, "init_model.") or state  # a whole ReSplat, or its init

@@ -71,17 +71,17 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_points
-from ..gaussians import Gaussians
-from ..heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..layers.pixel_trunk import PixelTrunk
-from ..point_transformer import PointTransformerBlock
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
-from ..wavelet import WAVELETS, detail_bands, detail_energy
-from .pixel_aligned import rigid_fit
+from models.base import ModelOutput, SplatModel, check_context
+from models.gaussians import Gaussians
+from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid, transform_points
+from models.geometry.rigid import rigid_fit
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
+from models.layers.pixel_trunk import PixelTrunk
+from models.layers.point_transformer import PointTransformerBlock
+from models.layers.wavelet import WAVELETS, detail_bands, detail_energy
+from models.registry import register_model
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "SplatWeaver",
@@ -578,7 +578,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
             PretrainedError: unreadable weights, or a trunk module missing from or not matching
                 the file.
         """
-        from ..pretrained import (
+        from models.weights.pretrained import (
             PretrainedError,
             load_state_dict_strict,
             read_weights,

@@ -55,25 +55,25 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import invert_extrinsics, normalize_scene
-from ..gaussians import Gaussians
-from ..heads import AnchorOffsetPlacement, GaussianHead
-from ..heads.gaussian_head import raw_gaussian_dim
-from ..layers.vggt import (
+from models.base import ModelOutput, SplatModel, check_context
+from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.families.splatweaver import budget_shift, frozen_gumbel_noise, route
+from models.gaussians import Gaussians
+from models.geometry.cameras import invert_extrinsics, normalize_scene
+from models.geometry.rotations import quaternion_multiply
+from models.layers.heads import AnchorOffsetPlacement, GaussianHead
+from models.layers.heads.gaussian_head import raw_gaussian_dim
+from models.layers.point_transformer import knn as brute_force_knn
+from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
     DPTHead,
     pose_encoding_to_cameras,
 )
-from ..point_transformer import knn as brute_force_knn
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
-from ..rotations import quaternion_multiply
-from ..sh import eval_sh_bases
-from ..wavelet import WAVELETS
-from .splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
-from .splatweaver import budget_shift, frozen_gumbel_noise, route
+from models.layers.wavelet import WAVELETS
+from models.registry import register_model
+from models.sh import eval_sh_bases
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "SplatWeaverRelease",

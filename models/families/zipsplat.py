@@ -68,14 +68,20 @@ from timm.layers import LayerScale, Mlp, build_sincos2d_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Attention
 from torch import Tensor, nn
 
-from ..backbones import VIT_SIZES, MultiViewTransformer
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_embedding, unproject
-from ..heads import FreeMeanPlacement, GaussianHead
-from ..kmeans import cluster_count, kmeans_select
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
+from models.base import ModelOutput, SplatModel, check_context
+from models.geometry.cameras import (
+    camera_directions,
+    normalize_scene,
+    pixel_grid,
+    plucker_embedding,
+    unproject,
+)
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.backbones import VIT_SIZES, MultiViewTransformer
+from models.layers.heads import FreeMeanPlacement, GaussianHead
+from models.layers.kmeans import cluster_count, kmeans_select
+from models.registry import register_model
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "CrossAttention",

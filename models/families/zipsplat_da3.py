@@ -45,13 +45,20 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..backbones.da3_vit import DA3_SIZES, Block, DA3Encoder, LayerScale, Mlp, PatchEmbed
-from ..base import ModelOutput, SplatModel, check_context
-from ..heads import FreeMeanPlacement, GaussianHead
-from ..kmeans import kmeans_nearest_tokens
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
-from .zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.base import ModelOutput, SplatModel, check_context
+from models.families.zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.layers.backbones.da3_vit import (
+    DA3_SIZES,
+    Block,
+    DA3Encoder,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+)
+from models.layers.heads import FreeMeanPlacement, GaussianHead
+from models.layers.kmeans import kmeans_nearest_tokens
+from models.registry import register_model
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "INFERENCE_KNOBS",

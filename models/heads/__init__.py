@@ -1,25 +1,6 @@
-"""Heads shared by the families."""
+"""Old import path of ``models.layers.heads`` (kept as an alias for one release)."""
 
-from .gaussian_head import (
-    MEAN_MODES,
-    AnchorOffsetPlacement,
-    FreeMeanPlacement,
-    GaussianHead,
-    MeanPlacement,
-    RayDepthPlacement,
-    free_mean_activation,
-    placement_for_mode,
-    raw_gaussian_dim,
-)
+# relayout: alias
+from models._compat import alias_module
 
-__all__ = [
-    "AnchorOffsetPlacement",
-    "FreeMeanPlacement",
-    "GaussianHead",
-    "MEAN_MODES",
-    "MeanPlacement",
-    "RayDepthPlacement",
-    "free_mean_activation",
-    "placement_for_mode",
-    "raw_gaussian_dim",
-]
+alias_module(__name__, "models.layers.heads")

@@ -22,8 +22,13 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from ..backbones import DPTHead, MultiViewTransformer
-from .depth_head import ConvHead, DepthRefinement, DepthSoftmaxHead, inverse_depth_to_depth
+from models.layers.backbones import DPTHead, MultiViewTransformer
+from models.layers.depth_head import (
+    ConvHead,
+    DepthRefinement,
+    DepthSoftmaxHead,
+    inverse_depth_to_depth,
+)
 
 __all__ = ["PixelTrunk", "PixelDepth", "PIXEL_TRUNK_PARTS"]
 

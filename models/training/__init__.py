@@ -3,8 +3,14 @@
 Never imported by ``import models`` (it imports Lightning).
 """
 
-from .module import SplatLitModule, net_identity
-from .recipes import Recipe, ReSplatRecipe, SplatWeaverRecipe, ZipSplatRecipe, default_recipe
+from models.training.module import SplatLitModule, net_identity
+from models.training.recipes import (
+    Recipe,
+    ReSplatRecipe,
+    SplatWeaverRecipe,
+    ZipSplatRecipe,
+    default_recipe,
+)
 
 __all__ = [
     "Recipe",

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from ..base import ModelOutput
-from ..gaussians import Gaussians
-from ..metrics import (  # noqa: F401  (public here too, for older imports)
+from models.base import ModelOutput
+from models.gaussians import Gaussians
+from models.metrics import (  # noqa: F401  (public here too, for older imports)
     VGG16_WEIGHTS,
     build_lpips,
     lpips_inputs,
@@ -32,9 +32,9 @@ from ..metrics import (  # noqa: F401  (public here too, for older imports)
     psnr_per_image,
     ssim_per_image,
 )
-from ..registry import to_plain
-from ..render import render
-from .recipes import Recipe, default_recipe, recipe_record
+from models.registry import to_plain
+from models.render.core import render
+from models.training.recipes import Recipe, default_recipe, recipe_record
 
 __all__ = [
     "SplatLitModule",

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import ModelOutput
-from ..gaussians import Gaussians
+from models.base import ModelOutput
+from models.gaussians import Gaussians
 
 __all__ = [
     "Recipe",
@@ -106,7 +106,7 @@ class ZipSplatRecipe(Recipe):
         (drawn from torch's global generator, so seeded runs repeat); ``camera_prior``: the
         probability with which each scene gets the prior; ``chamfer_points`` when the Chamfer
         term is on."""
-        from ..families.zipsplat import compression_schedule
+        from models.families.zipsplat import compression_schedule
 
         r_min = compression_schedule(
             step, max_steps, self.r_min_final, self.anneal_fraction, self.train_views

@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from ..cameras import unproject
-from ..gaussians import Gaussians, rgb_to_sh
-from ..rotations import matrix_to_quaternion, quaternion_multiply
-from ..sh import rotate_sh_e3nn
+from models.gaussians import Gaussians, rgb_to_sh
+from models.geometry.cameras import unproject
+from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+from models.sh import rotate_sh_e3nn
 
 __all__ = [
     "GaussianHead",

@@ -17,9 +17,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..layers.depth_head import DepthSoftmaxHead
-from .dinov2 import DINOV2_SIZES, DinoV2
-from .unimatch import ConvStem, CrossViewTransformer, gather_views, window_sine_embedding
+from models.layers.backbones.dinov2 import DINOV2_SIZES, DinoV2
+from models.layers.backbones.unimatch import (
+    ConvStem,
+    CrossViewTransformer,
+    gather_views,
+    window_sine_embedding,
+)
+from models.layers.depth_head import DepthSoftmaxHead
 
 __all__ = ["DepthTrunk", "DepthSplatDPT", "CrossViewUNet", "DPT_CONFIGS", "MONO_LAYERS"]
 
