@@ -556,13 +556,11 @@ def _largest(models: dict) -> object | None:
 
 
 def _pose_free_hint() -> str:
-    """Pose-free registry models with shipped weights (``zipsplat_tiny``), for error messages."""
+    """The first pose-free model that loads by name (shipped weights first), for error messages."""
     try:
-        from models import list_models
-        from models.weights.pretrained import available_pretrained
+        from models.inference import pose_free_models
 
-        shipped = set(available_pretrained())
-        names = [n for n in list_models("*_tiny") if n in shipped and "zipsplat" in n]
+        names = [name.split(" ")[0] for name in pose_free_models()]
     except Exception:  # the hint must never turn into a different error
         names = []
     return names[0] if names else "zipsplat_tiny"

@@ -48,7 +48,6 @@ from models.render.projection import (  # noqa: F401  (defined there; kept here 
     EPS2D,
     Projection,
     _per_view,
-    _quaternion_to_matrix,
     _SqrtWithEps,
     opacity_compensation,
     project_gaussians,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
+
+from models.geometry.rotations import quaternion_to_matrix
 
 __all__ = [
     "ALPHA_THRESHOLD",
@@ -45,26 +46,6 @@ class Projection(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------- projection
-def _quaternion_to_matrix(quaternions: Tensor) -> Tensor:
-    """Rotation matrices ``[..., 3, 3]`` of wxyz quaternions ``[..., 4]`` (normalised here)."""
-    w, x, y, z = F.normalize(quaternions, dim=-1).unbind(-1)
-    matrix = torch.stack(
-        [
-            1 - 2 * (y * y + z * z),
-            2 * (x * y - w * z),
-            2 * (x * z + w * y),
-            2 * (x * y + w * z),
-            1 - 2 * (x * x + z * z),
-            2 * (y * z - w * x),
-            2 * (x * z - w * y),
-            2 * (y * z + w * x),
-            1 - 2 * (x * x + y * y),
-        ],
-        dim=-1,
-    )
-    return matrix.reshape(*quaternions.shape[:-1], 3, 3)
-
-
 def _per_view(value: float | Tensor, like: Tensor) -> Tensor:
     """A float or ``[B, V]`` tensor as ``[B, V, 1]`` in ``like``'s dtype and device."""
     if isinstance(value, Tensor):
@@ -157,7 +138,7 @@ def project_gaussians(
     depth_ok = (z >= _per_view(near, z)) & (z <= _per_view(far, z))  # [B, V, N]
     z = torch.where(depth_ok, z, torch.ones_like(z))  # keeps culled entries finite
 
-    rotation = _quaternion_to_matrix(rotations)  # [B, N, 3, 3]
+    rotation = quaternion_to_matrix(rotations)  # [B, N, 3, 3]
     scaled = rotation * scales[..., None, :]  # [B, N, 3, 3]
     covariance = scaled @ scaled.transpose(-1, -2)  # [B, N, 3, 3]
     covariance_cam = torch.einsum(
