@@ -1,6 +1,7 @@
 """splatzoo models: the registry, Gaussians, cameras, the shared head, the renderer and the
-families. Importing this package needs neither Lightning, Hydra nor wandb."""
+families. Importing this package loads neither Lightning, Hydra nor wandb."""
 
+import models._timm_import  # noqa: F401  (first: timm without wandb)
 from models.base import ModelOutput, SplatModel
 from models.factory import create_model, load_model
 from models.gaussians import Gaussians
