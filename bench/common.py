@@ -20,9 +20,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.training.samplers import load_evaluation_index  # noqa: E402
-from models import Gaussians, render  # noqa: E402
+from models import Gaussians, load_model, render  # noqa: E402
 from models.metrics import lpips_inputs, psnr_per_image, ssim_per_image  # noqa: E402
-from models.weights.pretrained import load_model  # noqa: E402
 
 __all__ = [
     "REPO_ROOT",
@@ -37,7 +36,7 @@ __all__ = [
 
 def load_weights(location: str, device: torch.device | str = "cpu", **overrides: Any) -> nn.Module:
     """The registry model that ``location`` (``.ckpt``, folder, ``hf-hub:``) describes, with its
-    weights, in eval mode on ``device`` (see ``models.pretrained.load_model``)."""
+    weights, in eval mode on ``device`` (see ``models.factory.load_model``)."""
     return load_model(location, **overrides).to(device).eval()
 
 

@@ -10,6 +10,11 @@ from models.render.core import render
 from models.render.output import RenderOutput
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
+# isort: off
+# Last, so that a family module may import anything above (its @register_model entry points run).
+import models.families  # noqa: E402, F401
+# isort: on
+
 __all__ = [
     "Gaussians",
     "ModelOutput",

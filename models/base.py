@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from models.gaussians import Gaussians
 
-__all__ = ["ModelOutput", "SplatModel", "check_context"]
+__all__ = ["ModelOutput", "SplatModel", "check_context", "constructor_arguments"]
 
 
 # Old ``extras`` keys that have a typed field (the rest are diagnostics; ``"loss/<name>"`` are
@@ -175,3 +176,15 @@ class SplatModel(
 
     def forward(self, context: dict[str, Tensor], **kwargs) -> ModelOutput:  # pragma: no cover
         raise NotImplementedError  # abstract: every family overrides it
+
+
+def constructor_arguments(cls: type) -> tuple[set[str], bool]:
+    """The keyword arguments ``cls.__init__`` names, and whether it also takes ``**kwargs``: the
+    one reader of a model's signature (rebuilding from recorded arguments, config checks)."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    named = {
+        p.name
+        for p in parameters
+        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    return named, any(p.kind is p.VAR_KEYWORD for p in parameters)

@@ -8,7 +8,6 @@ builds the model (with the constructor arguments recorded with the weights) and 
 
 from __future__ import annotations
 
-import inspect
 import os
 import typing
 import warnings
@@ -16,11 +15,12 @@ from typing import Any
 
 from torch import nn
 
+from models.base import constructor_arguments
 from models.registry import get_pretrained_cfg, model_entrypoint, to_plain
 from models.weights.pretrained import PretrainedError, load_source, resolve_source, source_arguments
 from models.weights.pretrained_cfg import split_model_name
 
-__all__ = ["create_model", "load_model", "model_class"]
+__all__ = ["build_from_recorded", "create_model", "load_model", "model_class"]
 
 
 def model_class(name: str) -> type[nn.Module] | None:
@@ -35,16 +35,17 @@ def model_class(name: str) -> type[nn.Module] | None:
 
 
 def _accepted_arguments(name: str) -> set[str] | None:
+    """The constructor's keyword arguments (``None``: it takes any, ``**kwargs``)."""
     cls = model_class(name)
     if cls is None:
         return None
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return None
-    return {p.name for p in parameters if p.name != "self"}
+    named, any_keyword = constructor_arguments(cls)
+    return None if any_keyword else named
 
 
-def _build(name: str, recorded: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+def build_from_recorded(
+    name: str, recorded: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> nn.Module:
     """Build ``name`` with the arguments recorded with some weights (explicit overrides win).
 
     Recorded arguments the constructor no longer takes (an option removed since the weights were
@@ -71,7 +72,7 @@ def _build(name: str, recorded: dict[str, Any], overrides: dict[str, Any]) -> nn
             f"have: {shown}; left out",
             stacklevel=3,
         )
-    return model_entrypoint(name)(**{**arguments, **overrides})
+    return model_entrypoint(name)(**{**arguments, **(overrides or {})})
 
 
 def create_model(name: str, pretrained: bool | str | os.PathLike = False, **overrides) -> nn.Module:
@@ -108,7 +109,7 @@ def create_model(name: str, pretrained: bool | str | os.PathLike = False, **over
         source_cfg = cfg
     else:
         source = resolve_source(name, pretrained)
-        model = _build(architecture, source_arguments(source, architecture), overrides)
+        model = build_from_recorded(architecture, source_arguments(source, architecture), overrides)
         load_source(model, architecture, source)
         source_cfg = source.pretrained_cfg
     model.registry_name = architecture  # checkpoints and exports record which entry built it
@@ -137,7 +138,7 @@ def load_model(location: str | os.PathLike, **overrides: Any) -> nn.Module:
             source.path, "the weights do not record which registry model they are"
         )
     overrides = {key: to_plain(value) for key, value in overrides.items()}
-    model = _build(source.owner, source.arguments, overrides)
+    model = build_from_recorded(source.owner, source.arguments, overrides)
     load_source(model, source.owner, source)
     model.registry_name = source.owner
     model.pretrained_cfg = source.pretrained_cfg

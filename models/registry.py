@@ -1,7 +1,8 @@
 """Model registry in the style of timm's ``_registry``: ``@register_model`` entry points,
 ``list_models``, and the pretrained configs (``architecture.tag``) families declare. Architecture
-lives in one file per family (``models/families/``); reading weights in ``models/pretrained.py``;
-``create_model`` in ``models/factory.py`` (above both).
+lives in one file per family (``models/families/``, imported by ``models/__init__`` after this
+module, as timm's ``models/__init__`` imports its model files: the registry imports no family);
+reading weights in ``models/weights/``; ``create_model`` in ``models/factory.py`` (above both).
 """
 
 from __future__ import annotations
@@ -38,11 +39,6 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     return fn
 
 
-def _ensure_families_imported() -> None:
-    # Importing the family modules runs their @register_model decorators.
-    from models import families  # noqa: F401
-
-
 def list_models(
     pattern: str | None = None, family: str | None = None, pretrained: bool = False
 ) -> list[str]:
@@ -52,7 +48,6 @@ def list_models(
     With ``pretrained=True``, the ``architecture.tag`` names of every registered set of weights
     (timm's convention) instead of the architectures.
     """
-    _ensure_families_imported()
     if pretrained:
         names = [n for n in list_pretrained() if split_model_name(n)[0] in _model_entrypoints]
     else:
@@ -68,13 +63,11 @@ def get_pretrained_cfg(name: str) -> PretrainedCfg | None:
     """What is known about the weights ``"architecture.tag"`` (or the architecture's default
     tag): location, licence, source, training data, input size, views, pose-free, reported
     metrics. ``None`` when none are registered."""
-    _ensure_families_imported()
     return _get_pretrained_cfg(name)
 
 
 def is_model(name: str) -> bool:
     """Whether ``name`` (an architecture, or ``architecture.tag`` of registered weights) exists."""
-    _ensure_families_imported()
     architecture, tag = split_model_name(name)
     if tag is not None:
         return _get_pretrained_cfg(name) is not None and architecture in _model_entrypoints
@@ -82,7 +75,6 @@ def is_model(name: str) -> bool:
 
 
 def model_entrypoint(name: str) -> Callable[..., nn.Module]:
-    _ensure_families_imported()
     if name not in _model_entrypoints:
         valid = ", ".join(sorted(_model_entrypoints))
         raise ValueError(f"unknown model {name!r}; valid names: {valid}")

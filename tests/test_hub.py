@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models import create_model, list_models
+from models import create_model, list_models, load_model
 from models.output_folder import MARKER_NAME
 from models.weights.pretrained import (
     CONFIG_NAME,
@@ -23,7 +23,6 @@ from models.weights.pretrained import (
     PretrainedError,
     default_weights,
     discover_local_weights,
-    load_model,
     load_pretrained,
     model_config,
     parse_location,

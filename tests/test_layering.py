@@ -55,12 +55,7 @@ RANKS: dict[str, int] = {
 
 # Edges that are deliberate, each with its reason. Each must still exist (a stale entry fails),
 # so the list cannot grow silently: remove an entry when its import goes.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("models.registry", "models.families"): "plugin discovery: the registry imports the families "
-    "package on first lookup so that their @register_model decorators run",
-    ("models.weights.pretrained", "models.factory"): "old-path delegate "
-    "models.pretrained.load_model -> models.factory.load_model (kept for one release)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _module_name(path: Path) -> str:

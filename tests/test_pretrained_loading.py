@@ -9,7 +9,6 @@ file would be; it has a "release" in its own container format (``{'state_dict': 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import create_model, get_pretrained_cfg, list_models, registry
+from models import create_model, families, get_pretrained_cfg, list_models, registry
 from models.weights import pretrained_cfg as cfg_module
 from models.weights.pretrained import PretrainedError, save_pretrained
 
@@ -26,10 +25,14 @@ TOY_MODULE = '''
 import torch
 from torch import nn
 
-from models.base import ModelOutput, SplatModel
-from models.gaussians import Gaussians
-from models.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from models.registry import register_model
+from models import (
+    Gaussians,
+    ModelOutput,
+    PretrainedCfg,
+    SplatModel,
+    register_model,
+    register_pretrained_cfgs,
+)
 
 
 class Toy(SplatModel):
@@ -110,7 +113,9 @@ def _release_bytes(tmp: Path, width: int = 4) -> bytes:
 
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Registers the throwaway family from a temporary module; unregistered afterwards."""
+    """Registers the throwaway family as a contributor adds one: a file in ``models/families/``
+    (here a temporary folder added to that package's path), found by the families' discovery;
+    unregistered afterwards."""
     data = _release_bytes(tmp_path)
     sha = hashlib.sha256(data).hexdigest()[:8]
     folder = tmp_path / "toy_pkg"
@@ -122,10 +127,10 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(registry, "_model_family", dict(registry._model_family))
     monkeypatch.setattr(cfg_module, "_pretrained_cfgs", dict(cfg_module._pretrained_cfgs))
     monkeypatch.setattr(cfg_module, "_default_tags", dict(cfg_module._default_tags))
-    monkeypatch.syspath_prepend(str(folder))
-    module = importlib.import_module("toy_family")
-    yield module, data, sha
-    sys.modules.pop("toy_family", None)
+    monkeypatch.setattr(families, "__path__", [*families.__path__, str(folder)])
+    assert families.import_families() == ["toy_family"]  # discovered, nothing else to edit
+    yield sys.modules["models.families.toy_family"], data, sha
+    sys.modules.pop("models.families.toy_family", None)
 
 
 def _context() -> dict[str, torch.Tensor]:

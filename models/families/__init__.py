@@ -1,12 +1,14 @@
 """The families: one module per family or released architecture.
 
-Every module in this package is imported on first use of the registry, which runs its
-``@register_model`` entry points: adding a family is adding a file here (no list to edit).
+``import models`` imports this package last (after the registry and everything a family builds
+on), which imports every module in it and so runs their ``@register_model`` entry points: adding
+a family is adding a file here (no list to edit).
 """
 
 from __future__ import annotations
 
 import pkgutil
+import sys
 from importlib import import_module
 
 
@@ -17,5 +19,15 @@ def family_module_names() -> list[str]:
     )
 
 
-for _name in family_module_names():
-    import_module(f"{__name__}.{_name}")
+def import_families() -> list[str]:
+    """Import every family module not imported yet (e.g. after a folder was added to this
+    package's ``__path__``); returns the names imported now."""
+    imported = []
+    for name in family_module_names():
+        if f"{__name__}.{name}" not in sys.modules:
+            import_module(f"{__name__}.{name}")
+            imported.append(name)
+    return imported
+
+
+import_families()

@@ -218,7 +218,8 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     ``model_config`` (every constructor argument); ``model_kwargs`` (overrides of the entry point)
     is accepted too.
     """
-    from models.registry import create_model, is_model
+    from models.factory import build_from_recorded
+    from models.registry import is_model
 
     hparams = checkpoint.get("hyper_parameters") or {}
     name = name or hparams.get("model_name")
@@ -232,12 +233,8 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
     for key in _INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
         kwargs.pop(key, None)  # may be gone)
-    from models.factory import model_class
-
-    for key in getattr(model_class(name), "retired_args", ()):  # training settings of an older
-        kwargs.pop(key, None)  # version, the recipe's now (models/training/recipes.py)
-    try:
-        model = create_model(name, **kwargs)
+    try:  # the factory's rebuild: retired and unknown recorded arguments left out with a warning
+        model = build_from_recorded(name, kwargs)
     except (TypeError, ValueError) as error:
         raise ExportError(
             path, f"cannot build {name!r} from its recorded config: {error}"

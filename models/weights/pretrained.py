@@ -9,8 +9,8 @@ them, and a folder whose ``config.json`` describes another family or model is re
 
 Locations (the ``pretrained`` argument):
 
-- ``True``: the registry default, :data:`DEFAULT_WEIGHTS` (weights shipped in ``checkpoints/<name>/``
-  plus published Hub repositories in :data:`HUB_WEIGHTS`).
+- ``True``: the registry default, :func:`default_weights` (weights shipped in
+  ``checkpoints/<name>/`` plus published Hub repositories in :data:`HUB_WEIGHTS`).
 - ``"hf-hub:org/repo"`` or ``"hf-hub:org/repo@revision"``: downloaded with
   ``huggingface_hub.snapshot_download`` into ``checkpoints/hub/`` (or the Hugging Face cache when
   ``HF_HUB_CACHE``/``HF_HOME`` is set); ``HF_HUB_OFFLINE=1`` uses the cache only.
@@ -21,7 +21,6 @@ Locations (the ``pretrained`` argument):
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import pickle
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.base import INIT_ONLY_ARGS
+from models.base import INIT_ONLY_ARGS, constructor_arguments
 from models.errors import PathError
 from models.registry import get_pretrained_cfg, is_model, model_entrypoint, to_plain
 from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
@@ -43,17 +42,14 @@ from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_
 __all__ = [
     "CHECKPOINTS_DIR",
     "CONFIG_NAME",
-    "DEFAULT_WEIGHTS",
     "HUB_WEIGHTS",
     "METADATA_KEY",
     "WEIGHTS_NAME",
     "PretrainedError",
-    "available_pretrained",
     "default_weights",
     "discover_local_weights",
     "hub_cache_dir",
     "load_checkpoint_state_dict",
-    "load_model",
     "load_pretrained",
     "load_state_dict_strict",
     "parse_location",
@@ -61,8 +57,6 @@ __all__ = [
     "read_safetensors",
     "read_weights",
     "sub_state_dict",
-    "recorded_arguments",
-    "resolve_weights",
     "save_pretrained",
 ]
 
@@ -115,16 +109,6 @@ def discover_local_weights(root: str | os.PathLike = CHECKPOINTS_DIR) -> dict[st
 
 def _default_table() -> dict[str, str]:
     return {**discover_local_weights(CHECKPOINTS_DIR), **HUB_WEIGHTS}
-
-
-# The registry defaults: shipped local weights first, published Hub repositories over them.
-# Recomputed on every lookup (see ``default_weights``) so weights shipped after import are found.
-DEFAULT_WEIGHTS: dict[str, str] = _default_table()
-
-
-def available_pretrained() -> list[str]:
-    """Registry names that have default weights (``create_model(name, pretrained=True)`` works)."""
-    return sorted(_default_table())
 
 
 def default_weights(name: str) -> str:
@@ -378,7 +362,7 @@ def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
     if kind == "file":
         if path.suffix == ".ckpt":
             source = WeightsSource(location, path, "lightning", cfg)
-            _, source.checkpoint = load_checkpoint_state_dict(path)
+            source._state, source.checkpoint = load_checkpoint_state_dict(path)  # read once
             hparams = source.checkpoint.get("hyper_parameters") or {}
             source.owner = hparams.get("model_name")
             source.arguments = _without_init_only(hparams.get("model_config") or {})
@@ -423,12 +407,6 @@ def _folder_source(
     return WeightsSource(
         location, folder, "folder", cfg, config, owner, _without_init_only(arguments)
     )
-
-
-def resolve_weights(name: str, pretrained: bool | str) -> tuple[str, Path]:
-    """``(location, local path)`` of a ``pretrained`` argument (see :func:`resolve_source`)."""
-    source = resolve_source(name, pretrained)
-    return source.location, source.path
 
 
 # --------------------------------------------------------------------------- reading
@@ -541,12 +519,7 @@ def checkpoint_safe_globals() -> list:
 
 
 def _constructor_args(cls: type) -> set[str]:
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    return {
-        p.name
-        for p in parameters
-        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
+    return constructor_arguments(cls)[0]
 
 
 def _family_classes() -> list[type]:
@@ -659,16 +632,6 @@ def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str,
 def sub_state_dict(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     """The entries of ``state`` under ``prefix`` (e.g. ``"backbone."``), with it removed."""
     return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-def recorded_arguments(name: str, pretrained: bool | str) -> dict[str, Any]:
-    """The constructor arguments saved with some weights of model ``name`` (``{}`` if none).
-
-    Only when the weights say they belong to ``name`` (otherwise loading refuses them by name);
-    a release's pretrained config contributes its ``arch_kwargs``.
-    """
-    source = resolve_source(name, pretrained)
-    return source_arguments(source, split_model_name(name)[0])
 
 
 def source_arguments(source: WeightsSource, architecture: str) -> dict[str, Any]:
@@ -899,11 +862,3 @@ def save_pretrained(
         (directory / "README.md").write_text(model_card, encoding="utf-8")
     model.save_pretrained(directory, config=model_config(model, name))
     return directory
-
-
-def load_model(location: str | os.PathLike, **overrides: Any) -> nn.Module:
-    """Build the registry model that some weights describe and load them (strict); see
-    :func:`models.factory.load_model`."""
-    from models.factory import load_model as _load_model
-
-    return _load_model(location, **overrides)
