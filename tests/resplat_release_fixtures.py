@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-
 import torch
-
 from depthsplat_fixtures import deterministic_tensor, make_context, sample_index
 
 __all__ = [
-    "FIXTURES", "arch_of", "build_loaded", "list_configs", "load_manifest", "make_context",
-    "manifest_weights", "sample_index",
+    "FIXTURES",
+    "arch_of",
+    "build_loaded",
+    "list_configs",
+    "load_manifest",
+    "make_context",
+    "manifest_weights",
+    "sample_index",
 ]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "resplat_release"
@@ -69,9 +72,6 @@ def build_loaded(config: str, **overrides):
     state = checkpoint_filter_fn(manifest_weights(load_manifest(config)), model)
     model.load_state_dict(state, strict=True)
     return model.eval()
-
-
-
 
 
 # --------------------------------------------------------------------------- parity comparison

@@ -529,7 +529,8 @@ class DepthTrunk(nn.Module):
         vit_in = F.interpolate(x, (rh, rw), mode="bilinear", align_corners=True)
         tokens = self.backbone.intermediate_tokens(vit_in, self.mono_layers)
         raw_mono = [
-            t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous() for t in tokens
+            t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous()
+            for t in tokens
         ]
         mono = [
             F.interpolate(t, (height // 8, width // 8), mode="bilinear", align_corners=True)

@@ -39,7 +39,6 @@ The kNN is the project's exact one (``models.layers.knn``), any device.
 from __future__ import annotations
 
 import inspect
-import re
 
 import torch
 import torch.nn.functional as F
@@ -427,6 +426,9 @@ class ReSplatRelease(SplatModel):
         self.pt = PointTransformer(c, knn_k, init_blocks, attn_proj_dim, with_views=True)
         out = RAW_DIM * gaussians_per_latent
         self.gaussian_head = nn.Sequential(nn.Linear(c, out), nn.GELU(), nn.Linear(out, out))
+        # the release's initialisation: only the quaternions start random
+        nn.init.zeros_(self.gaussian_head[-1].weight[4 * gaussians_per_latent :])
+        nn.init.zeros_(self.gaussian_head[-1].bias[4 * gaussians_per_latent :])
         if refine:
             self.update_proj = nn.Conv2d(c, state_dim, 1)
             rgb_in = 3 if gaussians_per_latent == 4 else 3 * latent_downsample**2
@@ -993,12 +995,13 @@ def resplat_large(**kwargs) -> ReSplatRelease:
 
 @register_model
 def resplat_release_tiny(**kwargs) -> ReSplatRelease:
-    """A reduced release architecture for tests (not released): a 2-block ViT of width 64, one
+    """A reduced release architecture for tests (not released): a 4-block ViT of width 64, one
     transformer block, 16 candidates, 32-channel regressor, a 64-channel state."""
     tiny = dict(
-        vit="custom", vit_dim=64, vit_depth=2, vit_heads=2, mono_layers=[0, 1, 1, 1],
+        vit="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
         dpt_depth_features=16, dpt_features=32, dpt_out_channels=[16, 32, 64, 64],
         num_candidates=16, unet_dim=32, transformer_depth=1, regressor_dim=32, init_blocks=1,
-        attn_proj_dim=16, state_dim=64, refine_blocks=1, iterations=1, **_DL3DV,
+        attn_proj_dim=16, state_dim=64, refine_blocks=1, iterations=1, render_backend="torch",
+        **_DL3DV,
     )  # fmt: skip
     return ReSplatRelease(**{**tiny, **kwargs})

@@ -124,4 +124,3 @@ def max_points_for(k: int, budget_bytes: int, max_elements: int = MAX_ELEMENTS) 
         else:
             hi = mid - 1
     return lo
-
