@@ -5,8 +5,9 @@
 #
 # Installs the gsplat wheel carried in .whl/ (when present) into /tmp/site, builds gsplat's CUDA
 # extension for Hopper (TORCH_CUDA_ARCH_LIST=9.0, MAX_JOBS=16), runs the gpu-marked renderer tests
-# and then bench/gpu_check.py. The whole script is bounded to 8 minutes; the report is printed and
-# also written to $OUT/gpu_check.md when $OUT is set.
+# (torch backend vs gsplat in classic and antialiased rasterize modes) and then bench/gpu_check.py.
+# The whole script is bounded to 8 minutes; the report is printed and also written to
+# $OUT/gpu_check.md when $OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -25,7 +26,8 @@ log=${OUT:-/tmp}/gpu_check.md
   timeout 330 python3 -c "import time; t = time.time(); from gsplat.cuda._backend import _C; \
 print('gsplat extension:', 'ready' if _C is not None else 'MISSING', f'({time.time() - t:.0f} s)')" \
     || echo "gsplat build failed or timed out"
-  # 2. The gpu-marked renderer tests (parity with gsplat, including the garden scene if present).
+  # 2. The gpu-marked renderer tests (parity with gsplat, including the garden scene if present,
+  #    and rasterize_mode="antialiased": test_torch_matches_gsplat_antialiased, forward + gradients).
   left=$((470 - (SECONDS - start)))
   timeout $((left / 3)) python3 -m pytest tests/test_render.py -q -m gpu -p no:cacheprovider \
     || echo "gpu tests failed or timed out"

@@ -15,6 +15,11 @@ Both backends follow gsplat's numerics (gsplat 1.5, ``rasterize_mode="classic"``
   the first Gaussian that would take its transmittance to ``1e-4`` or below (that Gaussian is not
   composited). The background is added with the remaining transmittance.
 - Colour: ``max(SH(mean - camera centre) + 0.5, 0)``.
+
+``rasterize_mode="antialiased"`` (gsplat's, from Mip-Splatting) multiplies each Gaussian's opacity
+per camera by the compensation ``sqrt(max(0, det(S) / det(S + 0.3 I)))`` of the 0.3 dilation of its
+2D covariance ``S`` before culling, the bounding box and compositing (see
+:func:`opacity_compensation`).
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ __all__ = [
     "BACKENDS",
     "EPS2D",
     "MAX_ALPHA",
+    "RASTERIZE_MODES",
     "TILE_SIZE",
     "TRANSMITTANCE_MIN",
     "Projection",
     "RenderOutput",
     "gsplat_available",
+    "opacity_compensation",
     "project_gaussians",
     "render",
 ]
@@ -55,6 +62,7 @@ TRANSMITTANCE_MIN = 1e-4
 EPS2D = 0.3
 BOX_EXTEND = 3.33  # gsplat's bounding-box extent in standard deviations
 BACKENDS = ("auto", "torch", "gsplat", "cpu")
+RASTERIZE_MODES = ("classic", "antialiased")
 MAX_NORMALISED_FOCAL = 50.0  # larger focal lengths are pixel intrinsics passed by mistake
 _MAX_CHUNK = 1024  # largest number of Gaussians per tile per round
 _NEG_SIGMA_FLOOR = -20.0  # exp(-20) * opacity < 1/255: such alphas are skipped anyway
@@ -91,6 +99,8 @@ class Projection(NamedTuple):
         depths: ``[B, V, N]`` camera z.
         radii: ``[B, V, N, 2]`` int32 bounding-box half-sizes, 0 where culled.
         valid: ``[B, V, N]`` bool, not culled.
+        compensations: ``[B, V, N]`` antialiasing opacity compensation (see
+            :func:`opacity_compensation`), ``None`` unless asked for.
     """
 
     means2d: Tensor
@@ -98,6 +108,7 @@ class Projection(NamedTuple):
     depths: Tensor
     radii: Tensor
     valid: Tensor
+    compensations: Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------- projection
@@ -128,6 +139,48 @@ def _per_view(value: float | Tensor, like: Tensor) -> Tensor:
     return torch.full((*like.shape[:2], 1), float(value), dtype=like.dtype, device=like.device)
 
 
+class _SqrtWithEps(torch.autograd.Function):
+    """``sqrt(max(0, x))`` with gsplat's backward ``0.5 / (sqrt(max(0, x)) + 1e-6)``.
+
+    gsplat's CUDA vjp of the compensation (``add_blur_vjp``) divides by ``compensation + 1e-6``
+    and ignores the clamp, so a degenerate (flat) Gaussian gets a large but finite gradient instead
+    of autograd's infinite one.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        out = torch.sqrt(torch.clamp_min(x, 0.0))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * 0.5 / (out + 1e-6)
+
+
+def opacity_compensation(cov2d: Tensor, eps2d: float = EPS2D) -> Tensor:
+    """gsplat's antialiasing compensation ``sqrt(max(0, det(S) / det(S + eps2d I)))``.
+
+    Transcribed from ``gsplat.cuda._torch_impl._fully_fused_projection`` (gsplat 1.5): both
+    determinants use the unsymmetrised off-diagonal product ``S01 * S10``, the dilated one is
+    clamped to at least ``1e-10``, the ratio to at least 0; the backward pass is gsplat's CUDA one
+    (see :class:`_SqrtWithEps`). It is at most 1 for a positive semi-definite ``S`` and tends to 1
+    as the Gaussian grows.
+
+    Args:
+        cov2d: ``[..., 2, 2]`` 2D covariance in pixels, *before* the dilation.
+        eps2d: the dilation added to its diagonal.
+
+    Returns:
+        ``[...]`` the factor applied to the opacity.
+    """
+    s_xx, s_xy, s_yx, s_yy = cov2d[..., 0, 0], cov2d[..., 0, 1], cov2d[..., 1, 0], cov2d[..., 1, 1]
+    det_orig = s_xx * s_yy - s_xy * s_yx
+    det_blur = (s_xx + eps2d) * (s_yy + eps2d) - s_xy * s_yx
+    return _SqrtWithEps.apply(det_orig / det_blur.clamp_min(1e-10))
+
+
 def project_gaussians(
     means: Tensor,
     scales: Tensor,
@@ -139,6 +192,7 @@ def project_gaussians(
     near: float | Tensor = 0.01,
     far: float | Tensor = 1e10,
     eps2d: float = EPS2D,
+    calc_compensations: bool = False,
 ) -> Projection:
     """Project 3D Gaussians into pinhole cameras the way gsplat does.
 
@@ -155,6 +209,9 @@ def project_gaussians(
         near: near plane, a float or ``[B, V]``.
         far: far plane, a float or ``[B, V]``.
         eps2d: added to the diagonal of the 2D covariance.
+        calc_compensations: compute the antialiasing compensations (``rasterize_mode=
+            "antialiased"``); the culling and bounding box then use the compensated opacity, as
+            gsplat's CUDA projection does.
 
     Returns:
         A :class:`Projection`.
@@ -200,6 +257,7 @@ def project_gaussians(
     det_ok = det > 0
     det = torch.where(det_ok, det, torch.ones_like(det))
     conics = torch.stack([c_yy / det, -c_xy / det, c_xx / det], dim=-1)  # [B, V, N, 3]
+    compensations = opacity_compensation(cov2d, eps2d) if calc_compensations else None
 
     with torch.no_grad():
         valid = depth_ok & det_ok
@@ -207,6 +265,8 @@ def project_gaussians(
             extend = torch.full_like(z, BOX_EXTEND)
         else:
             opacity = opacities[:, None, :].expand_as(z)  # [B, V, N]
+            if compensations is not None:
+                opacity = opacity * compensations
             valid = valid & (opacity >= ALPHA_THRESHOLD)
             ratio = (opacity / ALPHA_THRESHOLD).clamp_min(1.0)
             extend = torch.sqrt(2.0 * torch.log(ratio)).clamp_max(BOX_EXTEND)
@@ -219,7 +279,7 @@ def project_gaussians(
         valid = valid & inside
         radii = torch.stack([radius_x, radius_y], dim=-1) * valid[..., None]
         radii = radii.to(torch.int32)  # [B, V, N, 2]
-    return Projection(means2d, conics, means_cam[..., 2], radii, valid)
+    return Projection(means2d, conics, means_cam[..., 2], radii, valid, compensations)
 
 
 # ---------------------------------------------------------------------------------- torch backend
@@ -497,6 +557,7 @@ def _render_torch(
     chunk: int,
     max_elements: int,
     recompute: bool,
+    rasterize_mode: str = "classic",
 ) -> RenderOutput:
     """The tiled PyTorch rasteriser (any device, differentiable through autograd)."""
     height, width = image_shape
@@ -512,6 +573,7 @@ def _render_torch(
         opacities=gaussians.opacities,
         near=near,
         far=far,
+        calc_compensations=rasterize_mode == "antialiased",
     )
     valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]
     radii = projection.radii * valid[..., None]
@@ -525,6 +587,9 @@ def _render_torch(
     means2d = projection.means2d.reshape(batch * views, num, 2)[image_ids, gauss_ids]  # [P, 2]
     conics = projection.conics.reshape(batch * views, num, 3)[image_ids, gauss_ids]  # [P, 3]
     opacities = gaussians.opacities[scene_ids, gauss_ids]  # [P]
+    if projection.compensations is not None:
+        compensations = projection.compensations.reshape(batch * views, num)
+        opacities = opacities * compensations[image_ids, gauss_ids]  # [P]
     centres = extrinsics[..., :3, 3].reshape(batch * views, 3)[image_ids]  # [P, 3]
     directions = gaussians.means[scene_ids, gauss_ids] - centres  # [P, 3]
     colors = eval_sh(gaussians.harmonics[scene_ids, gauss_ids], directions) + 0.5
@@ -585,6 +650,7 @@ def _render_gsplat(
     background: Tensor,
     near: float | Tensor,
     far: float | Tensor,
+    rasterize_mode: str = "classic",
 ) -> RenderOutput:
     """``gsplat.rasterization`` (CUDA, float32), imported here and nowhere else."""
     from gsplat import rasterization
@@ -602,6 +668,7 @@ def _render_gsplat(
                 background[:, v : v + 1],
                 near[:, v : v + 1] if isinstance(near, Tensor) else near,
                 far[:, v : v + 1] if isinstance(far, Tensor) else far,
+                rasterize_mode,
             )
             for v in range(extrinsics.shape[1])
         ]
@@ -632,7 +699,7 @@ def _render_gsplat(
         tile_size=TILE_SIZE,
         backgrounds=background.contiguous(),
         render_mode="RGB+D",  # accumulated depth sum_i w_i z_i (not divided by alpha)
-        rasterize_mode="classic",
+        rasterize_mode=rasterize_mode,
     )  # [B, V, H, W, 4], [B, V, H, W, 1]
     return RenderOutput(
         color=colors[..., :3].permute(0, 1, 4, 2, 3),
@@ -794,6 +861,7 @@ def render(
     chunk: int = 32,
     max_elements: int = 1 << 20,
     recompute: bool = True,
+    rasterize_mode: str = "classic",
 ) -> RenderOutput:
     """Render Gaussians into every view of every scene.
 
@@ -817,6 +885,9 @@ def render(
         recompute: torch backend under autograd: recompute each compositing step in the
             backward pass instead of keeping its intermediates (memory stays bounded by
             ``max_elements`` instead of growing with the work; about 20% slower).
+        rasterize_mode: ``"classic"`` or ``"antialiased"`` (gsplat's: each opacity is multiplied
+            per view by :func:`opacity_compensation` of the Gaussian's 2D covariance; every
+            backend).
 
     Returns:
         A :class:`RenderOutput`; ``depth`` is the expected z ``sum_i w_i z_i``, *not* divided by
@@ -824,10 +895,12 @@ def render(
 
     Raises:
         ValueError: naming the argument, for wrong shapes or batch sizes, non-finite values,
-            intrinsics in pixels instead of normalised, or an unknown backend.
+            intrinsics in pixels instead of normalised, or an unknown backend or rasterize_mode.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(rasterize_mode, str) or rasterize_mode not in RASTERIZE_MODES:
+        raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
     if not isinstance(gaussians, Gaussians):
         raise ValueError(f"gaussians must be a Gaussians, got {type(gaussians).__name__}")
     gaussians.validate("gaussians")
@@ -882,7 +955,14 @@ def render(
             raise ValueError(f"backend='gsplat' needs float32 gaussians, got {gaussians.dtype}")
         if bool(gaussians.valid_mask().any()):  # gsplat is not meant for empty sets
             return _render_gsplat(
-                gaussians, extrinsics, intrinsics, image_shape, background, near, far
+                gaussians,
+                extrinsics,
+                intrinsics,
+                image_shape,
+                background,
+                near,
+                far,
+                rasterize_mode,
             )
     if backend == "cpu":
         from .render_cpu import cpu_rasterizer_error, render_cpu
@@ -893,7 +973,15 @@ def render(
         if error is not None:
             raise RuntimeError(f"backend='cpu' is not available: {error}")
         return render_cpu(
-            gaussians, extrinsics, intrinsics, image_shape, background, near, far, tile_size
+            gaussians,
+            extrinsics,
+            intrinsics,
+            image_shape,
+            background,
+            near,
+            far,
+            tile_size,
+            rasterize_mode,
         )
     return _render_torch(
         gaussians,
@@ -907,4 +995,5 @@ def render(
         chunk,
         max_elements,
         recompute,
+        rasterize_mode,
     )

@@ -223,8 +223,13 @@ def render_cpu(
     near: float | Tensor,
     far: float | Tensor,
     tile_size: int,
+    rasterize_mode: str = "classic",
 ):
-    """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``)."""
+    """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``).
+
+    In ``"antialiased"`` mode the opacities are compensated per view in PyTorch before the kernel
+    (which takes per-image opacities), so autograd carries the compensation's gradient.
+    """
     from .cameras import intrinsics_to_pixels, world_to_camera
     from .render import RenderOutput, project_gaussians
     from .sh import eval_sh
@@ -241,6 +246,7 @@ def render_cpu(
         opacities=gaussians.opacities,
         near=near,
         far=far,
+        calc_compensations=rasterize_mode == "antialiased",
     )
     valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]
     radii = projection.radii * valid[..., None]  # [B, V, N, 2]
@@ -249,6 +255,8 @@ def render_cpu(
     harmonics = gaussians.harmonics[:, None].expand(-1, views, -1, -1, -1)  # [B, V, N, 3, K]
     colors = torch.clamp_min(eval_sh(harmonics, directions) + 0.5, 0.0)  # [B, V, N, 3]
     opacities = gaussians.opacities[:, None].expand(-1, views, -1)  # [B, V, N]
+    if projection.compensations is not None:
+        opacities = opacities * projection.compensations
     images = batch * views
     out = rasterize_cpu(
         projection.means2d.reshape(images, num, 2),

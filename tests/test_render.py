@@ -665,3 +665,246 @@ def test_default_background_is_black_and_backgrounds_broadcast(backend):
     picked = "cpu" if cpu_rasterizer_error(torch.float32) is None else "torch"
     expected = render(g, extrinsics, intrinsics, (16, 16), backend=picked).color
     assert torch.equal(expected, render(g, extrinsics, intrinsics, (16, 16)).color)
+
+
+# ------------------------------------------------------------------------------ (i) antialiased
+def gsplat_reference_compensations(
+    gaussians: Gaussians, extrinsics: torch.Tensor, intrinsics: torch.Tensor, shape
+) -> torch.Tensor:
+    """``[B, V, N]`` compensations from gsplat's own PyTorch reference (runs on the CPU)."""
+    from gsplat.cuda._torch_impl import _fully_fused_projection, _quat_scale_to_covar_preci
+
+    height, width = shape
+    ks = intrinsics.clone()
+    ks[..., 0, :] *= width
+    ks[..., 1, :] *= height
+    covars, _ = _quat_scale_to_covar_preci(gaussians.rotations, gaussians.scales, True, False)
+    *_, compensations = _fully_fused_projection(
+        gaussians.means, covars, invert_extrinsics(extrinsics), ks, width, height,
+        eps2d=0.3, calc_compensations=True,
+    )  # fmt: skip
+    return compensations
+
+
+def test_compensation_hand_computed_values():
+    from models.render import opacity_compensation
+
+    cov2d = torch.tensor(
+        [[[1.0, 0.0], [0.0, 4.0]], [[2.0, 1.0], [1.0, 2.0]], [[1.0, 1.0], [1.0, 1.0]]],
+        dtype=torch.float64,
+    )
+    # det / det(S + 0.3 I): 4 / (1.3 * 4.3), 3 / (2.3^2 - 1), 0 / (1.3^2 - 1) (rank one).
+    expected = torch.tensor([math.sqrt(4 / 5.59), math.sqrt(3 / 4.29), 0.0], dtype=torch.float64)
+    assert torch.allclose(opacity_compensation(cov2d), expected, rtol=1e-14, atol=0)
+    # Through the projection: an isotropic Gaussian on the optical axis of a camera with focal
+    # lengths fx, fy (pixels) has S = diag((fx s / z)^2, (fy s / z)^2).
+    s, z, fx, fy = 0.05, 2.0, 40.0, 30.0
+    means = torch.tensor([[[0.0, 0.0, z]]], dtype=torch.float64)
+    scales = torch.full((1, 1, 3), s, dtype=torch.float64)
+    rotations = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]], dtype=torch.float64)
+    ks = torch.tensor([[[[fx, 0.0, 20.0], [0.0, fy, 15.0], [0.0, 0.0, 1.0]]]], dtype=torch.float64)
+    views = torch.eye(4, dtype=torch.float64)[None, None]
+    projection = project_gaussians(
+        means, scales, rotations, views, ks, (30, 40), calc_compensations=True
+    )
+    vx, vy = (fx * s / z) ** 2, (fy * s / z) ** 2  # 1 and 0.5625 px^2
+    expected = math.sqrt(vx * vy / ((vx + 0.3) * (vy + 0.3)))
+    assert abs(projection.compensations.item() - expected) < 1e-14
+    assert project_gaussians(means, scales, rotations, views, ks, (30, 40)).compensations is None
+
+
+def test_compensation_matches_gsplat_at_most_one_and_tends_to_one():
+    g = random_gaussians(2, 300, dtype=torch.float64, spread=1.6, depth=(-1.0, 6.0))
+    g.scales = g.scales * torch.logspace(-2, 0, 300, dtype=torch.float64)[:, None]  # tiny too
+    extrinsics, intrinsics = cameras(2, 3, torch.float64)
+    shape = (45, 61)
+    ks = intrinsics.clone()
+    ks[..., 0, :] *= shape[1]
+    ks[..., 1, :] *= shape[0]
+    views = invert_extrinsics(extrinsics)
+    ours = project_gaussians(
+        g.means, g.scales, g.rotations, views, ks, shape, calc_compensations=True
+    ).compensations
+    reference = gsplat_reference_compensations(g, extrinsics, intrinsics, shape)
+    visible = project_gaussians(g.means, g.scales, g.rotations, views, ks, shape).valid
+    assert visible.sum() > 500
+    assert max_abs(ours[visible], reference[visible]) < 1e-12
+    assert (ours[visible] <= 1).all() and ours[visible].min() < 0.05  # tiny ones fade
+    growing = []
+    for factor in (1.0, 10.0, 100.0, 1e4, 1e6):
+        comp = project_gaussians(
+            g.means, g.scales * factor, g.rotations, views, ks, shape, calc_compensations=True
+        ).compensations[visible]
+        assert (comp <= 1).all()
+        growing.append(comp)
+    for smaller, larger in zip(growing, growing[1:]):
+        assert (larger >= smaller - 1e-12).all()
+    assert (1 - growing[-1]).max() < 1e-6
+
+
+def render_per_view_with_compensated_opacities(
+    g, extrinsics, intrinsics, shape, background=None, **kwargs
+):
+    """Classic renders, one view at a time, with opacities times gsplat's compensation."""
+    compensations = gsplat_reference_compensations(g, extrinsics, intrinsics, shape)
+    outputs = []
+    for v in range(extrinsics.shape[1]):
+        scene = g.replace(opacities=g.opacities * compensations[:, v])
+        bg = None if background is None else background[:, v : v + 1]
+        out = render(scene, extrinsics[:, v : v + 1], intrinsics[:, v : v + 1], shape, bg, **kwargs)
+        outputs.append(out)
+    return RenderOutput(
+        *(torch.cat([getattr(o, k) for o in outputs], dim=1) for k in ("color", "depth", "alpha"))
+    )
+
+
+def test_antialiased_equals_classic_with_compensated_opacities(backend):
+    g = random_gaussians(2, 400, degree=2, dtype=torch.float64, spread=1.2, scale=(0.005, 0.2))
+    g.mask = torch.rand(2, 400, generator=torch.Generator().manual_seed(2)) > 0.2
+    extrinsics, intrinsics = cameras(2, 3, torch.float64)
+    bg = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    shape = (37, 50)
+    kw = {"background": bg, "backend": backend}
+    ours = render(g, extrinsics, intrinsics, shape, rasterize_mode="antialiased", **kw)
+    ref = render_per_view_with_compensated_opacities(g, extrinsics, intrinsics, shape, **kw)
+    classic = render(g, extrinsics, intrinsics, shape, rasterize_mode="classic", **kw)
+    assert max_abs(classic.color, ours.color) > 0.05  # the mode changes the image
+    assert torch.equal(classic.color, render(g, extrinsics, intrinsics, shape, **kw).color)
+    for name in ("color", "depth", "alpha"):
+        assert max_abs(getattr(ours, name), getattr(ref, name)) < 1e-10, name
+    # Culling and the opacity-aware box use the compensated opacity (gsplat's CUDA rule).
+    assert ((ours.radii == 0) & (classic.radii > 0)).any()
+    assert (ours.radii <= classic.radii).all()
+
+
+def test_antialiased_matches_per_pixel_reference():
+    # Independent of models.render's compositing: the slow per-pixel reference with opacities
+    # times gsplat's compensation.
+    g = random_gaussians(1, 40, degree=1, dtype=torch.float64, spread=0.6, scale=(0.01, 0.2))
+    extrinsics, intrinsics = cameras(1, 2, torch.float64)
+    shape = (20, 24)
+    ours = render(g, extrinsics, intrinsics, shape, backend="torch", rasterize_mode="antialiased")
+    compensations = gsplat_reference_compensations(g, extrinsics, intrinsics, shape)
+    for v in range(2):
+        scene = g.replace(opacities=g.opacities * compensations[:, v])
+        color, depth, alpha, _ = reference_render(
+            scene, extrinsics[:, v : v + 1], intrinsics[:, v : v + 1], shape
+        )
+        assert max_abs(ours.color[:, v : v + 1], color) < 1e-10
+        assert max_abs(ours.depth[:, v : v + 1], depth) < 1e-10
+        assert max_abs(ours.alpha[:, v : v + 1], alpha) < 1e-10
+
+
+def test_antialiased_gradcheck_float64(backend):
+    g = random_gaussians(1, 4, degree=1, dtype=torch.float64, spread=0.5, scale=(0.1, 0.25))
+    g.opacities = 0.3 + 0.5 * g.opacities
+    extrinsics, intrinsics = cameras(1, 2, torch.float64, focal=0.8)
+    bg = torch.tensor([0.2, 0.4, 0.6], dtype=torch.float64)
+
+    def fn(means, scales, rotations, opacities):
+        out = render(
+            Gaussians(means, scales, rotations, opacities, g.harmonics),
+            extrinsics,
+            intrinsics,
+            (18, 20),
+            background=bg,
+            backend=backend,
+            chunk=2,
+            rasterize_mode="antialiased",
+        )
+        return out.color, out.depth, out.alpha
+
+    inputs = tuple(
+        t.clone().requires_grad_(True) for t in (g.means, g.scales, g.rotations, g.opacities)
+    )
+    comp = gsplat_reference_compensations(g, extrinsics, intrinsics, (18, 20))
+    assert 0.05 < comp.min() and comp.max() < 0.9  # the compensation matters here
+    # gsplat's backward divides by compensation + 1e-6 (relative change below 2e-5 here).
+    assert torch.autograd.gradcheck(
+        fn, inputs, eps=1e-6, atol=1e-6, rtol=2e-4, fast_mode=True, check_undefined_grad=False
+    )
+
+
+def test_antialiased_gradients_match_reference(backend):
+    # Gradients w.r.t. every field against autograd through gsplat's reference compensation and
+    # the classic render of the pre-multiplied opacities.
+    g = random_gaussians(1, 80, degree=1, dtype=torch.float64, spread=0.5, scale=(0.02, 0.3))
+    g.opacities = 0.5 + 0.49 * g.opacities
+    extrinsics, intrinsics = cameras(1, 2, torch.float64)
+    shape = (24, 28)
+    names = ("means", "scales", "rotations", "opacities", "harmonics")
+    grads = []
+    for mode in ("ours", "reference"):
+        params = {k: getattr(g, k).clone().requires_grad_(True) for k in names}
+        scene = Gaussians(**params)
+        if mode == "ours":
+            out = render(
+                scene, extrinsics, intrinsics, shape, backend=backend, rasterize_mode="antialiased"
+            )
+        else:
+            out = render_per_view_with_compensated_opacities(
+                scene, extrinsics, intrinsics, shape, backend=backend
+            )
+        weight = torch.linspace(0.5, 1.5, out.color.numel(), dtype=torch.float64)
+        loss = (weight.reshape(out.color.shape) * out.color).sum()
+        loss = loss + out.depth.sum() + out.alpha.sum()
+        grads.append(torch.autograd.grad(loss, list(params.values())))
+    for name, ours, ref in zip(names, *grads):
+        assert ref.abs().max() > 0, name
+        # Only gsplat's 1e-6 in the compensation's backward separates the two.
+        assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max(), name
+
+
+def test_antialiased_gradients_finite_with_degenerate_gaussians(backend):
+    g = random_gaussians(1, 50, degree=1, spread=0.6)
+    g.scales[0, :5, 1:] = 1e-12  # needles: 2D covariance of rank one, compensation ~0
+    g.scales[0, 5:10, 2] = 1e-12  # flat discs
+    params = [g.means, g.scales, g.rotations, g.opacities]
+    for p in params:
+        p.requires_grad_(True)
+    extrinsics, intrinsics = cameras(1, 2)
+    out = render(g, extrinsics, intrinsics, (32, 32), backend=backend, rasterize_mode="antialiased")
+    assert torch.isfinite(out.color).all()
+    (out.color.sum() + out.alpha.sum()).backward()
+    for p in params:
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+def test_rasterize_mode_bad_value():
+    g = random_gaussians(1, 5)
+    extrinsics, intrinsics = cameras(1, 1)
+    for value in ("antialias", "Classic", None):
+        with pytest.raises(ValueError, match=r"^rasterize_mode must be one of \('classic', 'an"):
+            render(g, extrinsics, intrinsics, (8, 8), rasterize_mode=value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_matches_gsplat_antialiased():
+    g = random_gaussians(2, 3000, degree=3, spread=1.2, scale=(0.003, 0.3)).to("cuda")
+    g.mask = (torch.rand(2, 3000, generator=torch.Generator().manual_seed(1)) > 0.2).cuda()
+    extrinsics, intrinsics = (t.cuda() for t in cameras(2, 3))
+    bg = torch.rand(2, 3, 3).cuda()
+    names = ("means", "scales", "rotations", "opacities", "harmonics")
+    outputs, grads = [], []
+    for backend in ("torch", "gsplat"):
+        params = {k: getattr(g, k).clone().requires_grad_(True) for k in names}
+        out = render(
+            Gaussians(**params, mask=g.mask), extrinsics, intrinsics, (120, 136), background=bg,
+            backend=backend, rasterize_mode="antialiased",
+        )  # fmt: skip
+        weight = torch.linspace(0.5, 1.5, out.color.numel(), device="cuda")
+        loss = (weight.reshape(out.color.shape) * out.color).sum() + out.alpha.sum()
+        grads.append(torch.autograd.grad(loss, list(params.values())))
+        outputs.append(out)
+    ours, ref = outputs
+    classic = render(g, extrinsics, intrinsics, (120, 136), background=bg, backend="gsplat")
+    assert (classic.color - ref.color).abs().max() > 0.05  # gsplat did compensate
+    assert parity_fraction(ours.color, ref.color, 1e-4) < 1e-3
+    assert parity_fraction(ours.alpha, ref.alpha, 1e-4) < 1e-3
+    assert (ours.color - ref.color).abs().mean() < 1e-5
+    assert (ours.radii - ref.radii).abs().max() <= 1
+    assert (ours.radii == ref.radii).float().mean() > 0.999
+    for name, a, b in zip(names, *grads):
+        cosine = F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+        assert cosine > 0.99, (name, cosine)

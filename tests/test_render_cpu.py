@@ -52,7 +52,9 @@ def failed_build(monkeypatch, fresh_build_state):
     monkeypatch.setattr(render_cpu, "_build", broken)
 
 
-def render_with_grads(gaussians, extrinsics, intrinsics, shape, background, backend):
+def render_with_grads(
+    gaussians, extrinsics, intrinsics, shape, background, backend, rasterize_mode="classic"
+):
     """Render and differentiate a loss of colour, depth and alpha w.r.t. every field and pose."""
     params = {k: getattr(gaussians, k).clone().requires_grad_(True) for k in NAMES}
     poses = extrinsics.clone().requires_grad_(True)
@@ -63,6 +65,7 @@ def render_with_grads(gaussians, extrinsics, intrinsics, shape, background, back
         shape,
         background=background,
         backend=backend,
+        rasterize_mode=rasterize_mode,
     )
     weight = torch.linspace(0.5, 1.5, out.color.numel(), dtype=out.color.dtype)
     loss = (weight.reshape(out.color.shape) * out.color).sum()
@@ -93,6 +96,40 @@ def test_cpu_matches_torch_backend_forward_and_gradients(cpu_backend, dtype):
         error = (ours_grads[name] - ref_grad).abs().max().item()
         assert ref_grad.abs().max() > 0, name
         assert error <= grad_tol * ref_grad.abs().max().item(), (name, error)
+    assert (ours_grads["means"][~g.mask] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_matches_torch_backend_antialiased(cpu_backend, dtype):
+    # The cpu backend compensates the opacities in PyTorch before the kernel: its gradients
+    # (autograd through the compensation, then the kernel's backward) must match the torch
+    # backend's (autograd throughout).
+    g = random_gaussians(2, 500, degree=2, dtype=dtype, spread=0.9, scale=(0.005, 0.3))
+    g.mask = torch.rand(2, 500, generator=torch.Generator().manual_seed(6)) > 0.2
+    g.means[~g.mask] = float("nan")
+    extrinsics, intrinsics = cameras(2, 3, dtype)
+    bg = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(7), dtype=dtype)
+    shape = (41, 57)
+    args = (g, extrinsics, intrinsics, shape, bg)
+    ours, ours_grads = render_with_grads(*args, "cpu", rasterize_mode="antialiased")
+    ref, ref_grads = render_with_grads(*args, "torch", rasterize_mode="antialiased")
+    classic, classic_grads = render_with_grads(*args, "cpu")
+    assert (classic.color - ours.color).abs().max() > 0.05  # the mode matters here
+    forward_tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for name in ("color", "depth", "alpha"):
+        a, b = getattr(ours, name), getattr(ref, name)
+        scale = b.abs().max().item() if name == "depth" else 1.0
+        assert (a - b).abs().max().item() <= forward_tol * scale, name
+    assert torch.equal(ours.radii, ref.radii)
+    grad_tol = 1e-4 if dtype == torch.float32 else 1e-10
+    for name, ref_grad in ref_grads.items():
+        error = (ours_grads[name] - ref_grad).abs().max().item()
+        assert ref_grad.abs().max() > 0, name
+        assert error <= grad_tol * ref_grad.abs().max().item(), (name, error)
+        # The compensation's own gradient is part of it (it changes the scales' gradient).
+        if name == "scales":
+            change = (classic_grads[name] - ref_grad).abs().max().item()
+            assert change > 100 * grad_tol * ref_grad.abs().max().item()
     assert (ours_grads["means"][~g.mask] == 0).all()
 
 
@@ -153,6 +190,19 @@ def test_failed_build_falls_back_to_torch_with_one_warning(failed_build):
     assert second.color.dtype == torch.float64
     with pytest.raises(RuntimeError, match=r"^backend='cpu' is not available: its build failed"):
         render(g, extrinsics, intrinsics, (24, 24), backend="cpu")
+
+
+def test_antialiased_falls_back_to_torch_when_the_build_fails(failed_build):
+    g = random_gaussians(1, 100, degree=1, scale=(0.005, 0.2))
+    extrinsics, intrinsics = cameras(1, 2)
+    with pytest.warns(RuntimeWarning, match=r"compiled CPU rasteriser is not used"):
+        auto = render(g, extrinsics, intrinsics, (24, 24), rasterize_mode="antialiased")
+    torch_aa = render(
+        g, extrinsics, intrinsics, (24, 24), backend="torch", rasterize_mode="antialiased"
+    )
+    assert torch.equal(auto.color, torch_aa.color) and torch.equal(auto.radii, torch_aa.radii)
+    classic = render(g, extrinsics, intrinsics, (24, 24), backend="torch")
+    assert (classic.color - auto.color).abs().max() > 0.01
 
 
 def test_missing_compiler_is_reported(tmp_path):
