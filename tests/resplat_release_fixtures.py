@@ -3,8 +3,9 @@
 The recipe is DepthSplat's (``tests/depthsplat_fixtures.py``: an integer hash of key name and
 element index, scaled like an initialisation) applied to the ReSplat manifests
 (``fixtures/resplat_release/manifest_*.json``), with one addition: the last layers of the initial
-head and of the update head are scaled by ``HEAD_SCALE`` so that the random Gaussians and their
-updates stay of sensible size (the release zero-initialises most of them).
+head, of the update head and of the depth refiner are scaled by ``HEAD_SCALE`` so that the
+random Gaussians, their updates and the depths stay of sensible size (the release
+zero-initialises most of them).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ __all__ = [
 ]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "resplat_release"
-HEAD_SCALE = {"encoder.gaussian_head.2.": 0.1, "encoder.update_head.6.": 0.01}
+HEAD_SCALE = {
+    "encoder.gaussian_head.2.": 0.1,
+    "encoder.update_head.6.": 0.01,
+    # the depth refiner's residual (zero-initialised in the release): small, so that no depth
+    # clamps at near/far, where lifted points coincide and kNN sets tie
+    "encoder.depth_predictor.upsampler.scratch.output_conv.4.": 0.01,
+}
 
 
 def load_manifest(config: str) -> dict:

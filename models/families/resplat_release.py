@@ -407,6 +407,13 @@ class ReSplatRelease(SplatModel):
             max_vit_width=560,
             wide_attn_splits=True,
         )
+        # the release's DINOv2 attends through scaled_dot_product_attention (DepthSplat's
+        # through explicit softmax, which models.backbones.dinov2 reproduces by default)
+        for block in self.depth_predictor.backbone.blocks:
+            block.attn.fused_attn = True
+        for layer in self.depth_predictor.matcher.modules():  # and its UniMatch transformer too
+            if hasattr(layer, "fused"):
+                layer.fused = True
         match_dim = 128
         if latent_downsample == 4:
             features = embed // 4 + 64 + 96 + 128 + match_dim
@@ -456,27 +463,32 @@ class ReSplatRelease(SplatModel):
     @property
     def divisor(self) -> int:
         """``H`` and ``W`` must be multiples of this (windows, U-Net, 4x4 global attention)."""
-        base = max(self.lowest_resolution * 4, self.latent_downsample * 4 * 4)
-        return base * (2 if self.depth_half_res else 1)
+        trunk = self.lowest_resolution * 4 * (2 if self.depth_half_res else 1)
+        return max(trunk, self.latent_downsample * 4 * 4)
 
     def gaussians_per_view(self, height: int, width: int) -> int:
         return height * width // self.latent_downsample**2 * self.gaussians_per_latent
 
     def memory_estimate(self, views: int, height: int, width: int, iterations: int) -> int:
-        """Rough peak bytes of a forward (float32): the kNN blocks and gathered neighbours, the
-        global attentions' token matrices, the update's per-Gaussian activations."""
+        """Rough peak bytes of a forward (float32): the weights, the kNN's gathered neighbours,
+        the global attentions' token arrays, the per-point and per-Gaussian activations, times a
+        1.5 margin, plus 1 GiB (the depth trunk at these sizes and Python). A model of the
+        code's largest arrays, checked against ``bench/resplat_speed.py``'s peak memory."""
         latent = views * height * width // self.latent_downsample**2
         n = latent * self.gaussians_per_latent if iterations > 0 else latent
         c = self.gaussian_regressor[0].out_channels
         tokens = latent // 16
-        attention = 4 * 4 * tokens * tokens  # scores of 4 heads (SDPA may avoid it)
+        # global attentions run through scaled_dot_product_attention, whose CPU and CUDA kernels
+        # do not hold the score matrix: a few token-by-channel arrays
+        attention = 4 * tokens * c * 16 * 4
         knn_gather = 4 * latent * self.knn_k * 64 * 3
         per_point = 4 * latent * (c * 12 + self.feature_dim * 2)
         update = 0
         if iterations > 0 and self.refine:
             update = 4 * n * (4 * 512 + self.refine_k * 64 * 3 + RESNET_DIM * 4)
-            update += 4 * 4 * (n // 16) ** 2
-        return int(1.5 * (attention + knn_gather + per_point + update)) + 2**30
+            update += 4 * (n // 16) * RESNET_DIM * 16 * 4
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        return int(1.5 * (attention + knn_gather + per_point + update)) + weights + 2**30
 
     def max_views(self, height: int, width: int, iterations: int | None = None) -> int:
         """The most context views whose forward fits ``memory_budget_gb``."""
