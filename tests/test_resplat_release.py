@@ -267,3 +267,19 @@ def test_knn_exact_against_brute_force(method: str) -> None:
     assert torch.equal(got[..., 0], torch.arange(500).expand(2, 500))
     with pytest.raises(ValueError, match="k=501"):
         knn(points, 501)
+
+
+def test_knob_runner_reuses_the_depth_trunk() -> None:
+    from models.knobs import KnobRunner
+
+    model = create_model("resplat_release_tiny").eval()
+    context = _tiny_context()
+    calls = []
+    model.depth_predictor.backbone.register_forward_hook(lambda *a: calls.append(1))
+    runner = KnobRunner(model, context)
+    runner.run(iterations=0)
+    got = runner.run(iterations=2)
+    assert len(calls) == 1  # the second run reused the trunk's output
+    with torch.no_grad():
+        reference = model(context, iterations=2)
+    assert torch.equal(got.means, reference.gaussians.means)

@@ -894,7 +894,7 @@ INFERENCE_KNOBS = (
     ),
     MAX_GAUSSIANS,
 )
-KNOB_FREE_MODULES = ()
+KNOB_FREE_MODULES = ("depth_predictor",)  # the depth trunk does not depend on the knobs
 
 _DL3DV = dict(lowest_resolution=8, latent_downsample=4, gaussians_per_latent=1, far=200.0)
 _RE10K = dict(lowest_resolution=4, latent_downsample=2, gaussians_per_latent=4, far=100.0)
