@@ -275,7 +275,7 @@ def test_knob_runner_reuses_the_depth_trunk() -> None:
     model = create_model("resplat_release_tiny").eval()
     context = _tiny_context()
     calls = []
-    model.depth_predictor.backbone.register_forward_hook(lambda *a: calls.append(1))
+    model.depth_predictor.cnn.register_forward_hook(lambda *a: calls.append(1))
     runner = KnobRunner(model, context)
     runner.run(iterations=0)
     got = runner.run(iterations=2)
