@@ -3,7 +3,11 @@
 Follows the RE10K protocol: the data's evaluation index picks context and target views, each scene
 is scored by the mean over its targets, then scenes are averaged. Writes ``metrics.json``, a
 per-scene ``scenes.csv`` and sample renders into the run folder, and prints a table. Pose-free
-models are scored with and without test-time target-pose refinement.
+models are scored with and without test-time target-pose refinement: their frame may differ from
+the scene frame by a similarity (a release's own depth normalisation), so the target poses are first
+mapped into it (``target_pose_alignment``, fitted on the context views, see
+``models.pose_refinement.place_targets``), then refined; ``metrics.json`` says how
+(``target_pose_placement``).
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.cli import (
+from models.command_line import quote_path_arguments
+from models.training.cli import (
     StepProgressBar,
     UserError,
     exit_on_user_error,
     instantiate_group,
     quiet_third_party,
 )
-from models.command_line import quote_path_arguments
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -71,16 +75,49 @@ def print_table(summary: dict[str, float], scenes: int) -> None:
         print(f"| {key.ljust(width)} | {value} |")
 
 
+def target_pose_placement(refined: bool, alignment: str, steps: int) -> str:
+    """One sentence for ``metrics.json``: where the scores' target cameras came from."""
+    if not refined:
+        return "ground-truth target poses (scene frame), no refinement"
+    how = {
+        "similarity": "mapped into the model's frame by a similarity (scale, rotation, "
+        "translation) fitted between the known context poses and the context views placed in "
+        "that frame (coarse scale search, then pose refinement against their own images)",
+        "scale": "mapped into the model's frame by a scale fitted between the known context "
+        "poses and the context views placed in that frame (coarse scale search, then pose "
+        "refinement against their own images)",
+        "none": "taken as they are (the model's frame assumed to be the scene frame)",
+    }[alignment]
+    return (
+        f"psnr/ssim/lpips: ground-truth target poses (scene frame); refined_*: those poses {how}, "
+        f"then refined for {steps} steps against the target images with the Gaussians frozen"
+        + (
+            "; aligned_*: mapped but not refined; frame_scale: model units per scene unit; "
+            "frame_residual: RMS context-centre misfit of the similarity (scene units)"
+            if alignment != "none"
+            else ""
+        )
+    )
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    from models.pretrained import load_pretrained
+    from models.weights.pretrained import load_pretrained
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):
         cfg.model.refine_target_poses = cfg.refine_target_poses
         cfg.model.eval_kwargs = cfg.eval_kwargs
         cfg.model.num_val_images = cfg.num_renders
+    from models.pose_refinement import ALIGNMENTS
+
+    alignment = str(cfg.get("target_pose_alignment", "similarity"))
+    if alignment not in ALIGNMENTS:
+        raise UserError(
+            f"target_pose_alignment={alignment}: must be one of {', '.join(ALIGNMENTS)}"
+        )
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
     module = hydra.utils.instantiate(cfg.model)
+    module.target_pose_alignment = alignment  # read by the test step (pose-free models)
     net = module.net
     load_pretrained(net, getattr(net, "registry_name", type(net).__name__), cfg.ckpt_path)
     loggers = instantiate_group(cfg.get("logger"))
@@ -93,16 +130,22 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise UserError(
             "the test split produced no scenes (check data.root and the evaluation index)"
         )
+    refined = bool(cfg.refine_target_poses) and bool(getattr(net, "pose_free", False))
     meta = {
         "model": getattr(net, "registry_name", type(net).__name__),
         "ckpt_path": str(cfg.ckpt_path),
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "eval_kwargs": OmegaConf.to_container(cfg.eval_kwargs, resolve=True),
-        "refine_target_poses": bool(cfg.refine_target_poses)
-        and bool(getattr(net, "pose_free", False)),
+        "refine_target_poses": refined,
+        "target_pose_alignment": alignment if refined else None,
+        "target_pose_placement": target_pose_placement(
+            refined, alignment, int(module.hparams.pose_refinement_steps)
+        ),
     }
     summary = write_outputs(cfg.paths.output_dir, module.test_records, module.test_samples, meta)
     print_table(summary, len(module.test_records))
+    if refined:
+        print(f"target poses: {meta['target_pose_placement']}")
     print(f"results in {cfg.paths.output_dir}")
     return summary
 

@@ -14,7 +14,8 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from models.cli import (
+from models.command_line import quote_path_arguments
+from models.training.cli import (
     AtomicCheckpointIO,
     StepProgressBar,
     TimeFromNow,
@@ -28,7 +29,6 @@ from models.cli import (
     resolve_ckpt_path,
     resume_safely,
 )
-from models.command_line import quote_path_arguments
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -80,7 +80,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     return paths[0], settings
 
 
-def _known_cameras(images, context, given, pred_extras, pose_free: bool):
+def _known_cameras(images, context, given, pred, pose_free: bool):
     """Extrinsics/intrinsics of the input views in the scene frame, and which are known."""
     import torch
 
@@ -88,76 +88,57 @@ def _known_cameras(images, context, given, pred_extras, pose_free: bool):
     intrinsics = context["intrinsics"][0].float().cpu()
     if not pose_free:
         return context["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
-    if isinstance(pred_extras.get("extrinsics"), torch.Tensor):
-        if isinstance(pred_extras.get("intrinsics"), torch.Tensor):
-            intrinsics = pred_extras["intrinsics"][0].float().cpu()
-        return pred_extras["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
+    if pred is not None and pred.extrinsics is not None:
+        if pred.intrinsics is not None:
+            intrinsics = pred.intrinsics[0].float().cpu()
+        return pred.extrinsics[0].float().cpu(), intrinsics, list(range(views))
     if given is not None:  # given, not shown to the pose-free model (same scene frame)
         return given[0].float().cpu(), intrinsics, list(range(views))
     return torch.eye(4).expand(views, 4, 4).clone(), intrinsics, [0]
 
 
-def _infer_config(values: dict[str, Any]):
-    """``configs/infer.yaml`` with ``values`` set, without Hydra (which ``infer.py view=true``
-    has already initialised in this process)."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(REPO_ROOT / "configs" / "infer.yaml")
-    for key in ("defaults", "hydra"):
-        cfg.pop(key, None)
-    for key, value in values.items():
-        cfg[key] = value
-    return cfg
-
-
 def reconstruct(source: Path, settings: dict[str, Any]):
-    """Load ``settings['model']`` and the photos in ``source``; returns ``(ViewScene,
-    KnobRunner, initial knob values)``."""
-    import infer
+    """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
+    ``models.inference`` and ``datamodules.inputs``); returns ``(ViewScene, KnobRunner, initial
+    knob values)``."""
+    from datamodules.tools.inputs import load_inputs
+    from models import inference
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
 
-    cfg = _infer_config(
-        {
-            "input": str(source),
-            "output": "unused",
-            "model": settings["model"],
-            **{
-                key: settings[key]
-                for key in ("weights", "views", "image_size", "cameras", "fov", "device")
-                if settings[key] is not None
-            },
-        }
+    name = str(settings["model"])
+    device = inference.choose_device(settings["device"])
+    loaded = inference.load_for_inference(name, settings["weights"], device)
+    model = loaded.model
+    images, more = load_inputs(
+        source,
+        inference.input_size(model, settings["image_size"]),
+        model,
+        name=name,
+        views=int(settings["views"]) if settings["views"] is not None else None,
+        cameras=settings["cameras"],
     )
-    device = infer.choose_device(str(cfg.device))
-    model, _, notes = infer.load_model(cfg)
-    model = model.to(device).eval()
-    if cfg.image_size is not None:
-        size = int(cfg.image_size)
-    else:
-        config = getattr(model, "_hub_mixin_config", None) or {}
-        size = int(config.get("img_size") or getattr(model, "img_size", 0) or 64)
-    images, more = infer.load_inputs(cfg, model, size)
-    for note in notes + more:
+    for note in loaded.notes + more:
         print(f"warning: {note}", file=sys.stderr)
     pose_free = bool(getattr(model, "pose_free", False))
-    context = {k: v.to(device) for k, v in images.context(default_fov=float(cfg.fov)).items()}
+    fov = float(settings["fov"])
+    context = {k: v.to(device) for k, v in images.context(default_fov=fov).items()}
     given = context.pop("extrinsics", None) if pose_free else None
     runner = KnobRunner(model, context)
     initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
     for key in initial:
         if key not in runner.knobs:
-            raise infer.InferError(
+            raise inference.InferenceError(
                 f"{key}={initial[key]}",
-                f"model {cfg.model} has no {key!r} knob (knobs: {', '.join(runner.knobs)})",
+                f"model {name} has no {key!r} knob (knobs: {', '.join(runner.knobs)})",
             )
     try:
         gaussians = runner.run(**initial)
     except ValueError as error:  # a knob value out of range (Knob.check names it)
-        raise infer.InferError("view.py", str(error)) from error
+        raise inference.InferenceError("view.py", str(error)) from error
     if int(gaussians.count()[0]) == 0:
-        raise infer.InferError(source, f"model {cfg.model} produced no Gaussians for this input")
-    extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.extras, pose_free)
+        raise inference.InferenceError(source, f"model {name} produced no Gaussians for this input")
+    extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.output, pose_free)
     height, width = images.images.shape[-2:]
     cameras = [
         ViewCamera(
@@ -169,17 +150,19 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         )
         for i in known
     ]
-    if len(known) >= 2:  # infer.py's path: interpolated, or an orbit around the first view
-        path_e, _ = infer.interpolate_cameras(extrinsics[known], intrinsics[known], 30)
-    else:
-        depth = gaussians.means[0, :, 2][gaussians.valid_mask()[0]].float().cpu()
-        depth = depth[depth > 0]
-        look_at = float(depth.median()) if depth.numel() else 1.0
-        path_e, _ = infer.orbit_cameras(
-            extrinsics[0], look_at, intrinsics[0], 30, radius=0.1 * look_at
-        )
+    placed = inference.Reconstruction(  # infer.py's camera path: interpolated, or an orbit
+        gaussians=gaussians,
+        extrinsics=extrinsics,
+        intrinsics=intrinsics,
+        placement=["given" if i in known else "unknown" for i in range(len(images))],
+        poses="",
+        images=images.images,
+        names=images.names,
+        model=name,
+    )
+    path_e, _, _ = inference.camera_path(placed, 30)
     path = path_e.double().numpy()
-    scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {cfg.model}")
+    scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
     return scene, runner, initial
 
 
@@ -268,12 +251,11 @@ def build(path: str, settings: dict[str, Any]):
 
 def serve_cli(argv: list[str]) -> int:
     """Parse, build and serve until Ctrl-C; bad input → one line on stderr, 2."""
-    import infer
     from datamodules.errors import DataError
-    from models.pretrained import PretrainedError
+    from models.errors import PathError
     from models.viewer import ViewerError
 
-    errors = (ViewerError, DataError, PretrainedError, infer.InferError)
+    errors = (ViewerError, DataError, PathError)
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0

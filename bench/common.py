@@ -19,10 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from datamodules.samplers import load_evaluation_index  # noqa: E402
+from datamodules.training.samplers import load_evaluation_index  # noqa: E402
 from models import Gaussians, render  # noqa: E402
 from models.metrics import lpips_inputs, psnr_per_image, ssim_per_image  # noqa: E402
-from models.pretrained import load_model  # noqa: E402
+from models.weights.pretrained import load_model  # noqa: E402
 
 __all__ = [
     "REPO_ROOT",

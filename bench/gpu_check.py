@@ -34,9 +34,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from models.cameras import intrinsics_to_normalized  # noqa: E402
 from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
-from models.render import RenderOutput, render  # noqa: E402
+from models.geometry.cameras import intrinsics_to_normalized  # noqa: E402
+from models.render.core import render  # noqa: E402
+from models.render.output import RenderOutput  # noqa: E402
 
 GARDEN_CANDIDATES = [
     REPO.parent / "shared" / "data" / "gsplat_test_garden.npz",

@@ -120,10 +120,12 @@ def splatweaver_release_rows(only: list[str] | None = None) -> tuple[list[str], 
                 for k in fields
             }
             cameras = max(
-                (out.extras[k] - official[k]).abs().max().item()
+                (getattr(out, k) - official[k]).abs().max().item()
                 for k in ("extrinsics", "intrinsics")
             )
-            mismatched = int((out.extras["routing_map"].int() != official["cardinality"]).sum())
+            mismatched = int(
+                (out.diagnostics["routing_map"].int() != official["cardinality"]).sum()
+            )
             worst = max([*errors.values(), cameras])
             views, _, h, w = official["image"].shape[1:]
             rows.append(
@@ -200,7 +202,9 @@ def _zipsplat_da3_cases(giant: bool = False) -> list[dict]:
             for field, value in official.items():
                 row[field] = float((getattr(g, field)[:, pick] - value).abs().max())
             row["same_tokens"] = bool(
-                torch.equal(out.extras["scene_token_index"], reference[f"{name}/scene_token_index"])
+                torch.equal(
+                    out.diagnostics["scene_token_index"], reference[f"{name}/scene_token_index"]
+                )
             )
             row["forward_s"] = seconds
             rows.append(row)

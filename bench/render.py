@@ -42,19 +42,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from models.cameras import (  # noqa: E402
+from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
+from models.geometry.cameras import (  # noqa: E402
     intrinsics_to_normalized,
     intrinsics_to_pixels,
     world_to_camera,
 )
-from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
-from models.render import (  # noqa: E402
-    ALPHA_THRESHOLD,
-    MAX_ALPHA,
-    TRANSMITTANCE_MIN,
-    project_gaussians,
-    render,
-)
+from models.render.core import render  # noqa: E402
+from models.render.projection import ALPHA_THRESHOLD, project_gaussians  # noqa: E402
+from models.render.rasterize import MAX_ALPHA, TRANSMITTANCE_MIN  # noqa: E402
 from models.sh import eval_sh  # noqa: E402
 
 GARDEN = REPO.parent / "shared" / "data" / "gsplat_test_garden.npz"

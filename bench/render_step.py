@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import create_model  # noqa: E402
-from models.render import render  # noqa: E402
+from models.render.core import render  # noqa: E402
 
 
 def views(batch: int, count: int, size: int) -> dict[str, torch.Tensor]:

@@ -5,7 +5,7 @@ default) and prints a markdown table: PSNR / SSIM on the target views and Gaussi
 the initial model and after 1, 2 and 4 recurrent iterations (``--iterations``), with the PSNR gain
 over the initial set, at 2 context views and at 4 (``--views``), optionally against pixel-aligned
 baselines (``--baseline``). One forward with the largest iteration count scores every count: the
-model returns each iteration's Gaussians (``extras["gaussians_per_iteration"]``).
+model returns each iteration's Gaussians (``ModelOutput.gaussians_per_iteration``).
 
 Views the index does not have: for ``V`` views the index's outer context frames are kept (so the
 scene frame, its scale and the targets stay the same) and ``V - 2`` frames strictly between them
@@ -83,7 +83,7 @@ def evaluate_views(
             start = time.perf_counter()
             pred = model(batch["context"], iterations=most)
             seconds.append(time.perf_counter() - start)
-            sets = pred.extras["gaussians_per_iteration"]
+            sets = pred.gaussians_per_iteration
             for k in [0, *iterations]:
                 label = "init" if k == 0 else f"{k} it"
                 rows.setdefault(label, []).append(score_scene(sets[k], batch["target"], backend))

@@ -87,7 +87,7 @@ def speed(views: list[int], sizes: list[int], threads: int, repeats: int) -> Non
 def stats(name: str, size: int, threads: int) -> None:
     from splatweaver_release_weights import deterministic_state, load_manifest
 
-    from datamodules.image_folder import load_images
+    from datamodules.readers.image_folder import load_images
     from models import create_model
     from models.families.splatweaver_release import checkpoint_filter_fn
 
@@ -107,8 +107,8 @@ def stats(name: str, size: int, threads: int) -> None:
     for routing, budget in runs:
         with torch.no_grad():
             out = model({"image": images}, routing=routing, gaussians_per_pixel=budget)
-        counts = out.extras["routing_map"].float()
-        usage = " / ".join(f"{u:.3f}" for u in out.extras["expert_usage"].tolist())
+        counts = out.diagnostics["routing_map"].float()
+        usage = " / ".join(f"{u:.3f}" for u in out.diagnostics["expert_usage"].tolist())
         label = routing if budget is None else f"{routing}, gaussians_per_pixel={budget}"
         print(
             f"| {label} | {int(out.gaussians.count()[0])} | {counts.mean():.3f} | "

@@ -83,7 +83,7 @@ def score(
             scores = score_targets(gaussians, target, backend, extrinsics=refined)
         result["refined_psnr"] = float(scores["psnr"].mean())
         result["refined_ssim"] = float(scores["ssim"].mean())
-    return result, pred.extras
+    return result, pred.diagnostics
 
 
 def rank(values: Tensor) -> Tensor:

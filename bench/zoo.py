@@ -13,9 +13,10 @@ the reference for the pose-free ZipSplat), ``zipsplat``, ``resplat``, ``splatwea
    zero-shot, from an index widened by ``bench/common.py::widen_index``), each in a fresh process
    so its peak memory is its own: PSNR, SSIM, LPIPS (when the VGG weights are present locally),
    Gaussians per scene, parameters, reconstruction and render milliseconds per scene and the peak
-   rise in resident memory (CUDA: peak allocated). Each family is scored across its own knob:
-   ZipSplat's compression ratio, ReSplat's iterations, SplatWeaver's inference-time Gaussians per
-   pixel. Targets are rendered from their given poses (no test-time pose refinement).
+   rise in resident memory (CUDA: peak allocated). Each family is scored across the knob its
+   family module declares with sweep values (``models.knobs``: ``Knob.sweep``): ZipSplat's
+   compression ratio, ReSplat's iterations, SplatWeaver's inference-time Gaussians per pixel.
+   Targets are rendered from their given poses (no test-time pose refinement).
 3. **Report** ``results.csv``, ``results.md`` (means over seeds, ± the standard deviation when
    there are several), ``results.json`` and ``psnr_vs_gaussians_<V>views.png`` (one curve per
    family, baselines as horizontal lines) into ``--out`` (default ``bench/results/zoo``, kept in
@@ -54,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO_ROOT  # noqa: E402
 
-from models.cli import latest_last_checkpoint  # noqa: E402
+from models.training.cli import latest_last_checkpoint  # noqa: E402
 
 DONE_MARKER = "zoo_done.json"
 
@@ -72,41 +73,56 @@ class Stage:
 
 @dataclass(frozen=True)
 class Variant:
-    """One scored point: a label, forward kwargs and (ReSplat) which iteration's Gaussians."""
+    """One scored point: a label, the knob's value and the forward kwargs."""
 
     label: str
     knob: float | None
     kwargs: dict[str, Any] = field(default_factory=dict)
-    iteration: int | None = None
 
 
 @dataclass(frozen=True)
 class Family:
+    """A family's training recipe (its stages); what is scored comes from its declared knobs."""
+
     name: str
     stages: tuple[Stage, ...]
-    variants: tuple[Variant, ...]
-    knob: str  # what the curve varies
+
+    @property
+    def model(self) -> str:
+        return f"{self.name}_tiny"  # the registry model its experiments train
+
+    @property
+    def knob(self) -> str:
+        """The swept knob's name (``-``: none)."""
+        swept = _swept_knob(self.model)
+        return swept.name if swept is not None else "-"
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        """One point per value of the family's swept knob (``models.knobs``: ``Knob.sweep``),
+        after the model's default when the knob is off by default (SplatWeaver: as routed)."""
+        knob = _swept_knob(self.model)
+        if knob is None:
+            return (Variant("default", None),)
+        default = () if knob.default_attr is not None else (Variant("default", None),)
+        return default + tuple(
+            Variant(f"{knob.name}={value:g}", value, {knob.name: value}) for value in knob.sweep
+        )
+
+
+def _swept_knob(model: str):
+    """The first knob ``model``'s family declares with sweep values, or ``None``."""
+    from models.knobs import inference_knobs
+
+    return next((knob for knob in inference_knobs(model) if knob.sweep), None)
 
 
 FAMILIES: dict[str, Family] = {
     "pixel_aligned": Family(
-        "pixel_aligned",
-        (Stage("synthetic_pixel_aligned", "synthetic_pixel_aligned"),),
-        (Variant("1 Gaussian/pixel", None),),
-        knob="-",
+        "pixel_aligned", (Stage("synthetic_pixel_aligned", "synthetic_pixel_aligned"),)
     ),
-    "noposplat": Family(
-        "noposplat",
-        (Stage("synthetic_noposplat", "synthetic_noposplat"),),
-        (Variant("1 Gaussian/pixel", None),),
-        knob="-",
-    ),
-    "zipsplat": Family(
-        "zipsplat",
-        (Stage("synthetic_zipsplat", "synthetic_zipsplat"),),
-        tuple(Variant(f"r={r:g}", r, {"compression": r}) for r in (1.0, 0.5, 0.25, 0.1)),
-        knob="compression ratio r",
-    ),
+    "noposplat": Family("noposplat", (Stage("synthetic_noposplat", "synthetic_noposplat"),)),
+    "zipsplat": Family("zipsplat", (Stage("synthetic_zipsplat", "synthetic_zipsplat"),)),
     "resplat": Family(
         "resplat",
         (
@@ -115,18 +131,9 @@ FAMILIES: dict[str, Family] = {
                 "synthetic_resplat", "synthetic_resplat", 0.5, init_from="synthetic_resplat_init"
             ),
         ),
-        tuple(
-            Variant("init" if k == 0 else f"{k} it", k, {"iterations": 4}, iteration=k)
-            for k in (0, 1, 2, 4)
-        ),
-        knob="iterations",
     ),
     "splatweaver": Family(
-        "splatweaver",
-        (Stage("synthetic_splatweaver", "synthetic_splatweaver"),),
-        (Variant("routed", None),)
-        + tuple(Variant(f"{g:g} G/px", g, {"gaussians_per_pixel": g}) for g in (0.25, 0.5, 1.0)),
-        knob="Gaussians per pixel (inference budget)",
+        "splatweaver", (Stage("synthetic_splatweaver", "synthetic_splatweaver"),)
     ),
 }
 
@@ -396,11 +403,7 @@ def evaluate_model(request: dict[str, Any]) -> dict[str, Any]:
                             _sync(device)
                             cache[key] = (pred, time.perf_counter() - start)
                         pred, seconds = cache[key]
-                        gaussians = (
-                            pred.gaussians
-                            if variant.iteration is None
-                            else pred.extras["gaussians_per_iteration"][variant.iteration]
-                        )
+                        gaussians = pred.gaussians
                         _sync(device)
                         start = time.perf_counter()
                         scores = score_targets(gaussians, batch["target"], lpips=lpips)

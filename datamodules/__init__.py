@@ -10,34 +10,34 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .chunks import cameras_to_matrices, load_chunk, load_index, read_scene
-from .errors import DataError
+from datamodules.errors import DataError
+from datamodules.readers.chunks import cameras_to_matrices, load_chunk, load_index, read_scene
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .chunk_dataset import ChunkDataset
-    from .datamodule import SplatDataModule
-    from .image_folder import ImageSet, load_images
-    from .samplers import (
+    from datamodules.readers.image_folder import ImageSet, load_images
+    from datamodules.tools.synthetic import SyntheticSettings, generate_dataset
+    from datamodules.training.chunk_dataset import ChunkDataset
+    from datamodules.training.datamodule import SplatDataModule
+    from datamodules.training.samplers import (
         AllViewSampler,
         BoundedViewSampler,
         EvaluationViewSampler,
         VideoViewSampler,
         make_view_sampler,
     )
-    from .synthetic import SyntheticSettings, generate_dataset
 
 _LAZY = {
-    "ChunkDataset": "chunk_dataset",
-    "SplatDataModule": "datamodule",
-    "ImageSet": "image_folder",
-    "load_images": "image_folder",
-    "AllViewSampler": "samplers",
-    "BoundedViewSampler": "samplers",
-    "EvaluationViewSampler": "samplers",
-    "VideoViewSampler": "samplers",
-    "make_view_sampler": "samplers",
-    "SyntheticSettings": "synthetic",
-    "generate_dataset": "synthetic",
+    "ChunkDataset": "training.chunk_dataset",
+    "SplatDataModule": "training.datamodule",
+    "ImageSet": "readers.image_folder",
+    "load_images": "readers.image_folder",
+    "AllViewSampler": "training.samplers",
+    "BoundedViewSampler": "training.samplers",
+    "EvaluationViewSampler": "training.samplers",
+    "VideoViewSampler": "training.samplers",
+    "make_view_sampler": "training.samplers",
+    "SyntheticSettings": "tools.synthetic",
+    "generate_dataset": "tools.synthetic",
 }
 
 __all__ = [

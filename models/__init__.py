@@ -1,12 +1,14 @@
 """splatzoo models: the registry, Gaussians, cameras, the shared head, the renderer and the
-families. Importing this package needs neither Lightning, Hydra nor wandb."""
+families. Importing this package loads neither Lightning, Hydra nor wandb."""
 
-from .base import ModelOutput, SplatModel
-from .factory import create_model, load_model
-from .gaussians import Gaussians
-from .pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from .registry import get_pretrained_cfg, is_model, list_models, register_model
-from .render import RenderOutput, render
+import models._timm_import  # noqa: F401  (first: timm without wandb)
+from models.base import ModelOutput, SplatModel
+from models.factory import create_model, load_model
+from models.gaussians import Gaussians
+from models.registry import get_pretrained_cfg, is_model, list_models, register_model
+from models.render.core import render
+from models.render.output import RenderOutput
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "Gaussians",

@@ -2,31 +2,104 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from huggingface_hub import PyTorchModelHubMixin
 from torch import Tensor, nn
 
-from .gaussians import Gaussians
+from models.gaussians import Gaussians
 
 __all__ = ["ModelOutput", "SplatModel", "check_context"]
 
 
-@dataclass
+# Old ``extras`` keys that have a typed field (the rest are diagnostics; ``"loss/<name>"`` are
+# ``losses``). Kept for one release: ``ModelOutput(..., extras=...)`` and ``pred.extras``.
+_TYPED_KEYS = ("depth", "extrinsics", "intrinsics", "gaussians_per_iteration", "render_targets")
+
+
+@dataclass(init=False, eq=False)
 class ModelOutput:
     """What a model's forward returns.
 
     Attributes:
         gaussians: the predicted Gaussians, in the scene frame of the first context view.
-        extras: auxiliary losses under ``"loss/<name>"`` (scalars, already weighted, added to the
-            training loss by the LightningModule) and diagnostics (routing maps, per-iteration
-            Gaussians, predicted depth ``"depth"`` ``[B, V, H, W]``, predicted cameras for
-            pose-free models ``"extrinsics"``/``"intrinsics"``, ...).
+        depth: predicted z-depth of the context views, ``[B, V, H, W]``, or None.
+        extrinsics: predicted camera-to-world context cameras (pose-free models), ``[B, V, 4, 4]``.
+        intrinsics: the intrinsics those cameras go with (normalised), ``[B, V, 3, 3]``.
+        gaussians_per_iteration: each iteration's Gaussians (recurrent families), or None.
+        render_targets: ``(weight, Gaussians)`` sets that training renders instead of the single
+            ``gaussians`` (ReSplat supervises every iteration), or None.
+        losses: name -> **unweighted** scalar auxiliary loss term (no ``"loss/"`` prefix); the
+            family's training recipe weighs and schedules them.
+        diagnostics: anything else (``routing_map``, ``hf_energy``, ``expert_usage``,
+            ``scene_token_index``, ...).
     """
 
     gaussians: Gaussians
-    extras: dict[str, Any] = field(default_factory=dict)
+    depth: Tensor | None
+    extrinsics: Tensor | None
+    intrinsics: Tensor | None
+    gaussians_per_iteration: list[Gaussians] | None
+    render_targets: list[tuple[float, Gaussians]] | None
+    losses: dict[str, Tensor]
+    diagnostics: dict[str, Any]
+
+    def __init__(
+        self,
+        gaussians: Gaussians,
+        *,
+        depth: Tensor | None = None,  # [B, V, H, W]
+        extrinsics: Tensor | None = None,  # [B, V, 4, 4]
+        intrinsics: Tensor | None = None,  # [B, V, 3, 3]
+        gaussians_per_iteration: list[Gaussians] | None = None,
+        render_targets: list[tuple[float, Gaussians]] | None = None,
+        losses: dict[str, Tensor] | None = None,
+        diagnostics: dict[str, Any] | None = None,
+        extras: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.gaussians = gaussians
+        self.depth = depth
+        self.extrinsics = extrinsics
+        self.intrinsics = intrinsics
+        self.gaussians_per_iteration = gaussians_per_iteration
+        self.render_targets = render_targets
+        self.losses = dict(losses or {})
+        self.diagnostics = dict(diagnostics or {})
+        if extras:  # the old constructor argument (one release): route known keys to their fields
+            warnings.warn(
+                "ModelOutput(extras=...) is deprecated: pass depth=, extrinsics=, intrinsics=, "
+                "gaussians_per_iteration=, render_targets=, losses= and diagnostics= instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            for key, value in extras.items():
+                if key in _TYPED_KEYS:
+                    if getattr(self, key) is not None:
+                        raise ValueError(
+                            f"ModelOutput: {key!r} given both as a field and in extras"
+                        )
+                    setattr(self, key, value)
+                elif key.startswith("loss/"):
+                    self.losses[key[len("loss/") :]] = value
+                else:
+                    self.diagnostics[key] = value
+
+    @property
+    def extras(self) -> Mapping[str, Any]:
+        """The old untyped view (read-only, kept for one release): typed fields under their old
+        keys (``"depth"``, ``"extrinsics"``, ...), ``losses`` as ``"loss/<name>"`` and the
+        diagnostics. New code reads the typed fields."""
+        view: dict[str, Any] = dict(self.diagnostics)
+        for key in _TYPED_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                view[key] = value
+        view.update({f"loss/{name}": value for name, value in self.losses.items()})
+        return MappingProxyType(view)
 
 
 def check_context(context: dict[str, Tensor], require_poses: bool) -> tuple[int, int, int, int]:
@@ -85,6 +158,9 @@ class SplatModel(
     family: ClassVar[str] = "base"
     pose_free: ClassVar[bool] = False
     min_views: ClassVar[int] = 1
+    # Constructor arguments of an older version that are training settings now (the family's
+    # recipe, ``models/training/recipes.py``): weights saved with them load, leaving them out.
+    retired_args: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def _from_pretrained(cls, **kwargs):  # type: ignore[override]

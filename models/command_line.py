@@ -8,8 +8,9 @@ here: a user types any path their shell passes. Pure Python: no Hydra import.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-__all__ = ["PATH_KEYS", "quote_path_arguments"]
+__all__ = ["PATH_KEYS", "config_help", "quote_path_arguments"]
 
 # Settings whose values are file system paths (or weights locations), in any entry point.
 PATH_KEYS = frozenset(
@@ -54,3 +55,26 @@ def quote_path_arguments(argv: list[str], keys: frozenset[str] = PATH_KEYS) -> l
             arg = f"{key}={_quoted(value)}"
         out.append(arg)
     return out
+
+
+def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
+    """``--help`` of a Hydra entry point: the usage (the config's first four ``# `` lines) and
+    every top-level setting with its default and the comment written above it (Hydra's own help
+    shows the values without them), then ``notes``."""
+    lines = Path(config).read_text(encoding="utf-8").splitlines()
+    header = [line[2:] for line in lines if line.startswith("# ")][:4]
+    rows, comment = [], []
+    for line in lines:
+        if line.startswith("hydra:"):
+            break
+        if line.startswith("#"):
+            comment.append(line.lstrip("# ").rstrip())
+        elif line and not line.startswith((" ", "-", "defaults")) and ":" in line:
+            key, _, value = line.partition(":")
+            rows.append((f"{key}={value.strip() or '...'}", " ".join(comment)))
+            comment = []
+        else:
+            comment = []
+    width = max(len(key) for key, _ in rows)
+    body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
+    return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])

@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import nn
 
-from .pretrained import PretrainedError, load_source, resolve_source, source_arguments
-from .pretrained_cfg import split_model_name
-from .registry import get_pretrained_cfg, model_entrypoint, to_plain
+from models.registry import get_pretrained_cfg, model_entrypoint, to_plain
+from models.weights.pretrained import PretrainedError, load_source, resolve_source, source_arguments
+from models.weights.pretrained_cfg import split_model_name
 
 __all__ = ["create_model", "load_model", "model_class"]
 
@@ -54,8 +54,18 @@ def _build(name: str, recorded: dict[str, Any], overrides: dict[str, Any]) -> nn
     accepted = _accepted_arguments(name)
     dropped = sorted(set(recorded) - accepted) if accepted is not None else []
     arguments = {k: v for k, v in recorded.items() if k not in dropped}
-    if dropped:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in dropped)
+    retired = set(getattr(model_class(name), "retired_args", ()))
+    training = [k for k in dropped if k in retired]
+    unknown = [k for k in dropped if k not in retired]
+    if training:
+        shown = ", ".join(f"{k}={recorded[k]!r}" for k in training)
+        warnings.warn(
+            f"weights of {name!r} record training setting(s) that are the training recipe's now "
+            f"(models/training/recipes.py), not the model's: {shown}; left out",
+            stacklevel=3,
+        )
+    if unknown:
+        shown = ", ".join(f"{k}={recorded[k]!r}" for k in unknown)
         warnings.warn(
             f"weights of {name!r} were saved with constructor argument(s) this version does not "
             f"have: {shown}; left out",

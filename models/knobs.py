@@ -26,12 +26,15 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from .gaussians import Gaussians
+from models.gaussians import Gaussians
+
+if TYPE_CHECKING:
+    from models.base import ModelOutput
 
 __all__ = [
     "Knob",
@@ -59,6 +62,8 @@ class Knob:
         low_open: ``low`` itself is not allowed (ZipSplat's ratio is in ``(0, 1]``).
         on_output: the knob only edits the forward's result (``max_gaussians``: a prune), so a
             re-runner applies it to a cached result instead of running the model.
+        sweep: values a benchmark scores the family at (a curve across the knob; ``bench/zoo.py``
+            reads them); empty: not swept.
     """
 
     name: str
@@ -71,6 +76,7 @@ class Knob:
     high_attr: str | None = None
     low_open: bool = False
     on_output: bool = False
+    sweep: tuple[float, ...] = ()
 
     def bounds(self, model: nn.Module | None = None) -> tuple[float, float | None]:
         """``(low, high)`` for ``model`` (``high_attr`` read from it when given)."""
@@ -127,7 +133,7 @@ MAX_GAUSSIANS = Knob(
 
 
 def _family_module(model: str | nn.Module):
-    from .registry import model_entrypoint
+    from models.registry import model_entrypoint
 
     if isinstance(model, str):
         return import_module(model_entrypoint(model).__module__)
@@ -190,7 +196,7 @@ class KnobRunner:
         reused: the memoised submodule names present on this model.
         computed: how often each memoised submodule actually ran (a cache miss).
         forwards: how many forward passes ran.
-        extras: the last forward's extras.
+        output: the last forward's ``ModelOutput`` (None before the first forward).
     """
 
     def __init__(
@@ -207,7 +213,7 @@ class KnobRunner:
         )
         self.computed: Counter[str] = Counter()
         self.forwards = 0
-        self.extras: dict[str, Any] = {}
+        self.output: ModelOutput | None = None
         self._memo: dict[str, tuple[tuple, dict, Any]] = {}
         self._results: OrderedDict[tuple, Gaussians] = OrderedDict()
         self._max_cached = max_cached
@@ -268,7 +274,7 @@ class KnobRunner:
             with torch.inference_mode(), self._reusing():
                 pred = self.model(self.context, **self.forward_kwargs, **forward)
             self.forwards += 1
-            self.extras = pred.extras
+            self.output = pred
             gaussians = pred.gaussians.detach()
             self._results[key] = gaussians
             while len(self._results) > self._max_cached:

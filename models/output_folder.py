@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from .errors import PathError
+from models.errors import PathError
 
 __all__ = [
     "MARKER_NAME",

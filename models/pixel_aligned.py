@@ -2,6 +2,6 @@
 
 import sys
 
-from .families import pixel_aligned as _module
+from models.families import pixel_aligned as _module
 
 sys.modules[__name__] = _module

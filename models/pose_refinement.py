@@ -6,18 +6,44 @@ prediction. Before scoring, each target camera's pose is optimised with the Gaus
 6-DoF delta (axis-angle rotation and translation, both in the camera's own frame) on the
 camera-to-world matrix, fitted with Adam to the target image by a photometric loss. The pose with
 the lowest loss seen is returned per camera, so refinement never makes the fit worse.
+
+The ground-truth target poses are in this project's scene frame (context view 0 = identity, unit
+context baseline), but a pose-free model's frame need not be: a released model (ZipSplat's, for
+one) normalises its scene by its own rule (median depth), so its frame differs from the scene frame
+by a similarity. Refining the target poses from their scene-frame values then starts at the wrong
+translation scale and gets stuck. ``place_targets`` first places the *context* views in the
+model's frame (a coarse search over the scale, then the same refinement against their own
+images), fits the similarity between those placed poses and the known context poses
+(``fit_similarity``), maps the target poses' initial values through it into the model's frame and
+refines them there. Nothing in it depends on a family: it needs only the predicted Gaussians, the
+context images and their known poses.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .gaussians import Gaussians
+from models.gaussians import Gaussians
 
-__all__ = ["refine_target_poses", "se3_delta", "pose_error"]
+__all__ = [
+    "ALIGNMENTS",
+    "FrameAlignment",
+    "TargetPlacement",
+    "apply_similarity",
+    "fit_similarity",
+    "place_context_views",
+    "place_targets",
+    "pose_error",
+    "refine_target_poses",
+    "se3_delta",
+]
+
+#: How ``place_targets`` relates the scene frame to the model's frame.
+ALIGNMENTS = ("similarity", "scale", "none")
 
 
 def _skew(vector: Tensor) -> Tensor:
@@ -110,7 +136,7 @@ def refine_target_poses(
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
         lowest photometric loss among the initial pose and every step's pose.
     """
-    from .render import render
+    from models.render.core import render
 
     if image.ndim != 5 or image.shape[2] != 3:
         raise ValueError(f"image must be [B, V, 3, H, W], got {tuple(image.shape)}")
@@ -185,3 +211,313 @@ def refine_target_poses(
             for group, base in zip(optimizer.param_groups, base_lrs):
                 group["lr"] = base * factor
     return best_pose.detach().to(extrinsics.dtype)
+
+
+# ---------------------------------------------------------------------- frame alignment
+def apply_similarity(
+    extrinsics: Tensor, scale: Tensor, rotation: Tensor, translation: Tensor
+) -> Tensor:
+    """Map camera-to-world poses through ``x -> scale * rotation @ x + translation``.
+
+    Args:
+        extrinsics: ``[B, V, 4, 4]`` camera-to-world in the source frame.
+        scale: ``[B]``.
+        rotation: ``[B, 3, 3]``.
+        translation: ``[B, 3]``.
+
+    Returns:
+        ``[B, V, 4, 4]`` the same cameras in the target frame (still rigid: the camera's axes are
+        rotated, its centre is mapped by the similarity).
+    """
+    out = extrinsics.clone()
+    out[..., :3, :3] = rotation[:, None] @ extrinsics[..., :3, :3]
+    centres = torch.einsum("bij,bvj->bvi", rotation, extrinsics[..., :3, 3])  # [B, V, 3]
+    out[..., :3, 3] = scale[:, None, None] * centres + translation[:, None]
+    return out
+
+
+def _project_rotation(matrix: Tensor) -> Tensor:
+    """Nearest rotation ``[..., 3, 3]`` to ``matrix`` (SVD, determinant fixed to +1)."""
+    u, _, vh = torch.linalg.svd(matrix)
+    sign = torch.sign(torch.linalg.det(u @ vh))
+    fix = torch.ones_like(matrix[..., 0])
+    fix[..., 2] = sign
+    return u @ torch.diag_embed(fix) @ vh
+
+
+def fit_similarity(
+    source: Tensor, target: Tensor, mode: str = "similarity", eps: float = 1e-6
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Least-squares similarity taking cameras ``source`` onto the same cameras ``target``.
+
+    The rotation is the average of the per-camera relative rotations ``R_tgt R_src^T`` (projected
+    onto SO(3)); given it, scale and translation minimise the camera centres' squared distances
+    (Umeyama with the rotation fixed). ``mode="scale"`` keeps both frames' origins (view 0 at the
+    origin in both, as for pose-free models) and fits the scale only; ``"none"`` is the identity.
+    With one camera, or cameras at one centre, the scale is undetermined and stays 1.
+
+    Args:
+        source: ``[B, V, 4, 4]`` camera-to-world in the source (scene) frame.
+        target: ``[B, V, 4, 4]`` the same cameras in the target (model) frame.
+        mode: ``"similarity"``, ``"scale"`` or ``"none"``.
+        eps: centre spread below which the scale is left at 1.
+
+    Returns:
+        ``scale [B]``, ``rotation [B, 3, 3]``, ``translation [B, 3]``.
+    """
+    if mode not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {mode!r}")
+    if source.shape != target.shape or source.ndim != 4 or source.shape[-2:] != (4, 4):
+        raise ValueError(
+            f"source and target must both be [B, V, 4, 4], got {tuple(source.shape)} and "
+            f"{tuple(target.shape)}"
+        )
+    b = source.shape[0]
+    eye = torch.eye(3, dtype=source.dtype, device=source.device).expand(b, 3, 3).clone()
+    ones = torch.ones(b, dtype=source.dtype, device=source.device)
+    zeros = torch.zeros(b, 3, dtype=source.dtype, device=source.device)
+    if mode == "none":
+        return ones, eye, zeros
+    c_src, c_tgt = source[..., :3, 3], target[..., :3, 3]  # [B, V, 3]
+    if mode == "scale":
+        rotation, translation = eye, zeros
+        norm = c_src.pow(2).sum(dim=(-2, -1))  # [B]
+        dot = (c_src * c_tgt).sum(dim=(-2, -1))
+    else:
+        relative = target[..., :3, :3] @ source[..., :3, :3].transpose(-1, -2)  # [B, V, 3, 3]
+        rotation = _project_rotation(relative.sum(dim=1))
+        rotated = torch.einsum("bij,bvj->bvi", rotation, c_src)
+        mean_src, mean_tgt = rotated.mean(dim=1), c_tgt.mean(dim=1)  # [B, 3]
+        centred_src, centred_tgt = rotated - mean_src[:, None], c_tgt - mean_tgt[:, None]
+        norm = centred_src.pow(2).sum(dim=(-2, -1))
+        dot = (centred_src * centred_tgt).sum(dim=(-2, -1))
+    determined = norm > eps**2
+    scale = torch.where(determined, dot / norm.clamp_min(eps**2), ones).clamp_min(eps)
+    if mode == "similarity":
+        translation = mean_tgt - scale[:, None] * mean_src
+    return scale, rotation, translation
+
+
+def _scaled(gaussians: Gaussians, factor: Tensor) -> Gaussians:
+    """The Gaussians with every length multiplied by ``factor [B]`` (exact for any SH degree)."""
+    f = factor.to(gaussians.means.dtype)[:, None, None]
+    return gaussians.replace(means=gaussians.means * f, scales=gaussians.scales * f)
+
+
+def _scale_translation(extrinsics: Tensor, factor: Tensor) -> Tensor:
+    out = extrinsics.clone()
+    out[..., :3, 3] = out[..., :3, 3] * factor[:, None, None].to(out.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class FrameAlignment:
+    """The similarity ``x_model = scale * rotation @ x_scene + translation`` found by
+    ``place_context_views``, and the context cameras placed in the model's frame.
+
+    Attributes:
+        scale: ``[B]`` model units per scene unit.
+        rotation: ``[B, 3, 3]``.
+        translation: ``[B, 3]``.
+        context_extrinsics: ``[B, Vc, 4, 4]`` context cameras placed (refined) in the model's frame.
+        residual: ``[B]`` RMS distance between the placed context centres and the known ones
+            mapped through the similarity, in scene units (how well one similarity explains them).
+        mode: the ``ALIGNMENTS`` entry used.
+    """
+
+    scale: Tensor
+    rotation: Tensor
+    translation: Tensor
+    context_extrinsics: Tensor
+    residual: Tensor
+    mode: str
+
+    def to_model_frame(self, extrinsics: Tensor) -> Tensor:
+        """Scene-frame camera-to-world ``[B, V, 4, 4]`` mapped into the model's frame."""
+        return apply_similarity(extrinsics, self.scale, self.rotation, self.translation)
+
+
+@dataclass(frozen=True)
+class TargetPlacement:
+    """Result of ``place_targets``.
+
+    Attributes:
+        initial: ``[B, Vt, 4, 4]`` the targets' ground-truth poses mapped into the model's frame
+            (the refinement's start).
+        refined: ``[B, Vt, 4, 4]`` the refined target poses in the model's frame (render these).
+        frame: the alignment between the scene frame and the model's frame.
+    """
+
+    initial: Tensor
+    refined: Tensor
+    frame: FrameAlignment
+
+
+def _scale_candidates(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Scales tried by the coarse search: 1/64 .. 64 in steps of sqrt(2) (25 values)."""
+    return torch.pow(2.0, torch.arange(-12, 13, dtype=dtype, device=device) / 2)
+
+
+def place_context_views(
+    gaussians: Gaussians,
+    image: Tensor,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    steps: int = 100,
+    backend: str = "auto",
+    *,
+    alignment: str = "similarity",
+    background: Tensor | None = None,
+    scales: Tensor | None = None,
+    **refine_kwargs,
+) -> FrameAlignment:
+    """Place the context views in a pose-free model's frame and fit the scene-to-model similarity.
+
+    1. Coarse scale: the known context poses, scaled about the scene origin by each of ``scales``
+       (default 1/64 .. 64), are rendered; per scene the scale with the lowest photometric loss
+       over the context views is kept (``alignment="none"`` skips this: scale 1).
+    2. The context poses at that scale are refined against their own images
+       (``refine_target_poses``), with the Gaussians rescaled by the inverse scale so that the
+       refinement's step sizes act in scene units.
+    3. ``fit_similarity`` between the known context poses and the placed ones gives the alignment.
+
+    Args:
+        gaussians: the prediction for these ``B`` scenes, in the model's frame.
+        image: ``[B, Vc, 3, H, W]`` the context images the model saw.
+        extrinsics: ``[B, Vc, 4, 4]`` their known camera-to-world poses (scene frame).
+        intrinsics: ``[B, Vc, 3, 3]`` normalised.
+        steps: refinement steps of step 2 (0: the coarse scale only).
+        backend: renderer backend.
+        alignment: ``"similarity"`` (scale, rotation, translation), ``"scale"`` (scale only,
+            origins kept) or ``"none"`` (the model's frame is taken to be the scene frame).
+        background: renderer background (``[B, 3]`` or ``[3]``).
+        scales: ``[S]`` candidate scales of step 1.
+        **refine_kwargs: more keywords of ``refine_target_poses`` (``lr``, ``loss``, ...).
+
+    Returns:
+        The ``FrameAlignment``.
+    """
+    from models.render.core import render
+
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}")
+    b, v = image.shape[:2]
+    with torch.inference_mode(False), torch.no_grad():
+        dtype = torch.promote_types(gaussians.dtype, torch.float32)
+        frozen = gaussians.map(lambda t: t.detach().clone()).to(dtype)
+        known = extrinsics.detach().clone().to(dtype)
+        intrinsics = intrinsics.detach().clone().to(dtype)
+        target = image.detach().clone().to(dtype)
+        if background is not None:
+            background = background.detach().clone()
+        ones = torch.ones(b, dtype=dtype, device=known.device)
+        if alignment == "none":
+            coarse = ones
+        else:
+            candidates = _scale_candidates(dtype, known.device) if scales is None else scales
+            losses = []
+            for s in candidates.to(dtype=dtype, device=known.device):
+                out = render(
+                    frozen,
+                    _scale_translation(known, ones * s),
+                    intrinsics,
+                    tuple(image.shape[-2:]),
+                    background=background,
+                    backend=backend,
+                )
+                losses.append(_photometric(out.color, target, "mse").mean(dim=1))  # [B]
+            best = torch.stack(losses, dim=1).argmin(dim=1)  # [B]
+            coarse = candidates.to(dtype=dtype, device=known.device)[best]
+        # Refine in units where the scene has (about) its scene-frame size.
+        units = _scaled(frozen, 1.0 / coarse)
+    placed = refine_target_poses(
+        units,
+        target,
+        known,
+        intrinsics,
+        steps=steps if alignment != "none" else 0,
+        backend=backend,
+        background=background,
+        **refine_kwargs,
+    )
+    with torch.inference_mode(False), torch.no_grad():
+        scale, rotation, translation = fit_similarity(known, placed, alignment)
+        mapped = apply_similarity(known, scale, rotation, translation)
+        residual = (mapped[..., :3, 3] - placed[..., :3, 3]).pow(2).sum(-1).mean(-1).sqrt()
+        return FrameAlignment(
+            scale=scale * coarse,
+            rotation=rotation,
+            translation=translation * coarse[:, None],
+            context_extrinsics=_scale_translation(placed, coarse),
+            residual=residual / scale,
+            mode=alignment,
+        )
+
+
+def place_targets(
+    gaussians: Gaussians,
+    context: dict[str, Tensor],
+    target: dict[str, Tensor],
+    steps: int = 100,
+    backend: str = "auto",
+    *,
+    alignment: str = "similarity",
+    context_steps: int | None = None,
+    background: Tensor | None = None,
+    **refine_kwargs,
+) -> TargetPlacement:
+    """Target poses for scoring a pose-free model: aligned into its frame, then refined.
+
+    ``place_context_views`` finds the similarity between the scene frame and the model's frame
+    from the context views; the targets' ground-truth poses are mapped through it and refined
+    (``refine_target_poses``) in the model's frame, with the Gaussians rescaled by the inverse
+    scale so that the step sizes act in scene units. With ``alignment="none"`` this is the plain
+    refinement from the scene-frame poses.
+
+    Args:
+        gaussians: the prediction (``B`` scenes) in the model's frame.
+        context: ``image [B, Vc, 3, H, W]``, ``extrinsics [B, Vc, 4, 4]`` (known, scene frame),
+            ``intrinsics [B, Vc, 3, 3]``.
+        target: the same keys for the ``Vt`` target views (extrinsics: ground truth, scene frame).
+        steps: refinement steps of the targets.
+        backend: renderer backend.
+        alignment: see ``place_context_views``.
+        context_steps: refinement steps of the context views (default ``steps``).
+        background: renderer background.
+        **refine_kwargs: more keywords of ``refine_target_poses``.
+
+    Returns:
+        ``TargetPlacement`` (poses in the model's frame, detached).
+    """
+    frame = place_context_views(
+        gaussians,
+        context["image"],
+        context["extrinsics"],
+        context["intrinsics"],
+        steps=steps if context_steps is None else context_steps,
+        backend=backend,
+        alignment=alignment,
+        background=background,
+        **refine_kwargs,
+    )
+    with torch.inference_mode(False), torch.no_grad():
+        dtype = frame.scale.dtype
+        initial = frame.to_model_frame(target["extrinsics"].detach().clone().to(dtype))
+        units = _scaled(gaussians.map(lambda t: t.detach().clone()).to(dtype), 1.0 / frame.scale)
+        start = _scale_translation(initial, 1.0 / frame.scale)
+    refined = refine_target_poses(
+        units,
+        target["image"].detach().clone(),
+        start,
+        target["intrinsics"].detach().clone(),
+        steps=steps,
+        backend=backend,
+        background=background,
+        **refine_kwargs,
+    )
+    with torch.inference_mode(False), torch.no_grad():
+        refined = _scale_translation(refined.to(dtype), frame.scale)
+    out_dtype = target["extrinsics"].dtype
+    return TargetPlacement(
+        initial=initial.to(out_dtype), refined=refined.to(out_dtype), frame=frame
+    )

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
-from .pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
-from .pretrained_cfg import get_pretrained_cfg as _get_pretrained_cfg
+from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
+from models.weights.pretrained_cfg import get_pretrained_cfg as _get_pretrained_cfg
 
 __all__ = [
     "get_pretrained_cfg",
@@ -39,7 +40,7 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 def _ensure_families_imported() -> None:
     # Importing the family modules runs their @register_model decorators.
-    from . import families  # noqa: F401
+    from models import families  # noqa: F401
 
 
 def list_models(
@@ -88,12 +89,26 @@ def model_entrypoint(name: str) -> Callable[..., nn.Module]:
     return _model_entrypoints[name]
 
 
-def to_plain(value):
-    """OmegaConf containers (what Hydra passes) to plain lists/dicts, so configs stay JSON."""
-    if type(value).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
+def to_plain(value: Any, resolve: bool = True) -> Any:
+    """OmegaConf containers (what Hydra passes), also nested in dicts, lists and tuples, as
+    plain dicts and lists, so that configs stay JSON and checkpoints load with
+    ``weights_only=True``. The project's one converter (no OmegaConf import unless one is there).
 
-        return OmegaConf.to_container(value, resolve=True)
+    Args:
+        value: anything; non-container values come back unchanged.
+        resolve: resolve ``${...}`` interpolations (``False`` for stored hyper-parameters, whose
+            interpolations may point at a config that is gone).
+    """
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import Container, OmegaConf
+
+        if isinstance(value, Container):
+            return OmegaConf.to_container(value, resolve=resolve)
+        return value
+    if isinstance(value, dict):
+        return {k: to_plain(v, resolve) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_plain(v, resolve) for v in value)
     return value
 
 
@@ -101,7 +116,7 @@ def __getattr__(name: str):
     # Old import path (``from models.registry import create_model``), kept for one release: the
     # factory sits above this module, so it is imported only when asked for.
     if name == "create_model":
-        from .factory import create_model
+        from models.factory import create_model
 
         return create_model
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,6 @@
 
 import sys
 
-from .families import resplat as _module
+from models.families import resplat as _module
 
 sys.modules[__name__] = _module

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .gaussians import SH_C0, Gaussians
-from .knobs import MAX_GAUSSIANS, Knob, KnobRunner
+from models.gaussians import SH_C0, Gaussians
+from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
 
 __all__ = [
     "ViewCamera",
@@ -630,7 +630,7 @@ class SplatViewer:
     ) -> np.ndarray:
         """The current set rendered by :func:`models.render` (white background, as viser's) →
         ``[H, W, 3]`` uint8."""
-        from .render import render
+        from models.render.core import render
 
         g = self._gaussians
         e = torch.as_tensor(extrinsics, dtype=g.dtype, device=g.device)[None, None]

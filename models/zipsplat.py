@@ -2,6 +2,6 @@
 
 import sys
 
-from .families import zipsplat as _module
+from models.families import zipsplat as _module
 
 sys.modules[__name__] = _module

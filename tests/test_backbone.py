@@ -7,8 +7,8 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from models.backbones import DPTHead, MultiViewTransformer, default_out_layers
-from models.backbones.multiview_vit import VIT_SIZES
+from models.layers.backbones import DPTHead, MultiViewTransformer, default_out_layers
+from models.layers.backbones.multiview_vit import VIT_SIZES
 
 # A small but non-trivial configuration: 3 blocks (frame, global, frame), all three returned.
 SMALL_CFG = dict(size="tiny", embed_dim=32, depth=3, num_heads=2, out_layers=[0, 1, 2])

@@ -21,8 +21,8 @@ import pytest
 from PIL import Image as PILImage
 from test_infer import Result, infer_here  # what `python infer.py ARGS` runs, in-process
 
-from datamodules import convert
-from datamodules.colmap import (
+from datamodules.errors import DataError
+from datamodules.readers.colmap import (
     ColmapError,
     UnsupportedCameraError,
     read_cameras_binary,
@@ -35,8 +35,8 @@ from datamodules.colmap import (
     read_points3d_text,
     read_rigs_text,
 )
-from datamodules.errors import DataError
-from datamodules.image_folder import load_images, read_cameras_json
+from datamodules.readers.image_folder import load_images, read_cameras_json
+from datamodules.tools import convert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POSED = "pixel_aligned_tiny"
@@ -115,7 +115,7 @@ CORRUPT_IMAGES = {
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random weights of the posed tiny model, saved as a user's folder would be."""
     from models import create_model
-    from models.pretrained import save_pretrained
+    from models.weights.pretrained import save_pretrained
 
     return save_pretrained(
         create_model(POSED), tmp_path_factory.mktemp("weights") / POSED, name=POSED

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from models import cameras
+from models.geometry import cameras
 
 
 def pose(rotation: torch.Tensor, translation) -> torch.Tensor:

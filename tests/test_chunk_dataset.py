@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from datamodules import DataError, read_scene
-from datamodules.chunk_dataset import ChunkDataset
-from datamodules.chunk_writer import ChunkWriter, camera_row, encode_bytes
-from datamodules.chunks import load_chunk, load_index
-from datamodules.samplers import BoundedViewSampler, EvaluationViewSampler
-from datamodules.synthetic import SyntheticSettings, generate_dataset
+from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
+from datamodules.readers.chunks import load_chunk, load_index
+from datamodules.tools.synthetic import SyntheticSettings, generate_dataset
+from datamodules.training.chunk_dataset import ChunkDataset
+from datamodules.training.samplers import BoundedViewSampler, EvaluationViewSampler
 from datamodules.transforms import flip_views
-from models.cameras import pixel_grid, project, transform_points, unproject
+from models.geometry.cameras import pixel_grid, project, transform_points, unproject
 
 RES, VIEWS = 32, 24
 
@@ -261,7 +261,7 @@ def test_bad_scenes_are_skipped_and_counted(root: Path, tmp_path: Path, caplog) 
 
     copy = copy_split(root, tmp_path, edit)
     dataset = ChunkDataset(copy, "train", sampler())
-    with caplog.at_level(logging.WARNING, logger="datamodules.chunk_dataset"):
+    with caplog.at_level(logging.WARNING, logger="datamodules.training.chunk_dataset"):
         keys = [e["scene"] for e in dataset]
     assert (
         first not in keys and second not in keys and len(keys) == len(load_index(root, "train")) - 2
@@ -302,7 +302,7 @@ def test_real_images_and_colmap_poses_through_the_chunk_format(
 ) -> None:
     """pixelSplat-style chunk built from real frames + SfM poses; 3D points must reproject onto
     their observed keypoints after resize/crop, conversion to camera-to-world and normalisation."""
-    from datamodules import colmap
+    from datamodules.readers import colmap
 
     scene_dir = shared_data / "real" / "drone_colmap"
     cameras, images, points = colmap.read_model(scene_dir, points=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.colmap import (
+from datamodules.readers.colmap import (
     CAMERA_MODELS,
     Camera,
     ColmapError,
@@ -27,7 +27,7 @@ from datamodules.colmap import (
     read_rigs_text,
     rotmat_to_qvec,
 )
-from models.cameras import invert_extrinsics, project
+from models.geometry.cameras import invert_extrinsics, project
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DRONE = SHARED_DATA / "real" / "drone_colmap"

@@ -12,11 +12,11 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.chunk_writer import ChunkWriter, camera_row, encode_bytes
-from datamodules.colmap import image_world_to_camera, read_model
-from datamodules.convert import main as convert_main
-from datamodules.make_index import main as index_main
-from models.cameras import invert_extrinsics, project
+from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
+from datamodules.readers.colmap import image_world_to_camera, read_model
+from datamodules.tools.convert import main as convert_main
+from datamodules.tools.make_index import main as index_main
+from models.geometry.cameras import invert_extrinsics, project
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DRONE = SHARED_DATA / "real" / "drone_colmap"

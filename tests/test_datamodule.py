@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from datamodules import DataError
-from datamodules.chunk_dataset import ChunkDataset
-from datamodules.chunks import load_chunk
-from datamodules.datamodule import SplatDataModule
-from datamodules.samplers import BoundedViewSampler
+from datamodules.readers.chunks import load_chunk
+from datamodules.training.chunk_dataset import ChunkDataset
+from datamodules.training.datamodule import SplatDataModule
+from datamodules.training.samplers import BoundedViewSampler
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GENERATOR = {"scenes": 6, "resolution": 32, "views": 24, "seed": 1, "test_fraction": 0.34}

@@ -13,8 +13,8 @@ import torch
 
 from models import create_model, get_pretrained_cfg, list_models
 from models.families.depthsplat import DepthSplat, checkpoint_filter_fn, official_key_to_ours
-from models.pretrained import PretrainedError
 from models.sh import rotate_sh_e3nn
+from models.weights.pretrained import PretrainedError
 
 CONFIGS = sorted(p.stem[len("manifest_") :] for p in fx.FIXTURES.glob("manifest_*.json"))
 TOLERANCE = 1e-4
@@ -317,7 +317,7 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
     import sys
 
     subprocess.run(
-        [sys.executable, "-m", "datamodules.synthetic", "--out", str(data_root), "--scenes", "4",
+        [sys.executable, "-m", "datamodules.tools.synthetic", "--out", str(data_root), "--scenes", "4",
          "--resolution", "64", "--views", "12", "--seed", "0", "--workers", "1"],
         check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True,
     )  # fmt: skip
@@ -339,7 +339,7 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
 def test_gaussian_head_local_frame_min_scale_and_decode_only() -> None:
     """DepthSplat's head options: camera-frame rotations/SH moved to the world by the camera
     rotation; the scale floor; a decode-only head."""
-    from models.heads import GaussianHead
+    from models.layers.heads import GaussianHead
 
     torch.manual_seed(0)
     kwargs = dict(mean_mode="ray_depth", sh_degree=2, max_scale=3.0, min_scale=1e-10)

@@ -2,9 +2,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.cameras import project
 from models.gaussians import sh_to_rgb
-from models.heads import GaussianHead, free_mean_activation
+from models.geometry.cameras import project
+from models.layers.heads import (
+    AnchorOffsetPlacement,
+    FreeMeanPlacement,
+    GaussianHead,
+    RayDepthPlacement,
+    free_mean_activation,
+)
 
 
 def test_activations_and_shapes():
@@ -104,3 +110,62 @@ def test_gradients_flow():
     )
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in head.parameters())
+
+
+def test_placement_modules_match_the_mean_mode_spelling():
+    """A placement module and the old ``mean_mode`` string build the same head: same parameters
+    (none in the placement), bit-identical Gaussians."""
+    torch.manual_seed(0)
+    b, n = 2, 9
+    anchors = {"anchors": torch.randn(b, n, 3), "offset_scale": torch.rand(b, n)}
+    c2w = torch.eye(4)
+    c2w[:3, 3] = torch.tensor([0.1, 0.2, -0.3])
+    rays = {
+        "depth": torch.rand(b, n, 2) + 1.0,
+        "coords": torch.rand(b, n, 2),
+        "pixel_size": torch.tensor([1 / 16, 1 / 12]),
+        "intrinsics": torch.tensor([[1.1, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1]]).expand(b, n, 3, 3),
+        "extrinsics": c2w.expand(b, n, 4, 4),
+    }
+    cases = [
+        (FreeMeanPlacement(3.0), dict(mean_mode="free", free_mean_max=3.0), {}),
+        (AnchorOffsetPlacement(0.2), dict(mean_mode="anchor_offset", offset_bound=0.2), anchors),
+        (RayDepthPlacement(0.5), dict(mean_mode="ray_depth", offset_bound=0.5), rays),
+    ]
+    features = torch.randn(b, n, 8) * 3
+    color = torch.rand(b, n, 3)
+    for placement, legacy, inputs in cases:
+        torch.manual_seed(1)
+        new = GaussianHead(8, placement, gaussians_per_location=2, hidden_dim=16)
+        torch.manual_seed(1)
+        old = GaussianHead(8, gaussians_per_location=2, hidden_dim=16, **legacy)
+        assert new.state_dict().keys() == old.state_dict().keys()
+        assert not list(new.placement.parameters())
+        assert set(new.inputs) == set(inputs) | ({"pixel_size"} if inputs is rays else set())
+        a = new(features, color=color, **inputs)
+        c = old(features, color=color, **inputs)
+        for field in ("means", "scales", "rotations", "opacities", "harmonics"):
+            assert torch.equal(getattr(a, field), getattr(c, field)), field
+
+
+def test_placement_inputs_are_checked():
+    head = GaussianHead(4, RayDepthPlacement())
+    assert head.placement.required_inputs == ("depth", "coords", "intrinsics", "extrinsics")
+    assert head.placement.optional_inputs == ("pixel_size",)
+    with pytest.raises(ValueError, match="needs coords, intrinsics, extrinsics"):
+        head(torch.randn(1, 3, 4), depth=torch.ones(1, 3))
+    free = GaussianHead(4, FreeMeanPlacement())
+    with pytest.raises(ValueError, match="unexpected input.*anchors"):
+        free(torch.randn(1, 3, 4), anchors=torch.zeros(1, 3, 3))
+    # local_frame takes the camera-to-world rotation even when the placement does not need it
+    local = GaussianHead(None, FreeMeanPlacement(), local_frame=True)
+    assert local.inputs == ("extrinsics",)
+    raw = torch.randn(1, 3, 1, local.raw_dim)
+    g = local.decode(raw, extrinsics=torch.eye(4).expand(1, 3, 4, 4))
+    assert torch.equal(g.means, free_mean_activation(raw[..., :3], 100.0).reshape(1, 3, 3))
+    with pytest.raises(ValueError, match="one of placement or mean_mode"):
+        GaussianHead(4)
+    with pytest.raises(ValueError, match="one of placement or mean_mode"):
+        GaussianHead(4, FreeMeanPlacement(), mean_mode="free")
+    with pytest.raises(ValueError, match="go to the placement"):
+        GaussianHead(4, AnchorOffsetPlacement(), offset_bound=0.5)

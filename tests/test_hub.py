@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from models import create_model, list_models
 from models.output_folder import MARKER_NAME
-from models.pretrained import (
+from models.weights.pretrained import (
     CONFIG_NAME,
     METADATA_KEY,
     WEIGHTS_NAME,
@@ -240,7 +240,7 @@ def test_parse_location() -> None:
 
 
 def test_default_weights_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import models.pretrained as pretrained
+    from models.weights import pretrained as pretrained
 
     root = tmp_path / "checkpoints"
     save_pretrained(create_model(TINY), root / TINY)
@@ -307,7 +307,7 @@ def lightning_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     lightning = pytest.importorskip("lightning")
     from omegaconf import OmegaConf
 
-    from models.lightning_module import SplatLitModule
+    from models.training.module import SplatLitModule
 
     net = create_model(TINY)
     module = SplatLitModule(net, betas=OmegaConf.create([0.9, 0.95]), eval_kwargs={})
@@ -335,7 +335,7 @@ def lightning_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
 
 
 def test_export_checkpoint(lightning_checkpoint, tmp_path: Path) -> None:
-    from models.export import export_checkpoint
+    from models.training.export import export_checkpoint
 
     ckpt, net = lightning_checkpoint
     out = export_checkpoint(ckpt, tmp_path / "export", metrics={"test/psnr": 20.25})
@@ -355,7 +355,7 @@ def test_export_checkpoint(lightning_checkpoint, tmp_path: Path) -> None:
     assert config[METADATA_KEY]["model_name"] == TINY
     assert config["pretrained_backbone"] is False
     # Refuses a non-empty output unless overwrite.
-    from models.export import ExportError
+    from models.training.export import ExportError
 
     with pytest.raises(ExportError, match="already holds files"):
         export_checkpoint(ckpt, out)
@@ -385,7 +385,7 @@ def test_load_model_builds_what_the_weights_describe(lightning_checkpoint, tmp_p
 
 def _run_export(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "models.export", *args],
+        [sys.executable, "-m", "models.training.export", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -409,7 +409,7 @@ def test_export_cli_push_offline_fails_cleanly(lightning_checkpoint, tmp_path: P
 
 def test_export_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``models.export.main`` (what ``python -m models.export`` runs): one line, status 2."""
-    from models.export import main
+    from models.training.export import main
 
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"this is not a checkpoint")

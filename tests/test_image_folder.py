@@ -11,8 +11,13 @@ import torch
 from PIL import Image
 
 from datamodules import DataError
-from datamodules.image_folder import load_images, open_image, read_cameras_json, write_cameras_json
-from models.cameras import project, transform_points
+from datamodules.readers.image_folder import (
+    load_images,
+    open_image,
+    read_cameras_json,
+    write_cameras_json,
+)
+from models.geometry.cameras import project, transform_points
 
 
 def save(path: Path, array: np.ndarray, **kwargs) -> Path:
@@ -139,7 +144,7 @@ def test_cameras_json_round_trip(shared_data: Path, tmp_path: Path) -> None:
 
 
 def test_colmap_poses_reproject_points(shared_data: Path) -> None:
-    from datamodules import colmap
+    from datamodules.readers import colmap
 
     scene = shared_data / "real" / "drone_colmap"
     loaded = load_images(scene, image_shape=(240, 424), num_views=5)

@@ -29,7 +29,7 @@ from models.output_folder import (
     check_output_folder,
     remove_stale_staging,
 )
-from models.pretrained import save_pretrained
+from models.weights.pretrained import save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -244,7 +244,7 @@ def test_output_appearing_meanwhile_is_not_replaced(tmp_path) -> None:
 
 
 def test_export_refuses_a_foreign_folder(tmp_path) -> None:
-    from models.export import ExportError, export_checkpoint
+    from models.training.export import ExportError, export_checkpoint
 
     out = tmp_path / "mine"
     out.mkdir()
@@ -256,7 +256,7 @@ def test_export_refuses_a_foreign_folder(tmp_path) -> None:
 
 def test_synthetic_refuses_a_foreign_folder(tmp_path) -> None:
     from datamodules.errors import DataError
-    from datamodules.synthetic import SyntheticSettings, generate_dataset
+    from datamodules.tools.synthetic import SyntheticSettings, generate_dataset
 
     out = tmp_path / "data"
     out.mkdir()
@@ -272,7 +272,7 @@ def test_synthetic_refuses_a_foreign_folder(tmp_path) -> None:
 
 
 def test_convert_refuses_roots_that_are_not_datasets(tmp_path, monkeypatch) -> None:
-    from datamodules.convert import InputError, convert
+    from datamodules.tools.convert import InputError, convert
 
     photos = _photos(tmp_path / "photos")
     foreign = tmp_path / "documents"

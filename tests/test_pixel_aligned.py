@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.base import ModelOutput, SplatModel
-from models.cameras import pixel_grid, project
+from models.geometry.cameras import pixel_grid, project
 from models.pixel_aligned import (
     PixelAligned,
     noposplat_tiny,
@@ -131,7 +131,7 @@ def test_means_lie_on_context_rays_at_the_predicted_depth(posed: PixelAligned) -
     )  # [1, V, HW, 2], [1, V, HW]
     centres = pixel_grid((H, W)).reshape(1, 1, H * W, 2)
     offset_px = (uv - centres) * torch.tensor([W, H])
-    bound = 0.5 * posed.gaussian_head.offset_bound
+    bound = 0.5 * posed.gaussian_head.placement.offset_bound
     assert offset_px.abs().max() <= bound + 1e-3
     assert offset_px.abs().max() > 1e-3  # the sub-pixel offset is used
     torch.testing.assert_close(z, pred.extras["depth"].reshape(1, 2, H * W), rtol=1e-4, atol=1e-4)
@@ -266,7 +266,7 @@ def test_pose_free_ignores_extrinsics_and_anchors_view_zero_on_its_rays(
     view0 = g.means[:, : H * W]
     uv, z = project(view0, torch.eye(4), context["intrinsics"][:, 0])
     offset_px = (uv - pixel_grid((H, W)).reshape(1, H * W, 2)) * torch.tensor([W, H])
-    bound = pose_free.gaussian_head.offset_bound
+    bound = pose_free.gaussian_head.placement.offset_bound
     assert offset_px.abs().max() <= 1.05 * bound * math.sqrt(2)
     depth0 = a.extras["depth"][:, 0].reshape(1, H * W)
     assert ((z - depth0).abs() / depth0).max() < 0.05

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.point_transformer import (
+from models.layers.point_transformer import (
     GlobalAttention,
     KNNAttention,
     PointTransformer,

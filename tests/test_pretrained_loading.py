@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from models import create_model, get_pretrained_cfg, list_models, registry
-from models import pretrained_cfg as cfg_module
-from models.pretrained import PretrainedError, save_pretrained
+from models.weights import pretrained_cfg as cfg_module
+from models.weights.pretrained import PretrainedError, save_pretrained
 
 TOY_MODULE = '''
 """A throwaway family (test only)."""
@@ -259,7 +259,7 @@ def test_shipped_weights_have_tags() -> None:
 
 
 def test_export_release_to_our_folder(toy, tmp_path: Path) -> None:
-    from models.export import main
+    from models.training.export import main
 
     _, data, sha = toy
     release = tmp_path / f"toy-release-{sha}.pth"

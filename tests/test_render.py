@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.cameras import intrinsics_to_normalized, invert_extrinsics
 from models.gaussians import Gaussians, rgb_to_sh
-from models.render import RenderOutput, project_gaussians, render
+from models.geometry.cameras import intrinsics_to_normalized, invert_extrinsics
+from models.render.core import render
+from models.render.output import RenderOutput
+from models.render.projection import project_gaussians
 from models.sh import eval_sh
 
 ALPHA_MIN = 1.0 / 255.0
@@ -25,7 +27,7 @@ def toolchain_present() -> bool:
 
 def cpu_backend_or_skip(dtype: torch.dtype = torch.float64) -> None:
     """Fail when ``backend="cpu"`` should build here but does not; skip only without a toolchain."""
-    from models.render_cpu import cpu_rasterizer_error
+    from models.render.cpu import cpu_rasterizer_error
 
     error = cpu_rasterizer_error(dtype)
     if error is not None:
@@ -660,7 +662,7 @@ def test_default_background_is_black_and_backgrounds_broadcast(backend):
     expected = black.color + per_scene[:, None, :, None, None] * (1 - black.alpha[:, :, None])
     assert max_abs(red_green.color, expected) < 1e-6
     # auto: the compiled CPU rasteriser for CPU tensors when it works, else torch.
-    from models.render_cpu import cpu_rasterizer_error
+    from models.render.cpu import cpu_rasterizer_error
 
     picked = "cpu" if cpu_rasterizer_error(torch.float32) is None else "torch"
     expected = render(g, extrinsics, intrinsics, (16, 16), backend=picked).color
@@ -687,7 +689,7 @@ def gsplat_reference_compensations(
 
 
 def test_compensation_hand_computed_values():
-    from models.render import opacity_compensation
+    from models.render.projection import opacity_compensation
 
     cov2d = torch.tensor(
         [[[1.0, 0.0], [0.0, 4.0]], [[2.0, 1.0], [1.0, 2.0]], [[1.0, 1.0], [1.0, 1.0]]],

@@ -19,12 +19,12 @@ import pytest
 import torch
 from test_render import cameras, cpu_backend_or_skip, garden_inputs, random_gaussians
 
-import models.render_cpu as render_cpu
 from models.gaussians import Gaussians
-from models.render import render
+from models.render import cpu as render_cpu
+from models.render.core import render
 
 NAMES = ("means", "scales", "rotations", "opacities", "harmonics")
-render_module = importlib.import_module("models.render")  # models.render is also the function
+render_module = importlib.import_module("models.render.core")  # models.render is also the function
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import timm
@@ -11,9 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from models import create_model, list_models, render
-from models.feature_extractor import FrozenFeatureExtractor
-from models.pretrained import PretrainedError, model_config
+from models.layers.feature_extractor import FrozenFeatureExtractor
 from models.resplat import ReSplat, decode_gaussians, encode_gaussians
+from models.training.recipes import ReSplatRecipe
+from models.weights.pretrained import PretrainedError, model_config
 
 SIZE = 32  # images of the tests: 32x32 -> an 8x8 latent grid per view
 
@@ -150,11 +150,12 @@ def test_forward_backward_cpu(trained_like: ReSplat, views: int) -> None:
     pred = model(context, iterations=2)
     count = views * (SIZE // 4) ** 2  # one Gaussian per 4x4 pixels per view
     assert pred.gaussians.means.shape == (2, count, 3)
-    assert pred.extras["depth"].shape == (2, views, SIZE, SIZE)
+    assert pred.depth.shape == (2, views, SIZE, SIZE)
     pred.gaussians.validate()
-    weights = [w for w, _ in pred.extras["render_targets"]]
-    assert weights == pytest.approx([0.81, 0.9, 1.0])
-    loss = sum(w * _render_loss(g, context) for w, g in pred.extras["render_targets"])
+    targets = ReSplatRecipe().render_targets(pred)  # every iteration, decayed
+    assert [w for w, _ in targets] == pytest.approx([0.81, 0.9, 1.0])
+    assert [g for _, g in targets] == pred.gaussians_per_iteration
+    loss = sum(w * _render_loss(g, context) for w, g in targets)
     loss.backward()
     missing = [
         n
@@ -169,33 +170,37 @@ def test_forward_backward_cpu(trained_like: ReSplat, views: int) -> None:
 
 
 def test_freeze_init_and_render_targets() -> None:
-    model = _model(freeze_init=True, train_iterations=3)
+    model = _model()
+    recipe = ReSplatRecipe(freeze_init=True, train_iterations=3)
+    recipe.setup(model)  # what the LightningModule does
     assert not any(p.requires_grad for p in model.init_model.parameters())
     _perturb_update(model)
     context = _context()
     pred = model(context, iterations=2)
     # The frozen initial set carries no gradient, so it is not a render target.
-    assert [w for w, _ in pred.extras["render_targets"]] == pytest.approx([0.9, 1.0])
+    assert [w for w, _ in recipe.render_targets(pred)] == pytest.approx([0.9, 1.0])
     _render_loss(pred.gaussians, context).backward()
     assert all(p.grad is None for p in model.init_model.parameters())
     assert model.updater.delta[-1].weight.grad.abs().sum() > 0
     model.train()
     assert not model.init_model.training and model.updater.training
     with pytest.raises(ValueError, match="freeze_init"):
-        _model(freeze_init=True, train_iterations=0)
+        ReSplatRecipe(freeze_init=True, train_iterations=0)
     # The initial-model stage: no refinement iterations in training.
-    assert ReSplat.train_kwargs(SimpleNamespace(train_iterations=0), 0, 100) == {"iterations": 0}
+    assert ReSplatRecipe(train_iterations=0).train_kwargs(model, 0, 100) == {"iterations": 0}
 
 
 def test_train_kwargs_and_iterations_knob(fresh: ReSplat) -> None:
     model = fresh
-    assert model.train_iterations == 4 and model.iterations == 2
-    samples = {model.train_kwargs(step, 100)["iterations"] for step in range(300)}
+    recipe = ReSplatRecipe()
+    assert recipe.train_iterations == 4 and model.iterations == 2
+    samples = {recipe.train_kwargs(model, step, 100)["iterations"] for step in range(300)}
     assert samples == {1, 2, 3, 4}
     with torch.no_grad():
-        assert len(model(_context()).extras["gaussians_per_iteration"]) == 3  # the default: 2
+        assert len(model(_context()).gaussians_per_iteration) == 3  # the default: 2
         pred = model(_context(), iterations=0, max_gaussians=50)
-    assert pred.gaussians.means.shape[1] == 50 and pred.extras["render_targets"][0][0] == 1.0
+    assert pred.gaussians.means.shape[1] == 50
+    assert recipe.render_targets(pred)[0][0] == 1.0 and len(recipe.render_targets(pred)) == 1
     with pytest.raises(ValueError, match="divisible by 4"):
         model(_context(size=30))
 
@@ -213,7 +218,8 @@ def test_init_checkpoint_loads_initial_model_strictly(fresh: ReSplat, tmp_path) 
     }
     save_file(init_state, str(tmp_path / "bare.safetensors"))  # the initial model alone
 
-    refined = _model(init_checkpoint=str(tmp_path / "init.safetensors"), freeze_init=True)
+    refined = _model(init_checkpoint=str(tmp_path / "init.safetensors"))
+    refined.freeze_initial_model()
     for key, value in refined.init_model.state_dict().items():
         assert torch.equal(value, init_state[key]), key
     for name in ("init.ckpt", "bare.safetensors"):
@@ -241,11 +247,11 @@ def test_from_pretrained_needs_no_init_checkpoint(fresh: ReSplat, tmp_path) -> N
     """A refined model's config names its init checkpoint; reloading the model never reads it."""
     init = tmp_path / "init.safetensors"
     save_file({k: v.contiguous() for k, v in fresh.state_dict().items()}, str(init))
-    model = _model(init_checkpoint=str(init), freeze_init=True)
+    model = _model(init_checkpoint=str(init))
     model.save_pretrained(tmp_path / "refined")  # the Hub mixin's config keeps the path
     init.unlink()
     loaded = ReSplat.from_pretrained(tmp_path / "refined")
-    assert loaded.freeze_init
+    assert loaded.iterations == model.iterations and not loaded.freeze_init  # not a config value
     for key, value in model.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[key]), key
 
@@ -289,7 +295,7 @@ def test_feature_extractor_pretrained_from_local_file(tmp_path) -> None:
 
 
 def test_feature_extractor_falls_back_offline(tmp_path, monkeypatch, caplog) -> None:
-    import models.feature_extractor as module
+    from models.layers import feature_extractor as module
 
     real = module.timm.create_model
 
@@ -299,7 +305,7 @@ def test_feature_extractor_falls_back_offline(tmp_path, monkeypatch, caplog) -> 
         return real(name, pretrained=False, **kwargs)
 
     monkeypatch.setattr(module.timm, "create_model", offline)
-    with caplog.at_level(logging.WARNING, logger="models.feature_extractor"):
+    with caplog.at_level(logging.WARNING, logger="models.layers.feature_extractor"):
         extractor = FrozenFeatureExtractor("test_resnet", weights="pretrained")
     assert extractor.loaded_weights == "seeded"
     assert "falling back" in caplog.text and "no network" in caplog.text

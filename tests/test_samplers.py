@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from datamodules import DataError
-from datamodules.samplers import (
+from datamodules.training.samplers import (
     AllViewSampler,
     BoundedViewSampler,
     EvaluationViewSampler,

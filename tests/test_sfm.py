@@ -23,8 +23,8 @@ import torch
 
 pycolmap = pytest.importorskip("pycolmap")
 
-from datamodules import colmap  # noqa: E402
-from datamodules.sfm import (  # noqa: E402
+from datamodules.readers import colmap  # noqa: E402
+from datamodules.tools.sfm import (  # noqa: E402
     SfmError,
     SfmSettings,
     _cache_key,
@@ -32,7 +32,7 @@ from datamodules.sfm import (  # noqa: E402
     image_files,
     pose_errors,
 )
-from models.cameras import camera_centers, invert_extrinsics, project  # noqa: E402
+from models.geometry.cameras import camera_centers, invert_extrinsics, project  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -318,8 +318,8 @@ def test_distorted_cameras_are_undistorted(tmp_path: Path) -> None:
     converter's undistortion (``datamodules.convert.undistort_image``)."""
     from PIL import Image
 
-    from datamodules.convert import undistort_image
-    from datamodules.sfm import SfmResult
+    from datamodules.readers.undistort import undistort_image
+    from datamodules.tools.sfm import SfmResult
 
     rng = np.random.default_rng(0)
     images = tmp_path / "images"
@@ -433,7 +433,7 @@ def test_infer_unposable_input_is_one_line(cache: Path, tmp_path: Path, capsys) 
 @needs_shared
 def test_convert_poses_auto(drone8, tmp_path: Path) -> None:
     from datamodules import read_scene
-    from datamodules.convert import main as convert_main
+    from datamodules.tools.convert import main as convert_main
 
     out = tmp_path / "root"
     args = [str(DRONE8), "--poses", "auto", "--out", str(out), "--split", "test", "--quiet"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from models import create_model, list_models, render
 from models.splatweaver import (
@@ -12,6 +13,7 @@ from models.splatweaver import (
     straight_through_gumbel,
     target_usage_distribution,
 )
+from models.training.recipes import SplatWeaverRecipe
 
 SIZE = 32  # small images keep the tests fast; the tiny backbone works at any size
 
@@ -299,9 +301,9 @@ def test_straight_through_gumbel() -> None:
 @pytest.mark.parametrize("ladder", [True, False])
 def test_straight_through_gate_passes_gradients_to_the_router(ladder: bool) -> None:
     # No regulariser: the only path from the loss to the router is the gate on the opacities.
-    model = small_model(routing_weight=0.0, energy_ladder=ladder).train()
+    model = small_model(energy_ladder=ladder).train()
     pred = model(make_context(b=1))
-    assert float(pred.extras["loss/routing"].detach()) == 0.0
+    assert SplatWeaverRecipe(routing_weight=0.0).weigh(pred.losses) == {}
     extrinsics, intrinsics = cameras(1, 2)
     out = render(pred.gaussians, extrinsics, intrinsics, (SIZE, SIZE), backend="torch")
     loss = (out.color - 0.3).square().mean()
@@ -348,15 +350,28 @@ def test_quantile_targets_follow_the_usage() -> None:
 
 
 def test_routing_regulariser(model: SplatWeaver) -> None:
+    """The model returns the regulariser's terms unweighted and the recipe weighs them; its mix of
+    the two cross-entropies is exactly torch's label-smoothed cross-entropy."""
     model.train()
     pred = model(make_context())
     model.eval()
-    loss = pred.extras["loss/routing"]
-    ce, penalty = pred.extras["routing_ce"], pred.extras["routing_usage_penalty"]
+    assert set(pred.losses) == {"routing_ce", "routing_smoothing", "routing_usage"}
+    ce, smoothing = pred.losses["routing_ce"], pred.losses["routing_smoothing"]
+    penalty = pred.losses["routing_usage"]
+    assert ce > 0 and smoothing > 0 and penalty >= 0
+    recipe = SplatWeaverRecipe(routing_weight=0.02, usage_weight=0.5, label_smoothing=0.1)
+    loss = recipe.weigh(pred.losses)["routing"]
     assert loss.requires_grad and torch.isfinite(loss)
-    assert ce > 0 and penalty >= 0
+    torch.testing.assert_close(loss, 0.02 * (0.9 * ce + 0.1 * smoothing + 0.5 * penalty))
+    # The split is exact: F.cross_entropy(label_smoothing=0.1) on the same logits and targets.
+    torch.manual_seed(3)
+    logits = torch.randn(2, model.num_experts + 1, 6, 6)
+    energy = torch.rand(2, 6, 6)
+    terms = model._routing_losses(logits, energy)
+    targets = quantile_targets(energy, model.target_usage, model.energy_floor)
     torch.testing.assert_close(
-        loss.detach(), model.routing_weight * (ce + model.usage_weight * penalty)
+        0.9 * terms["routing_ce"] + 0.1 * terms["routing_smoothing"],
+        F.cross_entropy(logits, targets, label_smoothing=0.1),
     )
 
 
@@ -368,7 +383,7 @@ def test_forward_backward_on_cpu() -> None:
     extrinsics, intrinsics = cameras(2, 1)
     out = render(pred.gaussians, extrinsics, intrinsics, (SIZE, SIZE), backend="torch")
     assert out.color.shape == (2, 1, 3, SIZE, SIZE)
-    loss = out.color.square().mean() + pred.extras["loss/routing"]
+    loss = out.color.square().mean() + SplatWeaverRecipe().weigh(pred.losses)["routing"]
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert all(torch.isfinite(g).all() for g in grads.values())
@@ -451,7 +466,8 @@ def test_neighbour_aggregation_and_db2() -> None:
         "splatweaver_tiny", img_size=16, neighbour_aggregation=True, neighbour_k=8, wavelet="db2"
     ).train()
     pred = model(make_context(b=1, size=16))
-    loss = pred.gaussians.opacities.sum() + pred.gaussians.means.sum() + pred.extras["loss/routing"]
+    routing = SplatWeaverRecipe().weigh(pred.losses)["routing"]
+    loss = pred.gaussians.opacities.sum() + pred.gaussians.means.sum() + routing
     loss.backward()
     assert model.neighbour.attn.q.weight.grad.abs().sum() > 0
     assert torch.equal(pred.gaussians.count(), pred.extras["routing_map"].sum(dim=(1, 2, 3)))
@@ -467,7 +483,7 @@ def test_bad_arguments(model: SplatWeaver) -> None:
 
 
 def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -> None:
-    from models.pretrained import PretrainedError, save_pretrained
+    from models.weights.pretrained import PretrainedError, save_pretrained
 
     torch.manual_seed(0)
     teacher = create_model("pixel_aligned_tiny", img_size=SIZE)

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from datamodules import read_scene
-from datamodules.chunks import load_chunk, load_index
-from datamodules.synthetic import (
+from datamodules.readers.chunks import load_chunk, load_index
+from datamodules.tools.synthetic import (
     SCENE_DEPTH_RANGE,
     SyntheticSettings,
     depth_fits,
@@ -23,7 +23,7 @@ from datamodules.synthetic import (
     main,
     sample_scene,
 )
-from models.cameras import (
+from models.geometry.cameras import (
     intrinsics_to_normalized,
     intrinsics_to_pixels,
     pixel_grid,

@@ -17,7 +17,10 @@ from omegaconf import DictConfig, open_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
-MODEL_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "model").glob("*.yaml"))
+# configs/model/base.yaml is the LightningModule settings the family configs extend, not a model
+MODEL_CONFIGS = sorted(
+    p.stem for p in (REPO / "configs" / "model").glob("*.yaml") if p.stem != "base"
+)
 DATA_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 
@@ -62,7 +65,7 @@ def data_root(tmp_path_factory) -> Path:
         [
             sys.executable,
             "-m",
-            "datamodules.synthetic",
+            "datamodules.tools.synthetic",
             "--out",
             str(root),
             "--scenes",
@@ -87,7 +90,8 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("data", DATA_CONFIGS)
 def test_train_config_composes(model, data, tmp_path):
     cfg = compose_config("train.yaml", [f"model={model}", f"data={data}"], tmp_path)
-    assert cfg.model._target_ == "models.lightning_module.SplatLitModule"
+    assert cfg.model._target_ == "models.training.module.SplatLitModule"
+    assert cfg.model.recipe._target_.startswith("models.training.recipes.")
     assert cfg.model.net._target_ == "models.create_model"
     assert cfg.data._target_.endswith("SplatDataModule")
 
@@ -190,7 +194,7 @@ def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
     train.train(cfg)
     # fast_dev_run saves no checkpoint: save one by hand through Lightning's format.
     from models import create_model
-    from models.lightning_module import SplatLitModule
+    from models.training.module import SplatLitModule
 
     module = SplatLitModule(create_model("pixel_aligned_tiny"))
     ckpt = tmp_path / "pa.ckpt"
@@ -324,9 +328,9 @@ def test_resume_continues_the_run_with_time_from_now(data_root, tmp_path):
 
 def test_few_steps_lower_the_loss(data_root):
     """Overfit one synthetic batch: the loss must fall."""
-    from datamodules.datamodule import SplatDataModule
+    from datamodules.training.datamodule import SplatDataModule
     from models import create_model
-    from models.lightning_module import SplatLitModule
+    from models.training.module import SplatLitModule
 
     dm = SplatDataModule(
         root=str(data_root),
@@ -356,9 +360,9 @@ def test_few_steps_lower_the_loss(data_root):
 
 
 def test_nan_loss_step_is_skipped(data_root):
-    from datamodules.datamodule import SplatDataModule
+    from datamodules.training.datamodule import SplatDataModule
     from models import create_model
-    from models.lightning_module import SplatLitModule
+    from models.training.module import SplatLitModule
 
     dm = SplatDataModule(
         root=str(data_root),
@@ -453,7 +457,7 @@ def test_ckpt_path_last_takes_the_newest_last_checkpoint(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from models.cli import latest_last_checkpoint, resolve_ckpt_path
+    from models.training.cli import latest_last_checkpoint, resolve_ckpt_path
 
     run = tmp_path / "logs" / "task" / "runs" / "a"
     (run / "checkpoints").mkdir(parents=True)

@@ -56,7 +56,7 @@ def _random_gaussians(n: int = 500, seed: int = 0) -> Gaussians:
 
 @pytest.fixture(scope="module")
 def context() -> dict[str, torch.Tensor]:
-    from datamodules.image_folder import load_images
+    from datamodules.readers.image_folder import load_images
 
     images = load_images(EXAMPLE, image_shape=(64, 64), num_views=2, poses="auto")
     return images.context()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.wavelet import (
+from models.layers.wavelet import (
     detail_bands,
     dwt2,
     high_frequency_energy,

@@ -8,7 +8,8 @@ import torch
 import models.zipsplat as zipsplat_module
 from models import create_model, list_models
 from models.gaussians import sh_to_rgb
-from models.kmeans import cluster_count, kmeans_select
+from models.layers.kmeans import cluster_count, kmeans_select
+from models.training.recipes import ZipSplatRecipe
 from models.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 
 SIZE = 32  # 4 x 4 patches per view at patch size 8: fast, and still clusters
@@ -209,16 +210,21 @@ def test_train_kwargs_anneal_and_sample(model):
     assert compression_schedule(900, 1000, 0.5, 0.5, 2) == pytest.approx(0.5)
     assert compression_schedule(900, 1000, 0.5, 0.5, 8) == pytest.approx(0.25)
 
-    assert model.train_kwargs(0, 1000)["compression"] == 1.0
+    recipe = ZipSplatRecipe()
+    assert recipe.train_kwargs(model, 0, 1000)["compression"] == 1.0
     torch.manual_seed(5)
-    late = [model.train_kwargs(800, 1000) for _ in range(200)]
+    late = [recipe.train_kwargs(model, 800, 1000) for _ in range(200)]
     rs = torch.tensor([kw["compression"] for kw in late])
     assert rs.min() >= 0.5 and rs.max() <= 1.0 and rs.std() > 0.1
     assert all(kw["camera_prior"] == pytest.approx(0.2) for kw in late)
+    assert all(kw["chamfer_points"] == 2048 for kw in late)
     torch.manual_seed(5)
-    assert model.train_kwargs(800, 1000) == late[0]  # seeded runs repeat
+    assert recipe.train_kwargs(model, 800, 1000) == late[0]  # seeded runs repeat
     pred = model(_context(), **late[0])  # the kwargs are valid forward keywords
-    assert pred.extras["compression"] == late[0]["compression"]
+    assert pred.diagnostics["compression"] == late[0]["compression"]
+    assert "chamfer_points" not in ZipSplatRecipe(chamfer_weight=0.0).train_kwargs(model, 0, 10)
+    with pytest.raises(ValueError, match="camera_prior_prob"):
+        ZipSplatRecipe(camera_prior_prob=1.5)
 
 
 # ---------------------------------------------------------------------- Chamfer loss
@@ -236,17 +242,23 @@ def test_chamfer_distance_matches_dense_reference():
 
 def test_chamfer_loss_from_context_depth():
     torch.manual_seed(0)
-    model = create_model("zipsplat_tiny", img_size=SIZE, chamfer_weight=0.1).train()
+    model = create_model("zipsplat_tiny", img_size=SIZE).train()
     context = _context(b=1)
     context["depth"] = torch.full((1, 2, SIZE, SIZE), 3.0)
-    pred = model(context)
-    loss = pred.extras["loss/chamfer"]
+    pred = model(context, chamfer_points=2048)
+    loss = pred.losses["chamfer"]  # unweighted: the recipe weighs it
     assert loss.ndim == 0 and loss > 0
+    assert pred.extras["loss/chamfer"] is loss  # the old view, for one release
+    weighted = ZipSplatRecipe(chamfer_weight=0.1).weigh(pred.losses)
+    torch.testing.assert_close(weighted["chamfer"], 0.1 * loss)
+    assert ZipSplatRecipe(chamfer_weight=0.0).weigh(pred.losses) == {}
     loss.backward()
     assert model.gaussian_head.proj[-1].weight.grad.abs().sum() > 0
     with torch.no_grad():
-        assert "loss/chamfer" not in model(context).extras  # evaluation: no loss
-    assert "loss/chamfer" not in model({k: v for k, v in context.items() if k != "depth"}).extras
+        assert "chamfer" not in model(context, chamfer_points=2048).losses  # evaluation: none
+    assert "chamfer" not in model(context).losses  # not asked for
+    no_depth = {k: v for k, v in context.items() if k != "depth"}
+    assert "chamfer" not in model(no_depth, chamfer_points=2048).losses
 
 
 def test_registry_and_round_trip(tmp_path, model):

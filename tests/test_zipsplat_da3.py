@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from models import create_model, get_pretrained_cfg, list_models
 from models.families.zipsplat_da3 import ZipSplatDA3, checkpoint_filter_fn
-from models.heads import GaussianHead
-from models.kmeans import kmeans_nearest_tokens
+from models.layers.heads import GaussianHead
+from models.layers.kmeans import kmeans_nearest_tokens
 
 ARCH = {s: f"zipsplat_da3{s}" for s in recipe.SIZES}
 FIELDS = ("means", "scales", "rotations", "opacities", "harmonics")
@@ -303,7 +303,7 @@ def test_create_model_reads_a_release_format_file(tmp_path) -> None:
             b = loaded({"image": images}, compression=r).gaussians
             assert torch.equal(a.means, b.means) and torch.equal(a.harmonics, b.harmonics)
 
-    from models.pretrained import PretrainedError
+    from models.weights.pretrained import PretrainedError
 
     broken = dict(official)
     broken.pop("color_embed.proj.bias")
@@ -335,7 +335,7 @@ def test_infer_on_a_plain_image_folder_places_views_by_pose_refinement(tmp_path,
 
     from PIL import Image
 
-    from models.pretrained import save_pretrained
+    from models.weights.pretrained import save_pretrained
 
     photos = tmp_path / "photos"
     photos.mkdir()

@@ -1,14 +1,6 @@
-"""Backbones shared by the families: a multi-view ViT (DINOv2-compatible) and a DPT head."""
+"""Old import path of ``models.layers.backbones`` (kept as an alias for one release)."""
 
-from .dpt import DPTHead, FusionBlock, ResidualConvUnit
-from .multiview_vit import VIT_SIZES, BackboneOutput, MultiViewTransformer, default_out_layers
+# relayout: alias
+from models._compat import alias_module
 
-__all__ = [
-    "BackboneOutput",
-    "DPTHead",
-    "FusionBlock",
-    "MultiViewTransformer",
-    "ResidualConvUnit",
-    "VIT_SIZES",
-    "default_out_layers",
-]
+alias_module(__name__, "models.layers.backbones")

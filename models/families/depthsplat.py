@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
-from ..backbones.dinov2 import DINOV2_SIZES
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import pixel_grid
-from ..heads import GaussianHead
-from ..knobs import MAX_GAUSSIANS
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
+from models.base import ModelOutput, SplatModel, check_context
+from models.geometry.cameras import pixel_grid
+from models.knobs import MAX_GAUSSIANS
+from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
+from models.layers.backbones.dinov2 import DINOV2_SIZES
+from models.layers.heads import GaussianHead, RayDepthPlacement
+from models.registry import register_model
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "DepthSplat",
@@ -167,11 +167,10 @@ class DepthSplat(SplatModel):
             self.raw_head[-1].bias[10:].zero_()
         self.gaussian_head = GaussianHead(
             None,
-            mean_mode="ray_depth",
+            RayDepthPlacement(offset_bound=1.0),
             sh_degree=SH_DEGREE,
             max_scale=max_scale,
             min_scale=min_scale,
-            offset_bound=1.0,
             dc_from_color=True,
             local_frame=True,
         )
@@ -202,7 +201,7 @@ class DepthSplat(SplatModel):
 
         Returns:
             ``V * H * W`` Gaussians per scene (view-major, row-major pixels) in the frame of the
-            given extrinsics; ``extras["depth"]`` ``[B, V, H, W]``.
+            given extrinsics; ``depth`` ``[B, V, H, W]``.
         """
         b, v, h, w = check_context(context, require_poses=True)
         if v < 2:
@@ -245,7 +244,7 @@ class DepthSplat(SplatModel):
         )
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        return ModelOutput(gaussians=gaussians, extras={"depth": depth})
+        return ModelOutput(gaussians, depth=depth)
 
 
 # ----------------------------------------------------------------------------- official weights

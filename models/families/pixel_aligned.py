@@ -3,9 +3,9 @@
 Posed (pixelSplat / MVSplat / DepthSplat lineage): a multi-view ViT with camera (Plücker) tokens
 and alternating frame / global attention, a DPT head to full-resolution features, per-pixel depth
 from a softmax over ``num_depth_candidates`` inverse depths between ``1/far`` and ``1/near``
-(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` in ``ray_depth``
-mode: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded sub-pixel
-offset, and its scales are measured in pixel footprints at that depth.
+(MVSplat) plus a small residual refinement, then the shared ``GaussianHead`` with a
+``RayDepthPlacement``: each Gaussian sits on its pixel's ray at the predicted depth, with a bounded
+sub-pixel offset, and its scales are measured in pixel footprints at that depth.
 
 Pose-free (``pose_free=True``, NoPoSplat-style): no pose tokens (optionally intrinsics-only ray
 tokens); Gaussians are predicted directly in the first view's camera frame. Each view predicts a
@@ -14,22 +14,25 @@ at their depth (exact rays: view 0 is the scene frame); the other views' anchors
 unprojection plus the correction times the depth (together a point map in view 0's frame). The
 head runs in ``anchor_offset`` mode around these anchors. The other views' cameras are recovered
 by a rigid fit between their own-frame points and their view-0-frame anchors
-(``extras["extrinsics"]``).
+(``ModelOutput.extrinsics``).
 """
 
 from __future__ import annotations
 
 import torch
 from einops import rearrange, repeat
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..backbones import DPTHead, MultiViewTransformer
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import camera_directions, normalize_scene, pixel_grid
-from ..heads import GaussianHead
-from ..knobs import MAX_GAUSSIANS
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
+from models.base import ModelOutput, SplatModel, check_context
+from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
+from models.geometry.rigid import (  # noqa: F401  (defined there; kept here for old imports)
+    rigid_fit,
+)
+from models.knobs import MAX_GAUSSIANS
+from models.layers.heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
+from models.layers.pixel_trunk import PixelTrunk
+from models.registry import register_model
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "PixelAligned",
@@ -41,39 +44,7 @@ __all__ = [
 ]
 
 
-def rigid_fit(source: Tensor, target: Tensor, weights: Tensor | None = None) -> Tensor:
-    """Least-squares rigid transform mapping ``source`` points onto ``target`` (Kabsch).
-
-    Args:
-        source: ``[..., P, 3]``.
-        target: ``[..., P, 3]``.
-        weights: ``[..., P]`` non-negative, or ``None`` for uniform.
-
-    Returns:
-        ``[..., 4, 4]`` with ``target ≈ R @ source + t``.
-    """
-    if weights is None:
-        weights = torch.ones_like(source[..., 0])
-    w = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-12)  # [..., P]
-    mu_s = (w[..., None] * source).sum(dim=-2)  # [..., 3]
-    mu_t = (w[..., None] * target).sum(dim=-2)
-    cov = torch.einsum(
-        "...p,...pi,...pj->...ij", w, target - mu_t[..., None, :], source - mu_s[..., None, :]
-    )
-    u, _, vh = torch.linalg.svd(cov.double())
-    d = torch.sign(torch.linalg.det(u @ vh))
-    fix = torch.ones_like(u[..., 0])
-    fix[..., -1] = d
-    rotation = (u * fix[..., None, :]) @ vh
-    rotation = rotation.to(source.dtype)
-    transform = torch.zeros(*source.shape[:-2], 4, 4, dtype=source.dtype, device=source.device)
-    transform[..., :3, :3] = rotation
-    transform[..., :3, 3] = mu_t - torch.einsum("...ij,...j->...i", rotation, mu_s)
-    transform[..., 3, 3] = 1.0
-    return transform
-
-
-class PixelAligned(SplatModel):
+class PixelAligned(PixelTrunk, SplatModel):
     """Pixel-aligned Gaussian predictor (posed, or pose-free with ``pose_free=True``).
 
     Args:
@@ -161,65 +132,40 @@ class PixelAligned(SplatModel):
         self.gaussians_per_pixel = gaussians_per_pixel
         self.camera_tokens = intrinsics_tokens if pose_free else use_camera_tokens
 
-        self.backbone = MultiViewTransformer(
+        self.build_pixel_encoder(
             size,
             img_size=img_size,
             patch_size=patch_size,
-            embed_dim=backbone_dim,
-            depth=backbone_depth,
-            num_heads=backbone_heads,
+            backbone_dim=backbone_dim,
+            backbone_depth=backbone_depth,
+            backbone_heads=backbone_heads,
             global_layers=global_layers,
             out_layers=out_layers,
-            use_camera_tokens=self.camera_tokens,
+            camera_tokens=self.camera_tokens,
             pretrained_backbone=pretrained_backbone,
             drop_path_rate=drop_path_rate,
-        )
-        self.dpt = DPTHead(
-            self.backbone.embed_dim,
-            num_layers=len(self.backbone.out_layers),
-            features=dpt_features,
-            out_dim=feature_dim,
+            dpt_features=dpt_features,
+            feature_dim=feature_dim,
             shallow_dim=shallow_dim,
         )
         g = gaussians_per_pixel
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(feature_dim, num_depth_candidates * g, 1),
+        self.build_pixel_depth(
+            feature_dim,
+            num_depth_candidates,
+            depths_per_pixel=g,
+            refine_dim=refine_dim if depth_refine else None,
+            point_head=pose_free,  # pose-free: starts at each view's own unprojection
         )
-        if depth_refine:
-            self.depth_refine = nn.Sequential(
-                nn.Conv2d(feature_dim + g, refine_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(refine_dim, g, 3, padding=1),
-            )
-            nn.init.zeros_(self.depth_refine[-1].weight)  # start as the identity
-            nn.init.zeros_(self.depth_refine[-1].bias)
-        else:
-            self.depth_refine = None
-        if pose_free:
-            self.point_head = nn.Sequential(
-                nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(feature_dim, 3 * g, 1),
-            )
-            nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
-            nn.init.zeros_(self.point_head[-1].bias)
-        else:
-            self.point_head = None
         self.gaussian_head = GaussianHead(
             feature_dim + g,
-            mean_mode="anchor_offset" if pose_free else "ray_depth",
+            AnchorOffsetPlacement(offset_bound) if pose_free else RayDepthPlacement(offset_bound),
             gaussians_per_location=g,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim,
             scale_factor=scale_factor,
             max_scale=max_scale,
-            offset_bound=offset_bound,
             opacity_bias=opacity_bias,
         )
-        candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
-        self.register_buffer("depth_candidates", candidates, persistent=False)
 
     # ------------------------------------------------------------------ forward
     def _depth_range(
@@ -234,29 +180,6 @@ class PixelAligned(SplatModel):
             out.append(value.to(like.dtype))
         return out[0], out[1]
 
-    def _predict_depth(
-        self, features: Tensor, near: Tensor, far: Tensor, b: int, v: int
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Refined depth ``[B, V, G, H, W]``, the softmax estimate before refinement (same
-        shape) and the refined normalised inverse depth ``[B*V, G, H, W]`` in (0, 1)."""
-        g, d = self.gaussians_per_pixel, self.num_depth_candidates
-        logits = rearrange(self.depth_head(features), "n (g d) h w -> n g d h w", g=g, d=d)
-        prob = logits.softmax(dim=2)
-        t = torch.einsum("ngdhw,d->nghw", prob, self.depth_candidates)  # [BV, G, H, W] in [0, 1]
-        t_coarse = t
-        if self.depth_refine is not None:
-            delta = self.depth_refine(torch.cat([features, t], dim=1))
-            t = torch.sigmoid(torch.logit(t.clamp(1e-4, 1 - 1e-4)) + delta)
-        inv_near = rearrange(1.0 / near, "b v -> (b v) 1 1 1")
-        inv_far = rearrange(1.0 / far, "b v -> (b v) 1 1 1")
-
-        def to_depth(x: Tensor) -> Tensor:
-            return rearrange(
-                1.0 / (inv_far + x * (inv_near - inv_far)), "(b v) g h w -> b v g h w", b=b, v=v
-            )
-
-        return to_depth(t), to_depth(t_coarse), t
-
     def forward(
         self, context: dict[str, Tensor], *, max_gaussians: int | None = None
     ) -> ModelOutput:
@@ -269,8 +192,8 @@ class PixelAligned(SplatModel):
 
         Returns:
             ``ModelOutput`` with ``V * H * W * gaussians_per_pixel`` Gaussians (fewer when
-            pruned) and extras ``depth [B, V, H, W]`` (z-depth in each view's own frame; with
-            several Gaussians per pixel, the first one's), ``depth_coarse`` (before the
+            pruned), ``depth [B, V, H, W]`` (z-depth in each view's own frame; with
+            several Gaussians per pixel, the first one's) and diagnostics ``depth_coarse`` (before the
             refinement); pose-free also ``points [B, V, H, W, 3]`` (anchors in view 0's frame),
             ``extrinsics [B, V, 4, 4]`` (a rigid fit of each view's own-frame points to its
             anchors, no gradient; view 0 is the identity) and the ``intrinsics`` used.
@@ -294,14 +217,16 @@ class PixelAligned(SplatModel):
             # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
             token_extrinsics = normalize_scene(extrinsics)[0]
 
-        tokens = self.backbone(
+        features = self.pixel_features(
             images,
+            (h, w),
             token_extrinsics if self.camera_tokens else None,
             intrinsics if self.camera_tokens else None,
-        )
-        features = self.dpt(tokens.features, tokens.grid_size, (h, w), images)  # [BV, C, H, W]
+        )  # [BV, C, H, W]
         near, far = self._depth_range(context, (b, v), images)
-        depth, depth_coarse, t = self._predict_depth(features, near, far, b, v)  # [B, V, G, H, W]
+        pixel_depth = self.pixel_depth(features, near, far)
+        depth, depth_coarse = pixel_depth.depth, pixel_depth.coarse  # [B, V, G, H, W]
+        t = pixel_depth.inverse  # [BV, G, H, W]
 
         head_in = torch.cat([features, t], dim=1)  # [BV, C + G, H, W]
         head_in = rearrange(head_in, "(b v) c h w -> b (v h w) c", b=b, v=v)
@@ -315,10 +240,9 @@ class PixelAligned(SplatModel):
         scale_reference = depth_loc[..., 0] * repeat(footprint, "b v -> b (v p)", p=h * w)
         intr_loc = repeat(intrinsics, "b v i j -> b (v p) i j", p=h * w)
 
-        extras: dict[str, Tensor] = {
-            "depth": depth[:, :, 0],
-            "depth_coarse": depth_coarse[:, :, 0],
-        }
+        out_depth = depth[:, :, 0]  # [B, V, H, W]
+        diagnostics: dict[str, Tensor] = {"depth_coarse": depth_coarse[:, :, 0]}
+        fitted = out_intrinsics = None
         if not self.pose_free:
             gaussians = self.gaussian_head(
                 head_in,
@@ -352,18 +276,25 @@ class PixelAligned(SplatModel):
                 offset_scale=scale_reference,
                 scale_reference=scale_reference,
             )
-            extras["points"] = rearrange(anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h)
+            diagnostics["points"] = rearrange(
+                anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h
+            )
             with torch.no_grad():
                 fitted = rigid_fit(
                     rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
                     rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
                 )
                 fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
-            extras["extrinsics"] = fitted
-            extras["intrinsics"] = intrinsics
+            out_intrinsics = intrinsics
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        return ModelOutput(gaussians=gaussians, extras=extras)
+        return ModelOutput(
+            gaussians,
+            depth=out_depth,
+            extrinsics=fitted,
+            intrinsics=out_intrinsics,
+            diagnostics=diagnostics,
+        )
 
 
 # Inference knobs (models.knobs): one Gaussian per pixel; only max_gaussians (a prune of the result).

@@ -10,7 +10,7 @@ Initial model (posed):
    the latent pixels are lifted to a point cloud (one point per 4x4 pixels per view);
 3. a point transformer (kNN attention, k=16, interleaved with global attention over the points of
    all views) refines the point features;
-4. the shared ``GaussianHead`` (``mean_mode="ray_depth"``, a sub-pixel offset whose pixel is the
+4. the shared ``GaussianHead`` (``RayDepthPlacement``, a sub-pixel offset whose pixel is the
    4x4 block) decodes one Gaussian per point. The point features are the initial hidden state.
 
 Recurrent update (weights shared across iterations), for ``i = 0 .. iterations - 1``:
@@ -26,10 +26,11 @@ Recurrent update (weights shared across iterations), for ``i = 0 .. iterations -
    ``scale = exp``, ``opacity = sigmoid``, quaternion normalised.
 
 The previous Gaussians are detached every iteration, so gradients cross iterations only through the
-hidden state. Training (``train_kwargs``) samples 1..``train_iterations`` iterations per step and
-supervises every iteration's render with weight ``loss_decay ** (N - 1 - i)``
-(``pred.extras["render_targets"]``). The two-stage recipe trains the initial model alone
-(``train_iterations=0``), then the update with ``init_checkpoint`` and ``freeze_init=True``.
+hidden state. Training (``models.training.recipes.ReSplatRecipe``) samples 1..``train_iterations``
+iterations per step and supervises every iteration's render (``gaussians_per_iteration``) with
+weight ``loss_decay ** (N - 1 - i)``. The two-stage recipe trains the initial model alone
+(``train_iterations=0``), then the update with ``init_checkpoint`` and ``freeze_init=True`` (the
+recipe calls ``freeze_initial_model``).
 """
 
 from __future__ import annotations
@@ -42,17 +43,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..backbones import DPTHead, MultiViewTransformer
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
-from ..feature_extractor import FrozenFeatureExtractor
-from ..gaussians import Gaussians
-from ..heads import GaussianHead, raw_gaussian_dim
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..point_transformer import PointTransformer, PointTransformerBlock
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
-from ..render import render
+from models.base import ModelOutput, SplatModel, check_context
+from models.gaussians import Gaussians
+from models.geometry.cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.feature_extractor import FrozenFeatureExtractor
+from models.layers.heads import GaussianHead, RayDepthPlacement, raw_gaussian_dim
+from models.layers.pixel_trunk import PixelTrunk
+from models.layers.point_transformer import PointTransformer, PointTransformerBlock
+from models.registry import register_model
+from models.render.core import render
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "ReSplat",
@@ -116,7 +117,7 @@ def _per_point(camera: Tensor, count: int) -> Tensor:
     return expanded.reshape(b, v * count, *camera.shape[2:])
 
 
-class InitialModel(nn.Module):
+class InitialModel(PixelTrunk, nn.Module):
     """The initial model: images and cameras to Gaussians at 1/4 resolution plus point features.
 
     Args:
@@ -161,21 +162,17 @@ class InitialModel(nn.Module):
         opacity_bias: float,
     ) -> None:
         super().__init__()
-        self.backbone = MultiViewTransformer(
+        self.build_pixel_encoder(
             backbone_size,
             img_size=img_size,
             patch_size=patch_size,
-            embed_dim=backbone_dim,
-            depth=backbone_depth,
-            num_heads=backbone_heads,
-            use_camera_tokens=True,
+            backbone_dim=backbone_dim,
+            backbone_depth=backbone_depth,
+            backbone_heads=backbone_heads,
+            camera_tokens=True,
             pretrained_backbone=pretrained_backbone,
-        )
-        self.dpt = DPTHead(
-            self.backbone.embed_dim,
-            num_layers=len(self.backbone.out_layers),
-            features=dpt_features,
-            out_dim=dim,
+            dpt_features=dpt_features,
+            feature_dim=dim,
             shallow_dim=0,
         )
         unshuffled = 3 * DOWNSAMPLE**2
@@ -184,16 +181,12 @@ class InitialModel(nn.Module):
             nn.GELU(),
             nn.Conv2d(dim, dim, 3, padding=1),
         )
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(dim, dim, 3, padding=1), nn.GELU(), nn.Conv2d(dim, num_depth_candidates, 1)
-        )
-        candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
-        self.register_buffer("depth_candidates", candidates, persistent=False)
+        self.build_pixel_depth(dim, num_depth_candidates, activation="gelu")
         self.point_in = nn.Linear(dim + 3, dim)  # + normalised inverse depth, latent xy
         self.points = PointTransformer(dim, depth=blocks, heads=heads, k=knn_k)
         self.head = GaussianHead(
             dim,
-            mean_mode="ray_depth",
+            RayDepthPlacement(),
             sh_degree=sh_degree,
             hidden_dim=dim,
             scale_factor=scale_factor,
@@ -221,17 +214,14 @@ class InitialModel(nn.Module):
         b, v, _, height, width = images.shape
         h, w = _latent_shape(height, width)
         # Camera tokens see the poses relative to view 0 at unit baseline (frame invariant).
-        out = self.backbone(images, normalize_scene(extrinsics)[0], intrinsics)
-        feats = self.dpt(out.features, out.grid_size, (h, w))  # [BV, dim, h, w]
+        feats = self.pixel_features(images, (h, w), normalize_scene(extrinsics)[0], intrinsics)
         unshuffled = F.pixel_unshuffle(images.flatten(0, 1), DOWNSAMPLE)  # [BV, 48, h, w]
         feats = self.fuse(torch.cat([feats, unshuffled], dim=1))  # [BV, dim, h, w]
 
         # Softmax over inverse-depth candidates between 1/far and 1/near (MVSplat / DepthSplat).
-        prob = self.depth_head(feats).softmax(dim=1)  # [BV, D, h, w]
-        disparity = torch.einsum("ndhw,d->nhw", prob, self.depth_candidates)  # [BV, h, w] in [0, 1]
-        inv_near = 1.0 / near.reshape(b * v, 1, 1)
-        inv_far = 1.0 / far.reshape(b * v, 1, 1)
-        depth = 1.0 / (inv_far + disparity * (inv_near - inv_far))  # [BV, h, w]
+        pixel_depth = self.pixel_depth(feats, near, far)
+        disparity = pixel_depth.inverse[:, 0]  # [BV, h, w] in [0, 1]
+        depth = pixel_depth.depth[:, :, 0].flatten(0, 1)  # [BV, h, w]
 
         coords = pixel_grid((h, w), images.device, images.dtype).reshape(1, 1, h * w, 2)
         coords = coords.expand(b, v, h * w, 2)
@@ -365,10 +355,6 @@ class ReSplat(SplatModel):
         max_scale: initial-model scale clamp, in footprints.
         opacity_bias: initial opacity logit.
         iterations: refinement iterations at inference (the ``iterations`` forward default).
-        train_iterations: training samples 1..this many iterations per step; 0 trains the initial
-            model alone.
-        loss_decay: per-iteration loss weight ``loss_decay ** (N - 1 - i)``.
-        freeze_init: freeze the initial model (refinement stage).
         init_checkpoint: weights of a trained initial model, loaded strictly into it: a Lightning
             ``.ckpt``, a ``.safetensors`` file or a ``save_pretrained`` folder of a ReSplat model
             (its ``init_model.*`` entries) or of the initial model alone. ``None``/``False``: none.
@@ -383,6 +369,7 @@ class ReSplat(SplatModel):
     family = "resplat"
     pose_free = False
     min_views = 1
+    retired_args = ("train_iterations", "loss_decay", "freeze_init")
 
     def __init__(
         self,
@@ -408,9 +395,6 @@ class ReSplat(SplatModel):
         max_scale: float = 8.0,
         opacity_bias: float = 2.0,
         iterations: int = 2,
-        train_iterations: int = 4,
-        loss_decay: float = 0.9,
-        freeze_init: bool = False,
         init_checkpoint: str | bool | None = None,
         feature_extractor: str = "resnet18",
         feature_weights: str = "seeded",
@@ -420,15 +404,11 @@ class ReSplat(SplatModel):
         render_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if iterations < 0 or train_iterations < 0:
-            raise ValueError("iterations and train_iterations must be >= 0")
-        if freeze_init and train_iterations == 0:
-            raise ValueError("freeze_init=True needs train_iterations >= 1 (nothing would train)")
+        if iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {iterations}")
         self.sh_degree = sh_degree
         self.iterations = iterations
-        self.train_iterations = train_iterations
-        self.loss_decay = loss_decay
-        self.freeze_init = freeze_init
+        self.freeze_init = False  # training state (the recipe's freeze_initial_model), not config
         self.near = near
         self.far = far
         self.render_backend = render_backend
@@ -466,8 +446,6 @@ class ReSplat(SplatModel):
         )
         if init_checkpoint:
             self.load_init_checkpoint(init_checkpoint)
-        if freeze_init:
-            self.init_model.requires_grad_(False)
 
     # ------------------------------------------------------------------ weights
     def load_init_checkpoint(self, location: str | os.PathLike) -> None:
@@ -481,24 +459,24 @@ class ReSplat(SplatModel):
         Raises:
             PretrainedError: unreadable weights, or keys/shapes that do not match the initial model.
         """
-        from ..pretrained import load_state_dict_strict, read_weights, sub_state_dict
+        from models.weights.pretrained import load_state_dict_strict, read_weights, sub_state_dict
 
         state, path = read_weights(location, "resplat")
         state = sub_state_dict(state, "init_model.") or state  # a whole ReSplat, or its init
         load_state_dict_strict(self.init_model, state, path, "ReSplat initial model")
+
+    def freeze_initial_model(self, frozen: bool = True) -> None:
+        """Freeze the initial model (ReSplat's refinement stage): no gradients, eval mode, and
+        its forward runs without autograd."""
+        self.freeze_init = frozen
+        self.init_model.requires_grad_(not frozen)
+        self.train(self.training)
 
     def train(self, mode: bool = True) -> ReSplat:
         super().train(mode)
         if self.freeze_init:
             self.init_model.eval()
         return self
-
-    def train_kwargs(self, step: int, max_steps: int) -> dict[str, int]:
-        """Forward keywords of a training step: a random iteration count in 1..train_iterations
-        (0 when the initial model trains alone)."""
-        if self.train_iterations == 0:
-            return {"iterations": 0}
-        return {"iterations": int(torch.randint(1, self.train_iterations + 1, ()).item())}
 
     # ------------------------------------------------------------------ error signal
     def error_features(
@@ -540,9 +518,8 @@ class ReSplat(SplatModel):
             max_gaussians: keep at most this many (the most opaque) Gaussians of the result.
 
         Returns:
-            ``ModelOutput``: the last iteration's Gaussians; extras ``gaussians_per_iteration``
-            (init first), ``render_targets`` (``(weight, Gaussians)`` for the training loss),
-            ``depth`` ``[B, V, H, W]`` (the initial depth, upsampled), ``latent_depth``
+            ``ModelOutput``: the last iteration's Gaussians, ``gaussians_per_iteration``
+            (init first; the training recipe weighs their renders), ``depth`` ``[B, V, H, W]`` (the initial depth, upsampled), ``latent_depth``
             ``[B, V, h, w]`` and ``iterations``.
         """
         b, v, height, width = check_context(context, require_poses=True)
@@ -584,12 +561,6 @@ class ReSplat(SplatModel):
                 raw, state = self.updater(raw, state, error, rays)
                 per_iteration.append(decode_gaussians(raw, self.sh_degree))
 
-        count = len(per_iteration)
-        render_targets = [
-            (self.loss_decay ** (count - 1 - i), g)
-            for i, g in enumerate(per_iteration)
-            if not (i == 0 and self.freeze_init and count > 1)
-        ]
         final = per_iteration[-1]
         if max_gaussians is not None:
             final = final.prune(max_count=max_gaussians)
@@ -599,14 +570,12 @@ class ReSplat(SplatModel):
             mode="bilinear",
             align_corners=False,
         )
-        extras = {
-            "gaussians_per_iteration": per_iteration,
-            "render_targets": render_targets,
-            "depth": depth.reshape(b, v, height, width),
-            "latent_depth": latent_depth,
-            "iterations": iterations,
-        }
-        return ModelOutput(gaussians=final, extras=extras)
+        return ModelOutput(
+            final,
+            depth=depth.reshape(b, v, height, width),
+            gaussians_per_iteration=per_iteration,
+            diagnostics={"latent_depth": latent_depth, "iterations": iterations},
+        )
 
 
 # Inference knobs (models.knobs): the refinement iterations, and every family's max_gaussians. The
@@ -618,6 +587,7 @@ INFERENCE_KNOBS = (
         low=0,
         high=16,
         step=1,
+        sweep=(0, 1, 2, 4),
         default_attr="iterations",
         help="recurrent refinement steps driven by the rendering error on the input views "
         "(0: the initial set); the count stays the same, the fit improves",

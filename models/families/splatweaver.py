@@ -13,14 +13,14 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    (zero-initialised) moves the point into view 0's frame, as NoPoSplat predicts xyz directly.
    With the default ``use_intrinsics=False`` the model is intrinsics-free: view 0 gets a correction
    too (the canonical rays may be wrong), and its focal length is estimated from its points
-   (``extras["intrinsics"]``). With ``use_intrinsics=True`` the context intrinsics (when given)
+   (``ModelOutput.intrinsics``). With ``use_intrinsics=True`` the context intrinsics (when given)
    define the rays and view 0's points stay on them, exactly as ``noposplat_tiny``.
 3. **High-frequency prior.** A one-level wavelet transform (``models.wavelet``, Haar or db2) of the
    luminance; the detail sub-bands (LH, HL, HH), log-compressed, go through two small
    convolutions, are upsampled to full resolution and a sigmoid makes a per-channel gate; the
    router sees ``features + features * gate``.
 4. **Router and cardinality experts.** ``M + 1`` experts (``num_experts = M = 3``); expert ``k`` is
-   a small MLP (the shared ``GaussianHead`` with a hidden layer, ``anchor_offset`` mode,
+   a small MLP (the shared ``GaussianHead`` with a hidden layer, ``AnchorOffsetPlacement``,
    ``gaussians_per_location = k``) emitting ``k`` Gaussians at the pixel's point plus tanh-bounded
    offsets measured in pixel footprints; expert 0 emits none. The router is a per-pixel
    LayerNorm and two 1x1 convolutions giving ``M + 1`` logits. In training the choice is a
@@ -43,7 +43,8 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    training: it empties whole flat regions that training only ever thinned out (on 8 synthetic
    test scenes, a posed ``splatweaver_tiny`` after ~400 steps scored 14.70 dB with argmax
    routing, 19.08 dB with frozen-Gumbel routing and 19.09 dB with sampled routing).
-6. **Routing regulariser** (``extras["loss/routing"]``, weight ``routing_weight``): cross-entropy
+6. **Routing regulariser** (``losses``: ``routing_ce``, ``routing_smoothing``, ``routing_usage``,
+   unweighted; ``models.training.recipes.SplatWeaverRecipe`` weighs them): cross-entropy
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
    wavelet energy ``sqrt(LH² + HL² + HH²)`` at per-batch quantiles (the flattest pixels get
    expert 0, the most textured ones expert ``M``; bin sizes follow the target usage; pixels
@@ -70,17 +71,17 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from ..backbones import DPTHead, MultiViewTransformer
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import camera_directions, normalize_scene, pixel_grid, transform_points
-from ..gaussians import Gaussians
-from ..heads import GaussianHead, free_mean_activation
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..point_transformer import PointTransformerBlock
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
-from ..wavelet import WAVELETS, detail_bands, detail_energy
-from .pixel_aligned import rigid_fit
+from models.base import ModelOutput, SplatModel, check_context
+from models.gaussians import Gaussians
+from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid, transform_points
+from models.geometry.rigid import rigid_fit
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
+from models.layers.pixel_trunk import PixelTrunk
+from models.layers.point_transformer import PointTransformerBlock
+from models.layers.wavelet import WAVELETS, detail_bands, detail_energy
+from models.registry import register_model
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "SplatWeaver",
@@ -380,7 +381,7 @@ class CardinalityRouter(nn.Module):
         return logits + ladder
 
 
-class SplatWeaver(SplatModel):
+class SplatWeaver(PixelTrunk, SplatModel):
     """SplatWeaver: pose-free, 0..M Gaussians per pixel chosen by a wavelet-guided router.
 
     Args:
@@ -419,9 +420,6 @@ class SplatWeaver(SplatModel):
         gumbel_tau: temperature of the Gumbel-softmax in training.
         target_gaussians_per_pixel: expected Gaussians per pixel the regulariser aims for.
         target_usage: explicit target distribution over experts ``0..M`` (overrides the above).
-        routing_weight: weight of the routing regulariser in ``extras["loss/routing"]``.
-        usage_weight: weight of the usage penalty relative to the cross-entropy.
-        label_smoothing: label smoothing of the routing cross-entropy.
         energy_floor: wavelet energy at or below which a pixel's routing target is expert 0.
         energy_ladder: add the router's ordinal log-energy ladder to its logits (see
             ``CardinalityRouter``); ``False``: the paper's router (features only).
@@ -440,6 +438,7 @@ class SplatWeaver(SplatModel):
     family = "splatweaver"
     pose_free = True
     min_views = 1
+    retired_args = ("routing_weight", "usage_weight", "label_smoothing")
 
     def __init__(
         self,
@@ -470,9 +469,6 @@ class SplatWeaver(SplatModel):
         gumbel_tau: float = 0.5,
         target_gaussians_per_pixel: float = 0.5,
         target_usage: list[float] | None = None,
-        routing_weight: float = 0.01,
-        usage_weight: float = 1.0,
-        label_smoothing: float = 0.1,
         energy_floor: float = 0.01,
         energy_ladder: bool = True,
         neighbour_aggregation: bool = False,
@@ -511,64 +507,36 @@ class SplatWeaver(SplatModel):
         self.num_depth_candidates = num_depth_candidates
         self.num_experts = num_experts
         self.gumbel_tau = gumbel_tau
-        self.routing_weight = routing_weight
-        self.usage_weight = usage_weight
-        self.label_smoothing = label_smoothing
         self.energy_floor = energy_floor
         self.wavelet = wavelet
 
-        self.backbone = MultiViewTransformer(
+        self.build_pixel_encoder(
             size,
             img_size=img_size,
             patch_size=patch_size,
             global_layers=global_layers,
             out_layers=out_layers,
-            use_camera_tokens=posed,
+            camera_tokens=posed,
             pretrained_backbone=pretrained_backbone,
             drop_path_rate=drop_path_rate,
-        )
-        self.dpt = DPTHead(
-            self.backbone.embed_dim,
-            num_layers=len(self.backbone.out_layers),
-            features=dpt_features,
-            out_dim=feature_dim,
+            dpt_features=dpt_features,
+            feature_dim=feature_dim,
             shallow_dim=shallow_dim,
         )
-        # --- point head: own-frame depth + a free correction into view 0's frame ---
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(feature_dim, num_depth_candidates, 1),
+        # --- point head: own-frame depth + a free correction into view 0's frame (posed: points
+        # stay on their rays, no correction to predict) ---
+        self.build_pixel_depth(
+            feature_dim,
+            num_depth_candidates,
+            refine_dim=refine_dim if depth_refine else None,
+            point_head=not posed,
         )
-        if depth_refine:
-            self.depth_refine = nn.Sequential(
-                nn.Conv2d(feature_dim + 1, refine_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(refine_dim, 1, 3, padding=1),
-            )
-            nn.init.zeros_(self.depth_refine[-1].weight)  # start as the identity
-            nn.init.zeros_(self.depth_refine[-1].bias)
-        else:
-            self.depth_refine = None
-        if posed:  # points stay on their rays: no correction to predict
-            self.point_head = None
-        else:
-            self.point_head = nn.Sequential(
-                nn.Conv2d(feature_dim, feature_dim, 3, padding=1),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(feature_dim, 3, 1),
-            )
-            nn.init.zeros_(self.point_head[-1].weight)  # start at each view's own unprojection
-            nn.init.zeros_(self.point_head[-1].bias)
         # --- routing ---
         self.prior = HighFrequencyPrior(feature_dim, prior_dim, wavelet)
         self.router = CardinalityRouter(
             feature_dim, router_hidden_dim, usage, energy_ladder, floor=energy_floor
         )
         self.register_buffer("target_usage", torch.tensor(usage), persistent=False)
-        self.register_buffer(
-            "depth_candidates", torch.linspace(0.0, 1.0, num_depth_candidates), persistent=False
-        )
         self.neighbour = (
             PointTransformerBlock(feature_dim, neighbour_heads, neighbour_k, mode="knn")
             if neighbour_aggregation
@@ -578,13 +546,12 @@ class SplatWeaver(SplatModel):
         self.experts = nn.ModuleList(
             GaussianHead(
                 feature_dim + 1,
-                mean_mode="anchor_offset",
+                AnchorOffsetPlacement(offset_bound),
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
                 hidden_dim=expert_hidden_dim,
                 scale_factor=scale_factor,
                 max_scale=max_scale,
-                offset_bound=offset_bound,
                 opacity_bias=opacity_bias,
             )
             for k in range(1, num_experts + 1)
@@ -595,8 +562,7 @@ class SplatWeaver(SplatModel):
     # ------------------------------------------------------------------ loading
     def trunk_modules(self) -> dict[str, nn.Module]:
         """The per-pixel trunk that ``init_checkpoint`` starts from trained weights."""
-        names = ("backbone", "dpt", "depth_head", "depth_refine", "point_head")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return self.pixel_trunk_modules()
 
     def load_init_checkpoint(self, location: str | os.PathLike) -> list[str]:
         """Load a trained trunk (see ``init_checkpoint``) strictly, module by module.
@@ -612,7 +578,7 @@ class SplatWeaver(SplatModel):
             PretrainedError: unreadable weights, or a trunk module missing from or not matching
                 the file.
         """
-        from ..pretrained import (
+        from models.weights.pretrained import (
             PretrainedError,
             load_state_dict_strict,
             read_weights,
@@ -632,20 +598,6 @@ class SplatWeaver(SplatModel):
         return loaded
 
     # ------------------------------------------------------------------ pieces
-    def _depth(
-        self, features: Tensor, near: Tensor, far: Tensor, b: int, v: int
-    ) -> tuple[Tensor, Tensor]:
-        """Own-frame z-depth ``[B, V, H, W]`` and normalised inverse depth ``[B*V, 1, H, W]``."""
-        prob = self.depth_head(features).softmax(dim=1)  # [BV, D, H, W]
-        t = torch.einsum("ndhw,d->nhw", prob, self.depth_candidates)[:, None]  # [BV, 1, H, W]
-        if self.depth_refine is not None:
-            delta = self.depth_refine(torch.cat([features, t], dim=1))
-            t = torch.sigmoid(torch.logit(t.clamp(1e-4, 1 - 1e-4)) + delta)
-        inv_near = rearrange(1.0 / near, "b v -> (b v) 1 1 1")
-        inv_far = rearrange(1.0 / far, "b v -> (b v) 1 1 1")
-        depth = 1.0 / (inv_far + t * (inv_near - inv_far))
-        return rearrange(depth, "(b v) 1 h w -> b v h w", b=b), t
-
     @staticmethod
     def _frozen_noise(logits: Tensor, v: int) -> Tensor:
         """See ``frozen_gumbel_noise``."""
@@ -661,15 +613,20 @@ class SplatWeaver(SplatModel):
         """See ``budget_shift``."""
         return budget_shift(logits, noise, target, b, steps)
 
-    def _routing_losses(self, logits: Tensor, energy: Tensor) -> tuple[Tensor, Tensor]:
-        """Cross-entropy to the quantile targets and the usage penalty (both unweighted)."""
+    def _routing_losses(self, logits: Tensor, energy: Tensor) -> dict[str, Tensor]:
+        """The regulariser's unweighted terms: cross-entropy to the quantile targets
+        (``routing_ce``), to the uniform distribution (``routing_smoothing``; label smoothing
+        ``e`` mixes the two, ``(1 - e) * ce + e * smoothing``, which is
+        ``F.cross_entropy(..., label_smoothing=e)``) and the usage penalty (``routing_usage``)."""
         logits = logits.float()
         targets = quantile_targets(energy, self.target_usage, self.energy_floor)  # [N, H, W]
-        ce = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        log_p = logits.log_softmax(dim=1)  # [N, M + 1, H, W]
+        ce = F.nll_loss(log_p, targets)
+        smoothing = -log_p.mean(dim=1).mean()
         usage = logits.softmax(dim=1).mean(dim=(0, 2, 3))  # [M + 1]
         target = self.target_usage.float().clamp_min(1e-8)
         penalty = (usage * (usage.clamp_min(1e-8).log() - target.log())).sum()
-        return ce, penalty
+        return {"routing_ce": ce, "routing_smoothing": smoothing, "routing_usage": penalty}
 
     @staticmethod
     def _estimate_focal(points: Tensor, coords: Tensor) -> Tensor:
@@ -711,10 +668,10 @@ class SplatWeaver(SplatModel):
 
         Returns:
             ``ModelOutput``: ``gaussians`` padded to the largest count in the batch (``mask``
-            marks valid ones; ``count()`` is the sum of the routed cardinalities) and extras
-            ``loss/routing`` (weighted regulariser), ``routing_map [B, V, H, W]`` (chosen
-            cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
-            ``routing_ce``, ``routing_usage_penalty``, ``gaussians_per_pixel``,
+            marks valid ones; ``count()`` is the sum of the routed cardinalities),
+            ``losses`` (the regulariser's terms, unweighted), diagnostics ``routing_map [B, V, H, W]``
+            (chosen cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
+            ``gaussians_per_pixel``,
             ``hf_energy [B, V, H, W]``, ``depth [B, V, H, W]`` (own-frame z-depth),
             ``points [B, V, H, W, 3]`` (view 0's frame; ``posed``: the world frame),
             ``extrinsics [B, V, 4, 4]`` (fitted, view 0 identity; ``posed``: the given ones) and
@@ -732,19 +689,19 @@ class SplatWeaver(SplatModel):
         if self.posed:
             extrinsics = context["extrinsics"].to(dtype)
             # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
-            tokens = self.backbone(
-                images, normalize_scene(extrinsics)[0], context["intrinsics"].to(dtype)
+            features = self.pixel_features(
+                images, (h, w), normalize_scene(extrinsics)[0], context["intrinsics"].to(dtype)
             )
         else:
-            tokens = self.backbone(images)
-        features = self.dpt(tokens.features, tokens.grid_size, (h, w), images)  # [BV, C, H, W]
+            features = self.pixel_features(images, (h, w))  # [BV, C, H, W]
 
         # --- one point per pixel, in view 0's frame ---
         near = context.get("near")
         far = context.get("far")
         near = torch.full((b, v), self.near, device=device) if near is None else near
         far = torch.full((b, v), self.far, device=device) if far is None else far
-        depth, t = self._depth(features, near.to(dtype), far.to(dtype), b, v)  # [B, V, H, W]
+        pixel_depth = self.pixel_depth(features, near.to(dtype), far.to(dtype))
+        depth, t = pixel_depth.depth[:, :, 0], pixel_depth.inverse  # [B, V, H, W], [BV, 1, H, W]
         given = context.get("intrinsics") if (self.use_intrinsics or self.posed) else None
         if given is not None:
             intrinsics = given.to(dtype)
@@ -787,7 +744,7 @@ class SplatWeaver(SplatModel):
             shift = repeat(budget_shift, "b -> (b v) 1 1 1", v=v)
             logits = logits + shift * ladder[None, :, None, None]
         gates, choice = self._route(logits, routing, noise)  # [BV, M + 1, H, W], [BV, H, W]
-        ce, penalty = self._routing_losses(logits, flat_energy)
+        losses = self._routing_losses(logits, flat_energy)
 
         # --- experts ---
         expert_in = torch.cat([features, t], dim=1)  # [BV, C + 1, H, W]
@@ -832,22 +789,23 @@ class SplatWeaver(SplatModel):
                 intrinsics = intrinsics.clone()
                 intrinsics[..., 0, 0] = focal[:, None, 0]
                 intrinsics[..., 1, 1] = focal[:, None, 1]
-        extras: dict[str, Tensor] = {
-            "loss/routing": self.routing_weight * (ce + self.usage_weight * penalty),
+        diagnostics: dict[str, Tensor] = {
             "routing_map": rearrange(choice, "b (v h w) -> b v h w", v=v, h=h),
             "expert_usage": usage,
-            "routing_ce": ce.detach(),
-            "routing_usage_penalty": penalty.detach(),
             "gaussians_per_pixel": (usage * torch.arange(len(usage), device=device)).sum(),
             "hf_energy": energy,
-            "depth": depth,
             "points": rearrange(points, "b v (h w) c -> b v h w c", h=h),
-            "extrinsics": fitted,
-            "intrinsics": intrinsics,
         }
         if budget_shift is not None:
-            extras["budget_shift"] = budget_shift
-        return ModelOutput(gaussians=gaussians, extras=extras)
+            diagnostics["budget_shift"] = budget_shift
+        return ModelOutput(
+            gaussians,
+            depth=depth,
+            extrinsics=fitted,
+            intrinsics=intrinsics,
+            losses=losses,
+            diagnostics=diagnostics,
+        )
 
 
 # Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone
@@ -859,6 +817,7 @@ INFERENCE_KNOBS = (
         low=0.0,
         high=None,
         high_attr="num_experts",
+        sweep=(0.25, 0.5, 1.0),
         step=0.05,
         help="at most this many Gaussians per pixel on average: the router's choice shifted "
         "towards cheaper experts, keeping its ranking of pixels (off: as routed)",

@@ -55,25 +55,25 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import invert_extrinsics, normalize_scene
-from ..gaussians import Gaussians
-from ..heads import GaussianHead
-from ..heads.gaussian_head import raw_gaussian_dim
-from ..layers.vggt import (
+from models.base import ModelOutput, SplatModel, check_context
+from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.families.splatweaver import budget_shift, frozen_gumbel_noise, route
+from models.gaussians import Gaussians
+from models.geometry.cameras import invert_extrinsics, normalize_scene
+from models.geometry.rotations import quaternion_multiply
+from models.layers.heads import AnchorOffsetPlacement, GaussianHead
+from models.layers.heads.gaussian_head import raw_gaussian_dim
+from models.layers.point_transformer import knn as brute_force_knn
+from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
     DPTHead,
     pose_encoding_to_cameras,
 )
-from ..point_transformer import knn as brute_force_knn
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
-from ..rotations import quaternion_multiply
-from ..sh import eval_sh_bases
-from ..wavelet import WAVELETS
-from .splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
-from .splatweaver import budget_shift, frozen_gumbel_noise, route
+from models.layers.wavelet import WAVELETS
+from models.registry import register_model
+from models.sh import eval_sh_bases
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "SplatWeaverRelease",
@@ -387,13 +387,12 @@ class SplatWeaverRelease(SplatModel):
         self.experts = nn.ModuleList(
             GaussianHead(
                 width,
-                mean_mode="anchor_offset",
+                AnchorOffsetPlacement(offset_bound),
                 gaussians_per_location=k,
                 sh_degree=sh_degree,
                 hidden_dim=width,
                 scale_factor=scale_factor,
                 max_scale=max_scale,
-                offset_bound=offset_bound,
                 dc_from_color=False,
                 scale_shift=0.0,
                 activation="relu",
@@ -440,7 +439,7 @@ class SplatWeaverRelease(SplatModel):
             raw = expert.proj(f) * gates.index_select(0, index)[:, k : k + 1]  # [P, k * R]
             raw = raw.reshape(index.numel() * k, -1)  # [P * k, R], pixel-major
             anchor = points.index_select(0, index).repeat_interleave(k, dim=0)
-            means = anchor + torch.tanh(raw[:, :3]) * expert.offset_bound
+            means = anchor + torch.tanh(raw[:, :3]) * expert.placement.offset_bound
             pixel = self.pixel_projector(f).repeat_interleave(k, dim=0)
             raw_means.append(raw[:, :3])
             rows.append(torch.cat([means, raw[:, 3:], pixel], dim=1))
@@ -481,7 +480,7 @@ class SplatWeaverRelease(SplatModel):
                 ``"release"`` (the release's world frame).
 
         Returns:
-            ``ModelOutput`` with padded ``gaussians`` (``mask`` where scenes differ) and extras
+            ``ModelOutput`` with padded ``gaussians`` (``mask`` where scenes differ),
             ``extrinsics [B, V, 4, 4]`` (camera-to-world, predicted), ``intrinsics [B, V, 3, 3]``
             (normalised), ``routing_map [B, V, H, W]`` (Gaussians per pixel, 0..M),
             ``expert_usage [M + 1]``, ``gaussians_per_pixel``, ``router_logits
@@ -565,22 +564,21 @@ class SplatWeaverRelease(SplatModel):
             gaussians = gaussians.prune(max_count=max_gaussians)
 
         usage = F.one_hot(choice, self.num_experts + 1).to(dtype).mean(dim=(0, 1, 2))
-        extras = {
-            "extrinsics": c2w,
-            "intrinsics": intrinsics,
+        diagnostics = {
             "routing_map": rearrange(choice, "(b v) h w -> b v h w", b=b),
             "expert_usage": usage,
             "gaussians_per_pixel": (usage * torch.arange(len(usage), device=usage.device)).sum(),
             "router_logits": rearrange(logits, "(b v) e h w -> b v e h w", b=b),
-            "depth": depth,
             "depth_conf": depth_conf,
             "points": points,
             "pose_encoding": encoding,
             "scene_scale": scale,
         }
         if shift is not None:
-            extras["budget_shift"] = shift
-        return ModelOutput(gaussians=gaussians, extras=extras)
+            diagnostics["budget_shift"] = shift
+        return ModelOutput(
+            gaussians, depth=depth, extrinsics=c2w, intrinsics=intrinsics, diagnostics=diagnostics
+        )
 
 
 def _pad(scenes: list[Gaussians]) -> Gaussians:

@@ -10,8 +10,8 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    *Camera prior (optional):* with ``use_camera_prior`` and cameras in the context, the Plücker
    rays of the (view-0-relative, unit-baseline) cameras are patchified and added to the patch
    tokens before the first block, for the scenes a ``camera_prior`` mask selects (training draws
-   it for ``camera_prior_prob`` of the scenes, see ``train_kwargs``). It is off by default, so at
-   test time the model is pose-free and ignores ``extrinsics``.
+   it for some of the scenes, see ``models.training.recipes.ZipSplatRecipe``). It is off by
+   default, so at test time the model is pose-free and ignores ``extrinsics``.
 2. **Token clustering.** k-means (``models.kmeans``: no gradient, uniform-stride initialisation,
    ``kmeans_iterations`` Lloyd iterations, chunked distances) on the deepest block's tokens of all
    views together, ``K = round(r * V * h * w)`` clusters; each centroid is snapped to a distinct
@@ -23,7 +23,7 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    and projected. *Colour skip:* a patch embedding of the raw images (plus a fixed 2D sin-cos
    position and a reference/other-view embedding) is cross-attended at the same indices and
    concatenated to the scene tokens.
-4. **Head.** The shared ``GaussianHead`` in ``free`` mode decodes each scene token into
+4. **Head.** The shared ``GaussianHead`` with a ``FreeMeanPlacement`` decodes each scene token into
    ``gaussians_per_token`` (``G``) Gaussians with unconstrained means ``sign(y) * expm1(|y|)``
    (clamped) in the frame of context view 0; the DC colour starts at the token's patch colour.
    Exactly ``K * G`` Gaussians come out. Additions of ours (not in the paper): the head also sees
@@ -50,8 +50,9 @@ what test-time target-pose refinement (``models.pose_refinement``) absorbs at ev
 Losses: L1 and LPIPS are the LightningModule's (``configs/model/zipsplat.yaml``), as is the depth
 term: with ``depth_weight > 0`` it compares the rendered target depth with the ground truth (free,
 the targets are rendered anyway). The model adds a Chamfer term between the Gaussian means and the
-points of the context views' ground-truth depth maps, ``extras["loss/chamfer"]`` (weighted by
-``chamfer_weight``), when the context holds ``depth`` and ``extrinsics`` and gradients are on.
+points of the context views' ground-truth depth maps, ``losses["chamfer"]`` (unweighted; the
+training recipe weighs it and asks for it with ``chamfer_points``), when the context holds
+``depth`` and ``extrinsics`` and gradients are on.
 """
 
 from __future__ import annotations
@@ -67,14 +68,20 @@ from timm.layers import LayerScale, Mlp, build_sincos2d_pos_embed, trunc_normal_
 from timm.models.vision_transformer import Attention
 from torch import Tensor, nn
 
-from ..backbones import VIT_SIZES, MultiViewTransformer
-from ..base import ModelOutput, SplatModel, check_context
-from ..cameras import camera_directions, normalize_scene, pixel_grid, plucker_embedding, unproject
-from ..heads import GaussianHead
-from ..kmeans import cluster_count, kmeans_select
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
-from ..registry import register_model
+from models.base import ModelOutput, SplatModel, check_context
+from models.geometry.cameras import (
+    camera_directions,
+    normalize_scene,
+    pixel_grid,
+    plucker_embedding,
+    unproject,
+)
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.backbones import VIT_SIZES, MultiViewTransformer
+from models.layers.heads import FreeMeanPlacement, GaussianHead
+from models.layers.kmeans import cluster_count, kmeans_select
+from models.registry import register_model
+from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "CrossAttention",
@@ -247,18 +254,19 @@ class ZipSplat(SplatModel):
         kmeans_chunk_size: tokens per k-means distance block.
         use_camera_prior: build the camera-prior embedding (used only when a forward call asks
             for it and the context has cameras).
-        camera_prior_prob: fraction of training scenes given the camera prior.
-        r_min_final: lower end of the sampled ratio after the anneal, at 2 views.
-        anneal_fraction: fraction of training over which ``r_min`` anneals from 1.
-        train_views: context views of the training data (scales ``r_min_final`` by
-            ``(2 / train_views) ** 0.5``).
-        chamfer_weight: weight of the Chamfer loss (0 disables it).
-        chamfer_points: ground-truth points sampled per scene for the Chamfer loss.
     """
 
     family = "zipsplat"
     pose_free = True
     min_views = 1
+    retired_args = (
+        "camera_prior_prob",
+        "r_min_final",
+        "anneal_fraction",
+        "train_views",
+        "chamfer_weight",
+        "chamfer_points",
+    )
 
     def __init__(
         self,
@@ -289,21 +297,11 @@ class ZipSplat(SplatModel):
         kmeans_iterations: int = 5,
         kmeans_chunk_size: int = 4096,
         use_camera_prior: bool = True,
-        camera_prior_prob: float = 0.2,
-        r_min_final: float = 0.5,
-        anneal_fraction: float = 0.5,
-        train_views: int = 2,
-        chamfer_weight: float = 0.1,
-        chamfer_points: int = 2048,
     ) -> None:
         super().__init__()
         cluster_count(1, compression)  # validates the ratio
         if num_feature_layers < 1:
             raise ValueError(f"num_feature_layers must be >= 1, got {num_feature_layers}")
-        if not 0.0 <= camera_prior_prob <= 1.0:
-            raise ValueError(f"camera_prior_prob must be in [0, 1], got {camera_prior_prob}")
-        if not 0.0 < r_min_final <= 1.0:
-            raise ValueError(f"r_min_final must be in (0, 1], got {r_min_final}")
         self.size = size
         self.compression = compression
         self.kmeans_iterations = kmeans_iterations
@@ -314,12 +312,6 @@ class ZipSplat(SplatModel):
             raise ValueError("gaussian_sites=True needs a ray_anchor_depth (the sites' rays)")
         self.gaussian_sites = gaussian_sites
         self.use_camera_prior = use_camera_prior
-        self.camera_prior_prob = camera_prior_prob
-        self.r_min_final = r_min_final
-        self.anneal_fraction = anneal_fraction
-        self.train_views = train_views
-        self.chamfer_weight = chamfer_weight
-        self.chamfer_points = chamfer_points
         self.gaussians_per_token = gaussians_per_token
 
         if size not in VIT_SIZES:
@@ -373,13 +365,12 @@ class ZipSplat(SplatModel):
         self.head_norm = nn.LayerNorm(dim + color_dim)
         self.gaussian_head = GaussianHead(
             dim + color_dim + 1,
-            mean_mode="free",
+            FreeMeanPlacement(free_mean_max),
             gaussians_per_location=gaussians_per_token,
             sh_degree=sh_degree,
             hidden_dim=head_hidden_dim or dim,
             scale_factor=scale_factor,
             max_scale=max_scale,
-            free_mean_max=free_mean_max,
             dc_from_color=True,
             opacity_bias=opacity_bias,
         )
@@ -410,21 +401,6 @@ class ZipSplat(SplatModel):
             last = last[-1] if isinstance(last, nn.Sequential) else last
             with torch.no_grad():
                 last.bias.view(g, -1)[:, :2] = raw
-
-    # ------------------------------------------------------------------ training schedule
-    def train_kwargs(self, step: int, max_steps: int) -> dict[str, float]:
-        """Forward keywords of one training step: the sampled ratio and the camera-prior share.
-
-        ``r ~ U[r_min, 1]`` with ``r_min`` from ``compression_schedule`` (drawn from torch's global
-        generator, so seeded runs repeat); ``camera_prior`` is the probability with which each
-        scene of the batch gets the camera prior (0 when the model has none).
-        """
-        r_min = compression_schedule(
-            step, max_steps, self.r_min_final, self.anneal_fraction, self.train_views
-        )
-        r = r_min + (1.0 - r_min) * float(torch.rand(()))
-        prior = self.camera_prior_prob if self.camera_prior_embed is not None else 0.0
-        return {"compression": r, "camera_prior": prior}
 
     # ------------------------------------------------------------------ pieces
     def _intrinsics(self, context: dict[str, Tensor], b: int, v: int, like: Tensor) -> Tensor:
@@ -524,7 +500,9 @@ class ZipSplat(SplatModel):
         color = F.grid_sample(smooth, grid, mode="bilinear", align_corners=False)  # [BV,3,n,G]
         return rearrange(color, "(b v) c n g -> b (v n) g c", b=b).clamp(0.0, 1.0)
 
-    def _chamfer(self, context: dict[str, Tensor], means: Tensor, intrinsics: Tensor) -> Tensor:
+    def _chamfer(
+        self, context: dict[str, Tensor], means: Tensor, intrinsics: Tensor, max_points: int
+    ) -> Tensor:
         """Chamfer loss between ``means [B, M, 3]`` and points of the context GT depth."""
         depth = context["depth"].to(means.dtype)  # [B, V, H, W]
         b, v, h, w = depth.shape
@@ -541,9 +519,9 @@ class ZipSplat(SplatModel):
             scene_points = points[i][valid[i]]
             if scene_points.shape[0] == 0:
                 continue
-            if scene_points.shape[0] > self.chamfer_points:
+            if scene_points.shape[0] > max_points:
                 pick = torch.randperm(scene_points.shape[0], device=means.device)
-                scene_points = scene_points[pick[: self.chamfer_points]]
+                scene_points = scene_points[pick[:max_points]]
             losses.append(chamfer_distance(means[i : i + 1], scene_points[None])[0])
         if not losses:
             return means.new_zeros(())
@@ -558,6 +536,7 @@ class ZipSplat(SplatModel):
         ratio: float | None = None,
         max_gaussians: int | None = None,
         camera_prior: bool | float | Tensor = False,
+        chamfer_points: int = 0,
     ) -> ModelOutput:
         """Predict Gaussians in the frame of context view 0.
 
@@ -571,12 +550,15 @@ class ZipSplat(SplatModel):
             camera_prior: give the camera prior to every scene (``True``), none (``False``), each
                 with this probability (a float), or per scene (a ``[B]`` bool tensor). Needs
                 ``use_camera_prior`` and cameras in the context; ignored otherwise.
+            chamfer_points: training only: compute the (unweighted) Chamfer loss with this many
+                ground-truth points per scene (0: none; needs ``depth`` and ``extrinsics`` in the
+                context and gradients on).
 
         Returns:
             ``ModelOutput`` with ``K * G`` Gaussians (``K = round(r * V * h * w)``; fewer when
-            pruned) and extras: ``scene_token_index [B, K]`` (into the view-major token list),
+            pruned), diagnostics ``scene_token_index [B, K]`` (into the view-major token list),
             ``cluster_size [B, K]``, ``compression``, ``num_scene_tokens``, ``camera_prior [B]``
-            and, in training with GT depth, ``loss/chamfer``.
+            and, in training with GT depth, ``losses["chamfer"]``.
         """
         if compression is not None and ratio is not None and compression != ratio:
             raise ValueError(f"compression={compression} and ratio={ratio} disagree; pass one")
@@ -661,7 +643,7 @@ class ZipSplat(SplatModel):
             unused = sum(p.sum() for p in self.camera_prior_embed.parameters())
             gaussians = gaussians.replace(means=gaussians.means + 0.0 * unused)
 
-        extras: dict[str, Tensor | float | int] = {
+        diagnostics: dict[str, Tensor | float | int] = {
             "scene_token_index": index,
             "cluster_size": cluster_size,
             "compression": r,
@@ -672,17 +654,17 @@ class ZipSplat(SplatModel):
                 else torch.zeros(b, dtype=torch.bool, device=images.device)
             ),
         }
+        losses: dict[str, Tensor] = {}
         if (
-            self.chamfer_weight > 0
+            chamfer_points > 0
             and torch.is_grad_enabled()
             and context.get("depth") is not None
             and context.get("extrinsics") is not None
         ):
-            chamfer = self._chamfer(context, gaussians.means, intrinsics)
-            extras["loss/chamfer"] = self.chamfer_weight * chamfer
+            losses["chamfer"] = self._chamfer(context, gaussians.means, intrinsics, chamfer_points)
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        return ModelOutput(gaussians=gaussians, extras=extras)
+        return ModelOutput(gaussians, losses=losses, diagnostics=diagnostics)
 
 
 # Inference knobs (models.knobs): the cluster ratio, and every family's max_gaussians. The backbone
@@ -695,6 +677,7 @@ INFERENCE_KNOBS = (
         high=1.0,
         step=0.01,
         low_open=True,
+        sweep=(1.0, 0.5, 0.25, 0.1),
         default_attr="compression",
         help="cluster ratio r: k-means keeps r of the tokens as scene tokens, each decoding "
         "gaussians_per_token Gaussians (fewer tokens, fewer Gaussians)",

@@ -45,13 +45,20 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..backbones.da3_vit import DA3_SIZES, Block, DA3Encoder, LayerScale, Mlp, PatchEmbed
-from ..base import ModelOutput, SplatModel, check_context
-from ..heads import GaussianHead
-from ..kmeans import kmeans_nearest_tokens
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
-from .zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.base import ModelOutput, SplatModel, check_context
+from models.families.zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.layers.backbones.da3_vit import (
+    DA3_SIZES,
+    Block,
+    DA3Encoder,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+)
+from models.layers.heads import FreeMeanPlacement, GaussianHead
+from models.layers.kmeans import kmeans_nearest_tokens
+from models.registry import register_model
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "INFERENCE_KNOBS",
@@ -216,14 +223,13 @@ class ZipSplatDA3(SplatModel):
         self.head_mlp = Mlp(head_dim, 2 * head_dim, head_dim)
         self.gaussian_head = GaussianHead(
             head_dim,
-            mean_mode="free",
+            FreeMeanPlacement(math.expm1(5.0)),  # |y| clamped at log1p(expm1(5)) = 5 exactly
             gaussians_per_location=gaussians_per_token,
             sh_degree=sh_degree,
             hidden_dim=None,
             scale_factor=1.0,
             max_scale=15.0,
             min_scale=1e-6,
-            free_mean_max=math.expm1(5.0),  # |y| clamped at log1p(expm1(5)) = 5 exactly
             dc_from_color=False,
             sh_layout="coefficient",
             sh_band_scale=False,
@@ -268,7 +274,7 @@ class ZipSplatDA3(SplatModel):
                 ``use_priors``); needs ``extrinsics`` and ``intrinsics``.
 
         Returns:
-            ``ModelOutput`` with ``K * gaussians_per_token`` Gaussians (token-major) and extras
+            ``ModelOutput`` with ``K * gaussians_per_token`` Gaussians (token-major) and diagnostics
             ``scene_token_index [B, K]`` (into the view-major token list), ``compression``,
             ``num_scene_tokens`` and ``camera_prior``.
         """
@@ -301,13 +307,13 @@ class ZipSplatDA3(SplatModel):
         gaussians = self.gaussian_head(features)
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
-        extras = {
+        diagnostics = {
             "scene_token_index": index,
             "compression": r,
             "num_scene_tokens": k,
             "camera_prior": bool(camera_prior),
         }
-        return ModelOutput(gaussians=gaussians, extras=extras)
+        return ModelOutput(gaussians, diagnostics=diagnostics)
 
 
 # ---------------------------------------------------------------------- official weights
@@ -394,10 +400,15 @@ register_pretrained_cfgs(
             hf_hub_filename="zipsplat-da3g-252p.tar",
             file_format="official",
             arch_kwargs={},
+            # Read 2026-12-01: cvg/ZipSplat README "License" (e1b592d and the Hub-indexed copy);
+            # ByteDance-Seed/Depth-Anything-3 README "Model Cards" table. The weights' own Hub
+            # model card (huggingface.co/veichta/zipsplat) was not reachable from here.
             license=(
-                "Apache-2.0 (cvg/ZipSplat code and released weights); the backbone was "
-                "initialised from Depth Anything 3 Giant, whose own weights carry their authors' "
-                "licence (check it before commercial use)"
+                "CC-BY-NC-4.0, non-commercial use only (the released weights, per cvg/ZipSplat's "
+                "README; its code is Apache-2.0). Required by their inputs: initialised from "
+                "Depth Anything 3 Giant (depth-anything/DA3-GIANT, CC-BY-NC-4.0; DA3-Large is "
+                "CC-BY-NC-4.0 too, DA3-Base/Small are Apache-2.0) and trained on DL3DV-10K "
+                "(CC-BY-NC-4.0). Full terms: the Hub model card veichta/zipsplat (not read here)"
             ),
             source="ZipSplat (arXiv 2606.05102), github.com/cvg/ZipSplat @ e1b592d",
             train_data="RealEstate10K + DL3DV (2-24 context views, 252 x 252)",

@@ -1,5 +1,6 @@
-"""Heads shared by the families."""
+"""Old import path of ``models.layers.heads`` (kept as an alias for one release)."""
 
-from .gaussian_head import MEAN_MODES, GaussianHead, free_mean_activation, raw_gaussian_dim
+# relayout: alias
+from models._compat import alias_module
 
-__all__ = ["GaussianHead", "MEAN_MODES", "free_mean_activation", "raw_gaussian_dim"]
+alias_module(__name__, "models.layers.heads")

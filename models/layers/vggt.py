@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
+from models.layers.backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
 
 __all__ = [
     "Block",

@@ -17,8 +17,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .dinov2 import DINOV2_SIZES, DinoV2
-from .unimatch import ConvStem, CrossViewTransformer, gather_views, window_sine_embedding
+from models.layers.backbones.dinov2 import DINOV2_SIZES, DinoV2
+from models.layers.backbones.unimatch import (
+    ConvStem,
+    CrossViewTransformer,
+    gather_views,
+    window_sine_embedding,
+)
+from models.layers.depth_head import DepthSoftmaxHead
 
 __all__ = ["DepthTrunk", "DepthSplatDPT", "CrossViewUNet", "DPT_CONFIGS", "MONO_LAYERS"]
 
@@ -345,16 +351,19 @@ class _ScaleRegressor(nn.Module):
         self.unet = CrossViewUNet(dim, levels=levels, attn_strides=attn)
         self.proj_out = nn.Conv2d(dim, dim, 3, padding=1)
         self.shortcut = nn.Conv2d(in_dim, dim, 1)
-        self.depth_head = nn.Sequential(
-            nn.Conv2d(dim, 2 * dim, 3, padding=1, padding_mode="replicate"),
-            nn.GELU(),
-            nn.Conv2d(2 * dim, candidates, 3, padding=1, padding_mode="replicate"),
-        )
+        self.depth_head = DepthSoftmaxHead(
+            dim,
+            candidates,
+            hidden_dim=2 * dim,
+            activation="gelu",
+            out_kernel=3,
+            padding_mode="replicate",
+        )  # the per-pixel candidates are the caller's: only its probabilities are used
 
     def forward(self, x: Tensor, views: int) -> Tensor:
         h = F.gelu(self.norm_in(self.proj_in(x)))
         h = self.proj_out(self.unet(h, views)) + self.shortcut(x)
-        return F.softmax(self.depth_head(h), dim=1)  # [BV, D, h, w]
+        return self.depth_head.probabilities(h)[:, 0]  # [BV, D, h, w]
 
 
 def _warp_cost(ref: Tensor, src: Tensor, intrinsics: Tensor, pose: Tensor, depth: Tensor) -> Tensor:

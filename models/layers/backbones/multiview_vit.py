@@ -32,7 +32,7 @@ from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..cameras import plucker_embedding
+from models.geometry.cameras import plucker_embedding
 
 __all__ = [
     "BackboneOutput",

@@ -1,0 +1,705 @@
+"""Image folder and video input for inference.
+
+``load_images(path, ...)`` accepts:
+
+- a folder of images (jpg, jpeg, png, webp, bmp; any size; EXIF orientation applied; RGBA and
+  palette transparency composited on white or black; grayscale and 16-bit images converted to RGB).
+  Files that are not decodable images are skipped with a warning. A COLMAP scene folder with an
+  ``images/`` subfolder works too;
+- a video file (mp4, mov, avi, mkv, webm, m4v), sampled to ``num_views`` evenly spaced frames;
+- a single image file.
+
+Images are resized to cover ``image_shape`` and centre-cropped (intrinsics adjusted). When more
+images than ``num_views`` are found, ``num_views`` evenly spaced ones (in natural name order) are
+used.
+
+Optional poses, converted to splatzoo's conventions (camera-to-world, OpenCV axes, normalised
+intrinsics), come from ``cameras.json`` in the folder or a COLMAP text/binary model (``sparse/0``,
+``sparse`` or the folder itself). ``cameras.json`` is this project's format::
+
+    {"frames": [
+        {"file": "frame_00.jpg",                 # path relative to the folder
+         "camera_to_world": [[r00, r01, r02, tx],  # 4x4, OpenCV axes (+x right, +y down,
+                             [r10, r11, r12, ty],  #  +z forward), row-major
+                             [r20, r21, r22, tz],
+                             [0, 0, 0, 1]],
+         "fx": 595.0, "fy": 595.0, "cx": 424.0, "cy": 240.0,   # pixels of the full image
+         "width": 848, "height": 480},            # optional: the size those pixels refer to
+        ...]}
+
+Pixel coordinates follow COLMAP: the top-left pixel's centre is at (0.5, 0.5). ``file`` is a file
+name or a path relative to the folder. Poses must be rigid (rotation orthonormal within 1e-3,
+determinant +1) and focal lengths positive; a frame that is not is an error naming it, and views
+that all share one camera centre get a warning (posed models need a baseline).
+``write_cameras_json`` writes the same format.
+
+Images far smaller than ``image_shape`` (shorter side under half of it) or of an aspect ratio more
+than 4:1 away from it are used with a warning naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch import Tensor
+
+from datamodules.errors import DataError
+from datamodules.transforms import resize_crop_image
+from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
+    "ImageSet",
+    "load_images",
+    "load_image_folder",
+    "load_video",
+    "open_image",
+    "read_cameras_json",
+    "write_cameras_json",
+]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v")
+_SIDECARS = {"cameras.json", "cameras.txt", "images.txt", "points3d.txt", "frames.txt", "rigs.txt"}
+
+
+@dataclass
+class ImageSet:
+    """Loaded input views.
+
+    Attributes:
+        images: ``[V, 3, H, W]`` float in [0, 1].
+        names: file names (or ``video_frameNNNNN``) per view.
+        source: the input path.
+        original_sizes: ``(H, W)`` of each view before resizing (after EXIF orientation).
+        extrinsics: ``[V, 4, 4]`` camera-to-world in the poses' world frame, or None.
+        intrinsics: ``[V, 3, 3]`` normalised, for the resized/cropped images, or None.
+        pose_source: ``"cameras.json"``, ``"colmap"`` or None.
+    """
+
+    images: Tensor
+    names: list[str]
+    source: Path
+    original_sizes: list[tuple[int, int]]
+    extrinsics: Tensor | None = None
+    intrinsics: Tensor | None = None
+    pose_source: str | None = None
+    sfm: Any = None  # the datamodules.sfm.SfmResult when the poses came from structure-from-motion
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def context(
+        self,
+        near: float = 1.0,
+        far: float = 100.0,
+        default_fov: float = 60.0,
+        normalize: bool = True,
+    ) -> dict[str, Tensor]:
+        """A batch of one context example for a model.
+
+        Args:
+            near: near plane per view.
+            far: far plane per view.
+            default_fov: horizontal field of view (degrees) assumed when intrinsics are unknown.
+            normalize: express poses in the scene frame (first view = identity, unit baseline).
+
+        Returns:
+            ``image [1, V, 3, H, W]``, ``intrinsics [1, V, 3, 3]``, ``near``/``far [1, V]`` and,
+            when poses are known, ``extrinsics [1, V, 4, 4]``.
+        """
+        views, _, height, width = self.images.shape
+        if self.intrinsics is not None:
+            intrinsics = self.intrinsics
+        else:
+            focal_x = 0.5 / np.tan(np.deg2rad(default_fov) / 2)
+            k = torch.tensor(
+                [[focal_x, 0.0, 0.5], [0.0, focal_x * width / height, 0.5], [0.0, 0.0, 1.0]]
+            )
+            intrinsics = k.expand(views, 3, 3).clone()
+        out = {
+            "image": self.images[None],
+            "intrinsics": intrinsics[None],
+            "near": torch.full((1, views), float(near)),
+            "far": torch.full((1, views), float(far)),
+        }
+        if self.extrinsics is not None:
+            extrinsics = self.extrinsics[None]
+            if normalize:
+                extrinsics, _, _ = normalize_scene(extrinsics)
+            out["extrinsics"] = extrinsics
+        return out
+
+    def original_intrinsics(self, intrinsics: Tensor) -> Tensor:
+        """Normalised intrinsics ``[V, 3, 3]`` of these (resized, centre-cropped) views as pixel
+        intrinsics of the original images (``original_sizes``), e.g. to write them back out."""
+        from datamodules.transforms import cover_shape, crop_transform
+        from models.geometry.cameras import intrinsics_to_pixels
+
+        shape = tuple(self.images.shape[-2:])
+        out = []
+        for k, original in zip(intrinsics, self.original_sizes):
+            a = torch.eye(3, dtype=torch.float64)
+            if tuple(original) != shape:
+                a, _, _ = crop_transform(cover_shape(tuple(original), shape), shape)
+            k = torch.linalg.inv(a.double()) @ k.double().cpu()
+            out.append(intrinsics_to_pixels(k, tuple(original)))
+        return torch.stack(out)
+
+
+def _natural_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name)]
+
+
+def _background(background: str | tuple[int, int, int]) -> tuple[int, int, int]:
+    if isinstance(background, str):
+        colors = {"white": (255, 255, 255), "black": (0, 0, 0)}
+        if background not in colors:
+            raise ValueError(
+                f"background must be 'white', 'black' or an RGB tuple, got {background!r}"
+            )
+        return colors[background]
+    return tuple(int(c) for c in background)  # type: ignore[return-value]
+
+
+def open_image(
+    path: str | Path,
+    background: str | tuple[int, int, int] = "white",
+    exif: bool = True,
+) -> Image.Image:
+    """Open an image file as RGB (EXIF orientation applied, transparency composited).
+
+    Raises:
+        ValueError: the file is not a decodable image.
+    """
+    try:
+        image = Image.open(path)
+        image.load()
+        if exif:
+            image = ImageOps.exif_transpose(image)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise ValueError(f"not a readable image ({error})") from error
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        array = np.asarray(image, dtype=np.float32)
+        top = 65535.0 if array.max() > 255 else 255.0
+        image = Image.fromarray(np.clip(array / top * 255 + 0.5, 0, 255).astype(np.uint8))
+    has_alpha = image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (
+        image.mode == "P" and "transparency" in image.info
+    )
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, _background(background) + (255,))
+        image = Image.alpha_composite(canvas, rgba)
+    return image.convert("RGB")
+
+
+# Tolerance of the rigidity check on camera_to_world: max |R^T R - I| (float32 poses written by
+# other tools are orthonormal to ~1e-6).
+_ROTATION_TOLERANCE = 1e-3
+
+
+def _pose_problem(matrix: Tensor) -> str | None:
+    """What is wrong with a finite 4x4 camera-to-world pose, or None for a rigid transform."""
+    rotation = matrix[:3, :3]
+    error = float((rotation.T @ rotation - torch.eye(3, dtype=rotation.dtype)).abs().max())
+    if error > _ROTATION_TOLERANCE:
+        return (
+            f"the rotation part of camera_to_world is not orthonormal (max |R^T R - I| = "
+            f"{error:.3g}, tolerance {_ROTATION_TOLERANCE:g}); it must be a rotation matrix"
+        )
+    if float(torch.linalg.det(rotation)) < 0:
+        return (
+            "the rotation part of camera_to_world has determinant -1 (a reflection, e.g. one "
+            "axis flipped); it must be a rotation with determinant +1 in OpenCV axes"
+        )
+    if (
+        float((matrix[3] - torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=matrix.dtype)).abs().max())
+        > 1e-4
+    ):
+        return f"the last row of camera_to_world is {matrix[3].tolist()}, not [0, 0, 0, 1]"
+    return None
+
+
+def _intrinsics_problem(entry: dict) -> str | None:
+    """What is wrong with a frame's fx, fy, cx, cy, width, height, or None."""
+    for key in ("fx", "fy"):
+        if not (np.isfinite(entry[key]) and entry[key] > 0):
+            return f"{key}={entry[key]:g} must be a positive focal length in pixels"
+    for key in ("cx", "cy"):
+        if not np.isfinite(entry[key]):
+            return f"{key}={entry[key]:g} must be a finite principal point in pixels"
+    for key in ("width", "height"):
+        if key in entry and entry[key] <= 0:
+            return f"{key}={entry[key]} must be positive"
+    if ("width" in entry) != ("height" in entry):
+        return "give both width and height, or neither"
+    return None
+
+
+def read_cameras_json(path: str | Path) -> dict[str, dict]:
+    """Read ``cameras.json`` (format in the module docstring).
+
+    Returns:
+        Per file name: ``camera_to_world [4, 4]`` float64 tensor, ``fx, fy, cx, cy`` and optional
+        ``width``, ``height``.
+
+    Raises:
+        DataError: malformed file, a pose that is not a rigid transform (rotation orthonormal to
+            1e-3, determinant +1), a non-positive or non-finite focal length, a non-finite
+            principal point, or a file listed twice (one line naming the file and the frame).
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is allowed
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}: unreadable cameras.json ({error})") from error
+    frames = data.get("frames") if isinstance(data, dict) else None
+    if not isinstance(frames, list):
+        raise DataError(f"{path}: cameras.json needs a 'frames' list")
+    out: dict[str, dict] = {}
+    for i, frame in enumerate(frames):
+        try:
+            matrix = torch.tensor(frame["camera_to_world"], dtype=torch.float64)
+            entry = {
+                "camera_to_world": matrix,
+                **{k: float(frame[k]) for k in ("fx", "fy", "cx", "cy")},
+            }
+            for k in ("width", "height"):
+                if k in frame:
+                    entry[k] = int(frame[k])
+            name = str(frame["file"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise DataError(f"{path}: frame {i} is malformed ({error!r})") from error
+        if matrix.shape != (4, 4) or not torch.isfinite(matrix).all():
+            raise DataError(f"{path}: frame {i} ({name}) needs a finite 4x4 camera_to_world")
+        problem = _pose_problem(matrix) or _intrinsics_problem(entry)
+        if problem:
+            raise DataError(f"{path}: frame {i} ({name}): {problem}")
+        if name in out:
+            raise DataError(f"{path}: frame {i} lists {name} a second time")
+        out[name] = entry
+    return out
+
+
+def write_cameras_json(
+    path: str | Path,
+    names: list[str],
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    sizes: list[tuple[int, int]] | tuple[int, int],
+) -> None:
+    """Write ``cameras.json``.
+
+    Args:
+        path: output file.
+        names: file name per view.
+        extrinsics: ``[V, 4, 4]`` camera-to-world (OpenCV axes).
+        intrinsics: ``[V, 3, 3]`` normalised.
+        sizes: ``(H, W)`` per view (or one for all) that the pixel intrinsics refer to.
+    """
+    if isinstance(sizes, tuple):
+        sizes = [sizes] * len(names)
+    frames = []
+    for name, pose, k, (height, width) in zip(names, extrinsics, intrinsics, sizes):
+        frames.append(
+            {
+                "file": name,
+                "camera_to_world": pose.double().tolist(),
+                "fx": float(k[0, 0]) * width,
+                "fy": float(k[1, 1]) * height,
+                "cx": float(k[0, 2]) * width,
+                "cy": float(k[1, 2]) * height,
+                "width": int(width),
+                "height": int(height),
+            }
+        )
+    Path(path).write_text(json.dumps({"frames": frames}, indent=2), encoding="utf-8")
+
+
+def _colmap_poses(folder: Path) -> dict[str, dict] | None:
+    """Poses of a COLMAP model below ``folder`` in the ``read_cameras_json`` layout, or None."""
+    from datamodules.readers import colmap
+
+    model = colmap.find_model_dir(folder)
+    if model is None:
+        return None
+    try:
+        cameras, images, _ = colmap.read_model(model, points=False)
+    except colmap.ColmapError as error:  # its message names the file already
+        raise DataError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
+    out: dict[str, dict] = {}
+    for image in images.values():
+        camera = cameras.get(image.camera_id)
+        if camera is None:
+            raise DataError(f"{model}: image {image.name} uses unknown camera {image.camera_id}")
+        try:
+            fx, fy, cx, cy = colmap.camera_pinhole(camera)
+            distortion = colmap.camera_distortion(camera)
+        except colmap.UnsupportedCameraError as error:
+            raise DataError(f"{model}: {error}") from error
+        if np.abs(distortion).max() > 1e-6:
+            warnings.warn(
+                f"{model}: camera {camera.id} ({camera.model}) has lens distortion, which is "
+                "ignored (undistort the images for exact poses)",
+                stacklevel=3,
+            )
+        w2c = colmap.image_world_to_camera(image)
+        out[image.name] = {
+            "camera_to_world": torch.linalg.inv(w2c),
+            "fx": fx,
+            "fy": fy,
+            "cx": cx,
+            "cy": cy,
+            "width": camera.width,
+            "height": camera.height,
+        }
+    return out
+
+
+def _colmap_model_dir(folder: Path) -> Path | None:
+    """The COLMAP model folder below ``folder`` (``sparse/0``, ``sparse`` or itself), or None."""
+    from datamodules.readers import colmap
+
+    return colmap.find_model_dir(folder)
+
+
+def _some(names: list[str], count: int = 2) -> str:
+    """The first ``count`` names, and how many more."""
+    shown = ", ".join(names[:count])
+    return shown + (f" and {len(names) - count} more" if len(names) > count else "")
+
+
+def _match_poses(files: list[Path], table: dict[str, dict], root: Path) -> dict[Path, dict]:
+    """The pose entry of each file that has one: listed by file name or by its path relative to
+    the input folder (``images/a.jpg``)."""
+    keys = {posixpath.normpath(name.replace("\\", "/")): entry for name, entry in table.items()}
+    out = {}
+    for file in files:
+        for key in (file.name, file.relative_to(root).as_posix()):
+            if key in keys:
+                out[file] = keys[key]
+                break
+    return out
+
+
+def _warn_no_baseline(poses: list[Tensor], pose_file: Path | None) -> None:
+    """Warn when every view has the same camera centre: posed models need a baseline."""
+    if len(poses) < 2:
+        return
+    stacked = torch.stack(poses).double()  # [V, 4, 4]
+    centres = stacked[:, :3, 3]  # [V, 3]
+    spread = float((centres - centres[:1]).norm(dim=-1).max())
+    if spread > 1e-6 * max(1.0, float(centres.norm(dim=-1).max())):
+        return
+    same = bool((stacked - stacked[:1]).abs().max() < 1e-6)
+    what = "identical cameras" if same else "cameras at the same position"
+    warnings.warn(
+        f"{pose_file}: all {len(poses)} views have {what}; posed models estimate depth from "
+        "the baseline between views, which is zero here",
+        stacklevel=3,
+    )
+
+
+def _size_warnings(
+    labels: list[str], sizes: list[tuple[int, int]], image_shape: tuple[int, int]
+) -> None:
+    """Warn (one line per kind and size) about inputs far smaller than the model's input
+    (shorter side under half of it) or of an aspect ratio over 4x away from it."""
+    height, width = image_shape
+    groups: dict[tuple[str, int, int], list[str]] = {}
+    for label, (w, h) in zip(labels, sizes):
+        if min(w, h) < 0.5 * min(height, width):
+            groups.setdefault(("small", w, h), []).append(label)
+        mismatch = (w / h) / (width / height)
+        if max(mismatch, 1 / mismatch) > 4:
+            groups.setdefault(("aspect", w, h), []).append(label)
+    for (kind, w, h), names in groups.items():
+        who = _some(list(dict.fromkeys(names)), 3)
+        scale = max(height / h, width / w)  # the resize that covers the model's input
+        if kind == "small":
+            message = (
+                f"{who}: {w}x{h} pixels is far smaller than the model's {width}x{height} input "
+                f"(upsampled {scale:.3g}x; expect a blurry result)"
+            )
+        else:
+            kept = height * width / (round(h * scale) * round(w * scale))
+            message = (
+                f"{who}: {w}x{h} has an extreme aspect ratio ({max(w, h) / min(w, h):.3g}:1); the "
+                f"centre crop to the model's {width}x{height} input keeps {kept:.0%} of it"
+            )
+        warnings.warn(message, stacklevel=4)
+
+
+def _spread(count: int, total: int) -> list[int]:
+    return sorted(set(np.linspace(0, total - 1, count).round().astype(int).tolist()))
+
+
+def _image_files(folder: Path) -> list[Path]:
+    files = []
+    for path in sorted(folder.iterdir(), key=lambda p: _natural_key(p.name)):
+        if path.name.startswith(".") or path.is_dir():
+            continue
+        if path.suffix.lower() in IMAGE_EXTENSIONS:
+            files.append(path)
+        elif path.name.lower() not in _SIDECARS:
+            warnings.warn(f"{path}: not an image (skipped)", stacklevel=3)
+    return files
+
+
+def load_image_folder(
+    path: str | Path,
+    image_shape: tuple[int, int] | None = None,
+    num_views: int | None = None,
+    min_views: int = 1,
+    background: str | tuple[int, int, int] = "white",
+    poses: str = "auto",
+) -> ImageSet:
+    """Load a folder of images (see the module docstring).
+
+    Args:
+        path: the folder (or a scene folder with an ``images/`` subfolder).
+        image_shape: output ``(H, W)``; None keeps the size (all images must then agree).
+        num_views: use at most this many evenly spaced images.
+        min_views: fewer usable images than this is an error.
+        background: colour behind transparent pixels: ``"white"``, ``"black"`` or ``(r, g, b)``.
+        poses: ``"auto"`` (``cameras.json``, else a COLMAP model, else none), ``"none"``,
+            ``"cameras.json"``, ``"colmap"``, a path to a ``cameras.json`` file or to a COLMAP
+            model folder.
+
+    Raises:
+        DataError: no images, too few images, or bad pose files (one line naming the path).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder")
+    folder = root
+    if (root / "images").is_dir() and not any(
+        p.suffix.lower() in IMAGE_EXTENSIONS for p in root.iterdir() if p.is_file()
+    ):
+        folder = root / "images"
+
+    pose_table, pose_source, pose_file = None, None, None
+    if poses not in ("auto", "none", "cameras.json", "colmap") and Path(poses).is_dir():
+        pose_file = Path(poses)  # a COLMAP model folder elsewhere (sparse/0, sparse or itself)
+        pose_table, pose_source = _colmap_poses(pose_file), "colmap"
+        if pose_table is None:
+            raise DataError(f"{pose_file}: no COLMAP model (cameras, images) found in this folder")
+    elif poses not in ("auto", "none", "cameras.json", "colmap"):
+        pose_file = Path(poses)
+        pose_table, pose_source = read_cameras_json(pose_file), "cameras.json"
+    elif poses in ("auto", "cameras.json"):
+        for candidate in (root / "cameras.json", folder / "cameras.json"):
+            if candidate.is_file():
+                pose_file = candidate
+                pose_table, pose_source = read_cameras_json(candidate), "cameras.json"
+                break
+        if pose_table is None and poses == "cameras.json":
+            raise DataError(f"{root}: no cameras.json found")
+    if pose_table is None and poses in ("auto", "colmap"):
+        pose_table = _colmap_poses(root)
+        pose_source = "colmap" if pose_table is not None else None
+        pose_file = _colmap_model_dir(root) if pose_table is not None else None
+        if pose_table is None and poses == "colmap":
+            raise DataError(f"{root}: no COLMAP model (sparse/0, sparse or the folder) found")
+
+    files = _image_files(folder)
+    entries: dict[Path, dict] = {}
+    if pose_table is not None:
+        if not pose_table:
+            empty = "has no registered images" if pose_source == "colmap" else "lists no frames"
+            raise DataError(f"{pose_file}: {empty}")
+        entries = _match_poses(files, pose_table, root)
+        if files and not entries:
+            listed = list(pose_table)
+            raise DataError(
+                f"{pose_file}: none of the {len(listed)} files it lists exists in {folder} "
+                f"(looked for {_some(listed)}; the folder has {_some([f.name for f in files])})"
+            )
+        unposed = [f for f in files if f not in entries]
+        if unposed:
+            warnings.warn(
+                f"{root}: {len(unposed)} image(s) without a pose in {pose_source} skipped "
+                f"(first: {unposed[0].name})",
+                stacklevel=2,
+            )
+            files = [f for f in files if f in entries]
+    if not files:
+        raise DataError(f"{folder}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
+
+    loaded: list[tuple[Path, Image.Image]] = []
+    for file in files:
+        try:
+            entry = entries.get(file)
+            image = open_image(file, background)
+            if entry is not None and "width" in entry:
+                expected = (entry["width"], entry["height"])
+                if image.size != expected:
+                    raw = open_image(file, background, exif=False)
+                    if raw.size != expected:
+                        raise DataError(
+                            f"{file}: image is {image.size[0]}x{image.size[1]}, "
+                            f"{pose_source} says {expected[0]}x{expected[1]}"
+                        )
+                    image = raw  # the poses refer to the stored (not EXIF-rotated) pixels
+            loaded.append((file, image))
+        except ValueError as error:
+            if isinstance(error, DataError):
+                raise
+            warnings.warn(f"{file}: {error} (skipped)", stacklevel=2)
+    if len(loaded) < max(min_views, 1):
+        what = "no readable images" if not loaded else f"only {len(loaded)} readable image(s)"
+        raise DataError(f"{folder}: {what}, at least {max(min_views, 1)} needed")
+    if num_views is not None and len(loaded) > num_views:
+        loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
+
+    result = _assemble(
+        [(f.name, im) for f, im in loaded], image_shape, root, labels=[str(f) for f, _ in loaded]
+    )
+    if pose_table is not None:
+        _warn_no_baseline([entries[f]["camera_to_world"] for f, _ in loaded], pose_file)
+        extrinsics, intrinsics = [], []
+        for (file, image), crop in zip(loaded, result.pop("crops")):
+            entry = entries[file]
+            k_px = torch.tensor(
+                [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
+                dtype=torch.float64,
+            )
+            k = intrinsics_to_normalized(k_px, (image.height, image.width)).float()
+            intrinsics.append(crop @ k)
+            extrinsics.append(entry["camera_to_world"].float())
+        return ImageSet(
+            extrinsics=torch.stack(extrinsics),
+            intrinsics=torch.stack(intrinsics),
+            pose_source=pose_source,
+            **result,
+        )
+    result.pop("crops")
+    return ImageSet(**result)
+
+
+def _assemble(
+    named: list[tuple[str, Image.Image]],
+    image_shape: tuple[int, int] | None,
+    source: Path,
+    labels: list[str] | None = None,
+) -> dict:
+    """Resize/crop images and stack them; returns ImageSet fields plus the crop transforms.
+
+    ``labels`` name the images in warnings about sizes far from ``image_shape`` (default: the
+    source).
+    """
+    if image_shape is None and len({im.size for _, im in named}) > 1:
+        raise DataError(f"{source}: images differ in size; set an image shape to resize them")
+    if image_shape is not None:
+        _size_warnings(
+            labels or [str(source)] * len(named), [im.size for _, im in named], tuple(image_shape)
+        )
+    images, crops = [], []
+    for _, image in named:
+        tensor, crop = resize_crop_image(image, tuple(image_shape) if image_shape else None)
+        images.append(tensor)
+        crops.append(crop)
+    return {
+        "images": torch.stack(images),  # [V, 3, H, W]
+        "names": [name for name, _ in named],
+        "source": source,
+        "original_sizes": [(im.height, im.width) for _, im in named],
+        "crops": crops,
+    }
+
+
+def load_video(
+    path: str | Path,
+    num_views: int = 8,
+    image_shape: tuple[int, int] | None = None,
+    min_views: int = 1,
+) -> ImageSet:
+    """Sample ``num_views`` evenly spaced frames (first and last included) from a video.
+
+    Raises:
+        DataError: unreadable video or fewer frames than ``min_views``.
+    """
+    import imageio_ffmpeg
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: video not found")
+    try:
+        total, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+    except (RuntimeError, OSError, ValueError, IndexError) as error:
+        raise DataError(
+            f"{path}: unreadable video ({str(error).strip().splitlines()[0]})"
+        ) from error
+    if total < max(min_views, 1):
+        raise DataError(f"{path}: {total} frame(s), at least {max(min_views, 1)} needed")
+    wanted = _spread(min(num_views, total), total)
+    select = "+".join(f"eq(n\\,{i})" for i in wanted)
+    try:
+        reader = imageio_ffmpeg.read_frames(
+            str(path), output_params=["-vf", f"select={select}", "-fps_mode", "passthrough"]
+        )
+        meta = next(reader)
+        width, height = meta["size"]
+        frames = [np.frombuffer(raw, np.uint8).reshape(height, width, 3) for raw in reader]
+    except (RuntimeError, OSError, ValueError, StopIteration) as error:
+        raise DataError(
+            f"{path}: unreadable video ({str(error).strip().splitlines()[0]})"
+        ) from error
+    if len(frames) != len(wanted):
+        raise DataError(f"{path}: decoded {len(frames)} of the {len(wanted)} requested frames")
+    named = [(f"{path.stem}_frame{i:05d}", Image.fromarray(f)) for i, f in zip(wanted, frames)]
+    result = _assemble(named, image_shape, path)
+    result.pop("crops")
+    return ImageSet(**result)
+
+
+def load_images(
+    path: str | Path,
+    image_shape: tuple[int, int] | None = None,
+    num_views: int | None = None,
+    min_views: int = 1,
+    background: str | tuple[int, int, int] = "white",
+    poses: str = "auto",
+) -> ImageSet:
+    """Load a folder of images, a video or a single image (see the module docstring).
+
+    Args:
+        path: folder, video file or image file.
+        image_shape: output ``(H, W)``.
+        num_views: images to use (evenly spaced); for a video, frames to sample (default 8).
+        min_views: fewer usable views is an error.
+        background: colour behind transparent pixels.
+        poses: pose source for folders (see ``load_image_folder``).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: input not found")
+    if path.is_dir():
+        return load_image_folder(path, image_shape, num_views, min_views, background, poses)
+    suffix = path.suffix.lower()
+    if suffix in VIDEO_EXTENSIONS:
+        return load_video(path, num_views or 8, image_shape, min_views)
+    if suffix in IMAGE_EXTENSIONS:
+        if min_views > 1:
+            raise DataError(f"{path}: a single image, at least {min_views} needed")
+        try:
+            image = open_image(path, background)
+        except ValueError as error:
+            raise DataError(f"{path}: {error}") from error
+        result = _assemble([(path.name, image)], image_shape, path)
+        result.pop("crops")
+        return ImageSet(**result)
+    raise DataError(
+        f"{path}: unsupported input (a folder, a video {', '.join(VIDEO_EXTENSIONS)} "
+        f"or an image {', '.join(IMAGE_EXTENSIONS)})"
+    )

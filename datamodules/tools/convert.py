@@ -1,0 +1,965 @@
+"""Convert your own captures into splatzoo's chunk format, with a report of what happened.
+
+Usage::
+
+    python -m datamodules.convert SOURCE --out ROOT --split train|test \\
+        [--resolution H W | --resolution MAX_SIDE] [--chunk-mb 100] [--images DIR] \\
+        [--frames DIR] [--key KEY] [--quality 95] [--background white|black] [--no-undistort]
+    python -m datamodules.convert PHOTOS --poses auto --out ROOT --split test [--matching M] ...
+
+SOURCE is one scene or a folder of scenes (searched up to three levels deep; a folder holding
+both ``train/`` and ``test/`` is only searched in the ``--split`` one):
+
+- COLMAP: a scene folder with a sparse model in ``sparse/0``, ``sparse``, ``colmap/sparse/0`` or
+  the folder itself (text or binary, COLMAP 3 or 4) and its images in ``images/`` (or
+  ``--images``: a path, or a folder name inside every scene such as ``images_4``). PINHOLE and
+  SIMPLE_PINHOLE are stored as they are; SIMPLE_RADIAL, RADIAL, OPENCV and FULL_OPENCV are
+  undistorted to a pinhole camera with the same focal length and principal point (black where the
+  distorted image has no pixel) unless ``--no-undistort``, which refuses them instead. Fisheye and
+  other models are refused with a message naming the model. Views are ordered by image name.
+- transforms.json (NeRF / instant-ngp / nerfstudio, DL3DV): a scene folder with
+  ``transforms.json`` (or ``transforms_{split}.json``), or the file itself. OpenGL camera axes
+  are converted to OpenCV; intrinsics per frame or shared (``fl_x, fl_y, cx, cy, w, h``, OpenCV
+  distortion ``k1 k2 k3 p1 p2``), or ``camera_angle_x`` (and ``camera_angle_y``) when no focal is
+  given. ``file_path`` may omit the extension, and ``images/...`` falls back to
+  ``images_2/4/8`` (DL3DV ships downsampled folders). Views are ordered by file path. A folder
+  with both a transforms.json and a COLMAP model is read through the transforms.json.
+- RealEstate10K raw metadata: ``KEY.txt`` files (first line the video URL, then one line per frame:
+  timestamp and 18 numbers, normalised intrinsics and the world-to-camera pose) with frames
+  extracted to ``FRAMES/KEY/<timestamp>.png|jpg`` where FRAMES is ``--frames`` or the folder of
+  the ``.txt`` files. A frame folder holding exactly one image per line is also accepted in
+  name order (``00000.png, 00001.png, ...``).
+
+- A plain folder of photos or video frames with ``--poses auto``: camera poses by
+  structure-from-motion (``datamodules.sfm``, pycolmap; ``--matching auto|exhaustive|sequential``),
+  then converted like a COLMAP scene (images that do not register are left out and listed in the
+  report; the COLMAP model is kept in ``ROOT/sfm/KEY/sparse``). Fewer than two registered
+  images: exit status 2 with a one-line message, nothing written.
+
+Scene keys are the scene folder name or the ``.txt`` stem (``--key`` overrides it for a single
+scene). Images are stored as JPEG (JPEG sources that need no change are copied byte for byte),
+optionally resized: ``--resolution MAX_SIDE`` downscales so the longer side is at most MAX_SIDE,
+``--resolution H W`` scales to cover HxW and centre-crops; intrinsics follow. Scenes that fail
+(missing images, non-finite or non-rigid poses, unsupported cameras, duplicate keys) are skipped
+and listed with the reason in ``ROOT/convert_report.json``; an existing split is appended to. The
+exit status is 2, with a one-line message, when nothing was converted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image as PILImage
+from PIL import ImageOps
+from tqdm import tqdm
+
+from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
+from datamodules.readers.colmap import (
+    ColmapError,
+    camera_distortion,
+    camera_intrinsics,
+    find_model_dir,
+    image_world_to_camera,
+    read_model,
+)
+from datamodules.readers.undistort import (  # noqa: F401  (defined there; kept here for old imports)
+    distort_points,
+    undistort_image,
+)
+from models.geometry.cameras import (
+    intrinsics_to_normalized,
+    intrinsics_to_pixels,
+    invert_extrinsics,
+)
+from models.output_folder import OutputFolderError, check_output_folder, write_marker
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "InputError",
+    "SceneError",
+    "View",
+    "SceneSource",
+    "Resolution",
+    "discover",
+    "colmap_scene",
+    "transforms_scene",
+    "re10k_scene",
+    "distort_points",
+    "undistort_image",
+    "resize_and_crop",
+    "convert",
+    "sfm_scene",
+    "main",
+]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+_MAX_DEPTH = 3
+_OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
+
+
+class InputError(ValueError):
+    """The command cannot run at all (bad SOURCE or arguments)."""
+
+
+class SceneError(ValueError):
+    """One scene cannot be converted; the message is the reason in the report."""
+
+
+@dataclass
+class View:
+    """One source frame before image processing.
+
+    Attributes:
+        image: image file.
+        intrinsics: ``[3, 3]`` normalised intrinsics (pinhole part).
+        world_to_camera: ``[4, 4]`` OpenCV world-to-camera.
+        timestamp: integer timestamp stored in the chunk.
+        size: ``(H, W)`` the intrinsics were declared for, or None to use the image's size.
+        distortion: OpenCV coefficients ``[k1, k2, p1, p2, k3, k4, k5, k6]`` or None.
+        camera_model: the source's camera model name (for messages).
+        label: how the report names this view.
+    """
+
+    image: Path
+    intrinsics: np.ndarray
+    world_to_camera: np.ndarray
+    timestamp: int
+    size: tuple[int, int] | None = None
+    distortion: np.ndarray | None = None
+    camera_model: str = "PINHOLE"
+    label: str = ""
+
+
+@dataclass
+class SceneSource:
+    """A discovered scene; ``load`` parses its metadata (raising ``SceneError``).
+
+    Attributes:
+        key: scene key in the chunk index.
+        kind: ``"colmap"``, ``"transforms"`` or ``"re10k"``.
+        origin: the file or folder it came from.
+        load: returns ``(url, views)``.
+    """
+
+    key: str
+    kind: str
+    origin: Path
+    load: Callable[[], tuple[str, list[View]]]
+
+
+@dataclass
+class Resolution:
+    """Output size: at most ``max_side`` on the longer side, or exactly ``shape = (H, W)``."""
+
+    max_side: int | None = None
+    shape: tuple[int, int] | None = None
+
+    def __str__(self) -> str:
+        if self.shape is not None:
+            return f"{self.shape[0]}x{self.shape[1]}"
+        return f"max side {self.max_side}" if self.max_side else "original"
+
+
+@dataclass
+class _Options:
+    resolution: Resolution = field(default_factory=Resolution)
+    quality: int = 95
+    background: tuple[int, int, int] = (255, 255, 255)
+    undistort: bool = True
+
+
+def _natural_key(text: str) -> list:
+    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", text)]
+
+
+def _check_view(view: View) -> None:
+    """Raise ``SceneError`` for non-finite or non-rigid poses and invalid intrinsics."""
+    label = view.label or view.image.name
+    if not (np.isfinite(view.world_to_camera).all() and np.isfinite(view.intrinsics).all()):
+        raise SceneError(f"non-finite pose or intrinsics for {label}")
+    rotation = view.world_to_camera[:3, :3]
+    if (
+        np.abs(rotation @ rotation.T - np.eye(3)).max() > 1e-3
+        or np.linalg.det(rotation) <= 0
+        or np.abs(view.world_to_camera[3] - [0, 0, 0, 1]).max() > 1e-6
+    ):
+        raise SceneError(f"pose of {label} is not a rigid transform (rotation not orthonormal)")
+    if view.intrinsics[0, 0] <= 0 or view.intrinsics[1, 1] <= 0:
+        raise SceneError(f"non-positive focal length for {label}")
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+
+
+def _colmap_root(model_dir: Path) -> Path:
+    root = model_dir
+    while root.parent != root and (
+        root.name in ("sparse", "colmap") or (root.name.isdigit() and root.parent.name == "sparse")
+    ):
+        root = root.parent
+    return root
+
+
+def colmap_scene(model_dir: Path, images_dir: Path, key: str) -> SceneSource:
+    """A COLMAP scene: registered images ordered by name, their cameras and poses.
+
+    Args:
+        model_dir: folder with ``cameras``/``images`` ``.txt`` or ``.bin``.
+        images_dir: folder the image names are relative to.
+        key: scene key.
+    """
+
+    def load() -> tuple[str, list[View]]:
+        try:
+            cameras, images, _ = read_model(model_dir, points=False)
+        except ColmapError as error:
+            raise SceneError(str(error)) from error
+        if not images:
+            raise SceneError(f"{model_dir}: the model has no registered images")
+        if not images_dir.is_dir():
+            raise SceneError(f"image folder not found: {images_dir} (pass --images)")
+        views = []
+        for index, image in enumerate(sorted(images.values(), key=lambda i: _natural_key(i.name))):
+            if image.camera_id not in cameras:
+                raise SceneError(f"image {image.name} refers to missing camera {image.camera_id}")
+            camera = cameras[image.camera_id]
+            try:
+                distortion = camera_distortion(camera)
+                intrinsics = camera_intrinsics(camera).numpy()
+            except ColmapError as error:
+                raise SceneError(str(error)) from error
+            views.append(
+                View(
+                    image=images_dir / image.name,
+                    intrinsics=intrinsics,
+                    world_to_camera=image_world_to_camera(image).numpy(),
+                    timestamp=index,
+                    size=(camera.height, camera.width),
+                    distortion=distortion if np.any(distortion != 0) else None,
+                    camera_model=camera.model,
+                    label=image.name,
+                )
+            )
+        return "", views
+
+    return SceneSource(key, "colmap", model_dir, load)
+
+
+def _resolve_frame_path(base: Path, file_path: str) -> Path:
+    relative = Path(file_path)
+    path = relative if relative.is_absolute() else base / relative
+    candidates = [path]
+    if path.suffix.lower() not in IMAGE_EXTENSIONS:
+        candidates += [path.with_name(path.name + ext) for ext in (".png", ".jpg", ".jpeg")]
+    parts = [part for part in relative.parts if part != "."]
+    if not relative.is_absolute() and parts and parts[0] == "images":
+        for folder in ("images_2", "images_4", "images_8"):
+            candidates.append(base.joinpath(folder, *parts[1:]))
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return path
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    try:
+        with PILImage.open(path) as image:
+            width, height = image.size
+    except FileNotFoundError as error:
+        raise SceneError(f"missing image {path}") from error
+    except OSError as error:
+        raise SceneError(f"unreadable image {path}: {error}") from error
+    return height, width
+
+
+_FISHEYE_MODELS = ("OPENCV_FISHEYE", "FISHEYE", "EQUIRECTANGULAR", "SPHERICAL")
+
+
+def transforms_scene(json_path: Path, key: str) -> SceneSource:
+    """A NeRF/instant-ngp/nerfstudio ``transforms.json`` scene (OpenGL axes -> OpenCV).
+
+    Args:
+        json_path: the ``transforms*.json`` file; ``file_path`` entries are relative to its folder.
+        key: scene key.
+    """
+
+    def load() -> tuple[str, list[View]]:
+        try:
+            with open(json_path, encoding="utf-8") as handle:
+                meta = json.load(handle)
+        except (OSError, ValueError) as error:
+            raise SceneError(f"{json_path}: cannot read JSON ({error})") from error
+        frames = meta.get("frames") if isinstance(meta, dict) else None
+        if not frames:
+            raise SceneError(f"{json_path}: no 'frames'")
+        base = json_path.parent
+        entries = []
+        for number, frame in enumerate(frames):
+            if "file_path" not in frame or "transform_matrix" not in frame:
+                raise SceneError(f"{json_path}: frame {number} lacks file_path or transform_matrix")
+            entries.append(frame)
+        entries.sort(key=lambda f: _natural_key(str(f["file_path"])))
+        views = []
+        for index, frame in enumerate(entries):
+            merged = {**meta, **frame}
+            label = str(frame["file_path"])
+            model = str(merged.get("camera_model", "OPENCV")).upper()
+            if model in _FISHEYE_MODELS:
+                raise SceneError(
+                    f"unsupported camera model {model} (supported: PINHOLE, OPENCV, SIMPLE_PINHOLE)"
+                )
+            path = _resolve_frame_path(base, label)
+            if "w" in merged and "h" in merged:
+                height, width = int(merged["h"]), int(merged["w"])
+            else:
+                height, width = _image_size(path)
+            if "fl_x" in merged:
+                fx = float(merged["fl_x"])
+            elif "camera_angle_x" in merged:
+                fx = 0.5 * width / math.tan(0.5 * float(merged["camera_angle_x"]))
+            else:
+                raise SceneError(f"{json_path}: frame {label} has no fl_x or camera_angle_x")
+            if "fl_y" in merged:
+                fy = float(merged["fl_y"])
+            elif "camera_angle_y" in merged:
+                fy = 0.5 * height / math.tan(0.5 * float(merged["camera_angle_y"]))
+            else:
+                fy = fx
+            cx = float(merged.get("cx", width / 2))
+            cy = float(merged.get("cy", height / 2))
+            k_pixels = torch.tensor([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=torch.float64)
+            intrinsics = intrinsics_to_normalized(k_pixels, (height, width)).numpy()
+            coeffs = np.array(
+                [float(merged.get(name, 0.0)) for name in ("k1", "k2", "p1", "p2", "k3")]
+                + [0.0, 0.0, 0.0]
+            )
+            try:
+                c2w = np.asarray(frame["transform_matrix"], dtype=np.float64)
+            except (TypeError, ValueError) as error:
+                raise SceneError(f"{json_path}: frame {label} has a malformed matrix") from error
+            if c2w.shape == (3, 4):
+                c2w = np.vstack([c2w, [0, 0, 0, 1]])
+            if c2w.shape != (4, 4):
+                raise SceneError(f"{json_path}: frame {label} matrix has shape {c2w.shape}")
+            w2c = invert_extrinsics(torch.from_numpy(c2w @ _OPENGL_TO_OPENCV)).numpy()
+            views.append(
+                View(
+                    image=path,
+                    intrinsics=intrinsics,
+                    world_to_camera=w2c,
+                    timestamp=index,
+                    size=(height, width),
+                    distortion=coeffs if np.any(coeffs != 0) else None,
+                    camera_model=model,
+                    label=label,
+                )
+            )
+        return "", views
+
+    return SceneSource(key, "transforms", json_path, load)
+
+
+def _is_re10k_file(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            handle.readline()
+            second = handle.readline().split()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if len(second) != 19:
+        return False
+    try:
+        [float(x) for x in second]
+    except ValueError:
+        return False
+    return True
+
+
+def re10k_scene(txt_path: Path, frames_root: Path, key: str) -> SceneSource:
+    """A RealEstate10K raw scene: ``KEY.txt`` plus frames in ``frames_root/KEY/``.
+
+    Args:
+        txt_path: the metadata file (URL line, then ``timestamp`` + 18 numbers per frame).
+        frames_root: folder holding one frame folder per scene key.
+        key: scene key.
+    """
+
+    def load() -> tuple[str, list[View]]:
+        try:
+            lines = txt_path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise SceneError(f"{txt_path}: cannot read ({error})") from error
+        if not lines:
+            raise SceneError(f"{txt_path}: empty file")
+        url = lines[0].strip()
+        rows = []
+        for number, line in enumerate(lines[1:], start=2):
+            values = line.split()
+            if not values:
+                continue
+            if len(values) != 19:
+                raise SceneError(
+                    f"{txt_path}:{number}: expected 19 numbers (timestamp + 18), got {len(values)}"
+                )
+            try:
+                timestamp = int(values[0])
+                numbers = np.array([float(x) for x in values[1:]], dtype=np.float64)
+            except ValueError as error:
+                raise SceneError(f"{txt_path}:{number}: not a number ({error})") from error
+            rows.append((timestamp, numbers))
+        if not rows:
+            raise SceneError(f"{txt_path}: no frames")
+        folder = frames_root / key
+        if not folder.is_dir():
+            raise SceneError(
+                f"missing frames folder {folder} (expected FRAMES/{key}/<timestamp>.png|jpg)"
+            )
+        files = sorted(
+            (p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS),
+            key=lambda p: _natural_key(p.name),
+        )
+        by_stem = {p.stem: p for p in files}
+        paths = [by_stem.get(str(timestamp)) for timestamp, _ in rows]
+        if any(path is None for path in paths):
+            if len(files) == len(rows):
+                paths = list(files)
+            else:
+                missing = [str(t) for (t, _), p in zip(rows, paths) if p is None]
+                raise SceneError(
+                    f"missing images: {len(missing)} of {len(rows)} frames have no "
+                    f"{folder}/<timestamp>.png|jpg (first: {missing[0]}) and the folder holds "
+                    f"{len(files)} images, not one per line"
+                )
+        views = []
+        for (timestamp, numbers), path in zip(rows, paths):
+            fx, fy, cx, cy = numbers[:4]
+            intrinsics = np.array([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=np.float64)
+            w2c = np.eye(4)
+            w2c[:3, :4] = numbers[6:18].reshape(3, 4)
+            views.append(
+                View(
+                    image=path,
+                    intrinsics=intrinsics,
+                    world_to_camera=w2c,
+                    timestamp=timestamp,
+                    label=f"timestamp {timestamp}",
+                )
+            )
+        return url, views
+
+    return SceneSource(key, "re10k", txt_path, load)
+
+
+def _images_dir(root: Path, images: str | None) -> Path:
+    if images is None:
+        return root / "images"
+    path = Path(images)
+    if path.is_dir():
+        return path
+    return root / images
+
+
+def _scene_at(
+    folder: Path, split: str, images: str | None, frames: Path | None
+) -> SceneSource | None:
+    """The scene stored in ``folder`` itself (transforms.json or COLMAP), if any."""
+    for name in ("transforms.json", f"transforms_{split}.json"):
+        if (folder / name).is_file():
+            return transforms_scene(folder / name, folder.name)
+    model_dir = find_model_dir(folder)
+    if model_dir is not None:
+        root = _colmap_root(model_dir) if model_dir == folder else folder
+        return colmap_scene(model_dir, _images_dir(root, images), root.name)
+    return None
+
+
+def discover(
+    source: Path,
+    split: str,
+    images: str | None = None,
+    frames: Path | None = None,
+    key: str | None = None,
+) -> list[SceneSource]:
+    """Find the scenes in SOURCE (see the module docstring for the layouts).
+
+    Args:
+        source: a scene file/folder or a folder of scenes.
+        split: split name (selects ``transforms_{split}.json`` and ``SOURCE/{split}/``).
+        images: COLMAP image folder (a path, or a folder name inside each scene).
+        frames: RE10K frames root (default: the folder of each ``.txt``).
+        key: key override for a single scene.
+
+    Raises:
+        InputError: SOURCE does not exist, or ``key`` is given for several scenes.
+    """
+    source = Path(source)
+    if not source.exists():
+        raise InputError(f"{source}: no such file or directory")
+    scenes: list[SceneSource] = []
+    if source.is_file():
+        if source.suffix.lower() == ".json":
+            scenes = [transforms_scene(source, source.parent.name)]
+        elif source.name in ("cameras.txt", "images.txt", "cameras.bin", "images.bin"):
+            scene = _scene_at(source.parent, split, images, frames)
+            scenes = [scene] if scene is not None else []
+        elif source.suffix.lower() == ".txt":
+            scenes = [re10k_scene(source, frames or source.parent, source.stem)]
+        else:
+            raise InputError(
+                f"{source}: not a transforms .json, a RealEstate10K .txt or a COLMAP model file"
+            )
+    else:
+        scene = _scene_at(source, split, images, frames)
+        if scene is not None:
+            scenes = [scene]
+        else:
+            _walk(source, split, images, frames, 0, scenes)
+    if key is not None:
+        if len(scenes) != 1:
+            raise InputError(f"--key needs a single-scene SOURCE, {source} holds {len(scenes)}")
+        scenes[0].key = key
+    return scenes
+
+
+def _walk(
+    folder: Path,
+    split: str,
+    images: str | None,
+    frames: Path | None,
+    depth: int,
+    scenes: list[SceneSource],
+) -> None:
+    try:
+        entries = sorted(folder.iterdir(), key=lambda p: _natural_key(p.name))
+    except OSError:
+        return
+    stems = set()
+    for path in entries:
+        if path.is_file() and path.suffix.lower() == ".txt" and _is_re10k_file(path):
+            scenes.append(re10k_scene(path, frames or path.parent, path.stem))
+            stems.add(path.stem)
+    subfolders = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
+    names = {p.name for p in subfolders}
+    if {"train", "test"} <= names:
+        subfolders = [p for p in subfolders if p.name == split]
+    for sub in subfolders:
+        if sub.name in stems:  # an RE10K frame folder
+            continue
+        scene = _scene_at(sub, split, images, frames)
+        if scene is not None:
+            scenes.append(scene)
+        elif depth + 1 < _MAX_DEPTH:
+            _walk(sub, split, images, frames, depth + 1, scenes)
+
+
+# --------------------------------------------------------------------------------------------
+# Images
+
+
+def resize_and_crop(
+    image: PILImage.Image, intrinsics: np.ndarray, resolution: Resolution
+) -> tuple[PILImage.Image, np.ndarray]:
+    """Resize (and for an exact shape, centre-crop) an image, moving its intrinsics along.
+
+    Args:
+        image: RGB image.
+        intrinsics: ``[3, 3]`` normalised intrinsics of ``image``.
+        resolution: target.
+
+    Returns:
+        The new image and its normalised intrinsics.
+    """
+    width, height = image.size
+    if resolution.shape is not None:
+        out_h, out_w = resolution.shape
+        scale = max(out_h / height, out_w / width)
+        new_w, new_h = max(out_w, round(width * scale)), max(out_h, round(height * scale))
+    elif resolution.max_side is not None and max(width, height) > resolution.max_side:
+        scale = resolution.max_side / max(width, height)
+        new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
+        out_h, out_w = new_h, new_w
+    else:
+        return image, intrinsics
+    if (new_w, new_h) != (width, height):
+        image = image.resize((new_w, new_h), PILImage.Resampling.LANCZOS)
+    left, top = (new_w - out_w) // 2, (new_h - out_h) // 2
+    if (left, top, out_w, out_h) != (0, 0, new_w, new_h):
+        image = image.crop((left, top, left + out_w, top + out_h))
+    # A resize maps the image rectangle onto itself, so normalised intrinsics are unchanged by it;
+    # the crop shifts the principal point and renormalises by the cropped size.
+    pixels = intrinsics_to_pixels(torch.from_numpy(intrinsics), (new_h, new_w))
+    pixels[0, 2] -= left
+    pixels[1, 2] -= top
+    return image, intrinsics_to_normalized(pixels, (out_h, out_w)).numpy()
+
+
+def _open_rgb(view: View, background: tuple[int, int, int]) -> tuple[PILImage.Image, bool, str]:
+    """Open a view's image oriented like its camera; returns (RGB image, untouched, note)."""
+    try:
+        image = PILImage.open(view.image)
+        image.load()
+    except FileNotFoundError as error:
+        raise SceneError(f"missing image {view.image}") from error
+    except OSError as error:
+        raise SceneError(f"unreadable image {view.image}: {error}") from error
+    note = ""
+    orientation = image.getexif().get(0x0112, 1)
+    untouched = image.format == "JPEG" and image.mode == "RGB" and orientation == 1
+    if view.size is not None:
+        height, width = view.size
+        if image.size != (width, height):
+            transposed = ImageOps.exif_transpose(image) if orientation != 1 else image
+            if transposed.size == (width, height):
+                image, untouched = transposed, False
+            elif abs(image.size[0] / image.size[1] - width / height) <= 0.01 * width / height:
+                note = f"images are {image.size[0]}x{image.size[1]}, cameras {width}x{height}"
+            else:
+                raise SceneError(
+                    f"image {view.image} is {image.size[0]}x{image.size[1]} but its camera is "
+                    f"{width}x{height}"
+                )
+    if image.mode in ("RGBA", "LA", "P", "PA"):
+        rgba = image.convert("RGBA")
+        canvas = PILImage.new("RGB", rgba.size, background)
+        canvas.paste(rgba, mask=rgba.getchannel("A"))
+        image, untouched = canvas, False
+    elif image.mode != "RGB":
+        image, untouched = image.convert("RGB"), False
+    return image, untouched, note
+
+
+def _process_view(view: View, options: _Options) -> tuple[torch.Tensor, np.ndarray, tuple, str]:
+    """Encoded JPEG bytes, final normalised intrinsics, (H, W) and a note for one view."""
+    image, untouched, note = _open_rgb(view, options.background)
+    intrinsics = view.intrinsics
+    if view.distortion is not None:
+        if not options.undistort:
+            raise SceneError(
+                f"camera model {view.camera_model} of {view.label or view.image.name} has "
+                "non-zero distortion and --no-undistort was given"
+            )
+        array = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        array = undistort_image(array, torch.from_numpy(intrinsics), view.distortion)
+        pixels = (array.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
+        image, untouched = PILImage.fromarray(pixels), False
+    resized, intrinsics = resize_and_crop(image, intrinsics, options.resolution)
+    if resized is not image:
+        untouched = False
+    if untouched:
+        data = view.image.read_bytes()
+    else:
+        buffer = io.BytesIO()
+        resized.save(buffer, format="JPEG", quality=options.quality)
+        data = buffer.getvalue()
+    return encode_bytes(data), intrinsics, (resized.size[1], resized.size[0]), note
+
+
+def _convert_scene(scene: SceneSource, options: _Options, progress: tqdm) -> tuple[dict, dict]:
+    url, views = scene.load()
+    if not views:
+        raise SceneError("no views")
+    for view in views:
+        _check_view(view)
+    images, rows, sizes, notes = [], [], set(), set()
+    progress.reset(total=len(views))
+    progress.set_description(scene.key[:24])
+    for view in views:
+        data, intrinsics, size, note = _process_view(view, options)
+        images.append(data)
+        rows.append(
+            camera_row(torch.from_numpy(intrinsics), torch.from_numpy(view.world_to_camera))
+        )
+        sizes.add(size)
+        if note:
+            notes.add(note)
+        progress.update()
+    cameras = torch.stack(rows)
+    if not torch.isfinite(cameras).all():
+        raise SceneError("non-finite camera values after conversion (float32 overflow)")
+    if len(sizes) > 1:
+        notes.add("views have different sizes; pass --resolution H W to make them equal")
+    if any(view.distortion is not None for view in views):
+        notes.add("undistorted to a pinhole camera")
+    example = {
+        "key": scene.key,
+        "url": url,
+        "timestamps": torch.tensor([view.timestamp for view in views], dtype=torch.int64),
+        "cameras": cameras,
+        "images": images,
+    }
+    info = {
+        "key": scene.key,
+        "kind": scene.kind,
+        "source": str(scene.origin),
+        "views": len(views),
+        "sizes": sorted([list(size) for size in sizes]),
+        "notes": sorted(notes),
+    }
+    return example, info
+
+
+# --------------------------------------------------------------------------------------------
+# Command
+
+
+def convert(
+    source: str | Path,
+    out: str | Path,
+    split: str,
+    resolution: Resolution | None = None,
+    chunk_mb: float = 100.0,
+    images: str | None = None,
+    frames: str | Path | None = None,
+    key: str | None = None,
+    quality: int = 95,
+    background: str = "white",
+    undistort: bool = True,
+    quiet: bool = False,
+    poses: str | None = None,
+    matching: str = "auto",
+) -> dict:
+    """Convert SOURCE into ``out/split`` and write ``out/convert_report.json``.
+
+    Args:
+        source: scene or folder of scenes.
+        out: dataset root.
+        split: split folder name.
+        resolution: output size (None keeps the original).
+        chunk_mb: target chunk size in megabytes.
+        images: COLMAP image folder override.
+        frames: RE10K frames root override.
+        key: key override for a single scene.
+        quality: JPEG quality.
+        background: colour behind transparent pixels, ``"white"`` or ``"black"``.
+        undistort: undistort distorted cameras (else skip such scenes).
+        quiet: no progress bar.
+        poses: ``"auto"``: SOURCE is a folder of photos posed by structure-from-motion.
+        matching: structure-from-motion matching (``datamodules.sfm.MATCHING``).
+
+    Returns:
+        The report (also written to ``out/convert_report.json``).
+
+    Raises:
+        InputError: bad SOURCE/arguments, or no scenes found.
+    """
+    out = Path(out)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", split) or split in (".", ".."):
+        raise InputError(f"invalid split name {split!r}")
+    try:  # convert adds to a dataset root; it never deletes, and writes only into its own roots
+        inputs = [Path(source)] + ([Path(frames)] if frames else [])
+        check_output_folder(out, PROGRAM, inputs=inputs, replace=False, legacy=_legacy_root)
+    except OutputFolderError as error:
+        raise InputError(str(error)) from None
+    if chunk_mb <= 0:
+        raise InputError(f"--chunk-mb must be positive, got {chunk_mb}")
+    if not 1 <= quality <= 100:
+        raise InputError(f"--quality must be in 1..100, got {quality}")
+    if background not in ("white", "black"):
+        raise InputError(f"--background must be white or black, got {background!r}")
+    options = _Options(
+        resolution=resolution or Resolution(),
+        quality=quality,
+        background=(255, 255, 255) if background == "white" else (0, 0, 0),
+        undistort=undistort,
+    )
+    sfm = None
+    if poses not in (None, "auto"):
+        raise InputError(f"--poses must be auto, got {poses!r}")
+    if poses == "auto":
+        scene, sfm = sfm_scene(Path(source), key, matching, quiet)
+        scenes = [scene]
+    else:
+        scenes = discover(Path(source), split, images, Path(frames) if frames else None, key)
+    if not scenes:
+        raise InputError(
+            f"{source}: no scenes found (looked for COLMAP models, transforms.json and "
+            "RealEstate10K .txt files, up to 3 folders deep)"
+        )
+    writer = ChunkWriter(out, split, chunk_mb)
+    converted, skipped = [], []
+    outer = tqdm(scenes, unit="scene", disable=quiet, dynamic_ncols=True)
+    inner = tqdm(total=0, unit="view", leave=False, disable=quiet, dynamic_ncols=True)
+    try:
+        for scene in outer:
+            record = {"key": scene.key, "kind": scene.kind, "source": str(scene.origin)}
+            if scene.key in writer:
+                skipped.append({**record, "reason": f"duplicate key {scene.key!r}"})
+                continue
+            try:
+                example, info = _convert_scene(scene, options, inner)
+            except (SceneError, ColmapError) as error:
+                skipped.append({**record, "reason": str(error)})
+                continue
+            except (
+                OSError,
+                ValueError,
+                KeyError,
+                TypeError,
+                PILImage.DecompressionBombError,
+            ) as error:
+                skipped.append({**record, "reason": f"{type(error).__name__}: {error}"})
+                continue
+            info["chunk"] = writer.add(example)
+            converted.append(info)
+        writer.close()
+    finally:
+        inner.close()
+        outer.close()
+    report = {
+        "source": str(source),
+        "out": str(out),
+        "split": split,
+        "resolution": str(options.resolution),
+        "found": len(scenes),
+        "converted": converted,
+        "skipped": skipped,
+        "views": sum(info["views"] for info in converted),
+        "chunks": writer.written,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    if sfm is not None:
+        report["sfm"] = sfm.summary()
+        if converted:
+            import shutil
+
+            kept = out / "sfm" / scenes[0].key / "sparse"
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(sfm.model_dir, kept)
+            report["sfm"]["model"] = str(kept)
+    with open(out / "convert_report.json", "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=2)
+    write_marker(out, PROGRAM)
+    return report
+
+
+def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool = False):
+    """A folder of photos posed by structure-from-motion, as a COLMAP ``SceneSource``.
+
+    Returns:
+        ``(scene, SfmResult)``.
+
+    Raises:
+        InputError: not a folder, or fewer than two images registered (one line).
+    """
+    from datamodules.tools.sfm import SfmError, estimate_poses
+
+    if not source.is_dir():
+        raise InputError(f"{source}: --poses auto needs a folder of photos")
+    try:
+        result = estimate_poses(source, matching=matching, verbose=0 if quiet else 1)
+    except (SfmError, ValueError) as error:
+        raise InputError(" ".join(str(error).split())) from error
+    return colmap_scene(result.model_dir, result.image_dir, key or source.name), result
+
+
+PROGRAM = "datamodules.convert"
+
+
+def _legacy_root(folder: Path) -> list[str] | None:
+    """The entries of a chunk dataset root made before the output marker existed, else ``None``:
+    split folders holding only chunks and an index, and the report files beside them."""
+    entries = []
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            names = {p.name for p in entry.iterdir()}
+            if "index.json" not in names or any(
+                not (n == "index.json" or n.endswith((".torch", ".torch.tmp"))) for n in names
+            ):
+                return None
+        elif entry.name not in ("convert_report.json", "evaluation_index.json", "metadata.json"):
+            return None
+        entries.append(entry.name)
+    return entries
+
+
+def _parse_resolution(values: list[int] | None) -> Resolution | None:
+    if not values:
+        return None
+    if any(v <= 0 for v in values):
+        raise InputError(f"--resolution values must be positive, got {values}")
+    if len(values) == 1:
+        return Resolution(max_side=values[0])
+    if len(values) == 2:
+        return Resolution(shape=(values[0], values[1]))
+    raise InputError(f"--resolution takes H W or one max side, got {len(values)} numbers")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (0 ok, 2 nothing converted/bad input)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m datamodules.convert",
+        description="Convert COLMAP / transforms.json / RealEstate10K / DL3DV data to chunks.",
+    )
+    parser.add_argument("source", help="scene file/folder, or a folder of scenes")
+    parser.add_argument("--out", required=True, help="dataset root (ROOT/SPLIT/*.torch)")
+    parser.add_argument("--split", required=True, help="split folder, e.g. train or test")
+    parser.add_argument(
+        "--resolution", type=int, nargs="+", metavar="N", help="H W (resize+crop) or MAX_SIDE"
+    )
+    parser.add_argument("--chunk-mb", type=float, default=100.0, help="chunk size (MB)")
+    parser.add_argument("--images", help="COLMAP image folder (path, or name inside each scene)")
+    parser.add_argument("--frames", help="RealEstate10K frames root (FRAMES/KEY/<timestamp>.png)")
+    parser.add_argument("--key", help="scene key for a single-scene SOURCE")
+    parser.add_argument("--quality", type=int, default=95, help="JPEG quality")
+    parser.add_argument("--background", default="white", help="white|black behind transparency")
+    parser.add_argument(
+        "--no-undistort", action="store_true", help="skip distorted cameras instead of undistorting"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--poses", choices=["auto"], help="auto: pose a folder of photos by structure-from-motion"
+    )
+    parser.add_argument(
+        "--matching", default="auto", help="with --poses auto: auto, exhaustive or sequential"
+    )
+    args = parser.parse_args(argv)
+    try:
+        report = convert(
+            args.source,
+            args.out,
+            args.split,
+            resolution=_parse_resolution(args.resolution),
+            chunk_mb=args.chunk_mb,
+            images=args.images,
+            frames=args.frames,
+            key=args.key,
+            quality=args.quality,
+            background=args.background,
+            undistort=not args.no_undistort,
+            quiet=args.quiet,
+            poses=args.poses,
+            matching=args.matching,
+        )
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    report_path = Path(args.out) / "convert_report.json"
+    if not report["converted"]:
+        first = report["skipped"][0]
+        print(
+            f"error: nothing converted from {args.source}: {len(report['skipped'])} scene(s) "
+            f"skipped (first: {first['key']}: {first['reason']}); see {report_path}",
+            file=sys.stderr,
+        )
+        return 2
+    print(
+        f"converted {len(report['converted'])} scene(s), {report['views']} views into "
+        f"{len(report['chunks'])} chunk(s) in {Path(args.out) / args.split}; "
+        f"skipped {len(report['skipped'])}; report: {report_path}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

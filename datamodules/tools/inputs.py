@@ -1,0 +1,145 @@
+"""The input views of a reconstruction: images with their poses from wherever they are known.
+
+:func:`load_inputs` reads a folder of images, a video or one image (``image_folder.load_images``)
+and finds poses for a posed model: a ``cameras.json`` or COLMAP model given with ``cameras=`` or
+found in the input folder, else (folders and videos, or ``cameras="auto"``) structure-from-motion
+(``datamodules.sfm``, pycolmap; the result rides along as ``ImageSet.sfm``). Pose-free models get
+the images (and any poses found, which place their views when they predict none).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from datamodules.errors import DataError
+
+__all__ = ["InputError", "load_inputs", "without_poses"]
+
+
+class InputError(DataError):
+    """Unusable input or settings; one line naming ``path`` (``.path``, ``.message``)."""
+
+    def __init__(self, path: str | os.PathLike, message: str) -> None:
+        self.path, self.message = os.fspath(path), message
+        super().__init__(f"{self.path}: {message}")
+
+
+def without_poses(source: Path) -> bool:
+    """A folder without ``cameras.json`` or a COLMAP model, or a video: poses come from
+    structure-from-motion (a single image stays an error: it cannot be posed)."""
+    from datamodules.readers.colmap import find_model_dir
+    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
+
+    if source.is_file():
+        return source.suffix.lower() in VIDEO_EXTENSIONS
+    jsons = (source / "cameras.json", source / "images" / "cameras.json")
+    return not any(p.is_file() for p in jsons) and find_model_dir(source) is None
+
+
+def _pose_free_hint() -> str:
+    from models.inference import pose_free_models
+
+    return ", ".join(pose_free_models()) or "a pose-free model"
+
+
+def _needs_poses(source: Path, name: str, reason: str) -> InputError:
+    return InputError(
+        source,
+        f"model {name} needs camera poses ({reason}); add cameras.json or a COLMAP model, "
+        f"pass cameras=PATH, or use a pose-free model: model={_pose_free_hint()}",
+    )
+
+
+def _notes(caught: list[warnings.WarningMessage], exact: bool = False) -> list[str]:
+    return [
+        " ".join(str(w.message).split())
+        for w in caught
+        if (w.category is UserWarning if exact else issubclass(w.category, UserWarning))
+    ]
+
+
+def load_inputs(
+    source: str | os.PathLike,
+    image_size: int | tuple[int, int],
+    model: Any,
+    *,
+    name: str | None = None,
+    views: int | None = None,
+    cameras: str | os.PathLike | None = None,
+    sfm: Mapping[str, Any] | None = None,
+) -> tuple[Any, list[str]]:
+    """The input views for ``model``; returns the ``ImageSet`` and warnings (one line each).
+
+    Args:
+        source: a folder of images, a video or one image.
+        image_size: side (or ``(H, W)``) of the model's input.
+        model: the model; its ``pose_free`` (else poses are found or estimated) and
+            ``min_views`` (fewer usable views is an error) are read.
+        name: the model's name in messages (default: its registry name).
+        views: frames sampled from a video / at most this many images of a folder.
+        cameras: a ``cameras.json`` file, a COLMAP model folder, ``"auto"`` (structure-from-
+            motion) or ``None`` (found in the input folder; posed models without: SfM).
+        sfm: ``SfmSettings`` fields plus ``cache`` (structure-from-motion settings).
+
+    Raises:
+        DataError: one line naming the input (``InputError`` for poses a posed model lacks or
+        a cameras path not found), with the skipped files when too few views remain.
+    """
+    from datamodules.readers.image_folder import VIDEO_EXTENSIONS, load_images
+
+    pose_free = bool(getattr(model, "pose_free", False))
+    min_views = int(getattr(model, "min_views", 1))
+    name = name or str(getattr(model, "registry_name", None) or type(model).__name__)
+    source = Path(source).expanduser()
+    shape = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if str(cameras) == "auto" or (not cameras and not pose_free and without_poses(source)):
+        return _sfm_inputs(source, shape, min_views, views, sfm or {})
+    poses = "auto"
+    if cameras:
+        path = Path(os.fspath(cameras)).expanduser()
+        if not path.exists():
+            raise InputError(path, "cameras file or COLMAP folder not found")
+        poses = str(path)
+    if not pose_free and source.is_file():
+        kind = "a video" if source.suffix.lower() in VIDEO_EXTENSIONS else "a single image"
+        raise _needs_poses(source, name, f"{kind} has no camera poses")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            images = load_images(source, shape, views, min_views, poses=poses)
+        except DataError as error:
+            skipped = [m for m in _notes(caught) if "(skipped)" in m]
+            if skipped:
+                names = ", ".join(Path(m.split(":", 1)[0]).name for m in skipped[:5])
+                more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+                raise DataError(f"{error} (skipped unreadable: {names}{more})") from error
+            raise
+    if not pose_free and images.extrinsics is None:
+        raise _needs_poses(source, name, "no cameras.json or COLMAP sparse/ model found")
+    return images, _notes(caught)
+
+
+def _sfm_inputs(
+    source: Path, shape: tuple[int, int], min_views: int, views: int | None, sfm: Mapping
+) -> tuple[Any, list[str]]:
+    """Poses by structure-from-motion, then the images loaded with them."""
+    from datamodules.readers.image_folder import load_images
+    from datamodules.tools.sfm import SfmSettings, poses_for_input
+
+    options = dict(sfm)
+    cache = options.pop("cache", True)
+    try:
+        settings = SfmSettings(**options)
+        settings.check()
+    except (TypeError, ValueError) as error:
+        raise InputError("sfm", " ".join(str(error).split())) from error
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)
+        images = load_images(folder, shape, views, min_views, poses=str(cameras_json))
+    images.pose_source, images.sfm = "structure-from-motion", result
+    return images, _notes(caught, exact=True)

@@ -1,0 +1,1 @@
+"""Training-time data: the chunk dataset, view samplers and the LightningDataModule."""

@@ -1,0 +1,803 @@
+"""Inference as a library: images in, a :class:`Reconstruction` out, and its output folder.
+
+    from models import create_model
+    from models.inference import reconstruct, write_reconstruction
+    from datamodules.image_folder import load_images
+
+    model = create_model("zipsplat_tiny", pretrained=True).eval()
+    images = load_images("photos/", image_shape=(64, 64))    # or a [V, 3, H, W] tensor
+    result = reconstruct(model, images, compression=0.5)     # knobs: models.knobs declarations
+    write_reconstruction(result, "out/")                     # gaussians.ply, cameras.json, ...
+
+:func:`reconstruct` runs the model once and places every input view: the given cameras
+(``cameras=`` or the image set's own, e.g. from ``cameras.json``, COLMAP or structure-from-motion),
+the cameras a pose-free model predicts, or test-time pose refinement against each view's image.
+:func:`write_reconstruction` writes ``gaussians.ply``, ``cameras.json``, ``renders/``, ``path/``,
+``path.mp4``, ``sparse/`` (structure-from-motion poses), ``cardinality/`` (MoE-cardinality models)
+and ``summary.json`` atomically through :class:`models.output_folder.OutputFolder`, the helper the
+exporter uses too. Reading images, videos and poses stays in ``datamodules`` (an ``ImageSet`` is
+taken by duck typing); this module imports no Lightning, Hydra or wandb, and no ``datamodules``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.errors import PathError
+from models.gaussians import Gaussians
+from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
+from models.geometry.cameras import intrinsics_to_pixels, normalize_scene
+from models.knobs import Knob, inference_knobs
+from models.output_folder import OutputFolder, OutputFolderError
+
+__all__ = [
+    "PLACEMENTS",
+    "InferenceError",
+    "KnobError",
+    "LoadedModel",
+    "Reconstruction",
+    "camera_path",
+    "check_backend",
+    "check_knobs",
+    "choose_device",
+    "input_size",
+    "load_for_inference",
+    "output_folder",
+    "pose_free_models",
+    "reconstruct",
+    "render_views",
+    "write_reconstruction",
+]
+
+PROGRAM = "infer.py"  # the program name in the output marker (earlier outputs stay replaceable)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# How a view was placed: given cameras (cameras=, cameras.json, COLMAP), structure-from-motion,
+# view 0 of a pose-free model (the identity), predicted by the model, test-time pose refinement,
+# or not at all (pose-free, no prediction, no refinement).
+PLACEMENTS = ("given", "sfm", "identity", "predicted", "refined", "unknown")
+CARDINALITY_COLOURS = ((0, 0, 255), (0, 255, 0), (255, 255, 0), (255, 0, 0))  # 0, 1, 2, 3+
+
+
+class InferenceError(PathError):
+    """Unusable input or settings for inference; one line naming ``path``."""
+
+
+class KnobError(InferenceError):
+    """A knob the model does not declare, or a value of the wrong type or out of range."""
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass
+class Reconstruction:
+    """What :func:`reconstruct` returns.
+
+    Attributes:
+        gaussians: the Gaussians of the scene (a batch of one), in the scene frame (view 0 is the
+            identity; posed inputs are scaled to a largest camera distance of 1).
+        extrinsics: ``[V, 4, 4]`` camera-to-world of every input view in that frame (the identity
+            where ``placement`` is ``"unknown"``).
+        intrinsics: ``[V, 3, 3]`` normalised, for ``images``.
+        placement: per view, how it was placed (one of :data:`PLACEMENTS`).
+        poses: one line saying how the views were placed (``summary.json``'s ``poses``).
+        images: ``[V, 3, H, W]`` the model's input views in [0, 1] (CPU).
+        names: a name per view (file names for an image set).
+        model: the model's registry name.
+        family: the model's family.
+        pose_free: whether the model ignores input cameras.
+        knobs: the inference knobs it ran with (checked, converted).
+        timings: seconds per stage (``inference``, ``refine_poses``; callers add their own).
+        maps: per-family per-view maps, e.g. ``"cardinality"`` ``[V, H, W]`` int64 (Gaussians per
+            pixel of a MoE-cardinality model).
+        source: the ``ImageSet`` the images came from (original sizes, SfM result), or ``None``.
+    """
+
+    gaussians: Gaussians
+    extrinsics: Tensor
+    intrinsics: Tensor
+    placement: list[str]
+    poses: str
+    images: Tensor
+    names: list[str]
+    model: str
+    family: str | None = None
+    pose_free: bool = False
+    knobs: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    maps: dict[str, Tensor] = field(default_factory=dict)
+    source: Any = None
+
+    @property
+    def known(self) -> list[int]:
+        """Indices of the views with a known camera."""
+        return [i for i, kind in enumerate(self.placement) if kind != "unknown"]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(H, W)`` of the model's input (and of the renders)."""
+        return int(self.images.shape[-2]), int(self.images.shape[-1])
+
+    @property
+    def count(self) -> int:
+        """Gaussians in the scene."""
+        return int(self.gaussians.count()[0])
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Timer:
+    """Wall time per stage, in seconds, into ``stages``."""
+
+    def __init__(self, stages: dict[str, float]) -> None:
+        self.stages = stages
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, device: torch.device | None = None) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.stages[name] = round(time.perf_counter() - start, 4)
+
+
+def _progress(iterable=None, **kwargs):
+    """tqdm on an interactive stderr only (pipes and logs stay clean)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=None, leave=False, dynamic_ncols=True, **kwargs)
+
+
+def _name(model: nn.Module) -> str:
+    return str(getattr(model, "registry_name", None) or type(model).__name__)
+
+
+def choose_device(spec: str | None) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; anything else is parsed by ``torch.device``."""
+    if spec in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(str(spec))
+    except (RuntimeError, ValueError) as error:
+        raise InferenceError(f"device={spec}", "not a device (auto, cpu, cuda, cuda:N)") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InferenceError(
+            f"device={spec}", "CUDA is not available on this machine (use device=cpu)"
+        )
+    return device
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """The renderer ``backend`` works on ``device`` (one-line :class:`InferenceError` if not)."""
+    if backend not in ("auto", "torch", "gsplat", "cpu"):
+        raise InferenceError(f"backend={backend}", "must be auto, torch, gsplat or cpu")
+    if backend == "gsplat" and device.type != "cuda":
+        raise InferenceError("backend=gsplat", f"needs a CUDA device (device is {device})")
+    if backend == "cpu" and device.type != "cpu":
+        raise InferenceError("backend=cpu", f"needs device=cpu (device is {device})")
+    if backend == "cpu":
+        from models.render.cpu import cpu_rasterizer_error
+
+        if (error := cpu_rasterizer_error()) is not None:
+            raise InferenceError(
+                "backend=cpu", f"the compiled CPU rasteriser is not available: {error}"
+            )
+
+
+def _range(knob: Knob, model: nn.Module | None) -> str:
+    low, high = knob.bounds(model)
+    left = "(" if knob.low_open else "["
+    right = f"{high:g}]" if high is not None else "inf)"
+    return f"{left}{low:g}, {right}"
+
+
+def check_knobs(
+    model: nn.Module | str, knobs: Mapping[str, Any], name: str | None = None
+) -> dict[str, float | int]:
+    """``knobs`` checked against what the model's family declares (``models.knobs``).
+
+    ``None`` values are dropped (the model's default). Works on a built model or a registry
+    name (then ranges that depend on the model, e.g. SplatWeaver's experts, are not bounded).
+
+    Returns:
+        The knobs converted to their declared types.
+
+    Raises:
+        KnobError: one line naming the knob: not a knob of this model (listing its knobs), or
+            ``"<knob>=<value>: must be a number in [low, high]"`` (``an integer`` for ints).
+    """
+    declared = {knob.name: knob for knob in inference_knobs(model)}
+    built = model if isinstance(model, nn.Module) else None
+    shown = name or (model if isinstance(model, str) else _name(model))
+    checked: dict[str, float | int] = {}
+    for key, value in knobs.items():
+        if value is None:
+            continue
+        knob = declared.get(key)
+        if knob is None:
+            names = ", ".join(sorted(declared)) or "none"
+            raise KnobError(
+                f"{key}={value}", f"model {shown} has no {key!r} setting (its knobs: {names})"
+            )
+        try:
+            checked[key] = knob.check(value, built)
+        except ValueError:
+            kind = "an integer" if knob.kind == "int" else "a number"
+            raise KnobError(f"{key}={value}", f"must be {kind} in {_range(knob, built)}") from None
+    return checked
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedModel:
+    """A model loaded for inference: the module, a description of its weights, and the
+    project's loader warnings (one line each, e.g. constructor arguments that differ)."""
+
+    model: nn.Module
+    weights: str
+    notes: list[str]
+
+
+def load_for_inference(
+    name: str, weights: str | os.PathLike | None = None, device: torch.device | str = "cpu"
+) -> LoadedModel:
+    """``create_model(name, pretrained=weights or True)`` on ``device`` in eval mode.
+
+    Raises:
+        InferenceError: unknown model name, weights path not found.
+        PretrainedError: weights that do not load (one line naming the file).
+    """
+    from models.factory import create_model
+    from models.registry import is_model, list_models
+
+    if not is_model(name):
+        raise InferenceError(
+            f"model={name}", f"unknown model; valid names: {', '.join(list_models())}"
+        )
+    pretrained: bool | str = True if weights in (None, "", True) else os.fspath(weights)
+    if isinstance(pretrained, str) and not pretrained.startswith(("hf-hub:", "local-dir:")):
+        if not Path(pretrained).expanduser().exists():
+            raise InferenceError(
+                pretrained,
+                "weights not found (a folder, .safetensors, .ckpt, "
+                "local-dir:/path or hf-hub:org/repo)",
+            )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = create_model(name, pretrained=pretrained)
+    notes = [  # this project's warnings (not third-party libraries' notices)
+        " ".join(str(w.message).split())
+        for w in caught
+        if issubclass(w.category, UserWarning)
+        and Path(w.filename).resolve().is_relative_to(REPO_ROOT)
+    ]
+    if pretrained is True:
+        from models.weights.pretrained import default_weights
+
+        described = default_weights(name)
+    else:
+        described = str(pretrained)
+    return LoadedModel(model.to(device).eval(), described, notes)
+
+
+def input_size(model: nn.Module, requested: int | None = None) -> int:
+    """Side of the square model input: ``requested``, else the model's ``img_size`` (64 when it
+    records none).
+
+    Raises:
+        InferenceError: below 8 pixels.
+    """
+    config = getattr(model, "_hub_mixin_config", None) or {}
+    size = int(requested or config.get("img_size") or getattr(model, "img_size", 0) or 64)
+    if size < 8:
+        raise InferenceError(f"image_size={size}", "must be at least 8 pixels")
+    return size
+
+
+def pose_free_models() -> list[str]:
+    """Pose-free models that load by name (no weights given): weights shipped in this checkout
+    first, then released weights (downloaded on first use). Read from the pretrained configs:
+    nothing is built."""
+    from models.registry import get_pretrained_cfg, list_models
+
+    shipped, released = [], []
+    for tag in list_models(pretrained=True):
+        cfg = get_pretrained_cfg(tag)
+        if not cfg.pose_free:
+            continue
+        name = cfg.architecture if get_pretrained_cfg(cfg.architecture) == cfg else cfg.name
+        if cfg.local_dir is not None:
+            if (REPO_ROOT / cfg.local_dir).is_dir():
+                shipped.append(name)
+        else:
+            released.append(f"{name} (downloads its weights)")
+    return shipped + released
+
+
+# --------------------------------------------------------------------------- reconstruct
+
+
+def _default_intrinsics(views: int, height: int, width: int, fov: float) -> Tensor:
+    focal_x = 0.5 / np.tan(np.deg2rad(fov) / 2)
+    k = torch.tensor([[focal_x, 0.0, 0.5], [0.0, focal_x * width / height, 0.5], [0, 0, 1.0]])
+    return k.expand(views, 3, 3).clone()
+
+
+def _context(images: Any, cameras: Mapping[str, Tensor] | None, fov: float):
+    """The model's context batch, the view names and where the poses came from."""
+    if isinstance(images, Tensor):
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise InferenceError("images", f"must be [V, 3, H, W], got {list(images.shape)}")
+        pixels, names, origin, label = images.float(), None, "given", "given"
+        extrinsics = intrinsics = None
+    else:  # an ImageSet (datamodules.image_folder): its own poses unless cameras= is given
+        pixels, names = images.images, list(images.names)
+        extrinsics, intrinsics = images.extrinsics, images.intrinsics
+        sfm = getattr(images, "sfm", None) is not None
+        origin = "sfm" if sfm else "given"
+        label = images.pose_source or ("structure-from-motion" if sfm else "given")
+    views, _, height, width = pixels.shape
+    if cameras is not None:
+        extrinsics = cameras.get("extrinsics", extrinsics)
+        intrinsics = cameras.get("intrinsics", intrinsics)
+        origin, label = "given", "given"
+    for key, value in (("extrinsics", extrinsics), ("intrinsics", intrinsics)):
+        size = 4 if key == "extrinsics" else 3
+        if value is not None and tuple(value.shape) != (views, size, size):
+            raise InferenceError(
+                f"cameras[{key!r}]", f"must be [{views}, {size}, {size}] for {views} views"
+            )
+    if intrinsics is None:
+        intrinsics = _default_intrinsics(views, height, width, fov)
+    context = {
+        "image": pixels[None].float(),
+        "intrinsics": intrinsics[None].float(),
+        "near": torch.ones(1, views),
+        "far": torch.full((1, views), 100.0),
+    }
+    if extrinsics is not None:
+        context["extrinsics"] = normalize_scene(extrinsics[None].float())[0]
+    names = names or [f"view_{i:02d}" for i in range(views)]
+    return context, names, origin, label
+
+
+def reconstruct(
+    model: nn.Module,
+    images: Any,
+    cameras: Mapping[str, Tensor] | None = None,
+    *,
+    refine_poses: int = 50,
+    refine_size: int = 128,
+    backend: str = "auto",
+    fov: float = 60.0,
+    name: str | None = None,
+    **knobs: Any,
+) -> Reconstruction:
+    """Reconstruct the Gaussians of ``images`` with ``model`` and place every view.
+
+    Args:
+        model: a zoo model (eval mode, on the device to run on).
+        images: an ``ImageSet`` (``datamodules.image_folder.load_images``; its poses are used
+            when it has them) or ``[V, 3, H, W]`` in [0, 1].
+        cameras: ``{"extrinsics": [V, 4, 4] camera-to-world, "intrinsics": [V, 3, 3]
+            normalised}`` (either may be left out), replacing the image set's poses. They are
+            expressed in the scene frame (view 0 = identity, unit baseline). Posed models need
+            extrinsics; pose-free ones do not see them, but their views are placed by them when
+            the model predicts no cameras.
+        refine_poses: for pose-free models that predict no cameras and have no given cameras:
+            test-time pose refinement steps placing views 1.. (0: their poses stay unknown).
+        refine_size: the refinement fits images downsampled to at most this many pixels.
+        backend: renderer for the pose refinement (``auto``, ``torch``, ``gsplat``, ``cpu``).
+        fov: horizontal field of view in degrees assumed when there are no intrinsics.
+        name: the model's name in messages (default: its registry name).
+        **knobs: the family's inference knobs (``models.knobs``), e.g. ``compression=0.5``,
+            ``iterations=4``, ``gaussians_per_pixel=1.0``, ``max_gaussians=20000``.
+
+    Returns:
+        The :class:`Reconstruction`.
+
+    Raises:
+        KnobError: a knob the model does not declare, or a value out of its range.
+        InferenceError: a posed model without extrinsics, images of the wrong shape, a model
+            refusing the input (e.g. its image size), or no Gaussians at all.
+    """
+    name = name or _name(model)
+    forward = check_knobs(model, knobs, name)
+    pose_free = bool(getattr(model, "pose_free", False))
+    context, names, origin, label = _context(images, cameras, fov)
+    if not pose_free and "extrinsics" not in context:
+        raise InferenceError(f"model={name}", "needs camera poses (cameras={'extrinsics': ...})")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    context = {k: v.to(device) for k, v in context.items()}
+    given = context.pop("extrinsics", None) if pose_free else context.get("extrinsics")
+    timings: dict[str, float] = {}
+    timer = _Timer(timings)
+    with timer("inference", device), torch.inference_mode():
+        for _ in _progress(range(1), desc="inference", unit="forward"):
+            try:
+                pred = model(context, **forward)
+            except ValueError as error:  # the model refuses this input (e.g. its image size)
+                raise InferenceError(f"model={name}", str(error)) from error
+    gaussians = pred.gaussians.detach()
+    if int(gaussians.count()[0]) == 0:
+        source = getattr(images, "source", "images")
+        raise InferenceError(source, f"model {name} produced no Gaussians for this input")
+
+    views = context["image"].shape[1]
+    intrinsics = context["intrinsics"][0].float()  # [V, 3, 3]
+    predicted_e = pred.extrinsics  # [1, V, 4, 4] cameras a pose-free model predicts, or None
+    if not pose_free:
+        extrinsics, placement = given[0].float(), [origin] * views
+        poses = f"input ({label})"
+    elif isinstance(predicted_e, Tensor):
+        extrinsics = predicted_e[0].float()
+        predicted_k = pred.intrinsics
+        if isinstance(predicted_k, Tensor):
+            intrinsics = predicted_k[0].float()
+        placement = ["identity"] + ["predicted"] * (views - 1)
+        poses = f"predicted by {name}"
+    elif given is not None:
+        # The model saw no poses; its scene frame is the same normalised frame (view 0 =
+        # identity, unit baseline), so the given cameras render it.
+        extrinsics, placement = given[0].float(), [origin] * views
+        poses = f"input ({label}); pose-free {name} does not predict cameras"
+    else:
+        extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
+        steps = int(refine_poses)
+        if views > 1 and steps > 0:
+            # Views 1.. by test-time pose refinement (as eval does for pose-free models), each
+            # from view 0's pose, against its own image with the Gaussians frozen.
+            from models.pose_refinement import refine_target_poses
+
+            targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
+            if max(targets.shape[-2:]) > refine_size:  # intrinsics are normalised
+                factor = refine_size / max(targets.shape[-2:])
+                small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
+                targets = F.interpolate(targets[0], size=small, mode="area")[None]
+            with timer("refine_poses", device):
+                extrinsics[1:] = refine_target_poses(
+                    gaussians,
+                    targets,
+                    extrinsics[None, 1:],
+                    intrinsics[None, 1:],
+                    steps=steps,
+                    backend=backend,
+                )[0]
+            placement = ["identity"] + ["refined"] * (views - 1)
+            poses = (
+                f"refined: pose-free {name} predicts no cameras; views 1.. placed by "
+                f"test-time pose refinement ({steps} steps from view 0's pose, at "
+                f"{targets.shape[-1]}x{targets.shape[-2]} px)"
+            )
+        else:
+            placement = ["identity"] + ["unknown"] * (views - 1)
+            poses = f"unknown (pose-free {name} does not predict cameras)"
+
+    maps = {}
+    routing = pred.diagnostics.get("routing_map")  # [1, V, H, W] MoE-cardinality: per pixel
+    if isinstance(routing, Tensor):
+        maps["cardinality"] = routing[0].detach().to(torch.int64).cpu()  # [V, H, W]
+    return Reconstruction(
+        gaussians=gaussians,
+        extrinsics=extrinsics.detach(),
+        intrinsics=intrinsics.detach(),
+        placement=placement,
+        poses=poses,
+        images=context["image"][0].detach().float().cpu(),
+        names=names,
+        model=name,
+        family=getattr(model, "family", None),
+        pose_free=pose_free,
+        knobs=dict(forward),
+        timings=timings,
+        maps=maps,
+        source=None if isinstance(images, Tensor) else images,
+    )
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_views(
+    gaussians: Gaussians,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    backend: str = "auto",
+    desc: str = "render",
+    views_per_call: int = 8,
+) -> Tensor:
+    """Render every camera, ``views_per_call`` at a time (batched views are several times cheaper
+    per view on the torch backend); returns ``[N, 3, H, W]`` on CPU."""
+    from models.render.core import render
+
+    out = []
+    with _progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
+        for start in range(0, extrinsics.shape[0], views_per_call):
+            stop = min(start + views_per_call, extrinsics.shape[0])
+            color = render(
+                gaussians,
+                extrinsics[None, start:stop],
+                intrinsics[None, start:stop],
+                shape,
+                backend=backend,
+            ).color  # [1, n, 3, H, W]
+            out.append(color[0].float().cpu())
+            bar.update(stop - start)
+    return torch.cat(out)
+
+
+def camera_path(result: Reconstruction, frames: int = 30) -> tuple[Tensor, Tensor, str]:
+    """The path ``write_reconstruction`` renders: interpolated through the known cameras, or (one
+    known camera) a small orbit around view 0 looking at the Gaussians' median depth.
+
+    Returns:
+        ``[frames, 4, 4]``, ``[frames, 3, 3]`` (CPU) and a description.
+    """
+    known = result.known
+    if len(known) >= 2:
+        path_e, path_k = interpolate_cameras(
+            result.extrinsics[known].cpu(), result.intrinsics[known].cpu(), frames
+        )
+        return path_e, path_k, "interpolated between the input cameras"
+    gaussians = result.gaussians
+    depth = gaussians.means[0, :, 2][gaussians.valid_mask()[0]].float().cpu()
+    depth = depth[depth > 0]
+    look_at = float(depth.median()) if depth.numel() else 1.0
+    path_e, path_k = orbit_cameras(
+        result.extrinsics[0].cpu(), look_at, result.intrinsics[0].cpu(), frames, 0.1 * look_at
+    )
+    return path_e, path_k, "orbit around the first view"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _legacy_output(folder: Path) -> tuple[str, ...] | None:
+    """The entries of an infer.py output written before the output marker existed (it has our
+    ``summary.json``), else ``None``."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and {"gaussians", "timings_s", "model"} <= summary.keys():
+        return ("gaussians.ply", "cameras.json", "renders", "path", "path.mp4", "summary.json")
+    return None
+
+
+def output_folder(
+    output: str | os.PathLike, inputs: Iterable[str | os.PathLike] = (), overwrite: bool = False
+) -> OutputFolder:
+    """The atomic output folder of a reconstruction, checked now: it replaces nothing but an
+    earlier reconstruction output (with ``overwrite``), and is, holds or lies in no input.
+
+    Raises:
+        OutputFolderError: one line naming the folder.
+    """
+    return OutputFolder(output, PROGRAM, inputs=inputs, overwrite=overwrite, legacy=_legacy_output)
+
+
+def _to_uint8(images: Tensor) -> np.ndarray:
+    """``[N, 3, H, W]`` in [0, 1] → ``[N, H, W, 3]`` uint8."""
+    return (
+        (images.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    )
+
+
+def _save_pngs(images: Tensor, paths: Iterable[Path]) -> None:
+    from PIL import Image
+
+    for array, path in zip(_to_uint8(images), paths):
+        Image.fromarray(array).save(path)
+
+
+def _write_video(frames: np.ndarray, path: Path, fps: int) -> None:
+    """``[N, H, W, 3]`` uint8 → H.264 MP4 (imageio-ffmpeg)."""
+    import imageio.v2 as imageio
+
+    with imageio.get_writer(
+        path, fps=fps, codec="libx264", quality=8, macro_block_size=2, ffmpeg_log_level="error"
+    ) as writer:
+        for frame in frames:
+            writer.append_data(frame)
+
+
+def _save_cardinality(counts: Tensor, folder: Path, names: list[str]) -> dict[str, float]:
+    """Gaussians-per-pixel maps ``[V, H, W]`` as PNGs (blue 0, green 1, yellow 2, red 3 or
+    more) and ``cardinality.npy``; returns the mean count per pixel and the empty share."""
+    from PIL import Image
+
+    folder.mkdir()
+    np.save(folder / "cardinality.npy", counts.numpy().astype(np.uint8))
+    palette = torch.tensor(CARDINALITY_COLOURS, dtype=torch.uint8)
+    for name, view in zip(names, counts):
+        Image.fromarray(palette[view.clamp(0, 3)].numpy()).save(folder / name)
+    return {
+        "gaussians_per_pixel": round(float(counts.float().mean()), 4),
+        "empty_pixel_share": round(float((counts == 0).float().mean()), 4),
+    }
+
+
+def _camera_entry(pose: Tensor, k_pixels: Tensor, size: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "camera_to_world": [[float(x) for x in row] for row in pose.double().cpu()],
+        "fx": float(k_pixels[0, 0]),
+        "fy": float(k_pixels[1, 1]),
+        "cx": float(k_pixels[0, 2]),
+        "cy": float(k_pixels[1, 2]),
+        "width": int(size[1]),
+        "height": int(size[0]),
+    }
+
+
+def _input_cameras(result: Reconstruction, render_names: list[str]) -> list[dict[str, Any]]:
+    """``cameras.json`` frames of the known views, in the input images' pixels when the image
+    set says how it resized them (``ImageSet.original_intrinsics``), else the model's."""
+    shape = result.image_size
+    intrinsics = result.intrinsics.cpu()
+    source = result.source
+    if source is not None and hasattr(source, "original_intrinsics"):
+        pixels, sizes = source.original_intrinsics(intrinsics), list(source.original_sizes)
+    else:
+        pixels, sizes = intrinsics_to_pixels(intrinsics.double(), shape), [shape] * len(intrinsics)
+    kinds = {"given": "input", "sfm": "input"}  # cameras.json's names since its first release
+    return [
+        {
+            "file": result.names[i],
+            "render": f"renders/{render_names[i]}",
+            "pose": kinds.get(result.placement[i], result.placement[i]),
+            **_camera_entry(result.extrinsics[i], pixels[i], sizes[i]),
+        }
+        for i in result.known
+    ]
+
+
+def write_reconstruction(
+    result: Reconstruction,
+    output: str | os.PathLike | OutputFolder,
+    *,
+    frames: int = 30,
+    fps: int = 15,
+    backend: str = "auto",
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    summary: Mapping[str, Any] | None = None,
+    started: float | None = None,
+) -> Path:
+    """Write ``result``'s output folder atomically (nothing half-written, ever).
+
+    Writes ``gaussians.ply``, ``renders/NN_<name>.png`` (the known input views rendered),
+    ``path/frame_XXXX.png`` and ``path.mp4`` (:func:`camera_path`), ``cameras.json`` (input
+    cameras in the input images' pixels, and the path's), ``sparse/`` (structure-from-motion
+    poses), ``cardinality/`` (MoE-cardinality maps) and ``summary.json``.
+
+    Args:
+        result: what :func:`reconstruct` returned.
+        output: the folder, or an :func:`output_folder` made (and so checked) earlier.
+        frames: cameras on the rendered path.
+        fps: frame rate of ``path.mp4``.
+        backend: renderer backend.
+        overwrite: replace an earlier reconstruction output (see :func:`output_folder`).
+        inputs: paths the output may neither be, hold nor lie inside.
+        summary: more ``summary.json`` entries (e.g. ``weights``, ``input``, ``warnings``).
+        started: ``time.perf_counter()`` when the caller's run began (``timings_s.total``;
+            default: the sum of the stages).
+
+    Returns:
+        The output folder.
+
+    Raises:
+        OutputFolderError: the output may not be written or replaced (one line).
+    """
+    folder = (
+        output if isinstance(output, OutputFolder) else output_folder(output, inputs, overwrite)
+    )
+    timings = dict(result.timings)
+    timer = _Timer(timings)
+    gaussians = result.gaussians
+    device = gaussians.means.device
+    shape, known = result.image_size, result.known
+    render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(result.names)]
+    with folder as staging:
+        with timer("save_ply"):
+            gaussians.save_ply(staging / "gaussians.ply")
+        with timer("render_inputs", device), torch.inference_mode():
+            rendered = render_views(
+                gaussians,
+                result.extrinsics[known].to(device),
+                result.intrinsics[known].to(device),
+                shape,
+                backend,
+                "input views",
+            )
+        (staging / "renders").mkdir()
+        _save_pngs(rendered, [staging / "renders" / render_names[i] for i in known])
+        from models.metrics import psnr
+
+        input_psnr = [psnr(r, result.images[i]) for i, r in zip(known, rendered)]
+        cardinality = None
+        if "cardinality" in result.maps:
+            cardinality = _save_cardinality(
+                result.maps["cardinality"], staging / "cardinality", render_names
+            )
+
+        path_e, path_k, path_kind = camera_path(result, frames)
+        with timer("render_path", device), torch.inference_mode():
+            path = render_views(
+                gaussians, path_e.to(device), path_k.to(device), shape, backend, "camera path"
+            )
+        (staging / "path").mkdir()
+        _save_pngs(path, [staging / "path" / f"frame_{i:04d}.png" for i in range(len(path))])
+        with timer("write_video"):
+            _write_video(_to_uint8(path), staging / "path.mp4", int(fps))
+
+        cameras: dict[str, Any] = {
+            "frame": "scene frame of the Gaussians: view 0 is the identity (OpenCV axes, "
+            "camera-to-world); posed inputs are scaled to a largest camera distance of 1",
+            "poses": result.poses,
+            "frames": _input_cameras(result, render_names),
+            "path": [
+                {
+                    "render": f"path/frame_{j:04d}.png",
+                    **_camera_entry(e, intrinsics_to_pixels(k, shape), shape),
+                }
+                for j, (e, k) in enumerate(zip(path_e, path_k))
+            ],
+        }
+        unknown = [n for n, kind in zip(result.names, result.placement) if kind == "unknown"]
+        if unknown:
+            cameras["unknown_poses"] = unknown
+        (staging / "cameras.json").write_text(json.dumps(cameras, indent=2), encoding="utf-8")
+        sfm = getattr(result.source, "sfm", None)
+        if sfm is not None:  # the COLMAP model, in the same scene frame
+            sfm.export(staging / "sparse", result.names)
+
+        total = time.perf_counter() - started if started is not None else sum(timings.values())
+        timings["total"] = round(total, 4)
+        source = getattr(result.source, "source", None)
+        record = {
+            "model": result.model,
+            "family": result.family,
+            "pose_free": result.pose_free,
+            "input": str(source) if source is not None else None,
+            "views": len(result.names),
+            "view_names": result.names,
+            "image_size": list(shape),
+            "forward_kwargs": dict(result.knobs),
+            "gaussians": result.count,
+            "poses": result.poses,
+            "placement": result.placement,
+            "camera_path": f"{frames} frames, {path_kind}",
+            "input_view_psnr": [round(p, 3) for p in input_psnr],
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "render_backend": backend,
+            "timings_s": timings,
+            "sfm": sfm.summary() if sfm is not None else None,
+            **dict(summary or {}),
+        }
+        if cardinality is not None:
+            record["cardinality"] = cardinality
+        (staging / "summary.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    result.timings.update(timings)
+    return folder.output
+
+
+# The error types a caller reports as one line (exit status 2 in a command line).
+USER_ERRORS: tuple[type[Exception], ...] = (InferenceError, OutputFolderError)

@@ -1,0 +1,276 @@
+"""The compiled CPU rasteriser: ``render(..., backend="cpu")``.
+
+A C++ tile rasteriser (``models/csrc/``, OpenMP over 16x16 tiles) with the numerics of the torch
+backend and of gsplat 1.5 (see :mod:`models.render`): per-tile lists of Gaussians sorted by depth,
+front-to-back compositing, and a backward pass that walks each tile's list back to front the way
+gsplat's CUDA kernel does, recovering each transmittance from the final one. Projection, SH
+colours and the background stay in PyTorch (autograd differentiates through them); the kernel
+takes the projected means, conics, colours, opacities and depths of each image and returns
+colour, expected depth and alpha with their backward pass.
+
+The extension is built on first use with ``torch.utils.cpp_extension.load`` (needs a C++17/20
+compiler and ninja) into torch's extension directory (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``), under a name that carries a hash of the sources, so a build is
+reused by every later process until the sources change. Build failures are cached for the process:
+:func:`cpu_rasterizer_error` says why it is not usable.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = [
+    "CpuRasterizerUnavailable",
+    "SUPPORTED_DTYPES",
+    "cpu_rasterizer_error",
+    "rasterize_cpu",
+    "render_cpu",
+]
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("rasterize_cpu_kernel.cpp", "rasterize_cpu_ops.cpp")
+HEADERS = ("rasterize_cpu.h",)
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+_LDFLAGS = ["-fopenmp"]
+
+
+def _has_avx2() -> bool:
+    """Whether this x86-64 CPU has AVX2 (the kernel's 8-lane vectors then use it)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            return any(line.startswith("flags") and " avx2" in line for line in info)
+    except OSError:
+        return False
+
+
+# No fused multiply-adds: the kernel's arithmetic then matches the torch backend's op by op.
+_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"] + (
+    ["-mavx2"] if _has_avx2() else []
+)
+
+
+class CpuRasterizerUnavailable(RuntimeError):
+    """The compiled CPU rasteriser cannot be built or loaded here."""
+
+
+def _source_hash() -> str:
+    digest = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        digest.update(name.encode())
+        digest.update((CSRC / name).read_bytes())
+    digest.update(" ".join(_CFLAGS + _LDFLAGS).encode())
+    return digest.hexdigest()[:12]
+
+
+def _build() -> None:
+    """Compile (or reuse) the extension and load it into ``torch.ops.splatzoo_cpu``."""
+    if _loaded():
+        return  # a second load would register the operator namespace twice (abort)
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise CpuRasterizerUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    # Importing the builder logs a CUDA_HOME notice on machines without a GPU; it is not ours.
+    builder_log = logging.getLogger("torch.utils.cpp_extension")
+    level = builder_log.level
+    builder_log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        builder_log.setLevel(level)
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError as error:
+        raise CpuRasterizerUnavailable(f"ninja is not available ({error})") from None
+    name = f"splatzoo_rasterize_cpu_{_source_hash()}"
+    try:
+        cpp_extension.load(
+            name=name,
+            sources=[str(CSRC / s) for s in SOURCES],
+            extra_cflags=_CFLAGS,
+            extra_ldflags=_LDFLAGS,
+            extra_include_paths=[str(CSRC)],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as error:  # compiler errors, a broken toolchain, a failed load
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        raise CpuRasterizerUnavailable(
+            f"its build failed ({first}; the log is in {build_dir})"
+        ) from None
+    if not _loaded():
+        raise CpuRasterizerUnavailable("the built library registers no splatzoo_cpu.forward")
+
+
+def _loaded() -> bool:
+    """Whether ``torch.ops.splatzoo_cpu`` is registered in this process."""
+    try:
+        torch.ops.splatzoo_cpu.forward  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+@functools.cache
+def _build_error() -> str | None:
+    """``None`` once the extension is loaded, else why it cannot be (cached per process)."""
+    try:
+        _build()
+    except CpuRasterizerUnavailable as error:
+        return str(error)
+    return None
+
+
+def cpu_rasterizer_error(dtype: torch.dtype = torch.float32) -> str | None:
+    """Why ``backend="cpu"`` cannot render ``dtype`` tensors here, or ``None`` when it can.
+
+    The first call builds the extension (tens of seconds; later processes reuse the build).
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        return f"it supports float32 and float64, not {dtype}"
+    return _build_error()
+
+
+class _Rasterize(torch.autograd.Function):
+    """Differentiable wrapper around ``torch.ops.splatzoo_cpu.forward``/``backward``."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, depths, radii, height, width, tile):
+        inputs = [t.contiguous() for t in (means2d, conics, colors, opacities, depths)]
+        radii = radii.to(torch.int32).contiguous()
+        out, t_final, last, offsets, ids = torch.ops.splatzoo_cpu.forward(
+            *inputs, radii, height, width, tile
+        )
+        ctx.save_for_backward(*inputs, radii, offsets, ids, t_final, last)
+        ctx.shape = (height, width, tile)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        *inputs, radii, offsets, ids, t_final, last = ctx.saved_tensors
+        height, width, tile = ctx.shape
+        grads = torch.ops.splatzoo_cpu.backward(
+            *inputs, radii, height, width, tile, offsets, ids, t_final, last,
+            grad_out.contiguous(),
+        )  # fmt: skip
+        v_means2d, v_conics, v_colors, v_opacities, v_depths = grads.split([2, 3, 3, 1, 1], -1)
+        return (
+            v_means2d,
+            v_conics,
+            v_colors,
+            v_opacities[..., 0],
+            v_depths[..., 0],
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def rasterize_cpu(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    depths: Tensor,
+    radii: Tensor,
+    image_shape: tuple[int, int],
+    tile_size: int = 16,
+) -> Tensor:
+    """Composite projected Gaussians into each image (differentiable in the float inputs).
+
+    Args:
+        means2d: ``[I, N, 2]`` centres in pixels.
+        conics: ``[I, N, 3]`` ``(a, b, c)`` of the inverse 2D covariance.
+        colors: ``[I, N, 3]``.
+        opacities: ``[I, N]`` (after any compensation).
+        depths: ``[I, N]`` camera z.
+        radii: ``[I, N, 2]`` integer bounding-box half-sizes, 0 for culled Gaussians.
+        image_shape: ``(H, W)``.
+        tile_size: tile side in pixels.
+
+    Returns:
+        ``[I, 5, H, W]``: colour (no background), expected depth ``sum_i w_i z_i`` and alpha.
+    """
+    error = cpu_rasterizer_error(means2d.dtype)
+    if error is not None:
+        raise CpuRasterizerUnavailable(f"backend='cpu' is not available: {error}")
+    height, width = image_shape
+    return _Rasterize.apply(
+        means2d, conics, colors, opacities, depths, radii, int(height), int(width), int(tile_size)
+    )
+
+
+def render_cpu(
+    gaussians,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    image_shape: tuple[int, int],
+    background: Tensor,
+    near: float | Tensor,
+    far: float | Tensor,
+    tile_size: int,
+    rasterize_mode: str = "classic",
+):
+    """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``).
+
+    In ``"antialiased"`` mode the opacities are compensated per view in PyTorch before the kernel
+    (which takes per-image opacities), so autograd carries the compensation's gradient.
+    """
+    from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
+    from models.render.output import RenderOutput
+    from models.render.projection import project_gaussians
+    from models.sh import eval_sh
+
+    batch, views = extrinsics.shape[:2]
+    num = gaussians.num_slots
+    projection = project_gaussians(
+        gaussians.means,
+        gaussians.scales,
+        gaussians.rotations,
+        world_to_camera(extrinsics),
+        intrinsics_to_pixels(intrinsics, image_shape),
+        image_shape,
+        opacities=gaussians.opacities,
+        near=near,
+        far=far,
+        calc_compensations=rasterize_mode == "antialiased",
+    )
+    valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]
+    radii = projection.radii * valid[..., None]  # [B, V, N, 2]
+    centres = extrinsics[..., :3, 3]  # [B, V, 3]
+    directions = gaussians.means[:, None] - centres[:, :, None]  # [B, V, N, 3]
+    harmonics = gaussians.harmonics[:, None].expand(-1, views, -1, -1, -1)  # [B, V, N, 3, K]
+    colors = torch.clamp_min(eval_sh(harmonics, directions) + 0.5, 0.0)  # [B, V, N, 3]
+    opacities = gaussians.opacities[:, None].expand(-1, views, -1)  # [B, V, N]
+    if projection.compensations is not None:
+        opacities = opacities * projection.compensations
+    images = batch * views
+    out = rasterize_cpu(
+        projection.means2d.reshape(images, num, 2),
+        projection.conics.reshape(images, num, 3),
+        colors.reshape(images, num, 3),
+        opacities.reshape(images, num),
+        projection.depths.reshape(images, num),
+        radii.reshape(images, num, 2),
+        image_shape,
+        tile_size,
+    ).reshape(batch, views, 5, *image_shape)
+    alpha = out[:, :, 4]
+    color = out[:, :, :3] + background[..., None, None] * (1.0 - alpha[:, :, None])
+    return RenderOutput(
+        color=color, depth=out[:, :, 3], alpha=alpha, radii=radii, means2d=projection.means2d
+    )

@@ -1,0 +1,23 @@
+"""Training: the LightningModule and one recipe per family (loss-term weights and schedules).
+
+Never imported by ``import models`` (it imports Lightning).
+"""
+
+from models.training.module import SplatLitModule, net_identity
+from models.training.recipes import (
+    Recipe,
+    ReSplatRecipe,
+    SplatWeaverRecipe,
+    ZipSplatRecipe,
+    default_recipe,
+)
+
+__all__ = [
+    "Recipe",
+    "ReSplatRecipe",
+    "SplatLitModule",
+    "SplatWeaverRecipe",
+    "ZipSplatRecipe",
+    "default_recipe",
+    "net_identity",
+]
