@@ -46,17 +46,17 @@ from einops import rearrange
 from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 
-from ..backbones.depth_trunk import DepthTrunk
-from ..backbones.dinov2 import DINOV2_SIZES
-from ..base import ModelOutput, SplatModel, check_context
-from ..gaussians import Gaussians
-from ..knobs import MAX_GAUSSIANS, Knob
-from ..layers.knn import knn
-from ..pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
-from ..registry import register_model
-from ..render import render
-from ..rotations import matrix_to_quaternion, quaternion_multiply
-from .depthsplat import official_key_to_ours as depthsplat_key
+from models.base import ModelOutput, SplatModel, check_context
+from models.families.depthsplat import official_key_to_ours as depthsplat_key
+from models.gaussians import Gaussians
+from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.backbones.depth_trunk import DepthTrunk
+from models.layers.backbones.dinov2 import DINOV2_SIZES
+from models.layers.knn import knn
+from models.registry import register_model
+from models.render import render
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "ReSplatRelease",
@@ -774,9 +774,12 @@ class ReSplatRelease(SplatModel):
         if depth.shape[-2:] != (height, width):
             depth = F.interpolate(depth, size=(height, width), mode="bilinear",
                                   align_corners=True)  # fmt: skip
-        extras = {"gaussians_per_iteration": per_iteration, "depth": depth,
-                  "iterations": iterations}  # fmt: skip
-        return ModelOutput(gaussians=final, extras=extras)
+        return ModelOutput(
+            gaussians=final,
+            depth=depth,
+            gaussians_per_iteration=per_iteration,
+            diagnostics={"iterations": iterations},
+        )
 
 
 class _PointLinear(nn.Module):
