@@ -5,7 +5,7 @@ that folder's README), rebuild the deterministic weights from the key manifest, 
 ``create_model(arch, pretrained=<file in the release's format>)`` and print the max abs error of
 every Gaussian field against the official numbers. No weights or network are needed.
 
-    python bench/official_parity.py [--port depthsplat|splatweaver_release|zipsplat_da3] [--only TAG ...]
+    python bench/official_parity.py [--port depthsplat|resplat|splatweaver_release|zipsplat_da3] [--only TAG ...]
     python bench/official_parity.py --port zipsplat_da3 --only giant   # the released giant, ~7 GB [--threads 2]
 
 One function per port (``<port>_rows(only) -> (header, rows)``) returns the table rows; add yours
@@ -233,8 +233,58 @@ def zipsplat_da3_rows(only: list[str] | None = None) -> tuple[list[str], list[li
     return header, rows
 
 
+def resplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """One row per Gaussian set (initial, then each recurrent iteration) of each recorded ReSplat
+    configuration; tolerance 1e-4 for the initial set, 1e-3 for the iterations (the official
+    loop rendering through ``models.render``, as ours does)."""
+    import resplat_release_fixtures as fx
+
+    from models import create_model, get_pretrained_cfg, list_models
+
+    fields = list(fx.FIELDS)
+    rows = []
+    for tag in fx.list_official_samples():
+        if only and tag not in only:
+            continue
+        meta, _ = fx.load_official_sample(tag)
+        arch, kwargs = fx.arch_of(meta["config"])
+        file = fx.load_manifest(meta["config"])["file"]
+        name = next(
+            n
+            for n in list_models(f"{arch}.*", pretrained=True)
+            if get_pretrained_cfg(n).hf_hub_filename == file
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "resplat-fixture.pth"
+            torch.save(fx.manifest_weights(fx.load_manifest(meta["config"])), path)
+            model = create_model(arch, pretrained=str(path), **kwargs)
+        start = time.perf_counter()
+        errors = fx.parity_errors(tag, model)
+        seconds = time.perf_counter() - start
+        del model
+        for i, e in enumerate(errors):
+            limit = TOLERANCE if i == 0 else 1e-3
+            worst = max(e[k] for k in fields)
+            rows.append(
+                [
+                    name if i == 0 else "",
+                    f"{meta['height']}x{meta['width']}" if i == 0 else "",
+                    str(meta["views"]) if i == 0 else "",
+                    "initial" if i == 0 else f"iteration {i}",
+                    *(f"{e[k]:.1e}" for k in fields),
+                    f"{e['depth']:.1e}" if "depth" in e else "",
+                    "yes" if worst <= limit else "NO",
+                    f"{seconds:.1f}" if i == 0 else "",
+                ]
+            )
+    header = ["weights (architecture.tag)", "input", "views", "set", *fields, "depth",
+              "<= 1e-4 / 1e-3", "port s (all sets)"]  # fmt: skip
+    return header, rows
+
+
 PORTS = {
     "depthsplat": depthsplat_rows,
+    "resplat": resplat_rows,
     "splatweaver_release": splatweaver_release_rows,
     "zipsplat_da3": zipsplat_da3_rows,
 }
@@ -259,7 +309,7 @@ def main() -> int:
     failed = False
     for port in args.port or sorted(PORTS):
         print(f"\n{port}: max abs error against the official implementation\n")
-        if port == "depthsplat":
+        if port in ("depthsplat", "resplat"):
             print("(depth: z-depth, not a Gaussian field; rotations as world rotation matrices)\n")
         header, rows = PORTS[port](args.only)
         print_table(header, rows)

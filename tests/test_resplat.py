@@ -67,7 +67,9 @@ def _render_loss(gaussians, context) -> torch.Tensor:
 
 
 def test_registry(fresh: ReSplat) -> None:
-    assert {"resplat_tiny", "resplat_small", "resplat_base"} <= set(list_models(family="resplat"))
+    assert {"resplat_tiny", "resplat_vit_small", "resplat_vit_base"} <= set(
+        list_models(family="resplat")
+    )
     assert fresh.family == "resplat" and not fresh.pose_free
     config = model_config(fresh, "resplat_tiny")
     assert config["init_checkpoint"] is None and config["iterations"] == 2

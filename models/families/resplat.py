@@ -62,8 +62,8 @@ __all__ = [
     "encode_gaussians",
     "decode_gaussians",
     "resplat_tiny",
-    "resplat_small",
-    "resplat_base",
+    "resplat_vit_small",
+    "resplat_vit_base",
 ]
 
 DOWNSAMPLE = 4  # one Gaussian per 4x4 pixels
@@ -645,13 +645,13 @@ def resplat_tiny(**kwargs) -> ReSplat:
 
 
 @register_model
-def resplat_small(**kwargs) -> ReSplat:
+def resplat_vit_small(**kwargs) -> ReSplat:
     """ReSplat with a ViT-S/14 backbone (DINOv2 shape; ``pretrained_backbone=True`` loads it)."""
     return ReSplat(**{**_SMALL, **kwargs})
 
 
 @register_model
-def resplat_base(**kwargs) -> ReSplat:
+def resplat_vit_base(**kwargs) -> ReSplat:
     """ReSplat with a ViT-B/14 backbone (DINOv2 shape; ``pretrained_backbone=True`` loads it)."""
     return ReSplat(**{**_BASE, **kwargs})
 

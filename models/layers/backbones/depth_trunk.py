@@ -405,6 +405,11 @@ class DepthTrunk(nn.Module):
         transformer_depth: cross-view transformer blocks.
         mono_layers: ViT blocks feeding the DPTs (``None``: Depth Anything V2's for ``vit``).
         dpt: ``{"depth_features", "features", "out_channels"}`` (``None``: the ``vit``'s).
+        log_depth: candidates uniform in log depth between ``near`` and ``far`` instead of in
+            inverse depth (ReSplat's depth models; one cost-volume scale only).
+        max_vit_width: the ViT input is at most this wide (ReSplat: 560; ``None``: no bound).
+        wide_attn_splits: the transformer uses 4 windows per side above 96 feature columns and
+            8 above 192 (ReSplat; the position code keeps 2).
     """
 
     def __init__(
@@ -419,8 +424,16 @@ class DepthTrunk(nn.Module):
         transformer_depth: int = 6,
         mono_layers: tuple[int, ...] | None = None,
         dpt: dict | None = None,
+        log_depth: bool = False,
+        max_vit_width: int | None = None,
+        wide_attn_splits: bool = False,
     ) -> None:
         super().__init__()
+        if log_depth and num_scales != 1:
+            raise ValueError("log_depth supports one cost-volume scale")
+        self.log_depth = log_depth
+        self.max_vit_width = max_vit_width
+        self.wide_attn_splits = wide_attn_splits
         if isinstance(vit, str):
             if vit not in DINOV2_SIZES:
                 raise ValueError(f"vit must be one of {sorted(DINOV2_SIZES)}, got {vit!r}")
@@ -497,30 +510,40 @@ class DepthTrunk(nn.Module):
         Returns:
             ``depth [B, V, H, W]`` (z-depth), ``match_prob [BV, D, h, w]`` (last scale), the CNN
             stages ``cnn`` (highest resolution first), ``match`` (transformer features per scale,
-            highest first), ``mono`` (the four ViT maps at 1/8).
+            highest first), ``mono`` (the four ViT maps at 1/8), ``raw_mono`` (the same maps at
+            the ViT's own 1/14 grid).
         """
         b, v, _, height, width = images.shape
         x = ((images - self.mean) / self.std).flatten(0, 1)  # [BV, 3, H, W]
+        # the candidates' range: inverse depth [1/far, 1/near], or log depth [log near, log far]
+        # (the latter computed from the inverses, as the release does)
         inv_min = (1.0 / far).reshape(b * v, 1, 1, 1)
         inv_max = (1.0 / near).reshape(b * v, 1, 1, 1)
+        if self.log_depth:
+            inv_min, inv_max = torch.log(1.0 / inv_max), torch.log(1.0 / inv_min)
 
         cnn = self.cnn(x)  # 1/2, 1/2|1/4, 1/4|1/8
         low = cnn[2]
         pos = window_sine_embedding(self.match_dim, *low.shape[-2:], 2, low.device, low.dtype)
-        match = self.matcher((low + pos).unflatten(0, (b, v)), 2, neighbours).flatten(0, 1)
+        splits = 2
+        if self.wide_attn_splits:
+            splits = 8 if low.shape[-1] > 192 else 4 if low.shape[-1] > 96 else 2
+        match = self.matcher((low + pos).unflatten(0, (b, v)), splits, neighbours).flatten(0, 1)
         match_scales = self.match_pyramid(match) if self.num_scales > 1 else [match]
 
         rh, rw = height // 14 * 14, width // 14 * 14
+        if self.max_vit_width is not None and width > self.max_vit_width:
+            rw = self.max_vit_width // 14 * 14
+            rh = int(height / width * self.max_vit_width) // 14 * 14
         vit_in = F.interpolate(x, (rh, rw), mode="bilinear", align_corners=True)
         tokens = self.backbone.intermediate_tokens(vit_in, self.mono_layers)
-        mono = [
-            F.interpolate(
-                t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous(),
-                (height // 8, width // 8),
-                mode="bilinear",
-                align_corners=True,
-            )
+        raw_mono = [
+            t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous()
             for t in tokens
+        ]
+        mono = [
+            F.interpolate(t, (height // 8, width // 8), mode="bilinear", align_corners=True)
+            for t in raw_mono
         ]
         mono_last = mono[-1]
         if self.lowest_resolution == 4:
@@ -571,7 +594,9 @@ class DepthTrunk(nn.Module):
                 src,
                 k[:, :, None].expand(b, v, m, 3, 3).flatten(0, 2),
                 pose.flatten(0, 2),
-                (1.0 / candidates)[:, None].expand(b * v, m, count, h, w).flatten(0, 1),
+                (candidates.exp() if self.log_depth else 1.0 / candidates)[:, None]
+                .expand(b * v, m, count, h, w)
+                .flatten(0, 1),
             )
             cost = cost.view(b * v, m, count, h, w).mean(1)
             inputs = torch.cat([cost, cnn[2 - s], feats, mono_scales[s]], dim=1)
@@ -583,6 +608,7 @@ class DepthTrunk(nn.Module):
             inv_depth, scale_factor=self.upsample_factor, mode="bilinear", align_corners=True
         )
         inv_depth = torch.maximum(torch.minimum(inv_depth + residual, inv_max), inv_min)
-        depth = (1.0 / inv_depth[:, 0]).unflatten(0, (b, v))  # [B, V, H, W]
+        depth = inv_depth[:, 0].exp() if self.log_depth else 1.0 / inv_depth[:, 0]
+        depth = depth.unflatten(0, (b, v))  # [B, V, H, W]
         return {"depth": depth, "match_prob": prob, "cnn": cnn, "match": match_scales[::-1],
-                "mono": mono}  # fmt: skip
+                "mono": mono, "raw_mono": raw_mono}  # fmt: skip

@@ -139,7 +139,13 @@ def _shift_mask(h: int, w: int, splits: int, device) -> Tensor:
 
 
 def window_attention(
-    q: Tensor, k: Tensor, v: Tensor, splits: int, shift: bool, mask: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    splits: int,
+    shift: bool,
+    mask: Tensor | None,
+    fused: bool = False,
 ) -> Tensor:
     """Single-head attention within windows, keys from ``M`` views.
 
@@ -149,6 +155,8 @@ def window_attention(
         splits: windows per side.
         shift: cyclically shift by half a window first (and back after), with ``mask``.
         mask: ``[s^2, L, L]`` shift mask.
+        fused: ``scaled_dot_product_attention`` instead of explicit matmuls (ReSplat's release;
+            float32 numbers differ by ~1e-6).
 
     Keys of one window are ordered position-major, view-minor, and the shift mask is tiled over
     the key axis view-major -- the layout of the released UniMatch/DepthSplat code (for ``M > 1``
@@ -172,11 +180,16 @@ def window_attention(
     bias = None
     if shift:
         bias = mask.repeat(n, 1, m).to(q.dtype)  # [N s^2, L, L * M]
-    # explicit matmuls (not fused attention): the release's float32 numbers to ~1e-7
-    scores = torch.matmul(qw, kw.transpose(1, 2)) / c**0.5  # [N s^2, L, L * M]
-    if bias is not None:
-        scores = scores + bias
-    out = torch.matmul(torch.softmax(scores, dim=-1), vw)
+    if fused:
+        out = F.scaled_dot_product_attention(
+            qw[:, None], kw[:, None], vw[:, None], attn_mask=None if bias is None else bias[:, None]
+        )[:, 0]
+    else:
+        # explicit matmuls (not fused attention): DepthSplat's float32 numbers to ~1e-7
+        scores = torch.matmul(qw, kw.transpose(1, 2)) / c**0.5  # [N s^2, L, L * M]
+        if bias is not None:
+            scores = scores + bias
+        out = torch.matmul(torch.softmax(scores, dim=-1), vw)
     out = _from_windows(out, splits, h, w)
     if shift:
         out = torch.roll(out, shifts=(sh, sw), dims=(1, 2))
@@ -193,6 +206,7 @@ class _AttentionLayer(nn.Module):
         self.v = nn.Linear(dim, dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
         self.norm = nn.LayerNorm(dim)
+        self.fused = False  # scaled_dot_product_attention (ReSplat's release sets it)
         self.mlp = None
         if mlp:
             hidden = 2 * dim * mlp_ratio
@@ -207,7 +221,9 @@ class _AttentionLayer(nn.Module):
         self, x: Tensor, context: Tensor, splits: int, shift: bool, mask: Tensor | None
     ) -> Tensor:
         """``x [N, H, W, C]`` attends to ``context [N, M, H, W, C]``."""
-        message = window_attention(self.q(x), self.k(context), self.v(context), splits, shift, mask)
+        message = window_attention(
+            self.q(x), self.k(context), self.v(context), splits, shift, mask, self.fused
+        )
         message = self.norm(self.out(message))
         if self.mlp is not None:
             message = self.mlp_norm(self.mlp(torch.cat([x, message], dim=-1)))

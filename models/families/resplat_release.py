@@ -1,0 +1,1022 @@
+"""ReSplat's released models (Xu, Barath, Geiger, Pollefeys; arXiv 2510.08575), re-implemented.
+
+The official code is commit ``cc4594a`` ("resplat release", 2026-03-24); the files are on the
+Hub at ``haofeixu/resplat``. Family ``"resplat"`` (as the project's own ``resplat_tiny``): a
+compact initial set, then a weight-shared recurrent update driven by the rendering error on the
+context views; ``iterations=K`` is the forward knob (0: the initial set) and every iteration's
+Gaussians are in ``extras["gaussians_per_iteration"]``.
+
+Initial model (one Gaussian per ``latent_downsample x latent_downsample`` pixels, times
+``gaussians_per_latent``):
+
+1. DepthSplat's multi-view depth trunk (``models.backbones.depth_trunk``) with 128 candidates
+   uniform in *log* depth between ``near`` and ``far``, the ViT input at most 560 wide, and wider
+   transformer windows at high resolution;
+2. the four raw ViT maps resized to 1/16 and pixel-shuffled, the CNN stages and the transformer
+   features brought to the latent grid, concatenated with the pixel-unshuffled image, the latent
+   depth and the match confidence, then a 2-conv regressor;
+3. a linear projection and a point transformer over the lifted latent pixels (6 blocks of kNN
+   attention, k=16, each followed by a low-resolution global attention over all views);
+4. an MLP head: per Gaussian a camera-frame quaternion (xyzw), ``clamp(softplus(s - 4), 1e-6,
+   max_scale)`` scales, a sigmoid opacity, a sub-pixel ray offset and degree-3 SH whose DC starts
+   at the (area-downsampled) pixel colour; the SH is *not* rotated to the world frame (the
+   release's ``no_rotate_sh``).
+
+Recurrent update, for ``i = 0 .. iterations - 1`` (weights shared):
+
+1. render the context views (``models.render``, black background, the release's
+   antialiased mode with ``eps2d = 0.1`` when the renderer has it);
+2. error = frozen ResNet-18 features (conv1, layer1, layer2, resized to the Gaussian grid) of the
+   render minus those of the input, plus a linear projection of the RGB error; a global
+   low-resolution attention over all views;
+3. ``state += PointTransformer(Linear([mean, scale, raw quaternion, opacity logit, SH | state |
+   error]))`` (4 blocks of kNN attention, k=8, around the current means);
+4. an MLP maps the state to additive deltas of those raw parameters.
+
+The kNN is the project's exact one (``models.layers.knn``), any device.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from timm.models.vision_transformer import Block
+from torch import Tensor, nn
+
+from models.base import ModelOutput, SplatModel, check_context
+from models.families.depthsplat import official_key_to_ours as depthsplat_key
+from models.gaussians import Gaussians
+from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.backbones.depth_trunk import DepthTrunk
+from models.layers.backbones.dinov2 import DINOV2_SIZES
+from models.layers.knn import knn
+from models.registry import register_model
+from models.render import render
+from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+
+__all__ = [
+    "ReSplatRelease",
+    "checkpoint_filter_fn",
+    "resplat_base",
+    "resplat_large",
+    "resplat_small",
+    "resplat_release_tiny",
+]
+
+SH_DEGREE = 3
+D_SH = (SH_DEGREE + 1) ** 2
+RAW_DIM = 4 + 3 + 1 + 2 + 3 * D_SH  # quaternion, scale, opacity, offset, SH (58)
+STATE_PARAMS = 3 + 3 + 4 + 1 + 3 * D_SH  # mean, scale, quaternion, opacity logit, SH (59)
+RESNET_DIM = 64 + 64 + 128
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MIN_SCALE = 1e-6
+# memory the kNN and the attention may use before a run is refused (bytes), see _check_budget
+DEFAULT_MEMORY_BUDGET = 24 * 2**30
+
+
+# ----------------------------------------------------------------------------- point layers
+class KNNAttention(nn.Module):
+    """Single-head attention of each point over its k nearest points (query projected to
+    ``proj_dim``; the point itself is one of its neighbours)."""
+
+    def __init__(self, dim: int, proj_dim: int) -> None:
+        super().__init__()
+        self.proj_dim = proj_dim
+        self.qkv = nn.Linear(dim, 3 * proj_dim, bias=False)
+        self.proj = nn.Linear(proj_dim, dim)
+
+    def forward(self, x: Tensor, index: Tensor, chunk: int = 1 << 16) -> Tensor:
+        """``x [M, C]``, ``index [M, K]`` (rows of ``x``) -> ``[M, C]``."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [M, P] each
+        scale = self.proj_dim**-0.5
+        out = []
+        for start in range(0, x.shape[0], chunk):
+            idx = index[start : start + chunk]
+            keys, values = k[idx], v[idx]  # [m, K, P]
+            scores = torch.matmul(q[start : start + chunk, None], keys.transpose(1, 2)) * scale
+            out.append(torch.matmul(torch.softmax(scores, dim=2), values)[:, 0])
+        return self.proj(torch.cat(out, dim=0))
+
+
+class _Mlp(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class KNNBlock(nn.Module):
+    """Pre-norm transformer block with kNN attention."""
+
+    def __init__(self, dim: int, proj_dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = KNNAttention(dim, proj_dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = _Mlp(dim)
+
+    def forward(self, x: Tensor, index: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x), index)
+        return x + self.mlp(self.norm2(x))
+
+
+class LowResViewAttention(nn.Module):
+    """Global attention over all views at 1/4 of a grid: pixel-unshuffle 4x4, project, a plain
+    ViT block over the tokens of every view, project back, pixel-shuffle, a 3x3 conv, residual."""
+
+    def __init__(self, dim: int, down: int = 4) -> None:
+        super().__init__()
+        self.down = down
+        self.proj1 = nn.Linear(dim * down**2, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.proj2 = nn.Linear(dim, dim * down**2)
+        self.norm2 = nn.LayerNorm(dim * down**2)
+        self.conv = nn.Conv2d(dim, dim, 3, padding=1)
+        heads = 4
+        if dim % 32 != 0 and dim % 16 == 0:
+            heads = 2
+        if dim in (3, 48):
+            heads = 1
+        self.attn = Block(dim, heads, qkv_bias=False)
+
+    def forward(self, x: Tensor, views: int, h: int, w: int) -> Tensor:
+        """``x [B, V*h*w, C]`` -> same."""
+        residual = x
+        y = rearrange(x, "b (v h w) c -> (b v) c h w", v=views, h=h, w=w)
+        y = F.pixel_unshuffle(y, self.down)
+        y = rearrange(y, "(b v) c h w -> b (v h w) c", v=views)
+        y = self.attn(self.norm1(self.proj1(y)))
+        y = self.norm2(self.proj2(y))
+        y = rearrange(y, "b (v h w) c -> (b v) c h w", v=views, h=h // self.down, w=w // self.down)
+        y = self.conv(F.pixel_shuffle(y, self.down))
+        return rearrange(y, "(b v) c h w -> b (v h w) c", v=views) + residual
+
+
+class PointTransformer(nn.Module):
+    """kNN-attention blocks over a point cloud, optionally each followed by a global
+    low-resolution attention over all views (the initial model's)."""
+
+    def __init__(self, dim: int, k: int, blocks: int, proj_dim: int, with_views: bool) -> None:
+        super().__init__()
+        self.k = k
+        self.blocks = nn.ModuleList([KNNBlock(dim, proj_dim) for _ in range(blocks)])
+        self.mv_blocks = (
+            nn.ModuleList([LowResViewAttention(dim) for _ in range(blocks)]) if with_views else None
+        )
+
+    def forward(
+        self, points: Tensor, x: Tensor, grid: tuple[int, int, int] | None, knn_method: str
+    ) -> Tensor:
+        """``points [B, N, 3]``, ``x [B*N, C]``; ``grid = (V, h, w)`` of the global attention."""
+        b, n = points.shape[:2]
+        index = knn(points, self.k, method=knn_method)  # [B, N, k]
+        index = (index + n * torch.arange(b, device=index.device).view(b, 1, 1)).flatten(0, 1)
+        for i, block in enumerate(self.blocks):
+            x = block(x, index)
+            if self.mv_blocks is not None:
+                v, h, w = grid
+                x = self.mv_blocks[i](x.view(b, n, -1), v, h, w).flatten(0, 1)
+        return x
+
+
+class FrozenResNet18(nn.Module):
+    """torchvision's ResNet-18 stem, layer1 and layer2 (ImageNet weights in the release), always
+    in eval mode; returns conv1's output (before batch norm), layer1's and layer2's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None)
+        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
+        self.layer1, self.layer2 = net.layer1, net.layer2
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> FrozenResNet18:
+        return super().train(False)
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        a = self.conv1(x)
+        b = self.layer1(self.maxpool(self.relu(self.bn1(a))))
+        return [a, b, self.layer2(b)]
+
+
+# ----------------------------------------------------------------------------- geometry helpers
+def _grid(h: int, w: int, device, dtype) -> Tensor:
+    """Pixel centres ``[h*w, 2]`` (x, y) in (0, 1), row-major."""
+    ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) / h
+    xs = (torch.arange(w, device=device, dtype=dtype) + 0.5) / w
+    y, x = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack([x, y], dim=-1).reshape(h * w, 2)
+
+
+def _lift(xy: Tensor, depth: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> Tensor:
+    """World points of normalised pixels ``xy [B, V, N, 2]`` at z-depth ``depth [B, V, N]``."""
+    ones = torch.ones_like(xy[..., :1])
+    k_inv = torch.linalg.inv(intrinsics)[:, :, None]  # [B, V, 1, 3, 3]
+    dirs = (k_inv @ torch.cat([xy, ones], dim=-1)[..., None])[..., 0]
+    dirs = dirs / dirs[..., -1:]
+    dirs = (extrinsics[:, :, None, :3, :3] @ dirs[..., None])[..., 0]
+    return extrinsics[:, :, None, :3, 3] + dirs * depth[..., None]
+
+
+def _quat_matrix_xyzw(q: Tensor, eps: float = 1e-8) -> Tensor:
+    """Rotation matrices of (not necessarily unit) xyzw quaternions (the release's formula)."""
+    i, j, k, r = q.unbind(-1)
+    two_s = 2 / ((q * q).sum(-1) + eps)
+    return torch.stack(
+        [
+            1 - two_s * (j * j + k * k), two_s * (i * j - k * r), two_s * (i * k + j * r),
+            two_s * (i * j + k * r), 1 - two_s * (i * i + k * k), two_s * (j * k - i * r),
+            two_s * (i * k - j * r), two_s * (j * k + i * r), 1 - two_s * (i * i + j * j),
+        ],
+        dim=-1,
+    ).reshape(*q.shape[:-1], 3, 3)  # fmt: skip
+
+
+def _rgb_to_sh(rgb: Tensor) -> Tensor:
+    return (rgb - 0.5) / 0.28209479177387814
+
+
+class RawState:
+    """The release's Gaussian parameters: means ``[B, N, 3]``, scales, camera-frame raw
+    quaternions (xyzw), opacity logits ``[B, N, 1]``, flattened SH ``[B, N, 3*16]``
+    (channel-major). Gaussian ``n`` belongs to view ``n // (N / V)``."""
+
+    def __init__(self, means, scales, quats, opacity_logits, sh) -> None:
+        self.means, self.scales, self.quats = means, scales, quats
+        self.opacity_logits, self.sh = opacity_logits, sh
+
+    def flat(self) -> Tensor:
+        return torch.cat(
+            [self.means, self.scales, self.quats, self.opacity_logits, self.sh], dim=-1
+        )
+
+    def gaussians(self, extrinsics: Tensor, opacities: Tensor | None = None) -> Gaussians:
+        """World-frame Gaussians (wxyz quaternions: the view's camera rotation times the
+        camera-frame one); ``opacities`` overrides ``sigmoid(logits)``."""
+        b, n = self.means.shape[:2]
+        v = extrinsics.shape[1]
+        unit = self.quats / (self.quats.norm(dim=-1, keepdim=True) + 1e-8)
+        cam_wxyz = torch.cat([unit[..., 3:], unit[..., :3]], dim=-1).view(b, v, n // v, 4)
+        c2w = matrix_to_quaternion(extrinsics[..., :3, :3])[:, :, None]  # [B, V, 1, 4]
+        world = quaternion_multiply(c2w.expand_as(cam_wxyz), cam_wxyz).reshape(b, n, 4)
+        if opacities is None:
+            opacities = torch.sigmoid(self.opacity_logits[..., 0])
+        return Gaussians(
+            means=self.means,
+            scales=self.scales,
+            rotations=F.normalize(world, dim=-1),
+            opacities=opacities,
+            harmonics=self.sh.reshape(b, n, 3, D_SH),
+        )
+
+
+# ----------------------------------------------------------------------------- the model
+class ReSplatRelease(SplatModel):
+    """ReSplat's released architecture: posed images in, a compact Gaussian set refined by
+    ``iterations`` recurrent updates out.
+
+    Args:
+        vit: DINOv2 size of the depth trunk (``"vits"``, ``"vitb"``, ``"vitl"``) or ``"custom"``
+            with ``vit_dim``/``vit_depth``/``vit_heads``/``mono_layers``/``dpt_*`` (test sizes).
+        lowest_resolution: image / cost-volume resolution (8: the DL3DV files; 4: RE10K's).
+        num_candidates: log-depth candidates.
+        unet_dim, transformer_depth: the depth trunk's U-Net width and transformer blocks.
+        regressor_dim: channels of the regressor, the projection and the point transformer.
+        latent_downsample: pixels per latent side (4: DL3DV files, 2: RE10K's).
+        gaussians_per_latent: Gaussians per latent pixel, 1 or 4 (RE10K's: 2x2 sub-pixels).
+        knn_k, init_blocks, attn_proj_dim: the initial point transformer.
+        refine: whether the file has the recurrent update (the large model has none).
+        state_dim, refine_k, refine_blocks, error_attn_blocks: the recurrent update.
+        max_scale: upper clamp of the initial scales (1; the 540x960 file: 3).
+        depth_half_res: run the depth trunk at half resolution (the 540x960 file).
+        near, far: depth range when the context has none (the release's 0.01 / 100; DL3DV 200).
+        local_mv_match: with more than 3 views each view matches its this many nearest views.
+        iterations: refinement iterations when the forward is not told (the release's eval: 2).
+        knn_method: ``models.layers.knn`` method.
+        render_backend: ``models.render`` backend of the update's renders.
+        memory_budget_gb: refuse a context whose kNN/attention would need more (see
+            ``max_views``).
+        vit_dim, vit_depth, vit_heads, mono_layers, dpt_depth_features, dpt_features,
+            dpt_out_channels: ``vit="custom"`` only.
+    """
+
+    family = "resplat"
+    pose_free = False
+    min_views = 2
+
+    def __init__(
+        self,
+        *,
+        vit: str = "vitb",
+        lowest_resolution: int = 8,
+        num_candidates: int = 128,
+        unet_dim: int = 128,
+        transformer_depth: int = 6,
+        regressor_dim: int = 512,
+        latent_downsample: int = 4,
+        gaussians_per_latent: int = 1,
+        knn_k: int = 16,
+        init_blocks: int = 6,
+        attn_proj_dim: int = 64,
+        refine: bool = True,
+        state_dim: int = 512,
+        refine_k: int = 8,
+        refine_blocks: int = 4,
+        error_attn_blocks: int = 1,
+        max_scale: float = 1.0,
+        depth_half_res: bool = False,
+        near: float = 0.01,
+        far: float = 100.0,
+        local_mv_match: int = 2,
+        iterations: int = 2,
+        knn_method: str = "auto",
+        render_backend: str = "auto",
+        memory_budget_gb: float = 24.0,
+        vit_dim: int | None = None,
+        vit_depth: int | None = None,
+        vit_heads: int | None = None,
+        mono_layers: list[int] | None = None,
+        dpt_depth_features: int | None = None,
+        dpt_features: int | None = None,
+        dpt_out_channels: list[int] | None = None,
+    ) -> None:
+        super().__init__()
+        if (latent_downsample, gaussians_per_latent) not in ((4, 1), (2, 4)):
+            raise ValueError(
+                "(latent_downsample, gaussians_per_latent) must be (4, 1) (the DL3DV files) or "
+                f"(2, 4) (the RE10K file), got ({latent_downsample}, {gaussians_per_latent})"
+            )
+        if lowest_resolution not in (4, 8):
+            raise ValueError(f"lowest_resolution must be 4 or 8, got {lowest_resolution}")
+        if not 0 < near < far:
+            raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
+        if iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {iterations}")
+        if vit == "custom":
+            needed = dict(vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
+                          mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
+                          dpt_features=dpt_features, dpt_out_channels=dpt_out_channels)  # fmt: skip
+            missing = [k for k, value in needed.items() if value is None]
+            if missing:
+                raise ValueError(f"vit='custom' needs {', '.join(missing)}")
+            vit_spec: str | tuple = (vit_dim, vit_depth, vit_heads)
+            dpt = {"depth_features": dpt_depth_features, "features": dpt_features,
+                   "out_channels": tuple(dpt_out_channels)}  # fmt: skip
+            embed = vit_dim
+        elif vit in DINOV2_SIZES:
+            vit_spec, dpt, embed = vit, None, DINOV2_SIZES[vit][0]
+        else:
+            raise ValueError(f"vit must be 'vits', 'vitb', 'vitl' or 'custom', got {vit!r}")
+        self.latent_downsample = latent_downsample
+        self.gaussians_per_latent = gaussians_per_latent
+        self.lowest_resolution = lowest_resolution
+        self.max_scale = max_scale
+        self.depth_half_res = depth_half_res
+        self.near, self.far = near, far
+        self.local_mv_match = local_mv_match
+        self.iterations = iterations
+        self.knn_method = knn_method
+        self.render_backend = render_backend
+        self.memory_budget_gb = memory_budget_gb
+        self.refine = refine
+        self.knn_k, self.refine_k = knn_k, refine_k
+        # the depth trunk's own upsampling factor: the last cost volume is at 1/lowest_resolution
+        self.depth_predictor = DepthTrunk(
+            vit_spec,
+            num_scales=1,
+            upsample_factor=lowest_resolution,
+            lowest_resolution=lowest_resolution,
+            num_candidates=num_candidates,
+            unet_dim=unet_dim,
+            transformer_depth=transformer_depth,
+            mono_layers=tuple(mono_layers) if mono_layers is not None else None,
+            dpt=dpt,
+            log_depth=True,
+            max_vit_width=560,
+            wide_attn_splits=True,
+        )
+        # the release's DINOv2 attends through scaled_dot_product_attention (DepthSplat's
+        # through explicit softmax, which models.backbones.dinov2 reproduces by default)
+        for block in self.depth_predictor.backbone.blocks:
+            block.attn.fused_attn = True
+        for layer in self.depth_predictor.matcher.modules():  # and its UniMatch transformer too
+            if hasattr(layer, "fused"):
+                layer.fused = True
+        match_dim = 128
+        if latent_downsample == 4:
+            features = embed // 4 + 64 + 96 + 128 + match_dim
+        elif lowest_resolution == 8:
+            features = embed // 64 * 4 + 64 + 96 // 4 + 128 // 16 + match_dim // 16
+        else:
+            features = embed // 64 * 4 + 64 + 96 + 128 // 4 + match_dim // 4
+        self.feature_dim = features
+        image_dim = 3 * latent_downsample**2
+        c = regressor_dim
+        self.gaussian_regressor = nn.Sequential(
+            nn.Conv2d(image_dim + 1 + 1 + features, c, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(c, c, 3, padding=1),
+        )
+        self.proj = nn.Linear(c + image_dim + features + 1, c)
+        self.pt = PointTransformer(c, knn_k, init_blocks, attn_proj_dim, with_views=True)
+        out = RAW_DIM * gaussians_per_latent
+        self.gaussian_head = nn.Sequential(nn.Linear(c, out), nn.GELU(), nn.Linear(out, out))
+        # the release's initialisation: only the quaternions start random
+        nn.init.zeros_(self.gaussian_head[-1].weight[4 * gaussians_per_latent :])
+        nn.init.zeros_(self.gaussian_head[-1].bias[4 * gaussians_per_latent :])
+        if refine:
+            self.update_proj = nn.Conv2d(c, state_dim, 1)
+            rgb_in = 3 if gaussians_per_latent == 4 else 3 * latent_downsample**2
+            self.update_rgb_error_proj = nn.Sequential(
+                nn.Linear(rgb_in, RESNET_DIM), nn.LayerNorm(RESNET_DIM)
+            )
+            self.update_module = nn.Sequential(
+                _PointLinear(STATE_PARAMS + state_dim + RESNET_DIM, state_dim),
+                PointTransformer(state_dim, refine_k, refine_blocks, attn_proj_dim, False),
+            )
+            layers: list[nn.Module] = []
+            for _ in range(3):
+                layers += [nn.Linear(state_dim, state_dim), nn.GELU()]
+            self.update_head = nn.Sequential(*layers, nn.Linear(state_dim, STATE_PARAMS))
+            nn.init.zeros_(self.update_head[-1].weight)
+            nn.init.zeros_(self.update_head[-1].bias)
+            self.update_feature = FrozenResNet18()
+            self.update_error_attn = nn.ModuleList(
+                [LowResViewAttention(RESNET_DIM) for _ in range(error_attn_blocks)]
+            )
+        self.register_buffer("rgb_mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), False)
+        self.register_buffer("rgb_std", torch.tensor(IMAGENET_STD).view(3, 1, 1), False)
+
+    # ------------------------------------------------------------------ sizes and budgets
+    @property
+    def divisor(self) -> int:
+        """``H`` and ``W`` must be multiples of this (windows, U-Net, 4x4 global attention)."""
+        trunk = self.lowest_resolution * 4 * (2 if self.depth_half_res else 1)
+        return max(trunk, self.latent_downsample * 4 * 4)
+
+    def gaussians_per_view(self, height: int, width: int) -> int:
+        return height * width // self.latent_downsample**2 * self.gaussians_per_latent
+
+    def memory_estimate(self, views: int, height: int, width: int, iterations: int) -> int:
+        """Rough peak bytes of a forward (float32): the weights, the kNN's gathered neighbours,
+        the global attentions' token arrays, the per-point and per-Gaussian activations, times a
+        1.5 margin, plus 1 GiB (the depth trunk at these sizes and Python). A model of the
+        code's largest arrays, checked against ``bench/resplat_speed.py``'s peak memory."""
+        latent = views * height * width // self.latent_downsample**2
+        n = latent * self.gaussians_per_latent if iterations > 0 else latent
+        c = self.gaussian_regressor[0].out_channels
+        tokens = latent // 16
+        # global attentions run through scaled_dot_product_attention, whose CPU and CUDA kernels
+        # do not hold the score matrix: a few token-by-channel arrays
+        attention = 4 * tokens * c * 16 * 4
+        knn_gather = 4 * latent * self.knn_k * 64 * 3
+        per_point = 4 * latent * (c * 12 + self.feature_dim * 2)
+        update = 0
+        if iterations > 0 and self.refine:
+            update = 4 * n * (4 * 512 + self.refine_k * 64 * 3 + RESNET_DIM * 4)
+            update += 4 * (n // 16) * RESNET_DIM * 16 * 4
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        return int(1.5 * (attention + knn_gather + per_point + update)) + weights + 2**30
+
+    def max_views(self, height: int, width: int, iterations: int | None = None) -> int:
+        """The most context views whose forward fits ``memory_budget_gb``."""
+        iterations = self.iterations if iterations is None else iterations
+        budget = self.memory_budget_gb * 2**30
+        views = 1
+        while views < 4096 and self.memory_estimate(views + 1, height, width, iterations) <= budget:
+            views += 1
+        return views
+
+    def _check(self, b: int, v: int, h: int, w: int, iterations: int) -> None:
+        if v < 2:
+            raise ValueError(f"ReSplat needs at least 2 context views, got {v}")
+        d = self.divisor
+        if h % d or w % d:
+            raise ValueError(
+                f"image size {h}x{w}: height and width must be multiples of {d} for this model"
+            )
+        if h > w:
+            raise ValueError(f"image size {h}x{w}: ReSplat's depth trunk needs height <= width")
+        if self.memory_estimate(v, h, w, iterations) * b > self.memory_budget_gb * 2**30:
+            fit = self.max_views(h, w, iterations)
+            raise ValueError(
+                f"{v} views of {h}x{w} need more than memory_budget_gb={self.memory_budget_gb:g} "
+                f"for the kNN/attention of {iterations} iteration(s): at most {fit} view(s) fit "
+                "(pass fewer views, a smaller size, or raise memory_budget_gb)"
+            )
+
+    # ------------------------------------------------------------------ initial model
+    def _neighbours(self, extrinsics: Tensor) -> Tensor | None:
+        if extrinsics.shape[1] <= 3:
+            return None
+        centres = extrinsics[:, :, :3, 3]
+        return torch.argsort(torch.cdist(centres, centres, p=2))[:, :, : self.local_mv_match + 1]
+
+    def _depth(self, images, intrinsics, extrinsics, near, far) -> dict:
+        neighbours = self._neighbours(extrinsics)
+        if not self.depth_half_res:
+            return self.depth_predictor(images, intrinsics, extrinsics, near, far, neighbours)
+        b, v = images.shape[:2]
+        half = F.interpolate(images.flatten(0, 1), scale_factor=0.5, mode="bilinear",
+                             align_corners=True).unflatten(0, (b, v))  # fmt: skip
+        out = self.depth_predictor(half, intrinsics, extrinsics, near, far, neighbours)
+
+        def up(x: Tensor) -> Tensor:
+            return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+
+        out = dict(out)
+        for key in ("cnn", "match", "mono", "raw_mono"):
+            out[key] = [up(x) for x in out[key]]
+        out["match_prob"] = up(out["match_prob"])
+        return out
+
+    def initial(self, context: dict[str, Tensor]) -> tuple[RawState, Tensor, Tensor]:
+        """The initial set: ``(raw state, condition features [BV, C, h, w], depth [B, V, H, W])``."""
+        images = context["image"]
+        extrinsics, intrinsics = context["extrinsics"], context["intrinsics"]
+        b, v, _, height, width = images.shape
+        near, far = self._depth_range(context, b, v, images)
+        trunk = self._depth(images, intrinsics, extrinsics, near, far)
+        depth = trunk["depth"]  # [B, V, H', W'] (H/2 with depth_half_res)
+        ld, m = self.latent_downsample, self.gaussians_per_latent
+        mono = [
+            F.interpolate(x, size=(height // 16, width // 16), mode="bilinear", align_corners=True)
+            for x in trunk["raw_mono"]
+        ]
+        cnn = list(trunk["cnn"])  # highest resolution first
+        match = trunk["match"][0]
+        if ld == 4:
+            mono = torch.cat([F.pixel_shuffle(x, 4) for x in mono], dim=1)
+            size = (height // 4, width // 4)
+            cnn = torch.cat(
+                [F.interpolate(x, size=size, mode="bilinear", align_corners=True) for x in cnn],
+                dim=1,
+            )
+            if match.shape[-2:] != size:
+                match = F.interpolate(match, size=size, mode="bilinear", align_corners=True)
+        else:
+            mono = torch.cat([F.pixel_shuffle(x, 8) for x in mono], dim=1)
+            if self.lowest_resolution == 8:
+                cnn = torch.cat([cnn[0], F.pixel_shuffle(cnn[1], 2), F.pixel_shuffle(cnn[2], 4)],
+                                dim=1)  # fmt: skip
+                match = F.pixel_shuffle(match, 4)
+            else:
+                cnn = torch.cat([cnn[0], cnn[1], F.pixel_shuffle(cnn[2], 2)], dim=1)
+                match = F.pixel_shuffle(match, 2)
+        features = torch.cat([mono, cnn, match], dim=1)  # [BV, F, h, w]
+        confidence = trunk["match_prob"].amax(dim=1, keepdim=True)
+        flat_images = images.flatten(0, 1)
+        unshuffled = F.pixel_unshuffle(flat_images, ld)  # [BV, 3 ld^2, h, w]
+        factor = 1.0 / (ld // 2) if self.depth_half_res else 1.0 / ld
+        latent_depth = F.interpolate(depth, scale_factor=factor, mode="bilinear",
+                                     align_corners=True)  # [B, V, h, w]  # fmt: skip
+        h, w = latent_depth.shape[-2:]
+        confidence = F.interpolate(confidence, size=(h, w), mode="nearest")
+        x = self.gaussian_regressor(
+            torch.cat([unshuffled, latent_depth.flatten(0, 1)[:, None], confidence, features], 1)
+        )
+        x = torch.cat([x, unshuffled, features, confidence], dim=1)
+        tokens = self.proj(rearrange(x, "bv c h w -> (bv h w) c"))  # [B*N, C]
+        xy = _grid(h, w, images.device, images.dtype).expand(b, v, h * w, 2)
+        points = _lift(xy, latent_depth.flatten(2), extrinsics, intrinsics).reshape(b, -1, 3)
+        tokens = tokens + self.pt(points, tokens, (v, h, w), self.knn_method)
+        condition = rearrange(tokens, "(bv h w) c -> bv c h w", h=h, w=w)
+        raw = self.gaussian_head(tokens).view(b, v, h * w, -1)
+        quat, scale, opacity, offset, sh = raw.split([4 * m, 3 * m, m, 2 * m, 3 * D_SH * m], -1)
+        if m > 1:
+            r = 2
+
+            def sub(t: Tensor) -> Tensor:  # [B, V, h*w, c*4] -> [B, V, (2h)(2w), c]
+                return rearrange(t, "b v (h w) (c x y) -> b v (h x w y) c", h=h, w=w, x=r, y=r)
+
+            quat, scale, opacity, offset, sh = map(sub, (quat, scale, opacity, offset, sh))
+            gh, gw = 2 * h, 2 * w  # (latent_downsample 2): the full-resolution depth and colour
+            gdepth = depth
+            colour = flat_images
+        else:
+            gh, gw = h, w
+            gdepth = latent_depth
+            colour = F.interpolate(flat_images, scale_factor=1.0 / ld, mode="area")
+        xy = _grid(gh, gw, images.device, images.dtype).expand(b, v, gh * gw, 2)
+        pixel = 1 / torch.tensor((gw, gh), dtype=torch.float32, device=images.device)
+        xy = xy + (torch.sigmoid(offset) - 0.5) * pixel
+        means = _lift(xy, gdepth.flatten(2), extrinsics, intrinsics)
+        scales = torch.clamp(F.softplus(scale - 4.0), min=MIN_SCALE, max=self.max_scale)
+        sh = sh.reshape(b, v, gh * gw, 3, D_SH).clone()
+        colour = rearrange(colour, "(b v) c h w -> b v (h w) c", b=b)
+        sh[..., 0] = sh[..., 0] + _rgb_to_sh(colour)
+
+        def flat(t: Tensor) -> Tensor:
+            return t.reshape(b, v * gh * gw, *t.shape[3:])
+
+        state = RawState(flat(means), flat(scales), flat(quat), flat(opacity),
+                         flat(sh).reshape(b, v * gh * gw, 3 * D_SH))  # fmt: skip
+        return state, condition, depth
+
+    # ------------------------------------------------------------------ recurrent update
+    def _render_options(self) -> dict:
+        params = inspect.signature(render).parameters
+        options = {}
+        if "rasterize_mode" in params:
+            options["rasterize_mode"] = "antialiased"
+        if "eps2d" in params:
+            options["eps2d"] = 0.1
+        return options
+
+    def render_context(self, state: RawState, context: dict[str, Tensor], opacities=None):
+        """Render the context views as the update sees them: ``[B, V, 3, H, W]``."""
+        images = context["image"]
+        b, v, _, height, width = images.shape
+        near, far = self._depth_range(context, b, v, images)
+        return render(
+            state.gaussians(context["extrinsics"], opacities),
+            context["extrinsics"],
+            context["intrinsics"],
+            (height, width),
+            backend=self.render_backend,
+            near=float(near[0, 0]),
+            far=float(far[0, 0]),
+            **self._render_options(),
+        ).color
+
+    def _resnet(self, images: Tensor, size: tuple[int, int]) -> Tensor:
+        feats = self.update_feature((images - self.rgb_mean) / self.rgb_std)
+        feats = [
+            f if f.shape[-2:] == size
+            else F.interpolate(f, size=size, mode="bilinear", align_corners=True)
+            for f in feats
+        ]  # fmt: skip
+        return torch.cat(feats, dim=1)
+
+    def update(
+        self,
+        state: RawState,
+        condition: Tensor,
+        context: dict[str, Tensor],
+        iterations: int,
+        renders: list[Tensor] | None = None,
+    ) -> list[RawState]:
+        """``iterations`` recurrent updates; returns the state after each.
+
+        Args:
+            renders: when given, each iteration's context render is appended (tests).
+        """
+        images = context["image"]
+        b, v, _, height, width = images.shape
+        ld, m = self.latent_downsample, self.gaussians_per_latent
+        h, w = height // ld, width // ld
+        gh, gw = (2 * h, 2 * w) if m > 1 else (h, w)
+        hidden = self.update_proj(condition)
+        if m > 1:
+            hidden = F.interpolate(hidden, scale_factor=2, mode="bilinear", align_corners=True)
+        hidden = rearrange(hidden, "(b v) c h w -> (b v h w) c", b=b)
+        flat_images = images.flatten(0, 1)
+        with torch.no_grad():
+            image_features = self._resnet(flat_images, (gh, gw))
+        out = []
+        # the release re-derives the opacity logits from the rendered opacities (clamped logit)
+        logits = torch.logit(torch.sigmoid(state.opacity_logits), eps=1e-6)
+        current = RawState(state.means, state.scales, state.quats, logits, state.sh)
+        for _ in range(iterations):
+            with torch.no_grad():
+                rendered = self.render_context(current, context)
+            if renders is not None:
+                renders.append(rendered)
+            flat_rendered = rendered.flatten(0, 1)
+            with torch.no_grad():
+                error = self._resnet(flat_rendered, (gh, gw)) - image_features
+            error = rearrange(error, "(b v) c h w -> b (v h w) c", b=b)
+            rgb = flat_rendered - flat_images
+            if m == 1:
+                rgb = F.pixel_unshuffle(rgb, ld)
+            rgb = rearrange(rgb, "(b v) c h w -> b (v h w) c", b=b)
+            error = error + self.update_rgb_error_proj(rgb)
+            for block in self.update_error_attn:
+                error = block(error, v, gh, gw)
+            previous = current.flat().detach()  # [B, N, 59]
+            x = torch.cat([previous.flatten(0, 1), hidden, error.flatten(0, 1)], dim=-1)
+            x = self.update_module[0](x)
+            means = current.means.detach()
+            hidden = self.update_module[1](means, x, None, self.knn_method) + hidden
+            delta = self.update_head(hidden).view(b, -1, STATE_PARAMS)
+            dm, ds, dq, do, dsh = delta.split([3, 3, 4, 1, 3 * D_SH], dim=-1)
+            current = RawState(
+                current.means.detach() + dm,
+                (current.scales.detach() + ds).clamp(min=MIN_SCALE),
+                current.quats.detach() + dq,
+                current.opacity_logits.detach() + do,
+                current.sh.detach() + dsh,
+            )
+            out.append(current)
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def _depth_range(self, context: dict[str, Tensor], b: int, v: int, like: Tensor):
+        out = []
+        for key, default in (("near", self.near), ("far", self.far)):
+            value = context.get(key)
+            if value is None:
+                value = torch.full((b, v), default, dtype=like.dtype, device=like.device)
+            out.append(value.to(like.dtype))
+        return out
+
+    def forward(
+        self,
+        context: dict[str, Tensor],
+        *,
+        iterations: int | None = None,
+        max_gaussians: int | None = None,
+    ) -> ModelOutput:
+        """Reconstruct from posed context views.
+
+        Args:
+            context: ``image [B, V, 3, H, W]``, ``extrinsics [B, V, 4, 4]``, ``intrinsics``,
+                optional ``near``/``far`` ``[B, V]``; ``H``, ``W`` multiples of ``divisor``.
+            iterations: recurrent updates (``None``: the configured ``iterations``; 0: the
+                initial set).
+            max_gaussians: keep at most this many (the most opaque) Gaussians of the result.
+
+        Returns:
+            the last iteration's Gaussians (view-major, row-major grid, in the frame of the given
+            extrinsics); extras ``gaussians_per_iteration`` (the initial set first), ``depth``
+            ``[B, V, H, W]`` and ``iterations``.
+        """
+        b, v, height, width = check_context(context, require_poses=True)
+        iterations = self.iterations if iterations is None else int(iterations)
+        if iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {iterations}")
+        if iterations > 0 and not self.refine:
+            raise ValueError(
+                f"iterations={iterations}: this model (file) has no recurrent update; use 0"
+            )
+        self._check(b, v, height, width, iterations)
+        state, condition, depth = self.initial(context)
+        extrinsics = context["extrinsics"]
+        per_iteration = [state.gaussians(extrinsics)]
+        if iterations > 0:
+            for s in self.update(state, condition, context, iterations):
+                per_iteration.append(s.gaussians(extrinsics))
+        final = per_iteration[-1]
+        if max_gaussians is not None:
+            final = final.prune(max_count=max_gaussians)
+        if depth.shape[-2:] != (height, width):
+            depth = F.interpolate(depth, size=(height, width), mode="bilinear",
+                                  align_corners=True)  # fmt: skip
+        return ModelOutput(
+            gaussians=final,
+            depth=depth,
+            gaussians_per_iteration=per_iteration,
+            diagnostics={"iterations": iterations},
+        )
+
+
+class _PointLinear(nn.Module):
+    """The update's input projection (``update_module.0.linear``)."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_dim, out_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x)
+
+
+# ----------------------------------------------------------------------------- official weights
+# the release's keys (after "encoder.") that are not the depth trunk keep their names here
+_OWN_PREFIXES = ("gaussian_regressor.", "proj.", "pt.", "gaussian_head.", "update_proj.",
+                 "update_rgb_error_proj.", "update_module.", "update_head.", "update_feature.",
+                 "update_error_attn.")  # fmt: skip
+
+
+def official_key_to_ours(key: str) -> str | None:
+    """One official key (without ``encoder.``) -> this module's name, ``None`` if unknown."""
+    if key.startswith("depth_predictor."):
+        ours = depthsplat_key(key)
+        return None if ours is None else "depth_predictor." + ours[len("depth.") :]
+    if key.startswith(_OWN_PREFIXES):
+        return key
+    return None
+
+
+def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor]:
+    """Map a released ReSplat file onto ``model``'s state dict.
+
+    Accepts ``{'state_dict': {'encoder.…': …}}`` (the release: the Lightning wrapper's state dict,
+    whose only persistent tensors are the encoder's), the inner dict, or the encoder's state dict
+    without the prefix. Every key is consumed, including the frozen ResNet-18's batch-norm
+    statistics and ``num_batches_tracked`` counters (kept as buffers, unused in eval mode).
+
+    Raises:
+        ValueError: one line (not a ReSplat file, unknown keys, missing keys, other size).
+    """
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"expected a dict checkpoint, got {type(checkpoint).__name__}")
+    state = checkpoint.get("state_dict", checkpoint)
+    if not isinstance(state, dict) or not state:
+        raise ValueError("no state dict in the checkpoint (expected {'state_dict': {...}})")
+    if not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError("the state dict holds non-tensor values: not a ReSplat checkpoint")
+    prefixed = [k for k in state if k.startswith("encoder.")]
+    if prefixed and len(prefixed) != len(state):
+        others = sorted(k for k in state if not k.startswith("encoder."))
+        raise ValueError(
+            f"{len(others)} key(s) outside 'encoder.' (e.g. {others[0]!r}): "
+            "not a ReSplat release file"
+        )
+    bare = {k[len("encoder.") :] if k.startswith("encoder.") else k: v for k, v in state.items()}
+    if not any(k.startswith("depth_predictor.") for k in bare) or "proj.weight" not in bare:
+        raise ValueError(
+            "no 'encoder.depth_predictor.*' and 'encoder.proj.*' keys: not a ReSplat "
+            "Gaussian file (a depth-only resplat-depth-* file, or another model's?)"
+        )
+    if any(k.startswith("feature_upsampler.") for k in bare):
+        raise ValueError("'encoder.feature_upsampler.*' keys: a DepthSplat file, not ReSplat")
+    target = model.state_dict()
+    has_update = any(k.startswith("update_") for k in bare)
+    if has_update != getattr(model, "refine", True):
+        raise ValueError(
+            "the file has no recurrent update (the large model): build it with refine=False"
+            if not has_update
+            else "the file has a recurrent update but the model was built with refine=False"
+        )
+    mapped: dict[str, Tensor] = {}
+    unknown = []
+    for key, value in bare.items():
+        ours = official_key_to_ours(key)
+        if ours is None or ours not in target:
+            unknown.append("encoder." + key)
+            continue
+        mapped[ours] = value
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} key(s) this architecture does not have (e.g. {unknown[0]!r}): "
+            "a file of another ReSplat size or layout?"
+        )
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in mapped.items()
+        if tuple(v.shape) != tuple(target[k].shape)
+    ]
+    if wrong:
+        raise ValueError(
+            f"{len(wrong)} shape mismatch(es), file vs model, e.g. {wrong[0]}: weights of "
+            "another ReSplat size or resolution (pick the matching resplat_* tag)"
+        )
+    missing = sorted(set(target) - set(mapped))
+    if missing:
+        raise ValueError(
+            f"{len(missing)} weight(s) missing from the file (e.g. {missing[0]!r}): "
+            "a truncated file, or one of another ReSplat layout?"
+        )
+    return {k: v.to(target[k].dtype) for k, v in mapped.items()}
+
+
+# ----------------------------------------------------------------------------- knobs, registry
+INFERENCE_KNOBS = (
+    Knob(
+        "iterations",
+        "int",
+        low=0,
+        high=16,
+        step=1,
+        default_attr="iterations",
+        help="recurrent refinement steps driven by the rendering error on the input views "
+        "(0: the initial set; the release evaluates 2 or 4)",
+    ),
+    MAX_GAUSSIANS,
+)
+KNOB_FREE_MODULES = ("depth_predictor",)  # the depth trunk does not depend on the knobs
+
+_DL3DV = dict(lowest_resolution=8, latent_downsample=4, gaussians_per_latent=1, far=200.0)
+_RE10K = dict(lowest_resolution=4, latent_downsample=2, gaussians_per_latent=4, far=100.0)
+_HUB = "haofeixu/resplat"
+_SOURCE = (
+    "ReSplat (Xu, Barath, Geiger, Pollefeys; arXiv 2510.08575), official code commit cc4594a "
+    "('resplat release', 2026-03-24), https://github.com/baoxperceptionio/resplat"
+)
+_METRICS_SOURCE = "authors' release scripts (scripts/*.sh of cc4594a), not verified here"
+_LICENSE = (
+    "MIT (ReSplat code and weights, Copyright (c) 2026 Haofei Xu); the weights contain a "
+    "DINOv2 ViT-{size} initialised from Depth Anything V2 {da} ({da_licence}) through "
+    "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18 (BSD-3-Clause)"
+)
+_LIC = {
+    "S": _LICENSE.format(size="S", da="Small", da_licence="Apache-2.0"),
+    "B": _LICENSE.format(size="B", da="Base", da_licence="CC-BY-NC-4.0: non-commercial use only"),
+    "L": _LICENSE.format(size="L", da="Large", da_licence="CC-BY-NC-4.0: non-commercial use only"),
+}
+
+
+def _cfg(filename: str, size: str, train: str, input_size, views, metrics, **kw) -> PretrainedCfg:
+    return PretrainedCfg(
+        hf_hub_id=_HUB,
+        hf_hub_filename=filename,
+        file_format="official",
+        sha256_prefix=filename.rsplit("-", 1)[1].split(".")[0],
+        arch_kwargs=kw,
+        license=_LIC[size],
+        source=_SOURCE,
+        train_data=train,
+        input_size=input_size,
+        views=views,
+        pose_free=False,
+        metrics=metrics,
+        metrics_source=_METRICS_SOURCE,
+    )
+
+
+register_pretrained_cfgs(
+    {
+        "resplat_small.dl3dv_256x448_view8": _cfg(
+            "resplat-small-dl3dv-256x448-view8-548993fe.pth", "S", "DL3DV", (256, 448), 8,
+            {"dl3dv/psnr@1it": 28.168, "dl3dv/psnr@2it": 28.727, "dl3dv/psnr@4it": 29.065,
+             "dl3dv/ssim@4it": 0.902, "dl3dv/lpips@4it": 0.105},
+            iterations=2, **_DL3DV,
+        ),
+        "resplat_base.dl3dv_256x448_view8": _cfg(
+            "resplat-base-dl3dv-256x448-view8-1934a04c.pth", "B", "DL3DV", (256, 448), 8,
+            {"dl3dv/psnr@1it": 28.523, "dl3dv/psnr@2it": 28.959, "dl3dv/psnr@4it": 29.198,
+             "dl3dv/ssim@4it": 0.904, "dl3dv/lpips@4it": 0.104},
+            iterations=2, **_DL3DV,
+        ),
+        "resplat_base.dl3dv_256x448_view16": _cfg(
+            "resplat-base-dl3dv-256x448-view16-f38bf984.pth", "B", "DL3DV", (256, 448), 16,
+            {"dl3dv16/psnr@4it": 29.017, "dl3dv16/ssim@4it": 0.901, "dl3dv16/lpips@4it": 0.105},
+            iterations=4, **_DL3DV,
+        ),
+        "resplat_base.dl3dv_256x448_view32": _cfg(
+            "resplat-base-dl3dv-256x448-view32-439b63a6.pth", "B", "DL3DV", (256, 448), 32,
+            {"dl3dv32/psnr@4it": 28.301, "dl3dv32/ssim@4it": 0.891, "dl3dv32/lpips@4it": 0.114},
+            iterations=4, **_DL3DV,
+        ),
+        "resplat_base.dl3dv_512x960_view8": _cfg(
+            "resplat-base-dl3dv-512x960-view8-8179ed87.pth", "B", "DL3DV", (512, 960), 8,
+            {"dl3dv/psnr@2it": 27.513, "dl3dv/psnr@4it": 27.698, "dl3dv/ssim@4it": 0.868,
+             "dl3dv/lpips@4it": 0.160},
+            iterations=2, **_DL3DV,
+        ),
+        "resplat_base.dl3dv_540x960_view16": _cfg(
+            "resplat-base-dl3dv-540x960-view16-a72dc6d0.pth", "B", "DL3DV", (540, 960), 16,
+            {"dl3dv16/psnr@0it": 22.684, "dl3dv16/psnr@1it": 23.234, "dl3dv16/psnr@2it": 23.512},
+            iterations=2, max_scale=3.0, depth_half_res=True, **_DL3DV,
+        ),
+        "resplat_base.re10k_256x256_view2": _cfg(
+            "resplat-base-re10k-256x256-view2-b90d1b53.pth", "B", "RealEstate10K", (256, 256), 2,
+            {"re10k/psnr@0it": 29.06, "re10k/psnr@2it": 29.751, "re10k/ssim@2it": 0.912,
+             "re10k/lpips@2it": 0.100, "acid_zero_shot/psnr@2it": 29.870},
+            iterations=2, **_RE10K,
+        ),
+        "resplat_large.dl3dv_256x448_view8": _cfg(
+            "resplat-large-dl3dv-256x448-view8-62f1703a.pth", "L", "DL3DV", (256, 448), 8,
+            {"dl3dv/psnr@0it": 27.861, "dl3dv/ssim@0it": 0.886, "dl3dv/lpips@0it": 0.121},
+            iterations=0, refine=False, **_DL3DV,
+        ),
+    }
+)  # fmt: skip
+
+
+@register_model
+def resplat_small(**kwargs) -> ReSplatRelease:
+    """ReSplat-S as released: DINOv2 ViT-S depth trunk, 256-channel regressor (76.6 M)."""
+    return ReSplatRelease(**{**dict(vit="vits", regressor_dim=256), **_DL3DV, **kwargs})
+
+
+@register_model
+def resplat_base(**kwargs) -> ReSplatRelease:
+    """ReSplat-B as released: DINOv2 ViT-B, 512-channel regressor (224.0 M; the RE10K file's
+    layout: ``latent_downsample=2, gaussians_per_latent=4, lowest_resolution=4``)."""
+    return ReSplatRelease(**{**dict(vit="vitb", regressor_dim=512), **_DL3DV, **kwargs})
+
+
+@register_model
+def resplat_large(**kwargs) -> ReSplatRelease:
+    """ReSplat-L as released: DINOv2 ViT-L, 768-channel regressor, no recurrent update
+    (559.5 M)."""
+    large = dict(vit="vitl", regressor_dim=768, refine=False, iterations=0)
+    return ReSplatRelease(**{**large, **_DL3DV, **kwargs})
+
+
+@register_model
+def resplat_release_tiny(**kwargs) -> ReSplatRelease:
+    """A reduced release architecture for tests (not released): a 4-block ViT of width 64, one
+    transformer block, 16 candidates, 32-channel regressor, a 64-channel state."""
+    tiny = dict(
+        vit="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
+        dpt_depth_features=16, dpt_features=32, dpt_out_channels=[16, 32, 64, 64],
+        num_candidates=16, unet_dim=32, transformer_depth=1, regressor_dim=32, init_blocks=1,
+        attn_proj_dim=16, state_dim=64, refine_blocks=1, iterations=1, render_backend="torch",
+        **_DL3DV,
+    )  # fmt: skip
+    return ReSplatRelease(**{**tiny, **kwargs})

@@ -1,0 +1,164 @@
+"""Deterministic ReSplat-release weights and inputs for the official-parity fixtures.
+
+The recipe is DepthSplat's (``tests/depthsplat_fixtures.py``: an integer hash of key name and
+element index, scaled like an initialisation) applied to the ReSplat manifests
+(``fixtures/resplat_release/manifest_*.json``), with one addition: the last layers of the initial
+head, of the update head and of the depth refiner are scaled by ``HEAD_SCALE`` so that the
+random Gaussians, their updates and the depths stay of sensible size (the release
+zero-initialises most of them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from depthsplat_fixtures import deterministic_tensor, make_context, sample_index
+
+__all__ = [
+    "FIXTURES",
+    "arch_of",
+    "build_loaded",
+    "list_configs",
+    "load_manifest",
+    "make_context",
+    "manifest_weights",
+    "sample_index",
+]
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "resplat_release"
+HEAD_SCALE = {
+    "encoder.gaussian_head.2.": 0.1,
+    "encoder.update_head.6.": 0.01,
+    # the depth refiner's residual (zero-initialised in the release): small, so that no depth
+    # clamps at near/far, where lifted points coincide and kNN sets tie
+    "encoder.depth_predictor.upsampler.scratch.output_conv.4.": 0.01,
+}
+
+
+def load_manifest(config: str) -> dict:
+    return json.loads((FIXTURES / f"manifest_{config}.json").read_text())
+
+
+def manifest_weights(manifest: dict) -> dict:
+    """The release container ``{'state_dict': {key: tensor}}`` of a manifest's recipe weights."""
+    state = {}
+    for key, spec in manifest["keys"].items():
+        t = deterministic_tensor(key, spec["shape"], spec["dtype"])
+        for prefix, scale in HEAD_SCALE.items():
+            if key.startswith(prefix):
+                t = t * scale
+        state[key] = t
+    return {manifest["container"]["state_dict_key"]: state}
+
+
+def list_configs() -> list[str]:
+    return sorted(p.stem[len("manifest_") :] for p in FIXTURES.glob("manifest_*.json"))
+
+
+def arch_of(config: str) -> tuple[str, dict]:
+    """``(architecture, kwargs)`` of the registered tag whose file the manifest describes."""
+    from models import get_pretrained_cfg, list_models
+
+    filename = load_manifest(config)["file"]
+    for name in list_models("resplat_*", pretrained=True):
+        cfg = get_pretrained_cfg(name)
+        if cfg.hf_hub_filename == filename:
+            return name.split(".")[0], dict(cfg.arch_kwargs)
+    raise LookupError(f"no pretrained config names {filename}")
+
+
+def build_loaded(config: str, **overrides):
+    """Our model of ``config`` with the recipe weights loaded through ``checkpoint_filter_fn``."""
+    from models import create_model
+    from models.families.resplat_release import checkpoint_filter_fn
+
+    arch, kwargs = arch_of(config)
+    model = create_model(arch, **{**kwargs, **overrides})
+    state = checkpoint_filter_fn(manifest_weights(load_manifest(config)), model)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+# --------------------------------------------------------------------------- parity comparison
+FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics")
+
+
+def list_official_samples() -> list[str]:
+    return sorted(p.stem[len("official_") :] for p in FIXTURES.glob("official_*.npz"))
+
+
+def load_official_sample(tag: str) -> tuple[dict, dict]:
+    import numpy as np
+
+    with np.load(FIXTURES / f"official_{tag}.npz") as data:
+        arrays = {k: torch.from_numpy(data[k]) for k in data.files if k != "meta"}
+        meta = json.loads(str(data["meta"]))
+    return meta, arrays
+
+
+def _quaternion_matrix(q: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices of unit wxyz quaternions ``[..., 4]``."""
+    w, x, y, z = q.unbind(-1)
+    return torch.stack(
+        [
+            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    ).reshape(*q.shape[:-1], 3, 3)  # fmt: skip
+
+
+def parity_errors(tag: str, model) -> list[dict[str, float]]:
+    """Max abs error of ``model`` (weights loaded) against ``official_<tag>.npz``, one dict per
+    Gaussian set (the initial set, then each recorded iteration). The forward runs with the
+    recording's thread count, render backend, near and far. Rotations are compared as
+    world-frame rotation matrices (the release keeps camera-frame xyzw quaternions next to world
+    covariances; sign-free); covariances are rebuilt from our scales and rotations."""
+    meta, ref = load_official_sample(tag)
+    h, w, v, k = meta["height"], meta["width"], meta["views"], meta["iterations"]
+    context = make_context(h, w, v, near=meta["near"], far=meta["far"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(meta["threads"])
+    backend = model.render_backend
+    model.render_backend = meta["render_backend"]
+    try:
+        with torch.no_grad():
+            out = model.eval()(context, iterations=k)
+    finally:
+        torch.set_num_threads(threads)
+        model.render_backend = backend
+    idx = ref["index"]
+    per_view = meta["count"] // v
+    c2w = context["extrinsics"][0, idx // per_view, :3, :3]
+    errors = []
+    for i, g in enumerate(out.extras["gaussians_per_iteration"]):
+        p = "" if i == 0 else f"it{i}_"
+        rotation = _quaternion_matrix(g.rotations[0, idx])
+        scale = torch.diag_embed(g.scales[0, idx])
+        q = ref[p + "rotations_xyzw_camera"]
+        theirs_rot = c2w @ _quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
+        ours = {
+            "means": g.means[0, idx],
+            "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
+            "scales": g.scales[0, idx],
+            "rotations": rotation,
+            "opacities": g.opacities[0, idx],
+            "harmonics": g.harmonics[0, idx],
+        }
+        theirs = {
+            "means": ref[p + "means"],
+            "covariances": ref[p + "covariances"],
+            "scales": ref[p + "scales"],
+            "rotations": theirs_rot,
+            "opacities": ref[p + "opacities"],
+            "harmonics": ref[p + "harmonics"],
+        }
+        e = {f: float((ours[f] - theirs[f]).abs().max()) for f in FIELDS}
+        if i == 0:
+            depth = out.extras["depth"][0].reshape(-1)[ref["depth_index"]]
+            e["depth"] = float((depth - ref["depth"]).abs().max())
+        errors.append(e)
+    return errors
