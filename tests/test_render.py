@@ -232,7 +232,10 @@ def single_gaussian(mean, scale, opacity, rgb, dtype=torch.float64) -> Gaussians
     )
 
 
-def test_single_isotropic_gaussian_closed_form(backend):
+@pytest.mark.parametrize(
+    ("eps2d", "mode"), [(0.3, "classic"), (0.1, "classic"), (0.1, "antialiased"), (0.0, "classic")]
+)
+def test_single_isotropic_gaussian_closed_form(backend, eps2d: float, mode: str):
     height, width, f, z, s, o = 24, 40, 30.0, 2.0, 0.1, 0.7
     g = single_gaussian([0.0, 0.0, z], s, o, [0.9, 0.2, 0.4])
     extrinsics = torch.eye(4, dtype=torch.float64)[None, None]
@@ -242,8 +245,11 @@ def test_single_isotropic_gaussian_closed_form(backend):
         dtype=torch.float64,
     )
     bg = torch.tensor([0.1, 0.3, 0.5], dtype=torch.float64)
-    out = render(g, extrinsics, intrinsics, (height, width), background=bg, backend=backend)
-    variance = (f * s / z) ** 2 + 0.3  # isotropic 2D covariance with gsplat's blur
+    kwargs = {} if (eps2d, mode) == (0.3, "classic") else {"eps2d": eps2d, "rasterize_mode": mode}
+    out = render(g, extrinsics, intrinsics, (height, width), bg, backend, **kwargs)
+    variance = (f * s / z) ** 2 + eps2d  # isotropic 2D covariance with gsplat's blur
+    if mode == "antialiased":  # opacity times sqrt(det(S) / det(S + eps2d I))
+        o = o * (f * s / z) ** 2 / variance
     for row, col in [(9, 17), (10, 18), (9, 20), (5, 12), (12, 23), (0, 0), (20, 35)]:
         d2 = (col + 0.5 - 17.3) ** 2 + (row + 0.5 - 9.6) ** 2
         alpha = o * math.exp(-0.5 * d2 / variance)
@@ -870,6 +876,14 @@ def test_antialiased_gradients_finite_with_degenerate_gaussians(backend):
     (out.color.sum() + out.alpha.sum()).backward()
     for p in params:
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+def test_eps2d_bad_value():
+    g = random_gaussians(1, 5)
+    extrinsics, intrinsics = cameras(1, 1)
+    for value in (-0.1, float("nan"), "0.3", None, True):
+        with pytest.raises(ValueError, match=r"^eps2d must be a number >= 0"):
+            render(g, extrinsics, intrinsics, (8, 8), eps2d=value)
 
 
 def test_rasterize_mode_bad_value():

@@ -38,8 +38,6 @@ The kNN is the project's exact one (``models.layers.knn``), any device.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -77,6 +75,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 MIN_SCALE = 1e-6
 # memory the kNN and the attention may use before a run is refused (bytes), see _check_budget
 DEFAULT_MEMORY_BUDGET = 24 * 2**30
+
+
+# The screen-space dilation of the release's renders inside the update (its gsplat eps2d).
+RELEASE_EPS2D = 0.1
 
 
 # ----------------------------------------------------------------------------- point layers
@@ -627,13 +629,8 @@ class ReSplatRelease(SplatModel):
 
     # ------------------------------------------------------------------ recurrent update
     def _render_options(self) -> dict:
-        params = inspect.signature(render).parameters
-        options = {}
-        if "rasterize_mode" in params:
-            options["rasterize_mode"] = "antialiased"
-        if "eps2d" in params:
-            options["eps2d"] = 0.1
-        return options
+        """The release's gsplat call: antialiased, with a 0.1 px² dilation (gsplat's default is 0.3)."""
+        return {"rasterize_mode": "antialiased", "eps2d": RELEASE_EPS2D}
 
     def render_context(self, state: RawState, context: dict[str, Tensor], opacities=None):
         """Render the context views as the update sees them: ``[B, V, 3, H, W]``."""

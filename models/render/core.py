@@ -187,6 +187,7 @@ def render(
     max_elements: int = 1 << 20,
     recompute: bool = True,
     rasterize_mode: str = "classic",
+    eps2d: float = EPS2D,
 ) -> RenderOutput:
     """Render Gaussians into every view of every scene.
 
@@ -213,6 +214,8 @@ def render(
         rasterize_mode: ``"classic"`` or ``"antialiased"`` (gsplat's: each opacity is multiplied
             per view by :func:`opacity_compensation` of the Gaussian's 2D covariance; every
             backend).
+        eps2d: the screen-space dilation added to each 2D covariance's diagonal, in pixels²
+            (gsplat's ``eps2d``; 0.3 by default, as gsplat; ReSplat's release renders with 0.1).
 
     Returns:
         A :class:`RenderOutput`; ``depth`` is the expected z ``sum_i w_i z_i``, *not* divided by
@@ -226,6 +229,9 @@ def render(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(rasterize_mode, str) or rasterize_mode not in RASTERIZE_MODES:
         raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
+    if isinstance(eps2d, bool) or not isinstance(eps2d, (int, float)) or not eps2d >= 0:
+        raise ValueError(f"eps2d must be a number >= 0 (pixels squared), got {eps2d!r}")
+    eps2d = float(eps2d)
     if not isinstance(gaussians, Gaussians):
         raise ValueError(f"gaussians must be a Gaussians, got {type(gaussians).__name__}")
     gaussians.validate("gaussians")
@@ -288,6 +294,7 @@ def render(
                 near,
                 far,
                 rasterize_mode,
+                eps2d,
             )
     if backend == "cpu":
         from models.render.cpu import cpu_rasterizer_error, render_cpu
@@ -307,6 +314,7 @@ def render(
             far,
             tile_size,
             rasterize_mode,
+            eps2d,
         )
     return _render_torch(
         gaussians,
@@ -321,4 +329,5 @@ def render(
         max_elements,
         recompute,
         rasterize_mode,
+        eps2d,
     )

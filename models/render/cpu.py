@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from models.render.projection import EPS2D
+
 __all__ = [
     "CpuRasterizerUnavailable",
     "SUPPORTED_DTYPES",
@@ -224,6 +226,7 @@ def render_cpu(
     far: float | Tensor,
     tile_size: int,
     rasterize_mode: str = "classic",
+    eps2d: float = EPS2D,
 ):
     """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``).
 
@@ -247,6 +250,7 @@ def render_cpu(
         opacities=gaussians.opacities,
         near=near,
         far=far,
+        eps2d=eps2d,
         calc_compensations=rasterize_mode == "antialiased",
     )
     valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]

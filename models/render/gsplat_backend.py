@@ -33,6 +33,7 @@ def _render_gsplat(
     near: float | Tensor,
     far: float | Tensor,
     rasterize_mode: str = "classic",
+    eps2d: float = EPS2D,
 ) -> RenderOutput:
     """``gsplat.rasterization`` (CUDA, float32), imported here and nowhere else."""
     from gsplat import rasterization
@@ -51,6 +52,7 @@ def _render_gsplat(
                 near[:, v : v + 1] if isinstance(near, Tensor) else near,
                 far[:, v : v + 1] if isinstance(far, Tensor) else far,
                 rasterize_mode,
+                eps2d,
             )
             for v in range(extrinsics.shape[1])
         ]
@@ -75,7 +77,7 @@ def _render_gsplat(
         height=height,
         near_plane=near_value,
         far_plane=far_value,
-        eps2d=EPS2D,
+        eps2d=eps2d,
         sh_degree=gaussians.sh_degree,
         packed=False,
         tile_size=TILE_SIZE,

@@ -15,6 +15,7 @@ from models.render.output import (
 )
 from models.render.projection import (
     ALPHA_THRESHOLD,
+    EPS2D,
     project_gaussians,
 )
 from models.sh import eval_sh
@@ -303,6 +304,7 @@ def _render_torch(
     max_elements: int,
     recompute: bool,
     rasterize_mode: str = "classic",
+    eps2d: float = EPS2D,
 ) -> RenderOutput:
     """The tiled PyTorch rasteriser (any device, differentiable through autograd)."""
     height, width = image_shape
@@ -318,6 +320,7 @@ def _render_torch(
         opacities=gaussians.opacities,
         near=near,
         far=far,
+        eps2d=eps2d,
         calc_compensations=rasterize_mode == "antialiased",
     )
     valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]
