@@ -23,6 +23,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from models import create_model
 from models.command_line import quote_path_arguments
 from models.training.cli import (
     StepProgressBar,
@@ -101,8 +102,6 @@ def target_pose_placement(refined: bool, alignment: str, steps: int) -> str:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    from models.weights.pretrained import load_pretrained
-
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):
         cfg.model.refine_target_poses = cfg.refine_target_poses
@@ -116,10 +115,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"target_pose_alignment={alignment}: must be one of {', '.join(ALIGNMENTS)}"
         )
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
-    module = hydra.utils.instantiate(cfg.model)
+    # The network the weights describe, built and loaded by the factory: their recorded
+    # constructor arguments win over the config's `net:` (a release file takes its tag's); the
+    # config's network is never built.
+    name = cfg.model.net.get("name")
+    if name is None:
+        raise UserError(f"model.net: needs a registry 'name' to load {cfg.ckpt_path}")
+    net = create_model(str(name), pretrained=str(cfg.ckpt_path))
+    module = hydra.utils.instantiate(cfg.model, net=net)
     module.target_pose_alignment = alignment  # read by the test step (pose-free models)
-    net = module.net
-    load_pretrained(net, getattr(net, "registry_name", type(net).__name__), cfg.ckpt_path)
     loggers = instantiate_group(cfg.get("logger"))
     callbacks = [StepProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []
     trainer: L.Trainer = hydra.utils.instantiate(
