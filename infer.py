@@ -53,12 +53,11 @@ def _check_count(cfg: DictConfig, key: str, minimum: int) -> None:
 def forward_kwargs(model, cfg: DictConfig) -> dict:
     """The knobs set in ``cfg`` (any family's declared knob name), checked against ``model``'s
     declarations (``models.knobs``); a knob the family lacks is refused by name."""
-    from models import list_models
     from models.inference import check_knobs
-    from models.knobs import inference_knobs
+    from models.knobs import declared_knob_names
 
-    names = {knob.name for arch in list_models() for knob in inference_knobs(arch)}
-    return check_knobs(model, {k: cfg.get(k) for k in sorted(names) if k in cfg}, str(cfg.model))
+    names = declared_knob_names()
+    return check_knobs(model, {k: cfg.get(k) for k in names if k in cfg}, str(cfg.model))
 
 
 def run(cfg: DictConfig) -> Path:

@@ -33,7 +33,16 @@ USAGE = (
     "usage: python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] "
     "[save=FILE.ply] [device=auto] [live=auto|true|false] [KNOB=VALUE ...]"
 )
-KNOB_KEYS = ("compression", "iterations", "gaussians_per_pixel", "max_gaussians")
+
+
+def _knob_keys() -> tuple[str, ...]:
+    """The knobs the families declare (``models.knobs``), read once."""
+    from models.knobs import declared_knob_names
+
+    return declared_knob_names()
+
+
+KNOB_KEYS = _knob_keys()
 SETTINGS: dict[str, Any] = {
     "model": None,
     "weights": None,

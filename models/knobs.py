@@ -153,6 +153,14 @@ def inference_knobs(model: str | nn.Module) -> tuple[Knob, ...]:
     return tuple(declared) if declared is not None else (MAX_GAUSSIANS,)
 
 
+def declared_knob_names() -> tuple[str, ...]:
+    """Every knob name any registered model declares (sorted): the settings ``infer.py`` and
+    ``view.py`` accept as knobs, read from the families' declarations."""
+    from models.registry import list_models
+
+    return tuple(sorted({knob.name for arch in list_models() for knob in inference_knobs(arch)}))
+
+
 def knob_free_modules(model: str | nn.Module) -> tuple[str, ...]:
     """Submodule names whose output the knobs do not change (the family's declaration)."""
     return tuple(getattr(_family_module(model), "KNOB_FREE_MODULES", ()))
