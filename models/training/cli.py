@@ -21,7 +21,7 @@ import lightning as L
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 __all__ = [
@@ -196,10 +196,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-
-
-def config_to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg, resolve=True)
 
 
 class ResumableCSVLogger(CSVLogger):
