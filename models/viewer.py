@@ -36,7 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from models.errors import PathError
 from models.gaussians import SH_C0, Gaussians
+from models.geometry import rotations
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
 
 __all__ = [
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 
-class ViewerError(ValueError):
+class ViewerError(PathError):
     """Unusable input or settings; one line naming the file or setting."""
 
 
@@ -60,39 +62,17 @@ class ViewerError(ValueError):
 
 
 def quaternion_to_matrix(wxyz: np.ndarray) -> np.ndarray:
-    """``[..., 4]`` quaternions (wxyz, any norm) → ``[..., 3, 3]`` rotation matrices."""
-    q = np.asarray(wxyz, dtype=np.float64)
-    q = q / np.linalg.norm(q, axis=-1, keepdims=True).clip(1e-12)
-    w, x, y, z = np.moveaxis(q, -1, 0)
-    return np.stack(
-        [
-            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
-            np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
-            np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
-        ],
-        -2,
-    )
+    """``[..., 4]`` quaternions (wxyz, any norm) → ``[..., 3, 3]`` rotation matrices (NumPy
+    arrays for viser; the arithmetic is :mod:`models.geometry.rotations`')."""
+    q = torch.as_tensor(np.asarray(wxyz, dtype=np.float64))
+    return rotations.quaternion_to_matrix(q).numpy()
 
 
 def matrix_to_quaternion(rotation: np.ndarray) -> np.ndarray:
-    """``[3, 3]`` rotation → wxyz unit quaternion (``w >= 0``)."""
-    m = np.asarray(rotation, dtype=np.float64)
-    trace = m[0, 0] + m[1, 1] + m[2, 2]
-    if trace > 0:
-        s = 2.0 * math.sqrt(trace + 1.0)
-        q = [0.25 * s, (m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s]
-    elif m[0, 0] > m[1, 1] and m[0, 0] > m[2, 2]:
-        s = 2.0 * math.sqrt(1.0 + m[0, 0] - m[1, 1] - m[2, 2])
-        q = [(m[2, 1] - m[1, 2]) / s, 0.25 * s, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s]
-    elif m[1, 1] > m[2, 2]:
-        s = 2.0 * math.sqrt(1.0 + m[1, 1] - m[0, 0] - m[2, 2])
-        q = [(m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, 0.25 * s, (m[1, 2] + m[2, 1]) / s]
-    else:
-        s = 2.0 * math.sqrt(1.0 + m[2, 2] - m[0, 0] - m[1, 1])
-        q = [(m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, 0.25 * s]
-    q = np.asarray(q)
-    q = q / np.linalg.norm(q)
-    return -q if q[0] < 0 else q
+    """``[3, 3]`` rotation → wxyz unit quaternion (``w >= 0``), via
+    :mod:`models.geometry.rotations`."""
+    m = torch.as_tensor(np.asarray(rotation, dtype=np.float64))
+    return rotations.matrix_to_quaternion(m).numpy()
 
 
 def gaussians_to_viser(gaussians: Gaussians, index: int = 0) -> dict[str, np.ndarray]:

@@ -227,7 +227,8 @@ class NeighbourRefiner(nn.Module):
 
 # ----------------------------------------------------------------------------- scene frame
 def _rotation_to_quaternion(matrix: Tensor) -> Tensor:
-    """Unit quaternion (wxyz) of a rotation matrix ``[3, 3]`` (float64 internally)."""
+    """Unit quaternion (wxyz) of a rotation matrix ``[3, 3]`` (float64 internally): the
+    release's arithmetic, kept apart from :mod:`models.geometry.rotations` for parity."""
     m = matrix.double()
     trace = m[0, 0] + m[1, 1] + m[2, 2]
     candidates = torch.stack(

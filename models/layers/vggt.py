@@ -360,7 +360,9 @@ class CameraHead(nn.Module):
 
 
 def quaternion_xyzw_to_matrix(q: Tensor) -> Tensor:
-    """Rotation matrices ``[..., 3, 3]`` of (not necessarily unit) quaternions ``[..., 4]`` xyzw."""
+    """Rotation matrices ``[..., 3, 3]`` of (not necessarily unit) quaternions ``[..., 4]`` xyzw:
+    VGGT's order and arithmetic (``2 / |q|^2``), kept apart from :mod:`models.geometry.rotations`
+    so the port stays exact with the release."""
     x, y, z, w = q.unbind(-1)
     two_s = 2.0 / (q * q).sum(-1)
     m = torch.stack(

@@ -24,6 +24,8 @@ from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
+from models.errors import PathError
+
 __all__ = [
     "UserError",
     "exit_on_user_error",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 
-class UserError(Exception):
+class UserError(PathError):
     """Bad input from the user: reported as one line on stderr, exit status 2."""
 
 

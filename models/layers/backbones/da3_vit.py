@@ -183,6 +183,9 @@ class PatchEmbed(nn.Module):
 def rotation_to_quat(matrix: Tensor) -> Tensor:
     """Rotation matrices ``[..., 3, 3]`` to unit quaternions ``[..., 4]`` (wxyz, ``w >= 0``).
 
+    Depth Anything 3's own arithmetic (its clamp at 0, not :mod:`models.geometry.rotations`'
+    1e-12), kept so the port stays bit-exact with the release.
+
     Each of the four algebraic candidates is computed and the one with the largest denominator
     (the best conditioned) is kept.
     """
