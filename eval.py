@@ -21,10 +21,11 @@ import sys
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from models import create_model
 from models.command_line import quote_path_arguments
+from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
     UserError,
@@ -138,8 +139,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     meta = {
         "model": getattr(net, "registry_name", type(net).__name__),
         "ckpt_path": str(cfg.ckpt_path),
-        "data": OmegaConf.to_container(cfg.data, resolve=True),
-        "eval_kwargs": OmegaConf.to_container(cfg.eval_kwargs, resolve=True),
+        "data": to_plain(cfg.data),
+        "eval_kwargs": to_plain(cfg.eval_kwargs),
         "refine_target_poses": refined,
         "target_pose_alignment": alignment if refined else None,
         "target_pose_placement": target_pose_placement(

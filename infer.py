@@ -31,6 +31,7 @@ from models.errors import PathError  # noqa: E402
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
 from models.inference import pose_free_models as _pose_free_models  # noqa: E402, F401
+from models.registry import to_plain  # noqa: E402
 
 __all__ = ["InferError", "compose", "forward_kwargs", "help_text", "main", "run", "run_cli"]
 
@@ -100,7 +101,7 @@ def run(cfg: DictConfig) -> Path:
         name=str(cfg.model),
         views=int(cfg.views) if cfg.views is not None else None,
         cameras=cfg.cameras,
-        sfm=OmegaConf.to_container(cfg.sfm, resolve=True) if cfg.get("sfm") else {},
+        sfm=to_plain(cfg.sfm) if cfg.get("sfm") else {},
     )
     timings["load_inputs"] = round(time.perf_counter() - start, 4)
     notes = loaded.notes + notes

@@ -12,9 +12,10 @@ import sys
 import hydra
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from models.command_line import quote_path_arguments
+from models.registry import to_plain
 from models.training.cli import (
     AtomicCheckpointIO,
     StepProgressBar,
@@ -55,7 +56,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
     for logger in loggers:
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        logger.log_hyperparams(to_plain(cfg))
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
         with resume_safely():  # nothing in a checkpoint is unpickled as code
