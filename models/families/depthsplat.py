@@ -38,6 +38,7 @@ from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, Dept
 from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.heads import GaussianHead, RayDepthPlacement
 from models.registry import register_model
+from models.weights.pretrained import check_mapped_state
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -369,28 +370,7 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
             unknown.append(key)
             continue
         mapped[ours] = value
-    if unknown:
-        raise ValueError(
-            f"{len(unknown)} key(s) this architecture does not have (e.g. {unknown[0]!r}): "
-            "a file of another DepthSplat size or layout?"
-        )
-    wrong = [
-        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
-        for k, v in mapped.items()
-        if tuple(v.shape) != tuple(target[k].shape)
-    ]
-    if wrong:
-        raise ValueError(
-            f"{len(wrong)} shape mismatch(es), file vs model, e.g. {wrong[0]}: "
-            "weights of another DepthSplat size (pick the matching depthsplat_* architecture)"
-        )
-    missing = sorted(set(target) - set(mapped))
-    if missing:
-        raise ValueError(
-            f"{len(missing)} weight(s) missing from the file (e.g. {missing[0]!r}): "
-            "a file of another DepthSplat size or layout?"
-        )
-    return {k: v.to(target[k].dtype) for k, v in mapped.items()}
+    return check_mapped_state(mapped, unknown, target, "DepthSplat", "depthsplat_* architecture")
 
 
 # ----------------------------------------------------------------------------- registry

@@ -54,6 +54,7 @@ from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.knn import knn
 from models.registry import register_model
 from models.render import render
+from models.weights.pretrained import check_mapped_state
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -856,28 +857,7 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
             unknown.append("encoder." + key)
             continue
         mapped[ours] = value
-    if unknown:
-        raise ValueError(
-            f"{len(unknown)} key(s) this architecture does not have (e.g. {unknown[0]!r}): "
-            "a file of another ReSplat size or layout?"
-        )
-    wrong = [
-        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
-        for k, v in mapped.items()
-        if tuple(v.shape) != tuple(target[k].shape)
-    ]
-    if wrong:
-        raise ValueError(
-            f"{len(wrong)} shape mismatch(es), file vs model, e.g. {wrong[0]}: weights of "
-            "another ReSplat size or resolution (pick the matching resplat_* tag)"
-        )
-    missing = sorted(set(target) - set(mapped))
-    if missing:
-        raise ValueError(
-            f"{len(missing)} weight(s) missing from the file (e.g. {missing[0]!r}): "
-            "a truncated file, or one of another ReSplat layout?"
-        )
-    return {k: v.to(target[k].dtype) for k, v in mapped.items()}
+    return check_mapped_state(mapped, unknown, target, "ReSplat", "resplat_* tag")
 
 
 # ----------------------------------------------------------------------------- knobs, registry

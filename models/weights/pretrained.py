@@ -57,6 +57,7 @@ __all__ = [
     "read_safetensors",
     "read_weights",
     "sub_state_dict",
+    "check_mapped_state",
     "save_pretrained",
 ]
 
@@ -627,6 +628,45 @@ def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str,
             source.path, "a release file: load it with create_model(arch, pretrained=file)"
         )
     return source.state_dict(), source.weights_file
+
+
+def check_mapped_state(
+    mapped: dict[str, Tensor],
+    unknown: list[str],
+    target: dict[str, Tensor],
+    release: str,
+    pick: str,
+) -> dict[str, Tensor]:
+    """The last step of a port's ``checkpoint_filter_fn``: official keys mapped to ours
+    (``mapped``), official keys with no place here (``unknown``), the model's state (``target``).
+    Returns the mapped weights in the model's dtypes.
+
+    Raises:
+        ValueError: one line, for keys this architecture lacks, shape mismatches or weights the
+            file lacks (``release`` names the release, ``pick`` what to choose instead).
+    """
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} key(s) this architecture does not have (e.g. {unknown[0]!r}): "
+            f"a file of another {release} size or layout?"
+        )
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
+        for k, v in mapped.items()
+        if tuple(v.shape) != tuple(target[k].shape)
+    ]
+    if wrong:
+        raise ValueError(
+            f"{len(wrong)} shape mismatch(es), file vs model, e.g. {wrong[0]}: weights of "
+            f"another {release} size or resolution (pick the matching {pick})"
+        )
+    missing = sorted(set(target) - set(mapped))
+    if missing:
+        raise ValueError(
+            f"{len(missing)} weight(s) missing from the file (e.g. {missing[0]!r}): "
+            f"a truncated file, or one of another {release} layout?"
+        )
+    return {k: v.to(target[k].dtype) for k, v in mapped.items()}
 
 
 def sub_state_dict(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
