@@ -683,7 +683,7 @@ def write_reconstruction(
     """Write ``result``'s output folder atomically (nothing half-written, ever).
 
     Writes ``gaussians.ply``, ``renders/NN_<name>.png`` (the known input views rendered),
-    ``path/frame_XXXX.png`` and ``path.mp4`` (:func:`camera_path`), ``cameras.json`` (input
+    ``path/frame_0000.png``, ..., and ``path.mp4`` (:func:`camera_path`), ``cameras.json`` (input
     cameras in the input images' pixels, and the path's), ``sparse/`` (structure-from-motion
     poses), ``cardinality/`` (MoE-cardinality maps) and ``summary.json``.
 

@@ -630,7 +630,7 @@ class ReSplatRelease(SplatModel):
 
     # ------------------------------------------------------------------ recurrent update
     def _render_options(self) -> dict:
-        """The release's gsplat call: antialiased, with a 0.1 px² dilation (gsplat's default is 0.3)."""
+        """The release's gsplat call: antialiased, a 0.1 px² dilation (gsplat's default: 0.3)."""
         return {"rasterize_mode": "antialiased", "eps2d": RELEASE_EPS2D}
 
     def render_context(self, state: RawState, context: dict[str, Tensor], opacities=None):
@@ -885,7 +885,8 @@ _SOURCE = (
 )
 _METRICS_SOURCE = "authors' release scripts (scripts/*.sh of cc4594a), not verified here"
 _LICENSE = (
-    "MIT (ReSplat code and weights, Copyright (c) 2026 Haofei Xu); the weights contain a "
+    "MIT (the ReSplat release's LICENSE covers its code and weights; author Haofei Xu); "
+    "the weights contain a "
     "DINOv2 ViT-{size} initialised from Depth Anything V2 {da} ({da_licence}) through "
     "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18 (BSD-3-Clause)"
 )

@@ -233,27 +233,15 @@ def render_cpu(
     In ``"antialiased"`` mode the opacities are compensated per view in PyTorch before the kernel
     (which takes per-image opacities), so autograd carries the compensation's gradient.
     """
-    from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
     from models.render.output import RenderOutput
-    from models.render.projection import project_gaussians
+    from models.render.projection import project_views
     from models.sh import eval_sh
 
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
-    projection = project_gaussians(
-        gaussians.means,
-        gaussians.scales,
-        gaussians.rotations,
-        world_to_camera(extrinsics),
-        intrinsics_to_pixels(intrinsics, image_shape),
-        image_shape,
-        opacities=gaussians.opacities,
-        near=near,
-        far=far,
-        eps2d=eps2d,
-        calc_compensations=rasterize_mode == "antialiased",
-    )
-    valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]
+    projection, valid = project_views(
+        gaussians, extrinsics, intrinsics, image_shape, near, far, rasterize_mode, eps2d
+    )  # valid: [B, V, N]
     radii = projection.radii * valid[..., None]  # [B, V, N, 2]
     centres = extrinsics[..., :3, 3]  # [B, V, 3]
     directions = gaussians.means[:, None] - centres[:, :, None]  # [B, V, N, 3]

@@ -8,6 +8,8 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
+from models.gaussians import Gaussians
+from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
 from models.geometry.rotations import quaternion_to_matrix
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "Projection",
     "opacity_compensation",
     "project_gaussians",
+    "project_views",
 ]
 
 ALPHA_THRESHOLD = 1.0 / 255.0
@@ -194,3 +197,33 @@ def project_gaussians(
         radii = torch.stack([radius_x, radius_y], dim=-1) * valid[..., None]
         radii = radii.to(torch.int32)  # [B, V, N, 2]
     return Projection(means2d, conics, means_cam[..., 2], radii, valid, compensations)
+
+
+def project_views(
+    gaussians: Gaussians,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    image_shape: tuple[int, int],
+    near: float | Tensor,
+    far: float | Tensor,
+    rasterize_mode: str = "classic",
+    eps2d: float = EPS2D,
+) -> tuple[Projection, Tensor]:
+    """What every rasterising backend starts from: the projection of each scene's Gaussians into
+    each of its views (camera-to-world ``[B, V, 4, 4]``, normalised intrinsics), with
+    compensations in ``"antialiased"`` mode, and the visible pairs ``[B, V, N]`` (projected and
+    not masked out)."""
+    projection = project_gaussians(
+        gaussians.means,
+        gaussians.scales,
+        gaussians.rotations,
+        world_to_camera(extrinsics),
+        intrinsics_to_pixels(intrinsics, image_shape),
+        image_shape,
+        opacities=gaussians.opacities,
+        near=near,
+        far=far,
+        eps2d=eps2d,
+        calc_compensations=rasterize_mode == "antialiased",
+    )
+    return projection, projection.valid & gaussians.valid_mask()[:, None, :]

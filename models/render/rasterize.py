@@ -9,14 +9,13 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from models.gaussians import Gaussians
-from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
 from models.render.output import (
     RenderOutput,
 )
 from models.render.projection import (
     ALPHA_THRESHOLD,
     EPS2D,
-    project_gaussians,
+    project_views,
 )
 from models.sh import eval_sh
 
@@ -310,20 +309,9 @@ def _render_torch(
     height, width = image_shape
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
-    projection = project_gaussians(
-        gaussians.means,
-        gaussians.scales,
-        gaussians.rotations,
-        world_to_camera(extrinsics),
-        intrinsics_to_pixels(intrinsics, image_shape),
-        image_shape,
-        opacities=gaussians.opacities,
-        near=near,
-        far=far,
-        eps2d=eps2d,
-        calc_compensations=rasterize_mode == "antialiased",
-    )
-    valid = projection.valid & gaussians.valid_mask()[:, None, :]  # [B, V, N]
+    projection, valid = project_views(
+        gaussians, extrinsics, intrinsics, image_shape, near, far, rasterize_mode, eps2d
+    )  # valid: [B, V, N]
     radii = projection.radii * valid[..., None]
 
     # Visible (image, Gaussian) pairs in depth order (ties: image, then Gaussian index, as gsplat).
