@@ -1,6 +1,6 @@
 """Reconstruct 3D Gaussians from your own images or video, and render them (``python infer.py
 --help`` lists every setting). A thin command line over :mod:`models.inference`:
-``datamodules.inputs.load_inputs`` reads the views and their poses (``cameras.json``, COLMAP or
+``models.capture.inputs.load_inputs`` reads the views and their poses (``cameras.json``, COLMAP or
 structure-from-motion), :func:`~models.inference.reconstruct` runs the model and places the views,
 :func:`~models.inference.write_reconstruction` writes ``gaussians.ply``, ``cameras.json``,
 ``renders/``, ``path/``, ``path.mp4``, ``sparse/`` and ``summary.json`` atomically. Bad input is
@@ -30,7 +30,6 @@ from models.command_line import config_help, quote_path_arguments  # noqa: E402
 from models.errors import PathError  # noqa: E402
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
-from models.inference import pose_free_models as _pose_free_models  # noqa: E402, F401
 from models.registry import to_plain  # noqa: E402
 
 __all__ = ["InferError", "compose", "forward_kwargs", "help_text", "main", "run", "run_cli"]
@@ -66,8 +65,8 @@ def run(cfg: DictConfig) -> Path:
     ``DataError``, one line)."""
     import torch
 
-    from datamodules.tools.inputs import load_inputs
     from models import inference
+    from models.capture.inputs import load_inputs
 
     started = time.perf_counter()
     if any(OmegaConf.is_missing(cfg, k) or not cfg[k] for k in ("input", "output")):

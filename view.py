@@ -108,10 +108,10 @@ def _known_cameras(images, context, given, pred, pose_free: bool):
 
 def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
-    ``models.inference`` and ``datamodules.inputs``); returns ``(ViewScene, KnobRunner, initial
+    ``models.inference`` and ``models.capture.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
-    from datamodules.tools.inputs import load_inputs
     from models import inference
+    from models.capture.inputs import load_inputs
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
 

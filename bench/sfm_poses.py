@@ -1,4 +1,4 @@
-"""Structure-from-motion poses (datamodules.sfm, pycolmap on the CPU): time per stage on the drone
+"""Structure-from-motion poses (datamodules.tools.sfm, pycolmap on the CPU): time per stage on the drone
 frames, and errors against the reference COLMAP model of ``real/drone_colmap``.
 
     python bench/sfm_poses.py [--data ../shared/data] [--threads 2] [--runs 8,41,41-fov]

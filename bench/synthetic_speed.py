@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.tools.synthetic import SyntheticSettings, generate_dataset  # noqa: E402
+from datamodules.synthetic import SyntheticSettings, generate_dataset  # noqa: E402
 
 TARGET_SECONDS = 300.0
 

@@ -15,7 +15,7 @@ from datamodules.readers.chunks import cameras_to_matrices, load_chunk, load_ind
 
 if TYPE_CHECKING:  # pragma: no cover
     from datamodules.readers.image_folder import ImageSet, load_images
-    from datamodules.tools.synthetic import SyntheticSettings, generate_dataset
+    from datamodules.synthetic import SyntheticSettings, generate_dataset
     from datamodules.training.chunk_dataset import ChunkDataset
     from datamodules.training.datamodule import SplatDataModule
     from datamodules.training.samplers import (
@@ -36,8 +36,8 @@ _LAZY = {
     "EvaluationViewSampler": "training.samplers",
     "VideoViewSampler": "training.samplers",
     "make_view_sampler": "training.samplers",
-    "SyntheticSettings": "tools.synthetic",
-    "generate_dataset": "tools.synthetic",
+    "SyntheticSettings": "synthetic",
+    "generate_dataset": "synthetic",
 }
 
 __all__ = [

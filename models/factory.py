@@ -2,7 +2,7 @@
 
 The layers: ``registry`` (entry points, pretrained configs) → ``pretrained`` (where weights are,
 reading them, loading them strictly) → this module. A weights location is resolved **once** into
-a :class:`~models.pretrained.WeightsSource` (path, format, config, recorded identity), which both
+a :class:`~models.weights.pretrained.WeightsSource` (path, format, config, recorded identity), which both
 builds the model (with the constructor arguments recorded with the weights) and loads it.
 """
 

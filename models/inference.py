@@ -2,7 +2,7 @@
 
     from models import create_model
     from models.inference import reconstruct, write_reconstruction
-    from datamodules.image_folder import load_images
+    from datamodules.readers.image_folder import load_images
 
     model = create_model("zipsplat_tiny", pretrained=True).eval()
     images = load_images("photos/", image_shape=(64, 64))    # or a [V, 3, H, W] tensor
@@ -56,7 +56,6 @@ __all__ = [
     "input_size",
     "load_for_inference",
     "output_folder",
-    "pose_free_models",
     "reconstruct",
     "render_views",
     "write_reconstruction",
@@ -310,26 +309,6 @@ def input_size(model: nn.Module, requested: int | None = None) -> int:
     return size
 
 
-def pose_free_models() -> list[str]:
-    """Pose-free models that load by name (no weights given): weights shipped in this checkout
-    first, then released weights (downloaded on first use). Read from the pretrained configs:
-    nothing is built."""
-    from models.registry import get_pretrained_cfg, list_models
-
-    shipped, released = [], []
-    for tag in list_models(pretrained=True):
-        cfg = get_pretrained_cfg(tag)
-        if not cfg.pose_free:
-            continue
-        name = cfg.architecture if get_pretrained_cfg(cfg.architecture) == cfg else cfg.name
-        if cfg.local_dir is not None:
-            if (REPO_ROOT / cfg.local_dir).is_dir():
-                shipped.append(name)
-        else:
-            released.append(f"{name} (downloads its weights)")
-    return shipped + released
-
-
 # --------------------------------------------------------------------------- reconstruct
 
 
@@ -346,7 +325,7 @@ def _context(images: Any, cameras: Mapping[str, Tensor] | None, fov: float):
             raise InferenceError("images", f"must be [V, 3, H, W], got {list(images.shape)}")
         pixels, names, origin, label = images.float(), None, "given", "given"
         extrinsics = intrinsics = None
-    else:  # an ImageSet (datamodules.image_folder): its own poses unless cameras= is given
+    else:  # an ImageSet (datamodules.readers.image_folder): its own poses unless cameras= is given
         pixels, names = images.images, list(images.names)
         extrinsics, intrinsics = images.extrinsics, images.intrinsics
         sfm = getattr(images, "sfm", None) is not None
@@ -393,7 +372,7 @@ def reconstruct(
 
     Args:
         model: a zoo model (eval mode, on the device to run on).
-        images: an ``ImageSet`` (``datamodules.image_folder.load_images``; its poses are used
+        images: an ``ImageSet`` (``datamodules.readers.image_folder.load_images``; its poses are used
             when it has them) or ``[V, 3, H, W]`` in [0, 1].
         cameras: ``{"extrinsics": [V, 4, 4] camera-to-world, "intrinsics": [V, 3, 3]
             normalised}`` (either may be left out), replacing the image set's poses. They are

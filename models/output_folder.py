@@ -1,7 +1,7 @@
 """Output folders that are written atomically and never replace anything but our own output.
 
-Every command that writes a folder (``infer.py``, ``models.export``, ``datamodules.synthetic``,
-``datamodules.convert``) goes through :class:`OutputFolder`:
+Every command that writes a folder (``infer.py``, ``models.training.export``, ``datamodules.synthetic``,
+``datamodules.tools.convert``) goes through :class:`OutputFolder`:
 
 - the output is refused outright (whatever ``overwrite`` says) when it is a filesystem root, the
   home directory or a parent of it, the current directory or a parent of it, the same as an input,

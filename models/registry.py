@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -23,8 +24,10 @@ __all__ = [
     "model_entrypoint",
     "is_model",
     "to_plain",
+    "pose_free_models",
 ]
 
+_REPO_ROOT = Path(__file__).resolve().parents[1]  # shipped weights' local_dir is relative to it
 _model_entrypoints: dict[str, Callable[..., nn.Module]] = {}
 _model_family: dict[str, str] = {}
 
@@ -112,3 +115,21 @@ def __getattr__(name: str):
 
         return create_model
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def pose_free_models() -> list[str]:
+    """Pose-free models that load by name (no weights given): weights shipped in this checkout
+    first, then released weights (downloaded on first use). Read from the pretrained configs:
+    nothing is built."""
+    shipped, released = [], []
+    for tag in list_models(pretrained=True):
+        cfg = get_pretrained_cfg(tag)
+        if not cfg.pose_free:
+            continue
+        name = cfg.architecture if get_pretrained_cfg(cfg.architecture) == cfg else cfg.name
+        if cfg.local_dir is not None:
+            if (_REPO_ROOT / cfg.local_dir).is_dir():
+                shipped.append(name)
+        else:
+            released.append(f"{name} (downloads its weights)")
+    return shipped + released

@@ -2,7 +2,7 @@
 
 Every case is made here (random bytes, crafted headers, hand-written lines) and must end in one
 line naming the file (``ColmapError``/``DataError`` from the readers; exit status 2 and one
-``error:`` line from ``infer.py`` and ``datamodules.convert``), or, for inputs that still work but
+``error:`` line from ``infer.py`` and ``datamodules.tools.convert``), or, for inputs that still work but
 will give a poor result, in one ``warning:`` line naming the file.
 """
 

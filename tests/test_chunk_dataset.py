@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from datamodules import DataError, read_scene
 from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
 from datamodules.readers.chunks import load_chunk, load_index
-from datamodules.tools.synthetic import SyntheticSettings, generate_dataset
+from datamodules.synthetic import SyntheticSettings, generate_dataset
 from datamodules.training.chunk_dataset import ChunkDataset
 from datamodules.training.samplers import BoundedViewSampler, EvaluationViewSampler
 from datamodules.transforms import flip_views

@@ -15,6 +15,7 @@ from PIL import Image
 
 from models import create_model
 from models.command_line import quote_path_arguments
+from models.registry import pose_free_models
 from models.weights.pretrained import save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -104,9 +105,8 @@ def test_help_explains_every_setting() -> None:
 
 
 def test_pose_free_hint_names_models_that_load() -> None:
-    import infer
 
-    hint = infer._pose_free_models()
+    hint = pose_free_models()
     assert "zipsplat_tiny" in hint
     assert "noposplat_tiny" not in hint  # registered, but no weights ship: it would not load
     for name in hint:

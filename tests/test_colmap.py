@@ -80,7 +80,7 @@ def test_drone_colmap4_frames_match_images(drone_model):
 
 
 def test_drone_reprojection_with_helpers(drone_model):
-    """camera_intrinsics + image_world_to_camera + models.cameras.project land on the keypoints."""
+    """camera_intrinsics + image_world_to_camera + models.geometry.cameras.project land on the keypoints."""
     cameras, images, points = drone_model
     errors = []
     for image in images.values():

@@ -1,4 +1,4 @@
-"""`python -m datamodules.convert` and `python -m datamodules.make_index`."""
+"""`python -m datamodules.tools.convert` and `python -m datamodules.tools.make_index`."""
 
 from __future__ import annotations
 

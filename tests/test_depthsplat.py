@@ -317,7 +317,7 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
     import sys
 
     subprocess.run(
-        [sys.executable, "-m", "datamodules.tools.synthetic", "--out", str(data_root), "--scenes", "4",
+        [sys.executable, "-m", "datamodules.synthetic", "--out", str(data_root), "--scenes", "4",
          "--resolution", "64", "--views", "12", "--seed", "0", "--workers", "1"],
         check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True,
     )  # fmt: skip

@@ -34,7 +34,7 @@ def data_root(tmp_path_factory) -> Path:
     """12 synthetic scenes of 24 views at 64² (one test scene with its evaluation index)."""
     root = tmp_path_factory.mktemp("synthetic")
     subprocess.run(
-        [sys.executable, "-m", "datamodules.tools.synthetic", "--out", str(root), "--scenes", "12"]
+        [sys.executable, "-m", "datamodules.synthetic", "--out", str(root), "--scenes", "12"]
         + ["--resolution", "64", "--views", "24", "--seed", "0", "--workers", "1"],
         check=True,
         cwd=REPO,

@@ -1,5 +1,5 @@
 """Hugging Face Hub integration: save_pretrained/load round trips for every registered model,
-strict loading errors, hf-hub: resolution from a local cache, and models.export."""
+strict loading errors, hf-hub: resolution from a local cache, and models.training.export."""
 
 from __future__ import annotations
 
@@ -407,7 +407,7 @@ def test_export_cli_push_offline_fails_cleanly(lightning_checkpoint, tmp_path: P
 
 
 def test_export_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """``models.export.main`` (what ``python -m models.export`` runs): one line, status 2."""
+    """``models.training.export.main`` (what ``python -m models.training.export`` runs): one line, status 2."""
     from models.training.export import main
 
     bad = tmp_path / "bad.ckpt"

@@ -23,7 +23,6 @@ PACKAGES = ("models", "datamodules")
 # the factory (create_model, load_model) above them.
 RANKS: dict[str, int] = {
     # utilities every layer may use (no project imports of their own above rank 0)
-    "models._compat": 0,
     "models._timm_import": 0,
     "models.errors": 0,
     "models.output_folder": 0,
@@ -48,7 +47,9 @@ RANKS: dict[str, int] = {
     "models.inference": 8,
     "models.pose_refinement": 8,
     "models.viewer": 8,
-    "datamodules.tools": 8,  # sfm asks the registry for pose-free models; convert uses sfm
+    "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
+    "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)
+    "datamodules.tools": 6,  # sfm asks the registry for pose-free models; convert uses sfm
     "datamodules.training": 9,
     "models.training": 10,
 }

@@ -1,5 +1,5 @@
 """Nothing but our own output is ever replaced: ``models.output_folder`` and every command that
-writes a folder (infer.py, models.export, datamodules.synthetic, datamodules.convert).
+writes a folder (infer.py, models.training.export, datamodules.synthetic, datamodules.tools.convert).
 
 The first test is the reported data loss: ``input=shoot/photos output=shoot overwrite=true``
 deleted the photos and an unrelated ``notes.txt``.
@@ -249,14 +249,14 @@ def test_export_refuses_a_foreign_folder(tmp_path) -> None:
     out = tmp_path / "mine"
     out.mkdir()
     (out / "paper.pdf").write_bytes(b"%PDF")
-    with pytest.raises(ExportError, match="not an output of models.export"):
+    with pytest.raises(ExportError, match="not an output of models.training.export"):
         export_checkpoint(tmp_path / "missing.ckpt", out, overwrite=True)
     assert (out / "paper.pdf").read_bytes() == b"%PDF"
 
 
 def test_synthetic_refuses_a_foreign_folder(tmp_path) -> None:
     from datamodules.errors import DataError
-    from datamodules.tools.synthetic import SyntheticSettings, generate_dataset
+    from datamodules.synthetic import SyntheticSettings, generate_dataset
 
     out = tmp_path / "data"
     out.mkdir()
@@ -278,7 +278,7 @@ def test_convert_refuses_roots_that_are_not_datasets(tmp_path, monkeypatch) -> N
     foreign = tmp_path / "documents"
     foreign.mkdir()
     (foreign / "cv.docx").write_bytes(b"x")
-    with pytest.raises(InputError, match="not an output of datamodules.convert"):
+    with pytest.raises(InputError, match="not an output of datamodules.tools.convert"):
         convert(photos, foreign, "test", quiet=True)
     with pytest.raises(InputError, match="holds the input"):
         convert(photos, tmp_path, "test", quiet=True)

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from models.base import ModelOutput, SplatModel
-from models.geometry.cameras import pixel_grid, project
-from models.pixel_aligned import (
+from models.families.pixel_aligned import (
     PixelAligned,
     noposplat_tiny,
     pixel_aligned_base,
@@ -19,6 +18,7 @@ from models.pixel_aligned import (
     pixel_aligned_tiny,
     rigid_fit,
 )
+from models.geometry.cameras import pixel_grid, project
 from models.registry import create_model, list_models
 
 H = W = 64

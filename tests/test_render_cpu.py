@@ -1,4 +1,4 @@
-"""The compiled CPU rasteriser (``models.render_cpu``): parity with the torch backend, the build,
+"""The compiled CPU rasteriser (``models.render.cpu``): parity with the torch backend, the build,
 ``auto``'s choice and its fallback.
 
 The renderer tests of ``test_render.py`` (reference renderer, closed form, garden scene, empty

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from models import create_model, list_models, render
+from models.families.resplat import ReSplat, decode_gaussians, encode_gaussians
 from models.layers.feature_extractor import FrozenFeatureExtractor
-from models.resplat import ReSplat, decode_gaussians, encode_gaussians
 from models.training.recipes import ReSplatRecipe
 from models.weights.pretrained import PretrainedError, model_config
 

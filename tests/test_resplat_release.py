@@ -21,7 +21,7 @@ from models.families.resplat_release import (
 )
 from models.knobs import inference_knobs
 from models.layers.knn import knn
-from models.pretrained import PretrainedError
+from models.weights.pretrained import PretrainedError
 
 CONFIGS = fx.list_configs()
 INIT_TOLERANCE = 1e-4
@@ -174,7 +174,7 @@ def test_tag_path_downloads_checks_sha_and_loads(small_file: Path, tmp_path: Pat
                                                  monkeypatch) -> None:  # fmt: skip
     """``create_model('resplat_small.dl3dv_256x448_view8', pretrained=True)`` through the Hub
     cache (offline), with the tag's sha256 prefix pointed at our generated file."""
-    import models.pretrained_cfg as cfg_module
+    import models.weights.pretrained_cfg as cfg_module
 
     name = "resplat_small.dl3dv_256x448_view8"
     cfg = get_pretrained_cfg(name)

@@ -1,4 +1,4 @@
-"""Structure-from-motion poses (datamodules.sfm, pycolmap): the real drone frames posed from the
+"""Structure-from-motion poses (datamodules.tools.sfm, pycolmap): the real drone frames posed from the
 images alone and compared with the reference COLMAP model, the scene frame of the exported model,
 the cache, infer.py ``cameras=auto`` and ``convert --poses auto`` end to end, and bad input (one
 image, noise, textureless and duplicate images).
@@ -315,7 +315,7 @@ def test_images_that_do_not_register_are_left_out(cache: Path, tmp_path: Path) -
 
 def test_distorted_cameras_are_undistorted(tmp_path: Path) -> None:
     """A SIMPLE_RADIAL result: pinhole part for the poses, images resampled with the COLMAP
-    converter's undistortion (``datamodules.convert.undistort_image``)."""
+    converter's undistortion (``datamodules.tools.convert.undistort_image``)."""
     from PIL import Image
 
     from datamodules.readers.undistort import undistort_image

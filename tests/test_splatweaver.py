@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from models import create_model, list_models, render
-from models.splatweaver import (
+from models.families.splatweaver import (
     SplatWeaver,
     quantile_targets,
     straight_through_gumbel,

@@ -14,7 +14,7 @@ from PIL import Image
 
 from datamodules import read_scene
 from datamodules.readers.chunks import load_chunk, load_index
-from datamodules.tools.synthetic import (
+from datamodules.synthetic import (
     SCENE_DEPTH_RANGE,
     SyntheticSettings,
     depth_fits,

@@ -66,7 +66,7 @@ def data_root(tmp_path_factory) -> Path:
         [
             sys.executable,
             "-m",
-            "datamodules.tools.synthetic",
+            "datamodules.synthetic",
             "--out",
             str(root),
             "--scenes",

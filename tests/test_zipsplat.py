@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import models.zipsplat as zipsplat_module
+import models.families.zipsplat as zipsplat_module
 from models import create_model, list_models
+from models.families.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 from models.gaussians import sh_to_rgb
 from models.layers.kmeans import cluster_count, kmeans_select
 from models.training.recipes import ZipSplatRecipe
-from models.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 
 SIZE = 32  # 4 x 4 patches per view at patch size 8: fast, and still clusters
 

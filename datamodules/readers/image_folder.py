@@ -94,7 +94,9 @@ class ImageSet:
     extrinsics: Tensor | None = None
     intrinsics: Tensor | None = None
     pose_source: str | None = None
-    sfm: Any = None  # the datamodules.sfm.SfmResult when the poses came from structure-from-motion
+    sfm: Any = (
+        None  # the datamodules.tools.sfm.SfmResult when the poses came from structure-from-motion
+    )
 
     def __len__(self) -> int:
         return len(self.names)

@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m datamodules.convert SOURCE --out ROOT --split train|test \\
+    python -m datamodules.tools.convert SOURCE --out ROOT --split train|test \\
         [--resolution H W | --resolution MAX_SIDE] [--chunk-mb 100] [--images DIR] \\
         [--frames DIR] [--key KEY] [--quality 95] [--background white|black] [--no-undistort]
-    python -m datamodules.convert PHOTOS --poses auto --out ROOT --split test [--matching M] ...
+    python -m datamodules.tools.convert PHOTOS --poses auto --out ROOT --split test [--matching M] ...
 
 SOURCE is one scene or a folder of scenes (searched up to three levels deep; a folder holding
 both ``train/`` and ``test/`` is only searched in the ``--split`` one):
@@ -31,7 +31,7 @@ both ``train/`` and ``test/`` is only searched in the ``--split`` one):
   name order (``00000.png, 00001.png, ...``).
 
 - A plain folder of photos or video frames with ``--poses auto``: camera poses by
-  structure-from-motion (``datamodules.sfm``, pycolmap; ``--matching auto|exhaustive|sequential``),
+  structure-from-motion (``datamodules.tools.sfm``, pycolmap; ``--matching auto|exhaustive|sequential``),
   then converted like a COLMAP scene (images that do not register are left out and listed in the
   report; the COLMAP model is kept in ``ROOT/sfm/KEY/sparse``). Fewer than two registered
   images: exit status 2 with a one-line message, nothing written.
@@ -745,7 +745,7 @@ def convert(
         undistort: undistort distorted cameras (else skip such scenes).
         quiet: no progress bar.
         poses: ``"auto"``: SOURCE is a folder of photos posed by structure-from-motion.
-        matching: structure-from-motion matching (``datamodules.sfm.MATCHING``).
+        matching: structure-from-motion matching (``datamodules.tools.sfm.MATCHING``).
 
     Returns:
         The report (also written to ``out/convert_report.json``).
@@ -863,7 +863,7 @@ def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool
     return colmap_scene(result.model_dir, result.image_dir, key or source.name), result
 
 
-PROGRAM = "datamodules.convert"
+PROGRAM = "datamodules.tools.convert"
 
 
 def _legacy_root(folder: Path) -> list[str] | None:
@@ -898,7 +898,7 @@ def _parse_resolution(values: list[int] | None) -> Resolution | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 2 nothing converted/bad input)."""
     parser = argparse.ArgumentParser(
-        prog="python -m datamodules.convert",
+        prog="python -m datamodules.tools.convert",
         description="Convert COLMAP / transforms.json / RealEstate10K / DL3DV data to chunks.",
     )
     parser.add_argument("source", help="scene file/folder, or a folder of scenes")

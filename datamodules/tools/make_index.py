@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m datamodules.make_index ROOT --context 2 --gap MIN MAX --targets 3 --seed S \\
+    python -m datamodules.tools.make_index ROOT --context 2 --gap MIN MAX --targets 3 --seed S \\
         [--split test] [--out ROOT/evaluation_index_test.json] [--exclude-context]
 
 For every scene in ``ROOT/{split}/index.json``: draw a frame gap ``g`` uniformly in
@@ -125,7 +125,7 @@ def make_index(
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2 on bad input)."""
     parser = argparse.ArgumentParser(
-        prog="python -m datamodules.make_index", description=__doc__.splitlines()[0]
+        prog="python -m datamodules.tools.make_index", description=__doc__.splitlines()[0]
     )
     parser.add_argument("root", help="chunk dataset root")
     parser.add_argument("--split", default="test")

@@ -3,16 +3,16 @@
 ``estimate_poses(images, out_dir)`` runs SIFT feature extraction, matching (exhaustive for small
 sets, sequential for video frames or many ordered images) and COLMAP's incremental mapper on the
 CPU, keeps the largest reconstruction and writes it as a COLMAP text model (readable by
-``datamodules.colmap.read_model``) to ``out_dir/sparse``. Cameras come back in splatzoo's
+``datamodules.readers.colmap.read_model``) to ``out_dir/sparse``. Cameras come back in splatzoo's
 conventions (OpenCV camera-to-world, normalised intrinsics); ``SfmResult.scene_frame`` expresses
-them in the scene frame of ``models.cameras.normalize_scene`` (first view the identity, largest
+them in the scene frame of ``models.geometry.cameras.normalize_scene`` (first view the identity, largest
 camera distance 1), and ``SfmResult.export`` writes the model itself in that frame, so that its
 points line up with Gaussians predicted from the same views.
 
 The default camera is one ``SIMPLE_PINHOLE`` (one focal length, principal point at the centre)
 shared by all images of the same size: frames of one video need no undistortion then. Other
 COLMAP models (``SIMPLE_RADIAL``, ``OPENCV``, ...) are accepted; ``SfmResult.undistort`` resamples
-the images into the pinhole camera with the same focal length (``datamodules.convert``'s
+the images into the pinhole camera with the same focal length (``datamodules.tools.convert``'s
 undistortion).
 
 Results are cached under ``~/.cache/splatzoo/sfm/<key>`` (``$SPLATZOO_SFM_CACHE`` or
@@ -558,7 +558,7 @@ def _largest(models: dict) -> object | None:
 def _pose_free_hint() -> str:
     """The first pose-free model that loads by name (shipped weights first), for error messages."""
     try:
-        from models.inference import pose_free_models
+        from models.registry import pose_free_models
 
         names = [name.split(" ")[0] for name in pose_free_models()]
     except Exception:  # the hint must never turn into a different error

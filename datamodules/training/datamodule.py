@@ -158,7 +158,7 @@ class SplatDataModule(L.LightningDataModule):
         """Generate the synthetic dataset at ``root`` if configured and missing."""
         if not self.generate_if_missing:
             return
-        from datamodules.tools.synthetic import SyntheticSettings, ensure_synthetic
+        from datamodules.synthetic import SyntheticSettings, ensure_synthetic
 
         settings = SyntheticSettings(**self.generator)
         try:
@@ -169,7 +169,7 @@ class SplatDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets a stage needs (validating the files)."""
         if self.generate_if_missing:
-            from datamodules.tools.synthetic import is_complete
+            from datamodules.synthetic import is_complete
 
             if not is_complete(self.root):
                 self.prepare_data()

@@ -1,7 +1,7 @@
 """DepthSplat (Xu et al., CVPR 2025; https://github.com/cvg/depthsplat), re-implemented.
 
 A posed pixel-aligned model (pixelSplat / MVSplat lineage): one Gaussian per input pixel, on the
-pixel's ray at a depth predicted by a multi-view depth trunk (``models.backbones.depth_trunk``):
+pixel's ray at a depth predicted by a multi-view depth trunk (``models.layers.backbones.depth_trunk``):
 
 1. monocular features: Depth Anything V2's DINOv2 ViT-S/B/L (blocks 2/5/8/11, or 4/11/17/23 for
    ViT-L), resampled to 1/8 of the image;

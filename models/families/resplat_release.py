@@ -9,7 +9,7 @@ Gaussians are in ``extras["gaussians_per_iteration"]``.
 Initial model (one Gaussian per ``latent_downsample x latent_downsample`` pixels, times
 ``gaussians_per_latent``):
 
-1. DepthSplat's multi-view depth trunk (``models.backbones.depth_trunk``) with 128 candidates
+1. DepthSplat's multi-view depth trunk (``models.layers.backbones.depth_trunk``) with 128 candidates
    uniform in *log* depth between ``near`` and ``far``, the ViT input at most 560 wide, and wider
    transformer windows at high resolution;
 2. the four raw ViT maps resized to 1/16 and pixel-shuffled, the CNN stages and the transformer
@@ -411,7 +411,7 @@ class ReSplatRelease(SplatModel):
             wide_attn_splits=True,
         )
         # the release's DINOv2 attends through scaled_dot_product_attention (DepthSplat's
-        # through explicit softmax, which models.backbones.dinov2 reproduces by default)
+        # through explicit softmax, which models.layers.backbones.dinov2 reproduces by default)
         for block in self.depth_predictor.backbone.blocks:
             block.attn.fused_attn = True
         for layer in self.depth_predictor.matcher.modules():  # and its UniMatch transformer too

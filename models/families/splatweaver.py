@@ -15,7 +15,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    too (the canonical rays may be wrong), and its focal length is estimated from its points
    (``ModelOutput.intrinsics``). With ``use_intrinsics=True`` the context intrinsics (when given)
    define the rays and view 0's points stay on them, exactly as ``noposplat_tiny``.
-3. **High-frequency prior.** A one-level wavelet transform (``models.wavelet``, Haar or db2) of the
+3. **High-frequency prior.** A one-level wavelet transform (``models.layers.wavelet``, Haar or db2) of the
    luminance; the detail sub-bands (LH, HL, HH), log-compressed, go through two small
    convolutions, are upsampled to full resolution and a sigmoid makes a per-channel gate; the
    router sees ``features + features * gate``.
@@ -53,7 +53,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    usage is the maximum-entropy distribution over ``0..M`` whose mean is
    ``target_gaussians_per_pixel`` (or an explicit ``target_usage``).
 7. **Optional neighbour aggregation** (``neighbour_aggregation=True``): a kNN point-attention block
-   (``models.point_transformer``) over all context pixels' 3D points refines the experts' input
+   (``models.layers.point_transformer``) over all context pixels' 3D points refines the experts' input
    features. Off by default (brute-force kNN over every pixel is slow on a CPU).
 
 Output: a padded ``Gaussians`` set (``mask`` marks entries emitted by the chosen experts, so scenes

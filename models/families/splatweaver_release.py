@@ -96,7 +96,7 @@ def pywt_detail_bands(image: Tensor, wavelet: str = "db2") -> Tensor:
 
     ``mode="symmetric"`` in PyWavelets' sense (half-sample reflection, edge sample repeated) and
     its output length ``floor((N + L - 1) / 2)`` (225 for 448 pixels with db2), which the released
-    prior (``pytorch_wavelets.DWTForward``) uses; ``models.wavelet`` pads by replication instead.
+    prior (``pytorch_wavelets.DWTForward``) uses; ``models.layers.wavelet`` pads by replication instead.
 
     Args:
         image: ``[N, 3, H, W]`` in [0, 1].

@@ -12,7 +12,7 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    tokens before the first block, for the scenes a ``camera_prior`` mask selects (training draws
    it for some of the scenes, see ``models.training.recipes.ZipSplatRecipe``). It is off by
    default, so at test time the model is pose-free and ignores ``extrinsics``.
-2. **Token clustering.** k-means (``models.kmeans``: no gradient, uniform-stride initialisation,
+2. **Token clustering.** k-means (``models.layers.kmeans``: no gradient, uniform-stride initialisation,
    ``kmeans_iterations`` Lloyd iterations, chunked distances) on the deepest block's tokens of all
    views together, ``K = round(r * V * h * w)`` clusters; each centroid is snapped to a distinct
    real token, whose index selects the scene tokens. ``r = 1`` skips clustering (every token is a

@@ -3,14 +3,14 @@
 The release (arXiv 2606.05102; code at commit ``e1b592d``) reconstructs a scene from unposed
 images at 252 x 252 in one forward pass:
 
-1. **Backbone.** Depth Anything 3's multi-view ViT (``models.backbones.da3_vit``) returns the
+1. **Backbone.** Depth Anything 3's multi-view ViT (``models.layers.backbones.da3_vit``) returns the
    ``[local ‖ global]`` tokens of three layers (giant: blocks 19, 29, 39). With a camera prior
    (optional, off by default) the DA3 camera encoder's tokens replace the learned camera tokens.
 2. **Per-layer preparation.** Each half is LayerNormed (``pre_norm_local``/``pre_norm_global``)
    and the token is ``Linear([local ‖ global]) + (local + global) / 2`` (``downscale``).
 3. **Clustering** on the deepest layer's tokens of all views together: ``K = max(1, int(r * N))``
    clusters (``r`` = ``compression``, truncated as the release does), release k-means
-   (``models.kmeans.kmeans_nearest_tokens``: 5 Lloyd iterations from the tokens at
+   (``models.layers.kmeans.kmeans_nearest_tokens``: 5 Lloyd iterations from the tokens at
    ``round(linspace(0, N - 1, K))``, deterministic), each centroid replaced by the index of its
    nearest token. ``K = N`` skips clustering.
 4. **Scene tokens.** Start from the deepest layer's selected tokens; for each layer, deepest

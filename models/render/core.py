@@ -198,7 +198,7 @@ def render(
         image_shape: ``(H, W)`` in pixels.
         background: ``[3]``, ``[B, 3]`` or ``[B, V, 3]``; black when ``None``.
         backend: ``"torch"`` (tiled PyTorch rasteriser, any device), ``"gsplat"`` (CUDA, float32),
-            ``"cpu"`` (the compiled CPU rasteriser of :mod:`models.render_cpu`, float32/64) or
+            ``"cpu"`` (the compiled CPU rasteriser of :mod:`models.render.cpu`, float32/64) or
             ``"auto"`` (gsplat for CUDA float32 tensors when it works, the compiled one for CPU
             tensors when it builds, else torch with one warning saying why).
         near: near plane (camera z), a float or ``[B, V]``; closer Gaussians are culled.

@@ -1,9 +1,9 @@
 """Export a Lightning checkpoint, or an authors' release file, to the ``save_pretrained`` layout
 (and optionally to the Hub).
 
-    python -m models.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL]
+    python -m models.training.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL]
         [metrics=metrics.json] [data="..."] [overwrite=true] [private=true]
-    python -m models.export release=depthsplat-gs-small-...-cfeab6b1.pth \
+    python -m models.training.export release=depthsplat-gs-small-...-cfeab6b1.pth \
         model=depthsplat_small.re10k_256x256_view2 out=DIR
 
 A release file is mapped by its family's ``checkpoint_filter_fn``; the tag's pretrained config
@@ -44,9 +44,9 @@ from models.weights.pretrained import save_pretrained as save_with_metadata
 __all__ = ["ExportError", "export_checkpoint", "model_card", "push_folder", "main"]
 
 USAGE = (
-    "usage: python -m models.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL] "
+    "usage: python -m models.training.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL] "
     "[metrics=JSON] [metric.NAME=VALUE ...] [data=TEXT] [overwrite=true] [private=true]; "
-    "or python -m models.export release=FILE model=ARCH[.TAG] out=DIR"
+    "or python -m models.training.export release=FILE model=ARCH[.TAG] out=DIR"
 )
 
 
@@ -377,7 +377,11 @@ def _legacy_export(folder: Path) -> tuple[str, ...] | None:
 def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
     try:
         return OutputFolder(
-            out, "models.export", inputs=[source], overwrite=overwrite, legacy=_legacy_export
+            out,
+            "models.training.export",
+            inputs=[source],
+            overwrite=overwrite,
+            legacy=_legacy_export,
         )
     except OutputFolderError as error:
         raise ExportError(error.path, error.message) from None

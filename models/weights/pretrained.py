@@ -66,7 +66,7 @@ CHECKPOINTS_DIR = REPO_ROOT / "checkpoints"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 # config.json key holding what the weights are (family, registry name, class); written by
-# ``save_pretrained`` below and by ``models.export``. Constructor arguments sit beside it.
+# ``save_pretrained`` below and by ``models.training.export``. Constructor arguments sit beside it.
 METADATA_KEY = "splatzoo"
 # Constructor arguments that only fetch initial weights (see models.base.INIT_ONLY_ARGS).
 _INIT_ONLY_ARGS = INIT_ONLY_ARGS
@@ -125,7 +125,7 @@ def default_weights(name: str) -> str:
             CHECKPOINTS_DIR / name,
             f"no default weights for model {name!r} (available: {available}); pass "
             "pretrained='hf-hub:org/repo' or 'local-dir:/path', or train and export one "
-            "(python -m models.export ckpt=... out=checkpoints/<name>)",
+            "(python -m models.training.export ckpt=... out=checkpoints/<name>)",
         )
     return table[name]
 

@@ -3,7 +3,7 @@
 :func:`load_inputs` reads a folder of images, a video or one image (``image_folder.load_images``)
 and finds poses for a posed model: a ``cameras.json`` or COLMAP model given with ``cameras=`` or
 found in the input folder, else (folders and videos, or ``cameras="auto"``) structure-from-motion
-(``datamodules.sfm``, pycolmap; the result rides along as ``ImageSet.sfm``). Pose-free models get
+(``datamodules.tools.sfm``, pycolmap; the result rides along as ``ImageSet.sfm``). Pose-free models get
 the images (and any poses found, which place their views when they predict none).
 """
 
@@ -41,7 +41,7 @@ def without_poses(source: Path) -> bool:
 
 
 def _pose_free_hint() -> str:
-    from models.inference import pose_free_models
+    from models.registry import pose_free_models
 
     return ", ".join(pose_free_models()) or "a pose-free model"
 
