@@ -40,6 +40,7 @@ RANKS: dict[str, int] = {
     "models.knobs": 5,  # inference-knob declarations the families make
     "models.registry": 5,
     "models.weights": 5,
+    "models.input_recipe": 0,  # a dataclass the pretrained configs hold
     "models.families": 6,
     "models.factory": 7,
     "models": 7,  # the facade (its __init__) re-exports the factory

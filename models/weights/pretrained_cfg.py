@@ -6,7 +6,7 @@ Weights are named ``architecture.tag`` (e.g. ``zipsplat_tiny.synthetic64``,
 architectures with :func:`register_pretrained_cfgs`; ``create_model("architecture.tag",
 pretrained=True)`` loads those weights, ``create_model("architecture", pretrained=True)`` the
 architecture's default tag (the first registered). This module sits below the families: it imports
-nothing of the project.
+only the input recipe (models.input_recipe) of the project.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
+
+from models.input_recipe import InputRecipe
 
 __all__ = [
     "PretrainedCfg",
@@ -54,6 +56,7 @@ class PretrainedCfg:
             ``metrics_source``.
         metrics_source: who measured ``metrics`` (e.g. "authors' paper, not verified here").
         notes: anything else a user should know.
+        recipe: how inputs must be prepared for these weights (:class:`InputRecipe`).
     """
 
     hf_hub_id: str | None = None
@@ -72,6 +75,7 @@ class PretrainedCfg:
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_source: str | None = None
     notes: str | None = None
+    recipe: InputRecipe | None = None
     architecture: str = ""
     tag: str = ""
 
