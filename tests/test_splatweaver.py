@@ -483,7 +483,7 @@ def test_bad_arguments(model: SplatWeaver) -> None:
 
 
 def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -> None:
-    from models.weights.pretrained import PretrainedError, save_pretrained
+    from models.weights.hub import PretrainedError, save_pretrained
 
     torch.manual_seed(0)
     teacher = create_model("pixel_aligned_tiny", img_size=SIZE)
