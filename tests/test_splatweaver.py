@@ -76,8 +76,11 @@ def model() -> SplatWeaver:
 
 
 def test_registered() -> None:
-    names = list_models(family="splatweaver")
-    assert names == ["splatweaver_base", "splatweaver_small", "splatweaver_tiny"]
+    names = list_models(family="splatweaver")  # the family's own sizes and its release port
+    assert names == list_models("splatweaver_*")
+    assert {"splatweaver_base", "splatweaver_small", "splatweaver_tiny", "splatweaver_vggt"} <= set(
+        names
+    )
     assert SplatWeaver.pose_free and SplatWeaver.family == "splatweaver"
 
 
