@@ -217,6 +217,9 @@ def test_corrupt_safetensors(damage: str, tmp_path: Path) -> None:
 def test_missing_folder_and_file(tmp_path: Path) -> None:
     with pytest.raises(PretrainedError, match="does not exist"):
         create_model(TINY, pretrained=f"local-dir:{tmp_path / 'nope'}")
+    for missing in ("nope.safetensors", "nope.ckpt", "nope.pth"):  # a file by its suffix
+        with pytest.raises(PretrainedError, match="weights file does not exist"):
+            create_model(TINY, pretrained=str(tmp_path / missing))
     (tmp_path / "empty").mkdir()
     with pytest.raises(PretrainedError, match=f"no {WEIGHTS_NAME}"):
         create_model(TINY, pretrained=f"local-dir:{tmp_path / 'empty'}")

@@ -153,8 +153,9 @@ def parse_location(location: str) -> tuple[str, str, str | None]:
     """Split a weights location into ``(kind, target, revision)``.
 
     ``kind`` is ``"hf-hub"`` (target ``org/repo``), ``"local-dir"`` (a folder), or ``"file"`` (a
-    ``.safetensors`` or Lightning ``.ckpt`` file); ``revision`` is set only for ``hf-hub``.
-    A bare path is a folder or a file depending on what it names.
+    ``.safetensors``, Lightning ``.ckpt`` or release file); ``revision`` is set only for
+    ``hf-hub``. A bare path is a folder or a file depending on what it names (a missing path
+    with a weights file's suffix is a file).
     """
     if location.startswith("hf-hub:"):
         target = location[len("hf-hub:") :]
@@ -170,7 +171,7 @@ def parse_location(location: str) -> tuple[str, str, str | None]:
     if location.startswith("local-dir:"):
         return "local-dir", os.path.expanduser(location[len("local-dir:") :]), None
     path = os.path.expanduser(location)
-    if os.path.isfile(path):
+    if os.path.isfile(path) or (not os.path.isdir(path) and path.endswith(WEIGHTS_SUFFIXES)):
         return "file", path, None
     return "local-dir", path, None
 
@@ -227,6 +228,7 @@ def _download(repo_id: str, revision: str | None, location: str) -> Path:
 
 
 OFFICIAL_SUFFIXES = (".pth", ".pt", ".tar", ".bin")
+WEIGHTS_SUFFIXES = (".safetensors", ".ckpt", *OFFICIAL_SUFFIXES)
 
 
 def _location_of(name: str, pretrained: bool | str) -> tuple[str, PretrainedCfg | None]:
@@ -415,6 +417,8 @@ def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
     kind, target, revision = parse_location(location)
     path = _download(target, revision, location) if kind == "hf-hub" else Path(target)
     if kind == "file":
+        if not path.is_file():
+            raise PretrainedError(path, "weights file does not exist")
         if path.suffix == ".ckpt":
             source = WeightsSource(location, path, "lightning", cfg)
             source._state, source.checkpoint = load_checkpoint_state_dict(path)  # read once
