@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import data_config, load_weights, score_targets, test_loader, to_device  # noqa: E402
 
 from models.pose_refinement import refine_target_poses  # noqa: E402
-from models.weights.pretrained import PretrainedError  # noqa: E402
+from models.weights.hub import PretrainedError  # noqa: E402
 
 
 @torch.no_grad()

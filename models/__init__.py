@@ -5,7 +5,13 @@ import models._timm_import  # noqa: F401  (first: timm without wandb)
 from models.base import ModelOutput, SplatModel
 from models.factory import create_model, load_model
 from models.gaussians import Gaussians
-from models.registry import get_pretrained_cfg, is_model, list_models, register_model
+from models.registry import (
+    get_pretrained_cfg,
+    is_model,
+    list_families,
+    list_models,
+    register_model,
+)
 from models.render.core import render
 from models.render.output import RenderOutput
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
@@ -26,6 +32,7 @@ __all__ = [
     "register_pretrained_cfgs",
     "is_model",
     "load_model",
+    "list_families",
     "list_models",
     "register_model",
     "render",

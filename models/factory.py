@@ -1,78 +1,26 @@
-"""Building models: ``create_model`` and ``load_model`` (timm's ``_factory`` over ``_builder``).
+"""Building models: ``create_model`` and ``load_model`` (timm's ``_factory``), the top of the
+weights line: ``registry`` (entry points, pretrained configs) → ``weights.hub`` (where weights
+are, downloads, the sha256 check, reading files) → ``weights.builder`` (build from the recorded
+arguments, the family's ``checkpoint_filter_fn``, strict loading) → this module.
 
-The layers: ``registry`` (entry points, pretrained configs) → ``pretrained`` (where weights are,
-reading them, loading them strictly) → this module. A weights location is resolved **once** into
-a :class:`~models.weights.pretrained.WeightsSource` (path, format, config, recorded identity), which both
-builds the model (with the constructor arguments recorded with the weights) and loads it.
+A weights location is resolved **once** into a :class:`~models.weights.hub.WeightsSource` (path,
+format, config, recorded identity, provenance), which both builds the model (with the
+constructor arguments recorded with the weights) and loads it.
 """
 
 from __future__ import annotations
 
 import os
-import typing
-import warnings
 from typing import Any
 
 from torch import nn
 
-from models.base import constructor_arguments
 from models.registry import get_pretrained_cfg, model_entrypoint, to_plain
-from models.weights.pretrained import PretrainedError, load_source, resolve_source, source_arguments
+from models.weights.builder import build_model
+from models.weights.hub import PretrainedError, resolve_source
 from models.weights.pretrained_cfg import split_model_name
 
-__all__ = ["build_from_recorded", "create_model", "load_model", "model_class"]
-
-
-def model_class(name: str) -> type[nn.Module] | None:
-    """The class an entry point builds (its return annotation), or ``None`` if it does not say."""
-    entrypoint = model_entrypoint(split_model_name(name)[0])
-    try:
-        hints = typing.get_type_hints(entrypoint)
-    except Exception:  # an annotation that does not resolve
-        return None
-    cls = hints.get("return")
-    return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
-
-
-def _accepted_arguments(name: str) -> set[str] | None:
-    """The constructor's keyword arguments (``None``: it takes any, ``**kwargs``)."""
-    cls = model_class(name)
-    if cls is None:
-        return None
-    named, any_keyword = constructor_arguments(cls)
-    return None if any_keyword else named
-
-
-def build_from_recorded(
-    name: str, recorded: dict[str, Any], overrides: dict[str, Any] | None = None
-) -> nn.Module:
-    """Build ``name`` with the arguments recorded with some weights (explicit overrides win).
-
-    Recorded arguments the constructor no longer takes (an option removed since the weights were
-    saved) are left out with a warning; if the option changed the architecture, the strict
-    loading that follows says so.
-    """
-    accepted = _accepted_arguments(name)
-    dropped = sorted(set(recorded) - accepted) if accepted is not None else []
-    arguments = {k: v for k, v in recorded.items() if k not in dropped}
-    retired = set(getattr(model_class(name), "retired_args", ()))
-    training = [k for k in dropped if k in retired]
-    unknown = [k for k in dropped if k not in retired]
-    if training:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in training)
-        warnings.warn(
-            f"weights of {name!r} record training setting(s) that are the training recipe's now "
-            f"(models/training/recipes.py), not the model's: {shown}; left out",
-            stacklevel=3,
-        )
-    if unknown:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in unknown)
-        warnings.warn(
-            f"weights of {name!r} were saved with constructor argument(s) this version does not "
-            f"have: {shown}; left out",
-            stacklevel=3,
-        )
-    return model_entrypoint(name)(**{**arguments, **(overrides or {})})
+__all__ = ["create_model", "load_model"]
 
 
 def create_model(name: str, pretrained: bool | str | os.PathLike = False, **overrides) -> nn.Module:
@@ -84,8 +32,11 @@ def create_model(name: str, pretrained: bool | str | os.PathLike = False, **over
         pretrained: ``False`` for random weights; ``True`` for the tag's (or the architecture's
             default tag's) weights; or a location: ``"hf-hub:org/repo[@rev]"``,
             ``"local-dir:/path"``, a ``save_pretrained`` folder, a ``.safetensors`` file, a
-            Lightning ``.ckpt``, or a release file of the authors (``.pth``/``.pt``/``.tar``/a
-            release's safetensors), read by the family's ``checkpoint_filter_fn``.
+            Lightning ``.ckpt``, or a file in a release's format (``.pth``/``.pt``/``.tar``/a
+            release's safetensors), read by the family's ``checkpoint_filter_fn``. A file is
+            sha256-checked only when it carries a release's file name (or came from the Hub); with
+            a tag, any other file in the release's format loads under the tag's architecture and
+            recipe (a fine-tune), with a warning that it is not the release.
         **overrides: constructor keyword arguments replacing the entry point's defaults (and,
             with ``pretrained``, the arguments recorded with the weights).
 
@@ -100,20 +51,15 @@ def create_model(name: str, pretrained: bool | str | os.PathLike = False, **over
     architecture, tag = split_model_name(name)
     model_entrypoint(architecture)  # unknown names fail here, listing the valid ones
     overrides = {key: to_plain(value) for key, value in overrides.items()}
-    if pretrained is False or pretrained is None:
-        cfg = get_pretrained_cfg(name) if tag is not None else None
-        if tag is not None and cfg is None:
-            raise PretrainedError(name, f"no pretrained weights tagged {tag!r}")
-        recorded = dict(cfg.arch_kwargs) if cfg is not None else {}
-        model = model_entrypoint(architecture)(**{**recorded, **overrides})
-        source_cfg = cfg
-    else:
-        source = resolve_source(name, pretrained)
-        model = build_from_recorded(architecture, source_arguments(source, architecture), overrides)
-        load_source(model, architecture, source)
-        source_cfg = source.pretrained_cfg
+    if pretrained is not False and pretrained is not None:
+        return build_model(name, resolve_source(name, pretrained), overrides)
+    cfg = get_pretrained_cfg(name) if tag is not None else None
+    if tag is not None and cfg is None:
+        raise PretrainedError(name, f"no pretrained weights tagged {tag!r}")
+    recorded = dict(cfg.arch_kwargs) if cfg is not None else {}
+    model = model_entrypoint(architecture)(**{**recorded, **overrides})
     model.registry_name = architecture  # checkpoints and exports record which entry built it
-    model.pretrained_cfg = source_cfg
+    model.pretrained_cfg = cfg
     return model
 
 
@@ -138,8 +84,4 @@ def load_model(location: str | os.PathLike, **overrides: Any) -> nn.Module:
             source.path, "the weights do not record which registry model they are"
         )
     overrides = {key: to_plain(value) for key, value in overrides.items()}
-    model = build_from_recorded(source.owner, source.arguments, overrides)
-    load_source(model, source.owner, source)
-    model.registry_name = source.owner
-    model.pretrained_cfg = source.pretrained_cfg
-    return model.eval()
+    return build_model(source.owner, source, overrides).eval()

@@ -287,9 +287,9 @@ def load_for_inference(
         and Path(w.filename).resolve().is_relative_to(REPO_ROOT)
     ]
     if pretrained is True:
-        from models.weights.pretrained import default_weights
+        from models.weights.hub import weights_location
 
-        described = default_weights(name)
+        described = weights_location(name)
     else:
         described = str(pretrained)
     return LoadedModel(model.to(device).eval(), described, notes)

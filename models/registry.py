@@ -1,13 +1,23 @@
 """Model registry in the style of timm's ``_registry``: ``@register_model`` entry points,
-``list_models``, and the pretrained configs (``architecture.tag``) families declare. Architecture
-lives in one file per family (``models/families/``, imported by ``models/__init__`` after this
-module, as timm's ``models/__init__`` imports its model files: the registry imports no family);
-reading weights in ``models/weights/``; ``create_model`` in ``models/factory.py`` (above both).
+``list_models``, the families, and the pretrained configs (``architecture.tag``) families declare.
+
+The bottom of the weights line: ``models.weights.pretrained_cfg`` (what is known about a set of
+weights) → this module → ``models.weights.hub`` (locations, downloads, files) →
+``models.weights.builder`` (build, ``checkpoint_filter_fn``, strict load) → ``models.factory``
+(``create_model``, ``load_model``). Architecture lives in one file per family
+(``models/families/``, imported by ``models/__init__`` after this module, as timm's
+``models/__init__`` imports its model files: the registry imports no family).
+
+A *family* is a method: ``pixel_aligned`` (pixelSplat/MVSplat/DepthSplat/NoPoSplat),
+``zipsplat``, ``resplat``, ``splatweaver``. Each family's own architectures and its port of the
+authors' release register under the same family: the ``family`` of the class an entry point
+returns (``SplatModel.family``).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,8 +30,11 @@ from models.weights.pretrained_cfg import get_pretrained_cfg as _get_pretrained_
 __all__ = [
     "get_pretrained_cfg",
     "register_model",
+    "list_families",
     "list_models",
+    "model_class",
     "model_entrypoint",
+    "model_family",
     "is_model",
     "to_plain",
     "pose_free_models",
@@ -29,16 +42,37 @@ __all__ = [
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]  # shipped weights' local_dir is relative to it
 _model_entrypoints: dict[str, Callable[..., nn.Module]] = {}
+_model_classes: dict[str, type[nn.Module]] = {}
 _model_family: dict[str, str] = {}
 
 
+def _returned_class(fn: Callable[..., nn.Module]) -> type[nn.Module]:
+    """The class an entry point builds: its return annotation (``-> ZipSplat``)."""
+    try:
+        cls = typing.get_type_hints(fn).get("return")
+    except Exception as error:  # an annotation that does not resolve
+        raise ValueError(f"entry point {fn.__name__!r}: return annotation: {error}") from error
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(
+            f"entry point {fn.__name__!r} must annotate the model class it returns "
+            f"(def {fn.__name__}(**kwargs) -> ModelClass)"
+        )
+    return cls
+
+
 def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """Register a model entry point ``fn(**kwargs) -> nn.Module`` under its function name."""
+    """Register a model entry point ``fn(**kwargs) -> ModelClass`` under its function name, in
+    the family its class declares (``ModelClass.family``)."""
     name = fn.__name__
     if name in _model_entrypoints:
         raise ValueError(f"model {name!r} is registered twice")
+    cls = _returned_class(fn)
+    family = getattr(cls, "family", None)
+    if not isinstance(family, str) or family in ("", "base"):
+        raise ValueError(f"{cls.__name__} (entry point {name!r}) declares no family")
     _model_entrypoints[name] = fn
-    _model_family[name] = fn.__module__.split(".")[-1]
+    _model_classes[name] = cls
+    _model_family[name] = family
     return fn
 
 
@@ -46,7 +80,7 @@ def list_models(
     pattern: str | None = None, family: str | None = None, pretrained: bool = False
 ) -> list[str]:
     """Sorted names of the registered models, optionally filtered by a glob ``pattern`` or by
-    ``family`` (the family module's name, e.g. ``"zipsplat"``).
+    ``family`` (the method, e.g. ``"zipsplat"``: its own architectures and its release port).
 
     With ``pretrained=True``, the ``architecture.tag`` names of every registered set of weights
     (timm's convention) instead of the architectures.
@@ -60,6 +94,32 @@ def list_models(
     if family is not None:
         names = [n for n in names if _model_family[split_model_name(n)[0]] == family]
     return names
+
+
+def list_families() -> list[str]:
+    """The families of the registered models, sorted (``pixel_aligned``, ``resplat``, ...)."""
+    return sorted(set(_model_family.values()))
+
+
+def model_family(name: str) -> str:
+    """The family of architecture ``name`` (or of ``architecture.tag``)."""
+    return _model_family[_architecture(name)]
+
+
+def model_class(name: str) -> type[nn.Module]:
+    """The class the entry point of ``name`` (``arch`` or ``arch.tag``) builds."""
+    return _model_classes[_architecture(name)]
+
+
+def _architecture(name: str) -> str:
+    """The architecture of ``name``, which must be registered.
+
+    Raises:
+        ValueError: unknown architecture, listing the valid ones.
+    """
+    architecture = split_model_name(name)[0]
+    model_entrypoint(architecture)
+    return architecture
 
 
 def get_pretrained_cfg(name: str) -> PretrainedCfg | None:
@@ -105,16 +165,6 @@ def to_plain(value: Any, resolve: bool = True) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(to_plain(v, resolve) for v in value)
     return value
-
-
-def __getattr__(name: str):
-    # Old import path (``from models.registry import create_model``), kept for one release: the
-    # factory sits above this module, so it is imported only when asked for.
-    if name == "create_model":
-        from models.factory import create_model
-
-        return create_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pose_free_models() -> list[str]:

@@ -115,7 +115,7 @@ CORRUPT_IMAGES = {
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random weights of the posed tiny model, saved as a user's folder would be."""
     from models import create_model
-    from models.weights.pretrained import save_pretrained
+    from models.weights.hub import save_pretrained
 
     return save_pretrained(
         create_model(POSED), tmp_path_factory.mktemp("weights") / POSED, name=POSED

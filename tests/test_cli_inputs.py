@@ -16,7 +16,7 @@ from PIL import Image
 from models import create_model
 from models.command_line import quote_path_arguments
 from models.registry import pose_free_models
-from models.weights.pretrained import save_pretrained
+from models.weights.hub import save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

@@ -1,5 +1,6 @@
 """Hugging Face Hub integration: save_pretrained/load round trips for every registered model,
-strict loading errors, hf-hub: resolution from a local cache, and models.training.export."""
+strict loading errors, hf-hub: resolution from a local cache, and models.training.export (release
+files: tests/test_pretrained_loading.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from safetensors.torch import load_file, save_file
 
 from models import create_model, list_models, load_model
 from models.output_folder import MARKER_NAME
-from models.weights.pretrained import (
+from models.weights.builder import load_pretrained
+from models.weights.hub import (
     CONFIG_NAME,
     METADATA_KEY,
     WEIGHTS_NAME,
     PretrainedError,
     default_weights,
     discover_local_weights,
-    load_pretrained,
     model_config,
     parse_location,
     save_pretrained,
@@ -216,6 +217,9 @@ def test_corrupt_safetensors(damage: str, tmp_path: Path) -> None:
 def test_missing_folder_and_file(tmp_path: Path) -> None:
     with pytest.raises(PretrainedError, match="does not exist"):
         create_model(TINY, pretrained=f"local-dir:{tmp_path / 'nope'}")
+    for missing in ("nope.safetensors", "nope.ckpt", "nope.pth"):  # a file by its suffix
+        with pytest.raises(PretrainedError, match="weights file does not exist"):
+            create_model(TINY, pretrained=str(tmp_path / missing))
     (tmp_path / "empty").mkdir()
     with pytest.raises(PretrainedError, match=f"no {WEIGHTS_NAME}"):
         create_model(TINY, pretrained=f"local-dir:{tmp_path / 'empty'}")
@@ -239,7 +243,7 @@ def test_parse_location() -> None:
 
 
 def test_default_weights_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from models.weights import pretrained as pretrained
+    from models.weights import hub
 
     root = tmp_path / "checkpoints"
     save_pretrained(create_model(TINY), root / TINY)
@@ -249,8 +253,8 @@ def test_default_weights_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     (root / "not_a_model" / CONFIG_NAME).write_text("{}")
     assert discover_local_weights(root) == {TINY: f"local-dir:{root / TINY}"}
 
-    monkeypatch.setattr(pretrained, "CHECKPOINTS_DIR", root)
-    monkeypatch.setattr(pretrained, "HUB_WEIGHTS", {})
+    monkeypatch.setattr(hub, "CHECKPOINTS_DIR", root)
+    monkeypatch.setattr(hub, "HUB_WEIGHTS", {})
     assert default_weights(TINY) == f"local-dir:{root / TINY}"
     model = create_model(TINY, pretrained=True)
     _assert_same_state(model, load_file(str(root / TINY / WEIGHTS_NAME)))
@@ -415,7 +419,9 @@ def test_export_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     cases = [
         ([f"ckpt={bad}", f"out={tmp_path / 'out'}"], str(bad)),
         ([f"ckpt={tmp_path / 'missing.ckpt'}", f"out={tmp_path / 'out'}"], "missing.ckpt"),
-        ([f"out={tmp_path / 'out'}"], "give exactly one of ckpt=... or release=..."),
+        ([f"out={tmp_path / 'out'}"], "missing ckpt=..."),
+        # release files convert with the weights' own command, which the usage names
+        (["release=x.pth", f"out={tmp_path / 'out'}"], "python -m models.weights.convert"),
         ([f"ckpt={bad}", f"out={tmp_path / 'out'}", "colour=red"], "unknown argument"),
     ]
     for argv, expected in cases:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from models import create_model, list_models
-from models.weights.pretrained import WEIGHTS_NAME, save_pretrained
+from models.weights.hub import WEIGHTS_NAME, save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -18,10 +18,12 @@ PACKAGES = ("models", "datamodules")
 # Layer ranks, lowest first: a module may import modules of its own rank or lower. The longest
 # matching prefix decides. geometry -> gaussians/sh -> render -> layers -> families ->
 # weights/factory/registry -> metrics/inference -> training, with timm's placement of the
-# registration modules: the registry, the pretrained configs and the weights I/O sit below the
-# families (every family module registers itself with them, as timm's _registry/_pretrained),
-# the factory (create_model, load_model) above them.
-RANKS: dict[str, int] = {
+# registration modules: the weights line pretrained_cfg -> registry -> hub -> builder sits below
+# the families (every family module registers itself with them and finishes its
+# checkpoint_filter_fn with the builder's check, as timm's _registry/_pretrained/_hub/_builder),
+# the factory (create_model, load_model) and the release converter above them. Fractional ranks
+# order that line inside layer 5.
+RANKS: dict[str, float] = {
     # utilities every layer may use (no project imports of their own above rank 0)
     "models._timm_import": 0,
     "models.errors": 0,
@@ -37,12 +39,16 @@ RANKS: dict[str, int] = {
     "datamodules.transforms": 3,  # image resizing shared by the readers and the training data
     "models.layers": 4,
     "models.base": 5,  # SplatModel, ModelOutput: what every family subclasses / returns
-    "models.knobs": 5,  # inference-knob declarations the families make
-    "models.registry": 5,
-    "models.weights": 5,
+    "models.knobs": 5.5,  # inference-knob declarations the families make (reads the registry)
+    "models.weights": 5.1,  # the package (a docstring)
+    "models.weights.pretrained_cfg": 5.1,  # PretrainedCfg, the architecture.tag tables
+    "models.registry": 5.2,  # entry points, families, list_models
+    "models.weights.hub": 5.3,  # locations, downloads, sha256, files, model cards
+    "models.weights.builder": 5.4,  # build from recorded arguments, filter fns, strict load
     "models.input_recipe": 0,  # a dataclass the pretrained configs hold
     "models.families": 6,
     "models.factory": 7,
+    "models.weights.convert": 7,  # python -m models.weights.convert (release files)
     "models": 7,  # the facade (its __init__) re-exports the factory
     "models.metrics": 8,
     "models.inference": 8,

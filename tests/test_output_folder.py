@@ -29,7 +29,7 @@ from models.output_folder import (
     check_output_folder,
     remove_stale_staging,
 )
-from models.weights.pretrained import save_pretrained
+from models.weights.hub import save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

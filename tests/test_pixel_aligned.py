@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from models.base import ModelOutput, SplatModel
+from models.factory import create_model
 from models.families.pixel_aligned import (
     PixelAligned,
     noposplat_tiny,
@@ -19,7 +20,7 @@ from models.families.pixel_aligned import (
     rigid_fit,
 )
 from models.geometry.cameras import pixel_grid, project
-from models.registry import create_model, list_models
+from models.registry import list_models
 
 H = W = 64
 # A narrower, shallower backbone and head for the behaviour tests (the registered tiny model is

@@ -1,13 +1,17 @@
 """The loading path every port uses: pretrained configs (``architecture.tag``), release files read
-by a family's ``checkpoint_filter_fn``, Hub downloads with the sha256 check, and one-line errors.
+by a family's ``checkpoint_filter_fn``, Hub downloads with the sha256 check, the provenance of a
+file (the release only when it claims to be one and its sha256 matches), release conversion
+(``python -m models.weights.convert``), the families, and one-line errors.
 
 A throwaway family is written to a temporary module and registered, as a contributor's new family
 file would be; it has a "release" in its own container format (``{'state_dict': ...}`` with
-``encoder.``-prefixed keys), like DepthSplat's.
+``encoder.``-prefixed keys), like DepthSplat's. The provenance cases also run on DepthSplat-small
+files in the real release format, built from its key manifest (tests/depthsplat_fixtures.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -18,7 +22,7 @@ import torch
 
 from models import create_model, families, get_pretrained_cfg, list_models, registry
 from models.weights import pretrained_cfg as cfg_module
-from models.weights.pretrained import PretrainedError, save_pretrained
+from models.weights.hub import PretrainedError, save_pretrained
 
 TOY_MODULE = '''
 """A throwaway family (test only)."""
@@ -125,6 +129,7 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     )
     monkeypatch.setattr(registry, "_model_entrypoints", dict(registry._model_entrypoints))
     monkeypatch.setattr(registry, "_model_family", dict(registry._model_family))
+    monkeypatch.setattr(registry, "_model_classes", dict(registry._model_classes))
     monkeypatch.setattr(cfg_module, "_pretrained_cfgs", dict(cfg_module._pretrained_cfgs))
     monkeypatch.setattr(cfg_module, "_default_tags", dict(cfg_module._default_tags))
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(folder)])
@@ -138,7 +143,7 @@ def _context() -> dict[str, torch.Tensor]:
 
 
 def test_throwaway_family_is_registered_everywhere(toy, tmp_path: Path) -> None:
-    assert "toy_tiny" in list_models() and "toy_tiny" in list_models(family="toy_family")
+    assert "toy_tiny" in list_models() and list_models(family="toy") == ["toy_tiny"]
     assert {"toy_tiny.release", "toy_tiny.wide"} <= set(list_models(pretrained=True))
     cfg = get_pretrained_cfg("toy_tiny")  # the default tag is the first registered
     assert (
@@ -186,7 +191,8 @@ def test_tag_downloads_checks_sha_and_loads(toy, tmp_path: Path, monkeypatch) ->
     with pytest.raises(PretrainedError) as error:
         create_model("toy_tiny.release", pretrained=True)
     message = str(error.value)
-    assert "huggingface-cli download toyorg/toy" in message and "\n" not in message
+    assert "`hf download toyorg/toy toy-release-" in message and "\n" not in message
+    assert "weights=/path/to/toy-release-" in message  # the command-line setting
     # In the cache: hf_hub_download finds it, the sha256 prefix matches, it loads.
     _hub_cache(tmp_path / "cache", "toyorg/toy", f"toy-release-{sha}.pth", data)
     model = create_model("toy_tiny", pretrained=True)
@@ -206,9 +212,9 @@ def test_tag_with_altered_file_fails_sha(toy, tmp_path: Path, monkeypatch) -> No
 def test_bad_release_files_are_one_line(toy, tmp_path: Path) -> None:
     _, data, sha = toy
     cases = {}
-    wrong_sha = tmp_path / "toy-release-0badc0de.pth"  # a name that carries another hash
-    wrong_sha.write_bytes(data)
-    cases[wrong_sha] = "does not start with 0badc0de"
+    wrong_sha = tmp_path / f"toy-release-{sha}.pth"  # the release's name, other bytes
+    torch.save({"state_dict": _official_state(5)}, wrong_sha)
+    cases[wrong_sha] = f"does not start with {sha}, the digest of the release toy_tiny.release"
     truncated = tmp_path / "truncated.pth"
     truncated.write_bytes(data[: len(data) // 2])
     cases[truncated] = "truncated or corrupt"
@@ -263,8 +269,8 @@ def test_shipped_weights_have_tags() -> None:
         create_model("zipsplat_tiny.nope", pretrained=True)
 
 
-def test_export_release_to_our_folder(toy, tmp_path: Path) -> None:
-    from models.training.export import main
+def test_convert_release_to_our_folder(toy, tmp_path: Path) -> None:
+    from models.weights.convert import main
 
     _, data, sha = toy
     release = tmp_path / f"toy-release-{sha}.pth"
@@ -273,8 +279,184 @@ def test_export_release_to_our_folder(toy, tmp_path: Path) -> None:
     assert main([f"release={release}", "model=toy_tiny", f"out={out}"]) == 0
     card = (out / "README.md").read_text()
     assert "license: mit" in card and "made up for a test" in card and "toy_tiny.release" in card
+    assert f"the release `{release.name}` (sha256 matched)" in card
     loaded = create_model("toy_tiny", pretrained=str(out))
     torch.testing.assert_close(loaded.proj.weight, _official_state(4)["encoder.input_proj.weight"])
     assert (
         main([f"release={tmp_path / 'nope.pth'}", "model=toy_tiny", f"out={tmp_path / 'x'}"]) == 2
     )
+
+
+def test_convert_command_line(toy, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``python -m models.weights.convert``: bad arguments are one line and status 2; this
+    project's own weights are not a release to convert; a fine-tune converts with a warning."""
+    from models.weights.convert import main
+
+    _, data, _ = toy
+    bad = {
+        ("model=toy_tiny", f"out={tmp_path / 'o'}"): "missing release=",
+        ("release=x.pth", "model=toy_tiny", f"out={tmp_path / 'o'}", "bogus=1"): "unknown argument",
+        ("release=x.pth", "model=nope_tiny", f"out={tmp_path / 'o'}"): "unknown architecture",
+    }
+    ours = save_pretrained(create_model("toy_tiny"), tmp_path / "ours")
+    bad[(f"release={ours}", "model=toy_tiny", f"out={tmp_path / 'o'}")] = "not in a release's"
+    for argv, expected in bad.items():
+        assert main(list(argv)) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+    finetune = tmp_path / "finetune.pth"
+    finetune.write_bytes(data)
+    assert main([f"release={finetune}", "model=toy_tiny.release", f"out={tmp_path / 'o'}"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "not the release file" in err and err.count("\n") == 1, err
+
+
+# --------------------------------------------------------------------------- families
+
+
+def test_every_model_is_in_one_of_the_four_families() -> None:
+    """A family is the method: each family's own architectures and its release port."""
+    assert registry.list_families() == ["pixel_aligned", "resplat", "splatweaver", "zipsplat"]
+    expected = {
+        "pixel_aligned": ("pixel_aligned_*", "noposplat_tiny", "depthsplat_*"),
+        "zipsplat": ("zipsplat_*",),
+        "resplat": ("resplat_*",),
+        "splatweaver": ("splatweaver_*",),
+    }
+    for family, patterns in expected.items():
+        names = sorted({n for p in patterns for n in list_models(p)})
+        assert list_models(family=family) == names, family
+        for name in names:  # one spelling: the registry's family is the class's
+            assert registry.model_family(name) == family
+            assert registry.model_class(name).family == family
+    assert {"zipsplat_da3g", "zipsplat_tiny"} <= set(list_models(family="zipsplat"))
+    assert {"depthsplat_small", "noposplat_tiny"} <= set(list_models(family="pixel_aligned"))
+    assert {"resplat_small", "resplat_release_tiny"} <= set(list_models(family="resplat"))
+    assert "splatweaver_vggt" in list_models(family="splatweaver")
+    tags = list_models(pretrained=True, family="zipsplat")
+    assert "zipsplat_da3g.re10k_dl3dv_252px" in tags and "zipsplat_tiny.synthetic64" in tags
+
+
+def test_an_entry_point_must_name_its_family() -> None:
+    def no_annotation(**kwargs):
+        return torch.nn.Linear(1, 1)
+
+    def no_family(**kwargs) -> torch.nn.Linear:
+        return torch.nn.Linear(1, 1)
+
+    with pytest.raises(ValueError, match="must annotate the model class"):
+        registry.register_model(no_annotation)
+    with pytest.raises(ValueError, match="declares no family"):
+        registry.register_model(no_family)
+    assert "no_annotation" not in list_models() and "no_family" not in list_models()
+
+
+# --------------------------------------------------------------------------- provenance
+DEPTHSPLAT_TAG = "depthsplat_small.re10k_256x256_view2"
+
+
+@pytest.fixture(scope="module")
+def depthsplat_file(tmp_path_factory) -> Path:
+    """DepthSplat-small weights in the release's own container, from its key manifest (a
+    "fine-tune": the file's bytes are not the release's)."""
+    import depthsplat_fixtures as fx
+
+    path = tmp_path_factory.mktemp("depthsplat_provenance") / "my_finetune.pth"
+    torch.save(fx.manifest_weights(fx.load_manifest("small_re10k_256x256_view2")), path)
+    return path
+
+
+def _release_named(depthsplat_file: Path, folder: Path) -> Path:
+    path = folder / get_pretrained_cfg(DEPTHSPLAT_TAG).hf_hub_filename
+    path.write_bytes(depthsplat_file.read_bytes())
+    return path
+
+
+def test_renamed_release_file_loads_under_the_tag_without_sha_check(depthsplat_file) -> None:
+    """``create_model(tag, pretrained=file)``, the file under another name: the tag's
+    architecture and recipe, no sha256 check, a warning that it is not the release."""
+    from models.families.depthsplat import checkpoint_filter_fn
+
+    with pytest.warns(UserWarning, match="not the release file depthsplat-gs-small-re10k") as seen:
+        model = create_model(DEPTHSPLAT_TAG, pretrained=str(depthsplat_file))
+    assert any(str(depthsplat_file) in str(w.message) for w in seen)
+    assert model.pretrained_cfg.name == DEPTHSPLAT_TAG  # its recipe applies
+    assert model.pretrained_cfg.recipe == get_pretrained_cfg(DEPTHSPLAT_TAG).recipe
+    reference = checkpoint_filter_fn(torch.load(depthsplat_file, weights_only=True), model)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, reference[key]), key
+    # what infer.py prints and records in summary.json (model=<tag> weights=<file>)
+    from models.inference import load_for_inference
+
+    loaded = load_for_inference(DEPTHSPLAT_TAG, str(depthsplat_file))
+    assert any("not the release file" in note for note in loaded.notes), loaded.notes
+    assert loaded.model.pretrained_cfg.name == DEPTHSPLAT_TAG
+
+
+def test_file_named_as_the_release_with_another_sha_is_refused(depthsplat_file, tmp_path) -> None:
+    named = _release_named(depthsplat_file, tmp_path)
+    for name in (DEPTHSPLAT_TAG, "depthsplat_small"):  # the name claims it, tag or not
+        with pytest.raises(PretrainedError) as info:
+            create_model(name, pretrained=str(named))
+        message = str(info.value)
+        assert message.startswith(f"{named}: sha256 ") and "\n" not in message, message
+        assert f"does not start with {get_pretrained_cfg(DEPTHSPLAT_TAG).sha256_prefix}" in message
+        assert "a file of your own needs another name" in message
+
+
+def test_file_named_as_the_release_with_its_sha_is_the_release(
+    depthsplat_file, tmp_path, monkeypatch
+) -> None:
+    """The release's name and digest (the tag's prefix pointed at the generated file): the file
+    is the release; without a tag, its name says which tag it is."""
+    import warnings
+
+    from models.weights.hub import resolve_source
+
+    named = _release_named(depthsplat_file, tmp_path)
+    sha = hashlib.sha256(named.read_bytes()).hexdigest()[:8]
+    cfg = dataclasses.replace(get_pretrained_cfg(DEPTHSPLAT_TAG), sha256_prefix=sha)
+    monkeypatch.setitem(cfg_module._pretrained_cfgs, DEPTHSPLAT_TAG, cfg)
+    source = resolve_source("depthsplat_small", str(named))
+    assert source.is_release and source.pretrained_cfg.name == DEPTHSPLAT_TAG
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the release: no provenance warning
+        model = create_model("depthsplat_small", pretrained=str(named))
+    assert model.pretrained_cfg.name == DEPTHSPLAT_TAG
+    assert not resolve_source(DEPTHSPLAT_TAG, str(depthsplat_file)).is_release
+
+
+def test_convert_card_says_release_only_when_the_sha_matched(
+    depthsplat_file, tmp_path, monkeypatch
+) -> None:
+    """Converting the renamed file works under the tag (no sha256 check against it) and its
+    card calls it a file in the release's format; the release-named file whose digest matches
+    is "converted from the release"."""
+    from models.weights.convert import convert_release
+
+    with pytest.warns(UserWarning, match="not the release file"):
+        out = convert_release(depthsplat_file, DEPTHSPLAT_TAG, tmp_path / "finetune")
+    card = (out / "README.md").read_text()
+    assert (
+        "`my_finetune.pth`, a file in the release's format (not the authors' release file)" in card
+    )
+    assert "(sha256 matched)" not in card and "authors' release file)" in card
+    assert "No metrics were recorded" in card  # the release's facts are not this file's
+    assert "| training data |" not in card
+    assert f'create_model("{DEPTHSPLAT_TAG}"' in card  # loads back under the tag's recipe
+    converted = create_model(DEPTHSPLAT_TAG, pretrained=str(out))
+    with pytest.warns(UserWarning, match="not the release file"):
+        original = create_model(DEPTHSPLAT_TAG, pretrained=str(depthsplat_file))
+    for key, value in converted.state_dict().items():
+        assert torch.equal(value, original.state_dict()[key]), key
+
+    named = _release_named(depthsplat_file, tmp_path)
+    sha = hashlib.sha256(named.read_bytes()).hexdigest()[:8]
+    cfg = dataclasses.replace(get_pretrained_cfg(DEPTHSPLAT_TAG), sha256_prefix=sha)
+    monkeypatch.setitem(cfg_module._pretrained_cfgs, DEPTHSPLAT_TAG, cfg)
+    out = convert_release(named, "depthsplat_small", tmp_path / "release")
+    card = (out / "README.md").read_text()
+    assert f"the release `{named.name}` (sha256 matched)" in card
+    assert "not the authors' release file" not in card
+    assert f"| training data | {cfg.train_data} |" in card  # the release's facts are its own

@@ -17,7 +17,8 @@ import torch
 
 from models import create_model, list_models
 from models.base import SplatModel
-from models.factory import load_model, model_class
+from models.factory import load_model
+from models.registry import model_class
 from models.training import (
     Recipe,
     ReSplatRecipe,
@@ -194,7 +195,7 @@ def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path:
     """A training checkpoint of an older version records the training settings in its
     ``model_config``: load_model and export_checkpoint leave them out and keep every weight."""
     from models.training.export import export_checkpoint
-    from models.weights.pretrained import model_config
+    from models.weights.hub import model_config
 
     name = "resplat_tiny"
     shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")

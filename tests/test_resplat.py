@@ -13,7 +13,7 @@ from models import create_model, list_models, render
 from models.families.resplat import ReSplat, decode_gaussians, encode_gaussians
 from models.layers.feature_extractor import FrozenFeatureExtractor
 from models.training.recipes import ReSplatRecipe
-from models.weights.pretrained import PretrainedError, model_config
+from models.weights.hub import PretrainedError, model_config
 
 SIZE = 32  # images of the tests: 32x32 -> an 8x8 latent grid per view
 

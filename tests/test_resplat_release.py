@@ -21,7 +21,7 @@ from models.families.resplat_release import (
 )
 from models.knobs import inference_knobs
 from models.layers.knn import knn
-from models.weights.pretrained import PretrainedError
+from models.weights.hub import PretrainedError
 
 CONFIGS = fx.list_configs()
 INIT_TOLERANCE = 1e-4

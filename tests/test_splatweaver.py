@@ -76,8 +76,11 @@ def model() -> SplatWeaver:
 
 
 def test_registered() -> None:
-    names = list_models(family="splatweaver")
-    assert names == ["splatweaver_base", "splatweaver_small", "splatweaver_tiny"]
+    names = list_models(family="splatweaver")  # the family's own sizes and its release port
+    assert names == list_models("splatweaver_*")
+    assert {"splatweaver_base", "splatweaver_small", "splatweaver_tiny", "splatweaver_vggt"} <= set(
+        names
+    )
     assert SplatWeaver.pose_free and SplatWeaver.family == "splatweaver"
 
 
@@ -483,7 +486,7 @@ def test_bad_arguments(model: SplatWeaver) -> None:
 
 
 def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -> None:
-    from models.weights.pretrained import PretrainedError, save_pretrained
+    from models.weights.hub import PretrainedError, save_pretrained
 
     torch.manual_seed(0)
     teacher = create_model("pixel_aligned_tiny", img_size=SIZE)

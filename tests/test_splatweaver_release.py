@@ -313,7 +313,7 @@ def test_create_model_reads_the_release_format(which, release_folder, tiny_model
 
 def test_create_model_refuses_another_size(release_folder) -> None:
     """The tiny release file for a model of another configuration: one line naming the file."""
-    from models.weights.pretrained import PretrainedError
+    from models.weights.hub import PretrainedError
 
     with pytest.raises(PretrainedError) as info:
         create_model(TINY, pretrained=str(release_folder), depth=2, out_layers=[0, 1, 1, 1])

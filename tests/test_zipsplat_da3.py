@@ -303,7 +303,7 @@ def test_create_model_reads_a_release_format_file(tmp_path) -> None:
             b = loaded({"image": images}, compression=r).gaussians
             assert torch.equal(a.means, b.means) and torch.equal(a.harmonics, b.harmonics)
 
-    from models.weights.pretrained import PretrainedError
+    from models.weights.hub import PretrainedError
 
     broken = dict(official)
     broken.pop("color_embed.proj.bias")
@@ -335,7 +335,7 @@ def test_infer_on_a_plain_image_folder_places_views_by_pose_refinement(tmp_path,
 
     from PIL import Image
 
-    from models.weights.pretrained import save_pretrained
+    from models.weights.hub import save_pretrained
 
     photos = tmp_path / "photos"
     photos.mkdir()

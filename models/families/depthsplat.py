@@ -38,7 +38,7 @@ from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, Dept
 from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.heads import GaussianHead, RayDepthPlacement
 from models.registry import register_model
-from models.weights.pretrained import check_mapped_state
+from models.weights.builder import check_mapped_state
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -80,7 +80,7 @@ class DepthSplat(SplatModel):
             dpt_out_channels: ``vit="custom"`` only.
     """
 
-    family = "depthsplat"
+    family = "pixel_aligned"  # the method: DepthSplat is a pixel-aligned model
     pose_free = False
     min_views = 2
 

@@ -459,7 +459,8 @@ class ReSplat(SplatModel):
         Raises:
             PretrainedError: unreadable weights, or keys/shapes that do not match the initial model.
         """
-        from models.weights.pretrained import load_state_dict_strict, read_weights, sub_state_dict
+        from models.weights.builder import load_state_dict_strict, sub_state_dict
+        from models.weights.hub import read_weights
 
         state, path = read_weights(location, "resplat")
         state = sub_state_dict(state, "init_model.") or state  # a whole ReSplat, or its init

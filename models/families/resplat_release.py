@@ -54,7 +54,7 @@ from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.knn import knn
 from models.registry import register_model
 from models.render import render
-from models.weights.pretrained import check_mapped_state
+from models.weights.builder import check_mapped_state
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [

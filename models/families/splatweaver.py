@@ -578,12 +578,8 @@ class SplatWeaver(PixelTrunk, SplatModel):
             PretrainedError: unreadable weights, or a trunk module missing from or not matching
                 the file.
         """
-        from models.weights.pretrained import (
-            PretrainedError,
-            load_state_dict_strict,
-            read_weights,
-            sub_state_dict,
-        )
+        from models.weights.builder import load_state_dict_strict, sub_state_dict
+        from models.weights.hub import PretrainedError, read_weights
 
         state, path = read_weights(location, "splatweaver")
         loaded = []

@@ -306,7 +306,7 @@ class SplatWeaverRelease(SplatModel):
         scale_factor, max_scale: scale ``scale_factor * softplus(x)``, capped at ``max_scale``.
     """
 
-    family = "splatweaver_release"
+    family = "splatweaver"  # the method, as the architectures of models/families/splatweaver.py
     pose_free = True
     min_views = 1
 

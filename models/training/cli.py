@@ -160,7 +160,7 @@ class TimeFromNow(L.Callback):
 def check_checkpoint(path: str) -> None:
     """Refuse a training checkpoint that ``weights_only=True`` cannot read (a pickle that would
     run code, a truncated file) before Lightning touches it; one line naming the file."""
-    from models.weights.pretrained import PretrainedError, load_checkpoint_state_dict
+    from models.weights.hub import PretrainedError, load_checkpoint_state_dict
 
     try:
         load_checkpoint_state_dict(path)
@@ -173,7 +173,7 @@ def resume_safely():
     checkpoints: the data-only classes they hold (OmegaConf hyper-parameters) allowlisted."""
     import torch
 
-    from models.weights.pretrained import checkpoint_safe_globals
+    from models.weights.hub import checkpoint_safe_globals
 
     return torch.serialization.safe_globals(checkpoint_safe_globals())
 

@@ -1,14 +1,9 @@
-"""Export a Lightning checkpoint, or an authors' release file, to the ``save_pretrained`` layout
-(and optionally to the Hub).
+"""Export a Lightning checkpoint to the ``save_pretrained`` layout (and optionally to the Hub).
 
     python -m models.training.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL]
         [metrics=metrics.json] [data="..."] [overwrite=true] [private=true]
-    python -m models.training.export release=depthsplat-gs-small-...-cfeab6b1.pth \
-        model=depthsplat_small.re10k_256x256_view2 out=DIR
 
-A release file is mapped by its family's ``checkpoint_filter_fn``; the tag's pretrained config
-(licence, source, training data, the authors' reported metrics, labelled as theirs) goes into the
-model card.
+(An authors' release file converts with ``python -m models.weights.convert``.)
 
 Writes ``DIR/config.json`` (every constructor argument plus the ``splatzoo`` metadata entry),
 ``DIR/model.safetensors`` and a generated model card ``DIR/README.md`` naming the family, the
@@ -30,28 +25,26 @@ from typing import Any
 
 from torch import nn
 
-from models.errors import PathError
-from models.output_folder import MARKER_NAME, OutputFolder, OutputFolderError
-from models.weights.pretrained import (
-    _INIT_ONLY_ARGS,
+from models.base import INIT_ONLY_ARGS
+from models.output_folder import OutputFolder, OutputFolderError
+from models.weights.builder import build_from_recorded, load_state_dict_strict
+from models.weights.hub import (
     METADATA_KEY,
+    ExportError,
     PretrainedError,
     load_checkpoint_state_dict,
-    load_state_dict_strict,
+    model_card,
+    push_folder,
 )
-from models.weights.pretrained import save_pretrained as save_with_metadata
+from models.weights.hub import save_pretrained as save_with_metadata
 
-__all__ = ["ExportError", "export_checkpoint", "model_card", "push_folder", "main"]
+__all__ = ["checkpoint_metrics", "export_checkpoint", "main"]
 
 USAGE = (
     "usage: python -m models.training.export ckpt=PATH out=DIR [push_to_hub=org/repo] [name=MODEL] "
-    "[metrics=JSON] [metric.NAME=VALUE ...] [data=TEXT] [overwrite=true] [private=true]; "
-    "or python -m models.training.export release=FILE model=ARCH[.TAG] out=DIR"
+    "[metrics=JSON] [metric.NAME=VALUE ...] [data=TEXT] [overwrite=true] [private=true] "
+    "(a release file: python -m models.weights.convert release=FILE model=ARCH[.TAG] out=DIR)"
 )
-
-
-class ExportError(PathError):
-    """An export cannot proceed; ``path`` names the file or location at fault."""
 
 
 # --------------------------------------------------------------------------- card
@@ -131,83 +124,6 @@ def _training_facts(checkpoint: dict, data: str | None) -> dict[str, str]:
     return facts
 
 
-def model_card(
-    model: nn.Module,
-    name: str,
-    facts: dict[str, str],
-    metrics: dict[str, float],
-    repo_id: str | None = None,
-    license: str = "apache-2.0",
-    metrics_note: str = "",
-) -> str:
-    """The README.md of an exported model: YAML metadata, what it is, how it was trained, its
-    metrics and how to use it. ``license`` is the weights' Hub licence identifier (a released
-    model's licence travels with its weights); ``metrics_note`` says who measured the metrics."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    family = getattr(model, "family", "unknown")
-    pose = (
-        "pose-free (no input cameras needed)"
-        if getattr(model, "pose_free", False)
-        else "posed (needs input cameras)"
-    )
-    params = sum(p.numel() for p in model.parameters())
-    card_data = ModelCardData(
-        library_name="splatzoo",
-        license=license,
-        pipeline_tag="image-to-3d",
-        tags=sorted({"gaussian-splatting", "3d-reconstruction", "splatzoo", family}),
-    )
-    rows = [
-        ("model", f"`{name}`"),
-        ("family", f"`{family}` ({type(model).__name__})"),
-        ("inputs", pose),
-    ]
-    rows += [("minimum views", str(getattr(model, "min_views", 1))), ("parameters", f"{params:,}")]
-    rows += list(facts.items())
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    if metrics:
-        metric_table = "| metric | value |\n|---|---|\n" + "\n".join(
-            f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())
-        )
-        if metrics_note:
-            metric_table += f"\n\n{metrics_note}"
-    else:
-        metric_table = "No metrics were recorded with this checkpoint."
-    location = f"hf-hub:{repo_id}" if repo_id else "local-dir:/path/to/this/folder"
-    content = f"""---
-{card_data.to_yaml()}
----
-
-# {name}
-
-A feed-forward 3D Gaussian Splatting model from [splatzoo](https://github.com/splatzoo/splatzoo):
-images in, a set of 3D Gaussians out in one forward pass.
-
-| | |
-|---|---|
-{table}
-
-## Metrics
-
-{metric_table}
-
-## Usage
-
-```python
-from models import create_model
-model = create_model("{name}", pretrained="{location}")
-```
-
-```bash
-python infer.py input=my_images/ output=outputs/my_scene model={name} weights={location}
-```
-
-Weights are stored as safetensors; `config.json` holds every constructor argument.
-"""
-    return str(ModelCard(content))
-
-
 # --------------------------------------------------------------------------- export
 
 
@@ -218,7 +134,6 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     ``model_config`` (every constructor argument); ``model_kwargs`` (overrides of the entry point)
     is accepted too.
     """
-    from models.factory import build_from_recorded
     from models.registry import is_model
 
     hparams = checkpoint.get("hyper_parameters") or {}
@@ -231,7 +146,7 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     if not is_model(name):
         raise ExportError(path, f"model {name!r} from the checkpoint is not registered")
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
-    for key in _INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
+    for key in INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
         kwargs.pop(key, None)  # may be gone)
     try:  # the factory's rebuild: retired and unknown recorded arguments left out with a warning
         model = build_from_recorded(name, kwargs)
@@ -282,85 +197,6 @@ def export_checkpoint(
     return out
 
 
-def _hub_license(text: str | None) -> str:
-    """The Hub licence identifier of a pretrained config's licence text (``other`` if unclear)."""
-    known = ("apache-2.0", "mit", "cc-by-nc-4.0", "cc-by-4.0", "bsd-3-clause")
-    lowered = (text or "").lower()
-    found = [k for k in known if k in lowered.replace(" ", "-")]
-    return found[0] if len(found) == 1 else "other"
-
-
-def export_release(
-    release: str | os.PathLike,
-    name: str,
-    out: str | os.PathLike,
-    overwrite: bool = False,
-    repo_id: str | None = None,
-) -> Path:
-    """Convert an authors' release file into this project's ``save_pretrained`` folder.
-
-    Args:
-        release: the downloaded release file (read with ``weights_only=True`` and mapped by the
-            family's ``checkpoint_filter_fn``).
-        name: ``architecture`` or ``architecture.tag``; the tag's pretrained config (licence,
-            source, training data, the authors' reported metrics) goes into the model card.
-        out: the output folder (same rules as :func:`export_checkpoint`).
-
-    Raises:
-        ExportError, PretrainedError: one line naming the path.
-    """
-    from models.factory import create_model
-    from models.registry import get_pretrained_cfg
-    from models.weights.pretrained_cfg import split_model_name
-
-    release, out = Path(release), Path(out)
-    folder = _output_folder(out, release, overwrite)
-    architecture, tag = split_model_name(name)
-    cfg = get_pretrained_cfg(name)
-    if tag is None:  # the file says which tag it is when its name is a registered file name
-        for candidate in list_models_pretrained(architecture):
-            if candidate.hf_hub_filename == release.name:
-                cfg = candidate
-    model = create_model(cfg.name if cfg is not None else architecture, pretrained=str(release))
-    facts = {"converted from": f"`{release.name}` (the authors' release file)"}
-    if cfg is not None:
-        facts.update(
-            {
-                "weights": f"`{cfg.name}`",
-                "licence": cfg.license or "see the source",
-                "source": cfg.source or "",
-                "training data": cfg.train_data or "",
-                "input size": "x".join(map(str, cfg.input_size or ())) or "",
-                "context views": str(cfg.views or ""),
-            }
-        )
-    facts = {k: v for k, v in facts.items() if v}
-    note = f"Reported by {cfg.metrics_source}." if cfg is not None and cfg.metrics_source else ""
-    card = model_card(
-        model,
-        architecture,
-        facts,
-        dict(cfg.metrics) if cfg is not None else {},
-        repo_id,
-        license=_hub_license(cfg.license if cfg is not None else None),
-        metrics_note=note,
-    )
-    with folder as staging:
-        save_with_metadata(model, staging, name=architecture, model_card=card)
-    return out
-
-
-def list_models_pretrained(architecture: str) -> list:
-    """The pretrained configs of ``architecture``."""
-    from models.registry import get_pretrained_cfg, list_models
-
-    return [
-        get_pretrained_cfg(n)
-        for n in list_models(pretrained=True)
-        if n.startswith(f"{architecture}.")
-    ]
-
-
 # What an export folder written before the output marker existed holds.
 _EXPORT_ENTRIES = ("config.json", "model.safetensors", "README.md")
 
@@ -387,42 +223,6 @@ def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
         raise ExportError(error.path, error.message) from None
 
 
-def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
-    """Upload an exported folder to the Hub as model repository ``repo_id``.
-
-    Returns:
-        The commit URL.
-
-    Raises:
-        ExportError: offline (``HF_HUB_OFFLINE=1``), no network, no token, refused by the Hub.
-    """
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-    location = f"hf-hub:{repo_id}"
-    later = f"the export in {os.fspath(folder)} is complete; push it again with network access"
-    try:
-        api = HfApi()
-        repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
-        info = api.upload_folder(
-            repo_id=repo_id,
-            folder_path=os.fspath(folder),
-            repo_type="model",
-            commit_message="Upload splatzoo weights",
-            ignore_patterns=[MARKER_NAME],  # local bookkeeping, not part of the weights
-        )
-    except OfflineModeIsEnabled as error:
-        raise ExportError(
-            location, f"cannot push: offline mode is enabled (HF_HUB_OFFLINE); {later}"
-        ) from error
-    except (HfHubHTTPError, OSError, ValueError) as error:
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise ExportError(
-            location, f"cannot push: {type(error).__name__}: {detail}; {later}"
-        ) from error
-    return str(getattr(info, "commit_url", info))
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -441,8 +241,6 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
                 raise ExportError(item, "metric values must be numbers") from error
         elif key in (
             "ckpt",
-            "release",
-            "model",
             "out",
             "push_to_hub",
             "name",
@@ -454,12 +252,7 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
             args[key] = value
         else:
             raise ExportError(item, f"unknown argument {key!r}. {USAGE}")
-    sources = [k for k in ("ckpt", "release") if args.get(k)]
-    if len(sources) != 1:
-        raise ExportError("ckpt", f"give exactly one of ckpt=... or release=... {USAGE}")
-    if args.get("release") and not args.get("model"):
-        raise ExportError("model", f"release=... needs model=ARCH[.TAG]. {USAGE}")
-    for required in ("out",):
+    for required in ("ckpt", "out"):
         if not args.get(required):
             raise ExportError(required, f"missing {required}=... {USAGE}")
     return args, metrics
@@ -494,25 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.get("metrics"):
             metrics = {**_read_metrics(args["metrics"]), **metrics}
         repo_id = args.get("push_to_hub") or None
-        if args.get("release"):
-            out = export_release(
-                args["release"],
-                args["model"],
-                args["out"],
-                overwrite=_truthy(args.get("overwrite")),
-                repo_id=repo_id,
-            )
-        else:
-            out = export_checkpoint(
-                args["ckpt"],
-                args["out"],
-                name=args.get("name"),
-                metrics=metrics,
-                data=args.get("data"),
-                overwrite=_truthy(args.get("overwrite")),
-                repo_id=repo_id,
-            )
-        print(f"exported {args.get('ckpt') or args['release']} -> {out}")
+        out = export_checkpoint(
+            args["ckpt"],
+            args["out"],
+            name=args.get("name"),
+            metrics=metrics,
+            data=args.get("data"),
+            overwrite=_truthy(args.get("overwrite")),
+            repo_id=repo_id,
+        )
+        print(f"exported {args['ckpt']} -> {out}")
         if repo_id:
             url = push_folder(out, repo_id, private=_truthy(args.get("private")))
             print(f"pushed {out} -> {url}")

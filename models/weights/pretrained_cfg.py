@@ -44,7 +44,8 @@ class PretrainedCfg:
             ``"official"`` (the authors' release file, mapped by the family's
             ``checkpoint_filter_fn``).
         sha256_prefix: the leading hex digits of the file's sha256 (releases name their files
-            with it); checked after download.
+            with it); checked for a file claiming to be this release: downloaded for the tag, or
+            carrying ``hf_hub_filename`` (any other file loads unchecked, as not the release).
         arch_kwargs: constructor arguments these weights need beyond the architecture defaults.
         license: licence of the weights (and of any third-party weights inside them).
         source: where they come from (paper, repository).

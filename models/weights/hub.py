@@ -1,21 +1,27 @@
-"""Where pretrained weights live and how they load: registry defaults, ``hf-hub:`` repositories,
-``local-dir:`` folders (the ``save_pretrained`` layout) and Lightning checkpoints.
+"""Where weights are and how their files are read and written (timm's ``_hub``): locations,
+downloads, the sha256 check of release files, safetensors, ``config.json``, Lightning
+checkpoints, the authors' release containers, model cards and pushing to the Hub.
 
-Kept apart from the architecture: ``models/registry.py::create_model(name, pretrained=...)`` builds
-the network from its entry point and calls :func:`load_pretrained` here. Weights are read from
-safetensors (Lightning checkpoints with ``torch.load(weights_only=True)``); nothing is unpickled as
-arbitrary code. Loading is strict: any missing, unexpected or mis-shaped key is an error that lists
-them, and a folder whose ``config.json`` describes another family or model is refused by name.
+It sits above the registry (it asks which models and tags exist) and below the builder, which
+builds a model and loads a :class:`WeightsSource` resolved here into it. Files are read from
+safetensors or with ``torch.load(weights_only=True)``; nothing is unpickled as arbitrary code.
 
-Locations (the ``pretrained`` argument):
+Locations (the ``pretrained`` argument of ``create_model``; ``weights=`` on the command line):
 
-- ``True``: the registry default, :func:`default_weights` (weights shipped in
-  ``checkpoints/<name>/`` plus published Hub repositories in :data:`HUB_WEIGHTS`).
-- ``"hf-hub:org/repo"`` or ``"hf-hub:org/repo@revision"``: downloaded with
-  ``huggingface_hub.snapshot_download`` into ``checkpoints/hub/`` (or the Hugging Face cache when
-  ``HF_HUB_CACHE``/``HF_HOME`` is set); ``HF_HUB_OFFLINE=1`` uses the cache only.
+- ``True``: the tag's (or the architecture's default tag's) weights: a folder shipped in
+  ``checkpoints/<name>/`` or a release file on the Hub (downloaded on first use, sha256-checked);
+  architectures without a tag fall back to :func:`default_weights`.
+- ``"hf-hub:org/repo"`` or ``"hf-hub:org/repo@revision"``: a ``save_pretrained`` repository,
+  downloaded with ``huggingface_hub.snapshot_download`` into ``checkpoints/hub/`` (or the Hugging
+  Face cache when ``HF_HUB_CACHE``/``HF_HOME`` is set); ``HF_HUB_OFFLINE=1`` uses the cache only.
 - ``"local-dir:/path"`` (or a plain folder path): a ``save_pretrained`` folder.
-- a path to a ``.safetensors`` file, or to a Lightning ``.ckpt`` file.
+- a path to a ``.safetensors`` file, a Lightning ``.ckpt``, or a file in a release's format.
+
+Provenance: a file *claims* to be an authors' release when it comes from the Hub for a tag or
+carries a release's file name (``PretrainedCfg.hf_hub_filename``); only then is its sha256 checked
+against the release's. Any other file in a release's format (a fine-tune saved the authors' way)
+loads under the architecture and recipe it is asked for, unchecked, and is never called the
+release.
 """
 
 from __future__ import annotations
@@ -24,9 +30,6 @@ import hashlib
 import json
 import os
 import pickle
-import re
-import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,29 +39,38 @@ from torch import Tensor, nn
 
 from models.base import INIT_ONLY_ARGS, constructor_arguments
 from models.errors import PathError
-from models.registry import get_pretrained_cfg, is_model, model_entrypoint, to_plain
+from models.output_folder import MARKER_NAME
+from models.registry import get_pretrained_cfg, is_model, to_plain
 from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
 
 __all__ = [
     "CHECKPOINTS_DIR",
+    "ExportError",
     "CONFIG_NAME",
     "HUB_WEIGHTS",
     "METADATA_KEY",
+    "OFFICIAL_SUFFIXES",
     "WEIGHTS_NAME",
     "PretrainedError",
+    "WeightsSource",
+    "check_sha256",
+    "checkpoint_safe_globals",
+    "claimed_release",
     "default_weights",
     "discover_local_weights",
     "hub_cache_dir",
     "load_checkpoint_state_dict",
-    "load_pretrained",
-    "load_state_dict_strict",
+    "model_card",
+    "model_config",
     "parse_location",
+    "push_folder",
     "read_config",
+    "read_official_file",
     "read_safetensors",
     "read_weights",
-    "sub_state_dict",
-    "check_mapped_state",
+    "resolve_source",
     "save_pretrained",
+    "weights_location",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,10 +78,8 @@ CHECKPOINTS_DIR = REPO_ROOT / "checkpoints"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 # config.json key holding what the weights are (family, registry name, class); written by
-# ``save_pretrained`` below and by ``models.training.export``. Constructor arguments sit beside it.
+# ``save_pretrained`` below. Constructor arguments sit beside it.
 METADATA_KEY = "splatzoo"
-# Constructor arguments that only fetch initial weights (see models.base.INIT_ONLY_ARGS).
-_INIT_ONLY_ARGS = INIT_ONLY_ARGS
 
 # Published Hub repositories: registry name -> "hf-hub:org/repo[@revision]". Only weights that exist.
 HUB_WEIGHTS: dict[str, str] = {}
@@ -81,6 +91,11 @@ class PretrainedError(PathError):
     Attributes:
         path: the file, folder or location the error is about.
     """
+
+
+class ExportError(PathError):
+    """An export or a conversion cannot proceed (its output folder, the push to the Hub);
+    ``path`` names the file or location at fault."""
 
 
 # --------------------------------------------------------------------------- default table
@@ -124,7 +139,8 @@ def default_weights(name: str) -> str:
         raise PretrainedError(
             CHECKPOINTS_DIR / name,
             f"no default weights for model {name!r} (available: {available}); pass "
-            "pretrained='hf-hub:org/repo' or 'local-dir:/path', or train and export one "
+            "weights=hf-hub:org/repo or weights=local-dir:/path on the command line "
+            "(pretrained=... in Python), or train and export one "
             "(python -m models.training.export ckpt=... out=checkpoints/<name>)",
         )
     return table[name]
@@ -137,8 +153,9 @@ def parse_location(location: str) -> tuple[str, str, str | None]:
     """Split a weights location into ``(kind, target, revision)``.
 
     ``kind`` is ``"hf-hub"`` (target ``org/repo``), ``"local-dir"`` (a folder), or ``"file"`` (a
-    ``.safetensors`` or Lightning ``.ckpt`` file); ``revision`` is set only for ``hf-hub``.
-    A bare path is a folder or a file depending on what it names.
+    ``.safetensors``, Lightning ``.ckpt`` or release file); ``revision`` is set only for
+    ``hf-hub``. A bare path is a folder or a file depending on what it names (a missing path
+    with a weights file's suffix is a file).
     """
     if location.startswith("hf-hub:"):
         target = location[len("hf-hub:") :]
@@ -154,7 +171,7 @@ def parse_location(location: str) -> tuple[str, str, str | None]:
     if location.startswith("local-dir:"):
         return "local-dir", os.path.expanduser(location[len("local-dir:") :]), None
     path = os.path.expanduser(location)
-    if os.path.isfile(path):
+    if os.path.isfile(path) or (not os.path.isdir(path) and path.endswith(WEIGHTS_SUFFIXES)):
         return "file", path, None
     return "local-dir", path, None
 
@@ -211,6 +228,7 @@ def _download(repo_id: str, revision: str | None, location: str) -> Path:
 
 
 OFFICIAL_SUFFIXES = (".pth", ".pt", ".tar", ".bin")
+WEIGHTS_SUFFIXES = (".safetensors", ".ckpt", *OFFICIAL_SUFFIXES)
 
 
 def _location_of(name: str, pretrained: bool | str) -> tuple[str, PretrainedCfg | None]:
@@ -265,9 +283,10 @@ def _download_file(cfg: PretrainedCfg) -> Path:
         raise PretrainedError(
             shown,
             f"not downloaded yet and {reason}: with network access run "
-            f"`huggingface-cli download {cfg.hf_hub_id} {cfg.hf_hub_filename}"
+            f"`hf download {cfg.hf_hub_id} {cfg.hf_hub_filename}"
             f"{' --cache-dir ' + str(cache) if cache else ''}`, or download the file yourself "
-            f"and pass pretrained='/path/to/{cfg.hf_hub_filename}'",
+            f"and pass weights=/path/to/{cfg.hf_hub_filename} on the command line "
+            f"(pretrained='/path/to/{cfg.hf_hub_filename}' in Python)",
         ) from error
     except (RepositoryNotFoundError, EntryNotFoundError) as error:
         raise PretrainedError(shown, "not found on the Hub (repository or file)") from error
@@ -279,21 +298,13 @@ def _download_file(cfg: PretrainedCfg) -> Path:
     return Path(path)
 
 
-_SHA_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")
-
-
-def check_sha256(path: Path, prefix: str | None = None) -> None:
-    """Check a file's sha256 against ``prefix`` (or the ``-<hex>.`` suffix of its name, the
-    release convention torch.hub checks too); nothing to check passes.
+def check_sha256(path: Path, prefix: str, release: str) -> None:
+    """Check that the sha256 of a file claiming to be ``release`` starts with ``prefix``.
 
     Raises:
-        PretrainedError: the digest does not start with the expected hex digits.
+        PretrainedError: one line: the digests, and what to do (download again, or give a file of
+            one's own another name).
     """
-    if prefix is None:
-        match = _SHA_IN_NAME.search(path.name)
-        prefix = match.group(1) if match else None
-    if not prefix:
-        return
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
@@ -301,9 +312,23 @@ def check_sha256(path: Path, prefix: str | None = None) -> None:
     if not digest.hexdigest().startswith(prefix.lower()):
         raise PretrainedError(
             path,
-            f"sha256 {digest.hexdigest()[:12]}... does not start with {prefix} (an incomplete "
-            "or altered download: download it again)",
+            f"sha256 {digest.hexdigest()[:12]}... does not start with {prefix}, the digest of "
+            f"the release {release} whose file name this file carries: an incomplete or altered "
+            "download (download it again); a file of your own needs another name",
         )
+
+
+def claimed_release(
+    architecture: str, filename: str, cfg: PretrainedCfg | None = None
+) -> PretrainedCfg | None:
+    """The release a file claims to be by its name: the pretrained config (``cfg`` first, then
+    the architecture's tags) whose ``hf_hub_filename`` is ``filename``; ``None`` if none."""
+    candidates = [cfg] if cfg is not None else []
+    candidates += [get_pretrained_cfg(n) for n in list_pretrained(f"{architecture}.*")]
+    for candidate in candidates:
+        if candidate.hf_hub_filename is not None and candidate.hf_hub_filename == filename:
+            return candidate
+    return None
 
 
 @dataclass
@@ -315,11 +340,15 @@ class WeightsSource:
         path: the local file or ``save_pretrained`` folder.
         format: ``"folder"`` (ours: ``config.json`` + ``model.safetensors``), ``"safetensors"``
             (ours, a bare file), ``"lightning"`` (a training ``.ckpt``) or ``"official"`` (a
-            release file read by the family's ``checkpoint_filter_fn``).
-        pretrained_cfg: the registered config these weights are, if any.
+            file in a release's format, read by the family's ``checkpoint_filter_fn``).
+        pretrained_cfg: the registered config the weights are loaded under (the tag asked for,
+            or the release the file's name claims), if any.
         config: the folder's ``config.json`` (ours) or ``None``.
         owner: the registry name the weights record, if any.
         arguments: the constructor arguments they record (init-only arguments left out).
+        claimed: the release the file claims to be (downloaded for that tag, or carrying its
+            file name), if any.
+        sha256_matched: the claimed release records a sha256 prefix and the file's matched it.
     """
 
     location: str
@@ -329,12 +358,19 @@ class WeightsSource:
     config: dict[str, Any] | None = None
     owner: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
+    claimed: PretrainedCfg | None = None
+    sha256_matched: bool = False
     checkpoint: dict[str, Any] | None = None
     _state: dict[str, Tensor] | None = None
 
     @property
     def weights_file(self) -> Path:
         return self.path / WEIGHTS_NAME if self.path.is_dir() else self.path
+
+    @property
+    def is_release(self) -> bool:
+        """The authors' release file: it claims to be one and its sha256 matched the release's."""
+        return self.claimed is not None and self.sha256_matched
 
     def state_dict(self) -> dict[str, Tensor]:
         """This project's state dict (read once; not for official files)."""
@@ -346,21 +382,43 @@ class WeightsSource:
         return self._state
 
 
+def _check_claim(source: WeightsSource, architecture: str) -> WeightsSource:
+    """A file carrying a release's name is sha256-checked against it; with no tag asked for,
+    the release it names is the tag it loads under (its architecture arguments and recipe)."""
+    path = source.weights_file
+    claimed = claimed_release(architecture, path.name, source.pretrained_cfg)
+    if claimed is None:
+        return source
+    source.claimed = claimed
+    if claimed.sha256_prefix:
+        check_sha256(path, claimed.sha256_prefix, claimed.name)
+        source.sha256_matched = True
+    if source.pretrained_cfg is None:
+        source.pretrained_cfg = claimed
+    return source
+
+
 def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
     """Resolve a ``pretrained`` argument of model ``name`` (``arch`` or ``arch.tag``) once.
 
     Raises:
         PretrainedError: unknown default or tag, malformed location, missing folder or file,
-            failed download, sha256 mismatch.
+            failed download, a file claiming to be a release whose sha256 does not match.
     """
+    architecture = split_model_name(name)[0]
     location, cfg = _location_of(name, pretrained)
     if location.startswith("hf-file:"):
         path = _download_file(cfg)
-        check_sha256(path, cfg.sha256_prefix)
-        return WeightsSource(location, path, "official", cfg)
+        source = WeightsSource(location, path, "official", cfg, claimed=cfg)
+        if cfg.sha256_prefix:
+            check_sha256(path, cfg.sha256_prefix, cfg.name)
+            source.sha256_matched = True
+        return source
     kind, target, revision = parse_location(location)
     path = _download(target, revision, location) if kind == "hf-hub" else Path(target)
     if kind == "file":
+        if not path.is_file():
+            raise PretrainedError(path, "weights file does not exist")
         if path.suffix == ".ckpt":
             source = WeightsSource(location, path, "lightning", cfg)
             source._state, source.checkpoint = load_checkpoint_state_dict(path)  # read once
@@ -369,10 +427,11 @@ def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
             source.arguments = _without_init_only(hparams.get("model_config") or {})
             return source
         if path.suffix == ".safetensors":
-            return _folder_source(location, path.parent, cfg, bare_file=path)
+            source = _folder_source(location, path.parent, cfg, bare_file=path)
+            ours = source.owner is not None or METADATA_KEY in (source.config or {})
+            return source if ours else _check_claim(source, architecture)
         if path.suffix in OFFICIAL_SUFFIXES:
-            check_sha256(path, cfg.sha256_prefix if cfg else None)
-            return WeightsSource(location, path, "official", cfg)
+            return _check_claim(WeightsSource(location, path, "official", cfg), architecture)
         raise PretrainedError(
             path,
             "not a weights file this project reads (.safetensors, a Lightning .ckpt, or a "
@@ -388,8 +447,17 @@ def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
     return _folder_source(location, path, cfg)
 
 
+def weights_location(name: str) -> str:
+    """Where ``create_model(name, pretrained=True)`` reads from, as a user names it
+    (``local-dir:...``, ``hf-hub:org/repo[@rev]``, or ``hf-hub:org/repo/FILE`` for a release)."""
+    location, cfg = _location_of(name, True)
+    if location.startswith("hf-file:"):
+        return f"hf-hub:{cfg.hf_hub_id}/{cfg.hf_hub_filename}"
+    return location
+
+
 def _without_init_only(arguments: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in dict(arguments).items() if k not in _INIT_ONLY_ARGS}
+    return {k: v for k, v in dict(arguments).items() if k not in INIT_ONLY_ARGS}
 
 
 def _folder_source(
@@ -516,261 +584,6 @@ def checkpoint_safe_globals() -> list:
     return allowed
 
 
-# --------------------------------------------------------------------------- checking
-
-
-def _constructor_args(cls: type) -> set[str]:
-    return constructor_arguments(cls)[0]
-
-
-def _family_classes() -> list[type]:
-    """Every registered family class (subclasses of ``SplatModel``, families imported)."""
-    from models.base import SplatModel
-    from models.registry import list_models
-
-    list_models()  # imports the family modules
-    classes, stack = [], list(SplatModel.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        classes.append(cls)
-        stack.extend(cls.__subclasses__())
-    return classes
-
-
-def _describe(model: nn.Module, name: str) -> str:
-    family = getattr(model, "family", type(model).__name__)
-    return f"{name!r} (family {family!r}, class {type(model).__name__})"
-
-
-def _check_config(model: nn.Module, name: str, config: dict[str, Any], path: Path) -> list[str]:
-    """Refuse a config.json describing another family or model.
-
-    Returns:
-        The constructor arguments whose values differ between the folder and ``model``
-        (``"key=folder value (weights) vs model value (model)"``).
-    """
-    config_path = path / CONFIG_NAME
-    meta = config.get(METADATA_KEY)
-    family = getattr(model, "family", None)
-    if isinstance(meta, dict):
-        their_family, their_name = meta.get("family"), meta.get("model_name")
-        if their_family is not None and family is not None and their_family != family:
-            raise PretrainedError(
-                config_path,
-                f"weights of model {their_name!r} (family {their_family!r}) cannot load into "
-                f"model {_describe(model, name)}",
-            )
-        if their_name is not None and their_name != name:
-            raise PretrainedError(
-                config_path,
-                f"weights of model {their_name!r} cannot load into model {name!r}; "
-                f"use create_model({their_name!r}, pretrained=...)",
-            )
-    args = {k: v for k, v in config.items() if k != METADATA_KEY}
-    accepted = _constructor_args(type(model))
-    foreign = sorted(set(args) - accepted - set(getattr(type(model), "retired_args", ())))
-    if foreign:
-        matches = [
-            cls
-            for cls in _family_classes()
-            if cls is not type(model) and set(args) <= _constructor_args(cls)
-        ]
-        if matches:
-            owner = matches[0]
-            guess = f" (they look like weights of family {getattr(owner, 'family', '?')!r}, class {owner.__name__})"
-        else:
-            guess = ""
-        raise PretrainedError(
-            config_path,
-            f"arguments {', '.join(foreign)} are not constructor arguments of model "
-            f"{_describe(model, name)}{guess}",
-        )
-    # Through JSON, like the folder's values (tuples become lists).
-    ours = json.loads(json.dumps(getattr(model, "_hub_mixin_config", None) or {}, default=str))
-    differences = [
-        f"{key}={args[key]!r} (weights) vs {ours[key]!r} (model)"
-        for key in sorted(args)
-        if key in ours and key not in _INIT_ONLY_ARGS and args[key] != ours[key]
-    ]
-    return differences
-
-
-def _shared_groups(model: nn.Module) -> list[set[str]]:
-    """Groups of state-dict keys that share storage (tied weights; safetensors saves one)."""
-    by_storage: dict[tuple, set[str]] = {}
-    for key, tensor in model.state_dict(keep_vars=False).items():
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            continue
-        identity = (tensor.data_ptr(), tensor.numel() * tensor.element_size(), tuple(tensor.shape))
-        by_storage.setdefault(identity, set()).add(key)
-    return [keys for keys in by_storage.values() if len(keys) > 1]
-
-
-def _listing(keys: list[str], limit: int = 8) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str, Tensor], Path]:
-    """The network weights at ``location`` (a Lightning ``.ckpt``, a ``.safetensors`` file, a
-    ``save_pretrained`` folder, or a ``local-dir:``/``hf-hub:`` location of one).
-
-    Returns:
-        ``(state_dict, path of the file read)``.
-
-    Raises:
-        PretrainedError: missing or unreadable weights, or a release file (those need a model:
-            ``create_model(arch, pretrained=file)``).
-    """
-    source = resolve_source(name or "unknown", os.fspath(location))
-    if source.format == "official":
-        raise PretrainedError(
-            source.path, "a release file: load it with create_model(arch, pretrained=file)"
-        )
-    return source.state_dict(), source.weights_file
-
-
-def check_mapped_state(
-    mapped: dict[str, Tensor],
-    unknown: list[str],
-    target: dict[str, Tensor],
-    release: str,
-    pick: str,
-) -> dict[str, Tensor]:
-    """The last step of a port's ``checkpoint_filter_fn``: official keys mapped to ours
-    (``mapped``), official keys with no place here (``unknown``), the model's state (``target``).
-    Returns the mapped weights in the model's dtypes.
-
-    Raises:
-        ValueError: one line, for keys this architecture lacks, shape mismatches or weights the
-            file lacks (``release`` names the release, ``pick`` what to choose instead).
-    """
-    if unknown:
-        raise ValueError(
-            f"{len(unknown)} key(s) this architecture does not have (e.g. {unknown[0]!r}): "
-            f"a file of another {release} size or layout?"
-        )
-    wrong = [
-        f"{k} {tuple(v.shape)} vs {tuple(target[k].shape)}"
-        for k, v in mapped.items()
-        if tuple(v.shape) != tuple(target[k].shape)
-    ]
-    if wrong:
-        raise ValueError(
-            f"{len(wrong)} shape mismatch(es), file vs model, e.g. {wrong[0]}: weights of "
-            f"another {release} size or resolution (pick the matching {pick})"
-        )
-    missing = sorted(set(target) - set(mapped))
-    if missing:
-        raise ValueError(
-            f"{len(missing)} weight(s) missing from the file (e.g. {missing[0]!r}): "
-            f"a truncated file, or one of another {release} layout?"
-        )
-    return {k: v.to(target[k].dtype) for k, v in mapped.items()}
-
-
-def sub_state_dict(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of ``state`` under ``prefix`` (e.g. ``"backbone."``), with it removed."""
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-def source_arguments(source: WeightsSource, architecture: str) -> dict[str, Any]:
-    """The constructor arguments a resolved source asks of ``architecture``."""
-    arguments = dict(source.pretrained_cfg.arch_kwargs) if source.pretrained_cfg else {}
-    if source.owner == architecture:
-        arguments.update(source.arguments)
-    return arguments
-
-
-def load_state_dict_strict(
-    model: nn.Module, state: dict[str, Tensor], path: str | os.PathLike, name: str = ""
-) -> nn.Module:
-    """Load ``state`` into ``model``, requiring exactly the model's keys and shapes.
-
-    Raises:
-        PretrainedError: listing missing, unexpected and mis-shaped keys.
-    """
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    # A tied weight saved under one of its names covers the others.
-    for group in _shared_groups(model):
-        if group & set(state):
-            missing = [k for k in missing if k not in group]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}"
-        for k in state
-        if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
-    if missing or unexpected or mismatched:
-        problems = []
-        if missing:
-            problems.append(f"{len(missing)} missing key(s): {_listing(missing)}")
-        if unexpected:
-            problems.append(f"{len(unexpected)} unexpected key(s): {_listing(unexpected)}")
-        if mismatched:
-            problems.append(
-                f"{len(mismatched)} shape mismatch(es) (file vs model): {_listing(mismatched)}"
-            )
-        target = f"model {name!r}" if name else f"model {type(model).__name__}"
-        raise PretrainedError(path, f"weights do not match {target}: " + "; ".join(problems))
-    model.load_state_dict(state, strict=False)  # keys checked above; tied copies are covered
-    return model
-
-
-# --------------------------------------------------------------------------- entry points
-
-
-def load_pretrained(model: nn.Module, name: str, pretrained: bool | str) -> nn.Module:
-    """Load weights into a freshly built registry model (see :func:`load_source`)."""
-    return load_source(model, name, resolve_source(name, pretrained))
-
-
-def load_source(model: nn.Module, name: str, source: WeightsSource) -> nn.Module:
-    """Load a resolved source into ``model`` (built by ``name``'s entry point), strictly.
-
-    Returns:
-        ``model`` with the weights loaded, in eval mode.
-
-    Raises:
-        PretrainedError: one line naming the path and the problem.
-    """
-    name = split_model_name(name)[0]
-    if source.format == "official":
-        return load_official(model, name, source.path)
-    if _is_release_safetensors(model, name, source):
-        checkpoint = source.state_dict()
-        if source.format == "folder" and source.config is not None:
-            checkpoint = {"state_dict": checkpoint, "config": source.config}
-        return _load_filtered(model, name, source.weights_file, checkpoint)
-    differences: list[str] = []
-    if source.format == "lightning":
-        state = source.state_dict()
-        if source.owner is not None and source.owner != name:
-            raise PretrainedError(
-                source.path, f"checkpoint holds model {source.owner!r}, but {name!r} was asked for"
-            )
-    else:
-        if source.config is not None:
-            differences = _check_config(model, name, source.config, source.path)
-        state = source.state_dict()
-    path = source.weights_file
-    try:
-        load_state_dict_strict(model, state, path, name)
-    except PretrainedError as error:
-        if not differences:
-            raise
-        hint = f" (its config.json differs: {'; '.join(differences)})"
-        raise PretrainedError(error.path, error.message + hint) from error
-    if differences:
-        warnings.warn(
-            f"{path.parent / CONFIG_NAME}: constructor arguments differ from model {name!r}: "
-            + "; ".join(differences),
-            stacklevel=3,
-        )
-    return model.eval()
-
-
 def read_official_file(path: str | os.PathLike) -> Any:
     """A release file as the object its authors saved, read without running code.
 
@@ -809,46 +622,23 @@ def read_official_file(path: str | os.PathLike) -> Any:
         raise PretrainedError(path, f"truncated or corrupt file ({detail[:160]})") from error
 
 
-def load_official(model: nn.Module, name: str, path: str | os.PathLike) -> nn.Module:
-    """Load a release file through the family's ``checkpoint_filter_fn``, strictly.
+def read_weights(location: str | os.PathLike, name: str = "") -> tuple[dict[str, Tensor], Path]:
+    """The network weights at ``location`` (a Lightning ``.ckpt``, a ``.safetensors`` file, a
+    ``save_pretrained`` folder, or a ``local-dir:``/``hf-hub:`` location of one).
+
+    Returns:
+        ``(state_dict, path of the file read)``.
 
     Raises:
-        PretrainedError: the family reads no release files, the file is not this release's
-            format, or its weights do not fit ``model`` (e.g. another size).
+        PretrainedError: missing or unreadable weights, or a release file (those need a model:
+            ``create_model(arch, pretrained=file)``).
     """
-    path = Path(path)
-    if _filter_fn(name) is None:
+    source = resolve_source(name or "unknown", os.fspath(location))
+    if source.format == "official":
         raise PretrainedError(
-            path, f"model {name!r} reads no release files (only this project's weights)"
+            source.path, "a release file: load it with create_model(arch, pretrained=file)"
         )
-    return _load_filtered(model, name, path, read_official_file(path))
-
-
-def _filter_fn(name: str):
-    """The family's ``checkpoint_filter_fn`` (official keys → ours), or ``None``."""
-    module = sys.modules[model_entrypoint(name).__module__]
-    return getattr(module, "checkpoint_filter_fn", None)
-
-
-def _is_release_safetensors(model: nn.Module, name: str, source: WeightsSource) -> bool:
-    """A safetensors file or folder without this project's metadata whose keys are not the
-    model's, for a family that reads release files: the authors' Hub format."""
-    if source.format not in ("folder", "safetensors") or _filter_fn(name) is None:
-        return False
-    if source.config is not None and METADATA_KEY in source.config:
-        return False
-    return set(source.state_dict()) != set(model.state_dict())
-
-
-def _load_filtered(model: nn.Module, name: str, path: Path, checkpoint: Any) -> nn.Module:
-    filter_fn = _filter_fn(name)
-    try:
-        state = filter_fn(checkpoint, model)
-    except (ValueError, KeyError, TypeError) as error:
-        detail = " ".join(str(error).split()) or type(error).__name__
-        raise PretrainedError(path, f"not a release file of {name!r}: {detail}") from error
-    load_state_dict_strict(model, state, path, name)
-    return model.eval()
+    return source.state_dict(), source.weights_file
 
 
 def model_config(model: nn.Module, name: str | None = None) -> dict[str, Any]:
@@ -859,13 +649,13 @@ def model_config(model: nn.Module, name: str | None = None) -> dict[str, Any]:
             dropped it).
     """
     config = dict(getattr(model, "_hub_mixin_config", None) or {})
-    missing = sorted(_constructor_args(type(model)) - set(config))
+    missing = sorted(constructor_arguments(type(model))[0] - set(config))
     if missing:
         raise ValueError(
             f"{type(model).__name__}: constructor arguments {', '.join(missing)} are not in its "
             "config (they must be plain JSON-serialisable keyword arguments)"
         )
-    for key, value in _INIT_ONLY_ARGS.items():
+    for key, value in INIT_ONLY_ARGS.items():
         if key in config:
             config[key] = value
     config[METADATA_KEY] = {
@@ -902,3 +692,119 @@ def save_pretrained(
         (directory / "README.md").write_text(model_card, encoding="utf-8")
     model.save_pretrained(directory, config=model_config(model, name))
     return directory
+
+
+# --------------------------------------------------------------------------- cards and the Hub
+
+
+def model_card(
+    model: nn.Module,
+    name: str,
+    facts: dict[str, str],
+    metrics: dict[str, float],
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+    metrics_note: str = "",
+) -> str:
+    """The README.md of an exported model: YAML metadata, what it is, how it was trained, its
+    metrics and how to use it. ``license`` is the weights' Hub licence identifier (a released
+    model's licence travels with its weights); ``metrics_note`` says who measured the metrics."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    family = getattr(model, "family", "unknown")
+    pose = (
+        "pose-free (no input cameras needed)"
+        if getattr(model, "pose_free", False)
+        else "posed (needs input cameras)"
+    )
+    params = sum(p.numel() for p in model.parameters())
+    card_data = ModelCardData(
+        library_name="splatzoo",
+        license=license,
+        pipeline_tag="image-to-3d",
+        tags=sorted({"gaussian-splatting", "3d-reconstruction", "splatzoo", family}),
+    )
+    rows = [
+        ("model", f"`{name}`"),
+        ("family", f"`{family}` ({type(model).__name__})"),
+        ("inputs", pose),
+    ]
+    rows += [("minimum views", str(getattr(model, "min_views", 1))), ("parameters", f"{params:,}")]
+    rows += list(facts.items())
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    if metrics:
+        metric_table = "| metric | value |\n|---|---|\n" + "\n".join(
+            f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items())
+        )
+        if metrics_note:
+            metric_table += f"\n\n{metrics_note}"
+    else:
+        metric_table = "No metrics were recorded with this checkpoint."
+    location = f"hf-hub:{repo_id}" if repo_id else "local-dir:/path/to/this/folder"
+    content = f"""---
+{card_data.to_yaml()}
+---
+
+# {name}
+
+A feed-forward 3D Gaussian Splatting model from [splatzoo](https://github.com/splatzoo/splatzoo):
+images in, a set of 3D Gaussians out in one forward pass.
+
+| | |
+|---|---|
+{table}
+
+## Metrics
+
+{metric_table}
+
+## Usage
+
+```python
+from models import create_model
+model = create_model("{name}", pretrained="{location}")
+```
+
+```bash
+python infer.py input=my_images/ output=outputs/my_scene model={name} weights={location}
+```
+
+Weights are stored as safetensors; `config.json` holds every constructor argument.
+"""
+    return str(ModelCard(content))
+
+
+def push_folder(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
+    """Upload an exported folder to the Hub as model repository ``repo_id``.
+
+    Returns:
+        The commit URL.
+
+    Raises:
+        ExportError: offline (``HF_HUB_OFFLINE=1``), no network, no token, refused by the Hub.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    location = f"hf-hub:{repo_id}"
+    later = f"the export in {os.fspath(folder)} is complete; push it again with network access"
+    try:
+        api = HfApi()
+        repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
+        info = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=os.fspath(folder),
+            repo_type="model",
+            commit_message="Upload splatzoo weights",
+            ignore_patterns=[MARKER_NAME],  # local bookkeeping, not part of the weights
+        )
+    except OfflineModeIsEnabled as error:
+        raise ExportError(
+            location, f"cannot push: offline mode is enabled (HF_HUB_OFFLINE); {later}"
+        ) from error
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ExportError(
+            location, f"cannot push: {type(error).__name__}: {detail}; {later}"
+        ) from error
+    return str(getattr(info, "commit_url", info))
