@@ -58,6 +58,7 @@ from models.layers.backbones.da3_vit import (
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import kmeans_nearest_tokens
 from models.registry import register_model
+from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -415,6 +416,23 @@ register_pretrained_cfgs(
             input_size=(252, 252),
             views=None,
             pose_free=True,
+            recipe=InputRecipe(
+                image_size=(252, 252),
+                multiple=14,
+                resize="resize_crop",
+                views=2,
+                max_views=24,
+                near=0.1,
+                far=100.0,
+                pose_scale="pose_free",
+                source=(
+                    "cvg/ZipSplat splatfactory/configs/data/composed_252.yaml (resize 252, "
+                    "edge_divisible_by 14, aspect_ratio_range [1.0, 1.0], image_num_range [2, 24], "
+                    "near 0.1, far 100, normalize_baseline false) and "
+                    "splatfactory/configs/model/zipsplat.yaml (img_size 252) @ e1b592d"
+                ),
+                notes="pose-free: input poses only place the output",
+            ),
             metrics={
                 "re10k_6v/psnr": 26.20,
                 "re10k_6v/ssim": 0.842,
