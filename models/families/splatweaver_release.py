@@ -61,6 +61,7 @@ from models.families.splatweaver import budget_shift, frozen_gumbel_noise, route
 from models.gaussians import Gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.rotations import quaternion_multiply
+from models.input_recipe import InputRecipe
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.point_transformer import knn as brute_force_knn
@@ -73,7 +74,6 @@ from models.layers.vggt import (
 from models.layers.wavelet import WAVELETS
 from models.registry import register_model
 from models.sh import eval_sh_bases
-from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [

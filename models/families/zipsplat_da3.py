@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.families.zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.input_recipe import InputRecipe
 from models.layers.backbones.da3_vit import (
     DA3_SIZES,
     Block,
@@ -58,7 +59,6 @@ from models.layers.backbones.da3_vit import (
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import kmeans_nearest_tokens
 from models.registry import register_model
-from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
