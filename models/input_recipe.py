@@ -110,6 +110,39 @@ class InputRecipe:
         w = max(m, round(side * width / height / m) * m)
         return h, w
 
+    def card(self) -> str:
+        """The recipe as Markdown (model cards, docs/recipes.md)."""
+        height, width = self.image_size
+        fewest, most = self.view_range
+        views = f"{fewest}" if fewest == most else f"{fewest} (up to {most})"
+        if self.pose_scale == "dataset":
+            scale = "the training data's own scale"
+            if self.reference_depth is not None:
+                scale += (
+                    "; a capture of unknown scale is mapped so the median depth of its SfM "
+                    f"points in the context views is {self.reference_depth:g}"
+                )
+        elif self.pose_scale == "max_baseline_1":
+            scale = "largest distance between context cameras = 1"
+        else:
+            scale = "pose-free: the model predicts in view 0's frame at its own scale"
+        rows = [
+            ("input size (H x W)", f"{height} x {width} (sides multiples of {self.multiple})"),
+            (
+                "resize",
+                "aspect-preserving resize to cover, centre crop, intrinsics updated"
+                if self.resize == "resize_crop"
+                else "resize to the shape",
+            ),
+            ("context views", views),
+            ("near / far", f"near {self.near:g}, far {self.far:g}"),
+            ("pose scale", scale),
+            ("source", self.source),
+        ]
+        if self.notes:
+            rows.append(("notes", self.notes))
+        return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (``summary.json``, model cards)."""
         data = dataclasses.asdict(self)
