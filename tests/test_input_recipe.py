@@ -347,16 +347,20 @@ def test_fewer_photos_than_the_release_needs_exit_2(tmp_path: Path, capsys) -> N
 @pytest.mark.slow
 @needs_drone
 def test_depthsplat_release_file_on_two_drone_frames(tmp_path: Path) -> None:
-    """The issue's "Done when": infer.py on two neighbouring drone photos with a file in
-    DepthSplat-small's release format runs at 256x256 with near/far 0.5/100 and the scale of
-    its recipe's rule (SfM points), recorded in summary.json; outputs in the capture's frame."""
+    """The issue's "Done when": infer.py on two neighbouring drone photos (8 video frames apart)
+    with a file in DepthSplat-small's release format runs at 256x256 with near/far 0.5/100 and
+    the scale of its recipe's rule (the sparse points of the capture's COLMAP model, of unknown
+    scale), recorded in summary.json; cameras.json is back in the capture's frame. (Two-photo
+    structure-from-motion does not initialise on these frames, so the capture's own COLMAP
+    model gives the poses.)"""
     import depthsplat_fixtures as fx
 
     import infer
+    from datamodules.readers import colmap
 
     photos = tmp_path / "photos"
     photos.mkdir()
-    frames = sorted((DRONE_COLMAP / "images").iterdir())[:2]  # 8 video frames apart
+    frames = sorted((DRONE_COLMAP / "images").iterdir())[:2]
     for frame in frames:
         shutil.copy(frame, photos)
     weights = tmp_path / "my-depthsplat-small.pth"  # the release container, not its name
@@ -368,6 +372,7 @@ def test_depthsplat_release_file_on_two_drone_frames(tmp_path: Path) -> None:
             f"output={output}",
             "model=depthsplat_small",
             f"weights={weights}",
+            f"cameras={DRONE_COLMAP / 'sparse'}",
             "orbit_frames=2",
         ]
     )
@@ -378,11 +383,9 @@ def test_depthsplat_release_file_on_two_drone_frames(tmp_path: Path) -> None:
     assert (recipe["near"], recipe["far"]) == (0.5, 100.0)
     assert recipe["scene_scale"] > 0 and "sparse points" in recipe["scene_scale_rule"]
     assert recipe["trained"]["source"].startswith("cvg/depthsplat")
-    # sparse/ is the SfM model in the capture's frame: its cameras are cameras.json's
-    from datamodules.readers import colmap
-
-    _, images, _ = colmap.read_model(output / "sparse", points=False)
-    written = {f["file"]: f for f in json.loads((output / "cameras.json").read_text())["frames"]}
-    for image in images.values():
-        c2w = torch.linalg.inv(colmap.image_world_to_camera(image))
-        assert np.allclose(c2w.numpy(), written[image.name]["camera_to_world"], atol=1e-4)
+    _, images, _ = colmap.read_model(DRONE_COLMAP / "sparse", points=False)
+    given = {i.name: torch.linalg.inv(colmap.image_world_to_camera(i)) for i in images.values()}
+    written = json.loads((output / "cameras.json").read_text())["frames"]
+    assert [f["file"] for f in written] == [f.name for f in frames]
+    for frame in written:
+        assert np.allclose(given[frame["file"]].numpy(), frame["camera_to_world"], atol=1e-4)
