@@ -157,7 +157,8 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     )
     context = {k: v.to(device) for k, v in prepared.context.items()}
     given = context.pop("extrinsics", None) if pose_free else None
-    runner = KnobRunner(model, context)
+    frame = prepared.frame  # the viewer shows the capture's own frame, as infer.py writes it
+    runner = KnobRunner(model, context, transform=frame.to_capture_gaussians)
     initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
     for key in initial:
         if key not in runner.knobs:
@@ -172,11 +173,12 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     if int(gaussians.count()[0]) == 0:
         raise inference.InferenceError(source, f"model {name} produced no Gaussians for this input")
     extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.output, pose_free)
+    scene_gaussians = runner.output.gaussians.detach()  # the scene frame, for the camera path
     height, width = images.images.shape[-2:]
     cameras = [
         ViewCamera(
             name=images.names[i],
-            extrinsics=extrinsics[i].double().numpy(),
+            extrinsics=frame.to_capture_extrinsics(extrinsics[i]).numpy(),
             intrinsics=intrinsics[i].double().numpy(),
             size=(int(height), int(width)),
             image=tensor_to_uint8(images.images[i]),
@@ -184,7 +186,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         for i in known
     ]
     placed = inference.Reconstruction(  # infer.py's camera path: interpolated, or an orbit
-        gaussians=gaussians,
+        gaussians=scene_gaussians,
         extrinsics=extrinsics,
         intrinsics=intrinsics,
         placement=["given" if i in known else "unknown" for i in range(len(images))],
@@ -194,7 +196,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         model=name,
     )
     path_e, _, _ = inference.camera_path(placed, 30)
-    path = path_e.double().numpy()
+    path = frame.to_capture_extrinsics(path_e).numpy()
     scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
     return scene, runner, initial
 
@@ -262,9 +264,9 @@ def build(path: str, settings: dict[str, Any]):
             )
         saved = load_view_scene(source)  # validates the folder, gives the saved cameras
         if again is not None:
-            # live: the Gaussians, cameras and path of the re-run, all in its scene frame (the
-            # saved files are in the capture's frame)
-            scene, runner, initial = reconstruct(*again)
+            scene, runner, initial = reconstruct(*again)  # the capture's frame, as the files
+            scene.cameras = saved.cameras or scene.cameras
+            scene.path = saved.path if saved.path is not None else scene.path
             scene.title = saved.title
         else:
             scene = saved

@@ -486,7 +486,7 @@ def recipe_warnings(
     out = []
     if shape is not None and tuple(shape) != tuple(recipe.image_size):
         h, w = recipe.image_size
-        if shape[0] * shape[1] > 2 * h * w or shape[0] * shape[1] < 0.5 * h * w:
+        if not all(0.5 <= got / trained <= 2 for got, trained in zip(shape, (h, w))):
             out.append(
                 f"image_size={shape[0]},{shape[1]}: {name} was trained at {h}x{w} (H x W); "
                 "far from it, expect worse results"
@@ -519,14 +519,15 @@ def check_input(
     shape: tuple[int, int],
     max_upsample: float = MAX_UPSAMPLE,
 ) -> None:
-    """Bad input for a recipe: photos that the resize to ``shape`` would upsample more than
-    ``max_upsample`` times (:data:`~models.input_recipe.MAX_UPSAMPLE`).
+    """Bad input for a release's recipe: photos that the resize to ``shape`` would upsample more
+    than ``max_upsample`` times (:data:`~models.input_recipe.MAX_UPSAMPLE`). This project's own
+    demo models (``pose_scale="max_baseline_1"``) take any size, with a warning below half of it.
 
     Raises:
         InferenceError: one line naming the photos and what the model needs.
     """
     sizes = getattr(images, "original_sizes", None)
-    if not sizes:
+    if not sizes or recipe.pose_scale == "max_baseline_1":
         return
     height, width = shape
     small = [

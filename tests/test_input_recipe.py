@@ -301,17 +301,21 @@ def test_infer_writes_back_in_the_capture_frame(tmp_path: Path) -> None:
 
 
 def test_photos_too_small_for_the_recipe_are_one_line(tmp_path: Path) -> None:
-    import infer
-
-    folder, _ = _portrait_folder(tmp_path / "tiny", size=(12, 10))
-    cfg = infer.compose(
-        [f"input={folder}", f"output={tmp_path / 'out'}", "model=pixel_aligned_tiny"]
-    )
+    """A release's recipe refuses photos it would upsample more than 4x (one line naming them
+    and what it needs); the shipped demo models take them with a warning."""
+    folder, _ = _portrait_folder(tmp_path / "tiny", size=(60, 50))
+    recipe = get_pretrained_cfg("depthsplat_small.re10k_256x256_view2").recipe
+    with pytest.warns(UserWarning, match="far smaller"):
+        images = load_images(folder, recipe.image_size)
     with pytest.raises(inference.InferenceError) as info:
-        infer.run(cfg)
+        inference.check_input(images, recipe, "depthsplat_small", recipe.image_size)
     message = str(info.value)
-    assert "p0.png (12x10)" in message and "64x64" in message and "\n" not in message
-    assert not (tmp_path / "out").exists()
+    assert "p0.png (60x50)" in message and "p1.png (60x50)" in message
+    assert "256x256" in message and "64x64 pixels" in message and "\n" not in message
+    fine, _ = _portrait_folder(tmp_path / "fine", size=(64, 64))
+    inference.check_input(load_images(fine, (256, 256)), recipe, "x", (256, 256))  # 4x: enough
+    shipped = get_pretrained_cfg("pixel_aligned_tiny.synthetic64").recipe
+    inference.check_input(images, shipped, "pixel_aligned_tiny", (256, 256))  # demo: no error
 
 
 @needs_drone

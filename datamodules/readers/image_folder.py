@@ -36,7 +36,7 @@ that all share one camera centre get a warning (posed models need a baseline).
 Images are never squashed: the aspect-preserving resize covers ``image_shape`` and the centre crop
 cuts the rest (the intrinsics follow both). Images far smaller than ``image_shape`` (shorter side
 under half of it), of an aspect ratio more than 4:1 away from it, or whose centre crop keeps less
-than ``CROP_WARNING`` (80%) of them (a portrait photo into a landscape shape) are used with a
+than ``CROP_WARNING`` (70%) of them (a portrait photo into a landscape shape) are used with a
 warning naming the file and the share kept.
 """
 
@@ -476,8 +476,8 @@ def _size_warnings(
 
 
 # A centre crop that keeps less than this share of a photo is reported (a portrait photo into a
-# landscape recipe keeps ~32% of it at 9:16 into 256x448).
-CROP_WARNING = 0.8
+# landscape recipe keeps ~32% of it at 9:16 into 256x448; a 4:3 photo into a square 75%).
+CROP_WARNING = 0.7
 
 
 def crop_fraction(in_shape: tuple[int, int], out_shape: tuple[int, int]) -> float:
