@@ -17,8 +17,10 @@ from typing import Any
 
 __all__ = [
     "BASELINE_DEPTH_RATIO",
+    "DL3DV_REFERENCE_DEPTH",
     "MAX_UPSAMPLE",
     "POSE_SCALES",
+    "RE10K_REFERENCE_DEPTH",
     "RESIZES",
     "InputRecipe",
     "fallback_recipe",
@@ -33,6 +35,14 @@ MAX_UPSAMPLE = 4.0
 # times its largest context-camera distance (neighbouring views ~10 degrees apart around what
 # they look at: baseline / depth ~ 2 sin 5 deg ~ 0.17, i.e. depth ~ 6 baselines; 5 is rounder).
 BASELINE_DEPTH_RATIO = 5.0
+# Reference depths of the releases' training data (pose_scale="dataset"; docs/recipes.md), in the
+# datasets' own units. Estimates from the configs (the datasets are not available here):
+# RealEstate10K's poses (ORB-SLAM, the dataset's scale) put nearly all content beyond depth 1
+# (MVSplat trains with near 1 on them, DepthSplat with 0.5): a median of 2 keeps a typical view's
+# points (within ~2x of the median) inside [near, far]. DL3DV's poses are COLMAP models, which
+# COLMAP normalises to a camera-centre extent of ~10 units: a walk-through's median depth ~5.
+RE10K_REFERENCE_DEPTH = 2.0
+DL3DV_REFERENCE_DEPTH = 5.0
 
 # How a training set's poses were scaled:
 # - "dataset": the dataset's own scale, never rescaled (RE10K, ACID, DL3DV as the releases load

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import pixel_grid
-from models.input_recipe import InputRecipe
+from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS
 from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
@@ -396,13 +396,6 @@ _LICENSE_BASE_LARGE = (
 
 _REPO = "cvg/depthsplat"
 _COMMIT = "1f5e548"
-# Reference depth of a capture of unknown scale (models.input_recipe, docs/recipes.md): RE10K's
-# poses (ORB-SLAM, the dataset's own scale) put almost all content beyond depth 1 (MVSplat trains
-# with near 1 on them, DepthSplat with 0.5): a median depth of 2 keeps a typical view's SfM
-# points (within ~2x of the median) inside [near, far]. DL3DV's poses are COLMAP models, which
-# COLMAP normalises to a camera-centre extent of ~10 units: a walk-through's median depth ~5.
-RE10K_REFERENCE_DEPTH = 2.0
-DL3DV_REFERENCE_DEPTH = 5.0
 _CROP = "src/dataset/shims/crop_shim.py (rescale_and_crop: cover, centre crop, intrinsics)"
 
 

@@ -48,7 +48,7 @@ from models.base import ModelOutput, SplatModel, check_context
 from models.families.depthsplat import official_key_to_ours as depthsplat_key
 from models.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
-from models.input_recipe import InputRecipe
+from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.depth_trunk import DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
@@ -901,8 +901,6 @@ _LIC = {
 def _recipe(shape, views: int, script: str, notes: str = "") -> InputRecipe:
     """A release's input recipe: its experiment config's near/far (dataset scale) and the shape
     and views of its training script (``scripts/<script>.sh`` of cc4594a)."""
-    from models.families.depthsplat import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH
-
     re10k = script.startswith("re10k")
     experiment = "re10k" if re10k else "dl3dv"
     far = 100.0 if re10k else 200.0
