@@ -32,11 +32,20 @@ from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # n
 from models.inference import InferenceError as InferError  # noqa: E402
 from models.registry import to_plain  # noqa: E402
 
-__all__ = ["InferError", "compose", "forward_kwargs", "help_text", "main", "run", "run_cli"]
+__all__ = [
+    "InferError",
+    "compose",
+    "forward_kwargs",
+    "help_text",
+    "image_size_arguments",
+    "main",
+    "run",
+    "run_cli",
+]
 
 CONFIG = REPO_ROOT / "configs" / "infer.yaml"
 ConfigStore.instance().store(name="infer", node=OmegaConf.load(CONFIG))
-COUNTS = {"views": 1, "orbit_frames": 1, "fps": 1, "image_size": 1, "max_gaussians": 1}
+COUNTS = {"views": 1, "orbit_frames": 1, "fps": 1, "max_gaussians": 1}
 
 
 def _check_count(cfg: DictConfig, key: str, minimum: int) -> None:
@@ -48,6 +57,34 @@ def _check_count(cfg: DictConfig, key: str, minimum: int) -> None:
         raise InferError(f"{key}={value}", f"must be a whole number >= {minimum}")
     if int(value) < minimum:
         raise InferError(f"{key}={value}", f"must be at least {minimum}")
+
+
+def _positive(cfg: DictConfig, key: str) -> float | None:
+    """A positive number setting (``near``, ``far``, ``scene_scale``), or ``None``."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InferError(f"{key}={value}", "must be a positive number") from None
+    if not number > 0 or number == float("inf"):
+        raise InferError(f"{key}={value}", "must be a positive number")
+    return number
+
+
+def image_size_arguments(argv: list[str]) -> list[str]:
+    """``image_size=256,448`` (or ``256x448``) → ``image_size=[256,448]`` (Hydra reads a bare
+    comma list as a sweep)."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") == "image_size" and not value.startswith("["):
+            parts = value.replace("x", ",").split(",")
+            if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+                arg = f"{key}=[{parts[0].strip()},{parts[1].strip()}]"
+        out.append(arg)
+    return out
 
 
 def forward_kwargs(model, cfg: DictConfig) -> dict:
@@ -91,7 +128,12 @@ def run(cfg: DictConfig) -> Path:
     timings["load_model"] = round(time.perf_counter() - start, 4)
     model = loaded.model
     knobs = forward_kwargs(model, cfg)
-    size = inference.input_size(model, cfg.image_size)
+    recipe = inference.model_recipe(model)
+    image_size = cfg.image_size
+    if OmegaConf.is_config(image_size):
+        image_size = OmegaConf.to_container(image_size)
+    size = inference.input_size(model, image_size, recipe)
+    near, far, scale = (_positive(cfg, k) for k in ("near", "far", "scene_scale"))
     start = time.perf_counter()
     images, notes = load_inputs(
         source,
@@ -103,18 +145,38 @@ def run(cfg: DictConfig) -> Path:
         sfm=to_plain(cfg.sfm) if cfg.get("sfm") else {},
     )
     timings["load_inputs"] = round(time.perf_counter() - start, 4)
+    inference.check_input(images, recipe, str(cfg.model), size)
     notes = loaded.notes + notes
+    notes += inference.recipe_warnings(
+        recipe, str(cfg.model), views=int(cfg.views) if cfg.views is not None else None
+    )
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
-    result = inference.reconstruct(
-        model,
-        images,
-        refine_poses=int(cfg.refine_poses),
-        backend=str(cfg.backend),
-        fov=float(cfg.fov),
-        name=str(cfg.model),
-        **knobs,
-    )
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = inference.reconstruct(
+            model,
+            images,
+            refine_poses=int(cfg.refine_poses),
+            backend=str(cfg.backend),
+            fov=float(cfg.fov),
+            name=str(cfg.model),
+            near=near,
+            far=far,
+            scene_scale=scale,
+            recipe=recipe,
+            **knobs,
+        )
+    for note in result.warnings:
+        print(f"warning: {note}", file=sys.stderr)
+    notes += result.warnings
+    for warning in caught:  # other warnings pass on as they came
+        if " ".join(str(warning.message).split()) not in result.warnings:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
     result.timings = {**timings, **result.timings}
     inference.write_reconstruction(
         result,
@@ -153,7 +215,9 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize
 
     with initialize(version_base="1.3", config_path=None, job_name="infer"):
-        return hydra_compose(config_name="infer", overrides=quote_path_arguments(overrides))
+        return hydra_compose(
+            config_name="infer", overrides=quote_path_arguments(image_size_arguments(overrides))
+        )
 
 
 @hydra.main(version_base="1.3", config_path=None, config_name="infer")
@@ -180,5 +244,5 @@ if __name__ == "__main__":
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(help_text())
         sys.exit(0)
-    sys.argv[1:] = quote_path_arguments(sys.argv[1:])
+    sys.argv[1:] = quote_path_arguments(image_size_arguments(sys.argv[1:]))
     main()

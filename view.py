@@ -2,7 +2,8 @@
 
     python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] [save=FILE.ply]
         [device=auto] [live=auto] [compression=R] [iterations=K] [gaussians_per_pixel=G]
-        [max_gaussians=N] [views=N] [image_size=S] [cameras=PATH] [fov=60]
+        [max_gaussians=N] [views=N] [image_size=H,W|S] [near=N] [far=F] [scene_scale=S]
+        [cameras=PATH] [fov=60]
 
 ``PATH`` is a ``.ply`` (INRIA 3DGS layout), an ``infer.py`` output folder (``gaussians.ply``,
 ``cameras.json``, ``renders/``, ``summary.json``), or a folder of photos, a video or an image with
@@ -53,6 +54,9 @@ SETTINGS: dict[str, Any] = {
     "live": "auto",
     "views": None,
     "image_size": None,
+    "near": None,
+    "far": None,
+    "scene_scale": None,
     "cameras": None,
     "fov": "60.0",
     "backend": "auto",
@@ -119,21 +123,42 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     device = inference.choose_device(settings["device"])
     loaded = inference.load_for_inference(name, settings["weights"], device)
     model = loaded.model
+    recipe = inference.model_recipe(model)
+    shape = inference.input_size(model, settings["image_size"], recipe)
+    numbers = {}
+    for key in ("near", "far", "scene_scale"):
+        try:
+            numbers[key] = None if settings[key] is None else float(settings[key])
+        except (TypeError, ValueError):
+            raise inference.InferenceError(f"{key}={settings[key]}", "must be a number") from None
     images, more = load_inputs(
         source,
-        inference.input_size(model, settings["image_size"]),
+        shape,
         model,
         name=name,
         views=int(settings["views"]) if settings["views"] is not None else None,
         cameras=settings["cameras"],
     )
-    for note in loaded.notes + more:
+    inference.check_input(images, recipe, name, shape)
+    notes = loaded.notes + more
+    notes += inference.recipe_warnings(recipe, name, shape, numbers["near"], numbers["far"])
+    for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     pose_free = bool(getattr(model, "pose_free", False))
     fov = float(settings["fov"])
-    context = {k: v.to(device) for k, v in images.context(default_fov=fov).items()}
+    prepared = inference.prepare_context(  # the recipe's near/far and scale, as infer.py
+        model,
+        images,
+        fov=fov,
+        near=numbers["near"],
+        far=numbers["far"],
+        scene_scale_override=numbers["scene_scale"],
+        recipe=recipe,
+    )
+    context = {k: v.to(device) for k, v in prepared.context.items()}
     given = context.pop("extrinsics", None) if pose_free else None
-    runner = KnobRunner(model, context)
+    frame = prepared.frame  # the viewer shows the capture's own frame, as infer.py writes it
+    runner = KnobRunner(model, context, transform=frame.to_capture_gaussians)
     initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
     for key in initial:
         if key not in runner.knobs:
@@ -148,11 +173,12 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     if int(gaussians.count()[0]) == 0:
         raise inference.InferenceError(source, f"model {name} produced no Gaussians for this input")
     extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.output, pose_free)
+    scene_gaussians = runner.output.gaussians.detach()  # the scene frame, for the camera path
     height, width = images.images.shape[-2:]
     cameras = [
         ViewCamera(
             name=images.names[i],
-            extrinsics=extrinsics[i].double().numpy(),
+            extrinsics=frame.to_capture_extrinsics(extrinsics[i]).numpy(),
             intrinsics=intrinsics[i].double().numpy(),
             size=(int(height), int(width)),
             image=tensor_to_uint8(images.images[i]),
@@ -160,7 +186,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         for i in known
     ]
     placed = inference.Reconstruction(  # infer.py's camera path: interpolated, or an orbit
-        gaussians=gaussians,
+        gaussians=scene_gaussians,
         extrinsics=extrinsics,
         intrinsics=intrinsics,
         placement=["given" if i in known else "unknown" for i in range(len(images))],
@@ -170,7 +196,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         model=name,
     )
     path_e, _, _ = inference.camera_path(placed, 30)
-    path = path_e.double().numpy()
+    path = frame.to_capture_extrinsics(path_e).numpy()
     scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
     return scene, runner, initial
 
@@ -199,7 +225,11 @@ def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dic
     if settings["views"] is None and summary.get("views"):
         merged["views"] = summary["views"]
     if settings["image_size"] is None and summary.get("image_size"):
-        merged["image_size"] = summary["image_size"][0]
+        merged["image_size"] = ",".join(str(side) for side in summary["image_size"])
+    recipe = summary.get("recipe") or {}
+    for key in ("near", "far", "scene_scale"):  # what infer.py applied
+        if merged.get(key) is None and recipe.get(key) is not None:
+            merged[key] = recipe[key]
     for key, value in (summary.get("forward_kwargs") or {}).items():
         if key in KNOB_KEYS and merged[key] is None:
             merged[key] = value
@@ -234,7 +264,7 @@ def build(path: str, settings: dict[str, Any]):
             )
         saved = load_view_scene(source)  # validates the folder, gives the saved cameras
         if again is not None:
-            scene, runner, initial = reconstruct(*again)
+            scene, runner, initial = reconstruct(*again)  # the capture's frame, as the files
             scene.cameras = saved.cameras or scene.cameras
             scene.path = saved.path if saved.path is not None else scene.path
             scene.title = saved.title

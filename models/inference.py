@@ -39,7 +39,19 @@ from torch import Tensor, nn
 from models.errors import PathError
 from models.gaussians import Gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
-from models.geometry.cameras import intrinsics_to_pixels, normalize_scene
+from models.geometry.cameras import (
+    camera_centers,
+    intrinsics_to_pixels,
+    invert_extrinsics,
+    project,
+)
+from models.input_recipe import (
+    BASELINE_DEPTH_RATIO,
+    MAX_UPSAMPLE,
+    InputRecipe,
+    fallback_recipe,
+    parse_image_size,
+)
 from models.knobs import Knob, inference_knobs
 from models.output_folder import OutputFolder, OutputFolderError
 
@@ -49,15 +61,21 @@ __all__ = [
     "KnobError",
     "LoadedModel",
     "Reconstruction",
+    "SceneFrame",
     "camera_path",
     "check_backend",
+    "check_input",
     "check_knobs",
     "choose_device",
     "input_size",
     "load_for_inference",
+    "model_recipe",
     "output_folder",
+    "prepare_context",
+    "recipe_warnings",
     "reconstruct",
     "render_views",
+    "scene_scale",
     "write_reconstruction",
 ]
 
@@ -82,12 +100,92 @@ class KnobError(InferenceError):
 
 
 @dataclass
+class SceneFrame:
+    """How the model's scene frame sits in the capture's own frame (DESIGN, "Scene frame").
+
+    A capture point ``p`` is ``R0 @ (scale * q) + t0`` for a scene point ``q``, where
+    ``reference = [R0 | t0]`` is the first context camera's camera-to-world in the capture. The
+    model saw the capture divided by ``scale`` (its recipe's training scale).
+
+    Attributes:
+        reference: ``[4, 4]`` camera-to-world of view 0 in the capture (identity without poses).
+        scale: capture units per scene unit (``summary.json`` ``recipe.scene_scale``).
+        rule: how ``scale`` was chosen (one line).
+        near: the near plane the model got (scene units).
+        far: the far plane the model got (scene units).
+    """
+
+    reference: Tensor = field(default_factory=lambda: torch.eye(4, dtype=torch.float64))
+    scale: float = 1.0
+    rule: str = "no poses: the scene frame is view 0's camera frame at the model's scale"
+    near: float = 1.0
+    far: float = 100.0
+
+    def to_capture_extrinsics(self, extrinsics: Tensor) -> Tensor:
+        """Scene-frame camera-to-world ``[..., 4, 4]`` → the capture's (float64)."""
+        out = extrinsics.double().cpu().clone()
+        out[..., :3, 3] = out[..., :3, 3] * self.scale
+        return self.reference.double() @ out
+
+    def to_scene_extrinsics(self, extrinsics: Tensor) -> Tensor:
+        """Capture camera-to-world ``[..., 4, 4]`` → the scene frame (float64)."""
+        out = invert_extrinsics(self.reference.double()) @ extrinsics.double().cpu()
+        out[..., :3, 3] = out[..., :3, 3] / self.scale
+        return out
+
+    def to_capture_gaussians(self, gaussians: Gaussians) -> Gaussians:
+        """The Gaussians moved into the capture's frame and scale: means rotated, scaled and
+        moved, scales multiplied by ``scale``, rotations and view-dependent colour rotated."""
+        return transform_gaussians(gaussians, self.reference, self.scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scene_scale": float(self.scale), "scene_scale_rule": self.rule}
+
+
+def _sh_rotation(rotation: Tensor, degree: int) -> Tensor:
+    """``[K, K]`` ``M`` with ``SH(R^T d) = SH(d) @ M`` in gsplat's real basis (exact per degree:
+    each degree's span is closed under rotation; least squares over fixed directions)."""
+    from models.sh import eval_sh_bases
+
+    generator = torch.Generator().manual_seed(0)
+    directions = torch.randn(256, 3, generator=generator, dtype=torch.float64)
+    directions = directions / directions.norm(dim=-1, keepdim=True)
+    here = eval_sh_bases(degree, directions)  # [D, K]
+    there = eval_sh_bases(degree, directions @ rotation.double())  # rows R^T d
+    return torch.linalg.lstsq(here, there).solution  # [K, K]
+
+
+def transform_gaussians(gaussians: Gaussians, transform: Tensor, scale: float = 1.0) -> Gaussians:
+    """Gaussians under ``p -> R @ (scale * p) + t`` (``transform = [R | t]``, rigid ``[4, 4]``)."""
+    from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+    from models.sh import sh_degree_of
+
+    dtype = gaussians.means.dtype
+    rotation = transform[:3, :3].double().to(gaussians.means.device)
+    shift = transform[:3, 3].double().to(gaussians.means.device)
+    means = (gaussians.means.double() * scale) @ rotation.T + shift  # [B, N, 3]
+    q = matrix_to_quaternion(rotation).to(gaussians.rotations.dtype)  # [4]
+    rotations = quaternion_multiply(q.expand_as(gaussians.rotations), gaussians.rotations)
+    harmonics = gaussians.harmonics
+    degree = sh_degree_of(harmonics.shape[-1])
+    if degree > 0:
+        m = _sh_rotation(rotation.cpu(), degree).to(harmonics.device)  # [K, K]
+        harmonics = (harmonics.double() @ m.T).to(harmonics.dtype)  # [B, N, 3, K]
+    return gaussians.replace(
+        means=means.to(dtype),
+        scales=gaussians.scales * scale,
+        rotations=rotations,
+        harmonics=harmonics,
+    )
+
+
+@dataclass
 class Reconstruction:
     """What :func:`reconstruct` returns.
 
     Attributes:
         gaussians: the Gaussians of the scene (a batch of one), in the scene frame (view 0 is the
-            identity; posed inputs are scaled to a largest camera distance of 1).
+            identity, at the recipe's training scale; ``frame`` maps it to the capture).
         extrinsics: ``[V, 4, 4]`` camera-to-world of every input view in that frame (the identity
             where ``placement`` is ``"unknown"``).
         intrinsics: ``[V, 3, 3]`` normalised, for ``images``.
@@ -103,6 +201,10 @@ class Reconstruction:
         maps: per-family per-view maps, e.g. ``"cardinality"`` ``[V, H, W]`` int64 (Gaussians per
             pixel of a MoE-cardinality model).
         source: the ``ImageSet`` the images came from (original sizes, SfM result), or ``None``.
+        frame: where the scene frame sits in the capture (:class:`SceneFrame`): what is
+            written goes back to the capture's frame and scale through it.
+        recipe: the input recipe applied (``summary.json`` ``recipe``).
+        warnings: where the input or settings left the recipe (one line each).
     """
 
     gaussians: Gaussians
@@ -119,6 +221,22 @@ class Reconstruction:
     timings: dict[str, float] = field(default_factory=dict)
     maps: dict[str, Tensor] = field(default_factory=dict)
     source: Any = None
+    frame: SceneFrame = field(default_factory=SceneFrame)
+    recipe: InputRecipe | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def recipe_record(self) -> dict[str, Any]:
+        """``summary.json``'s ``recipe``: what was applied, and the tag's recipe."""
+        record: dict[str, Any] = {
+            "input_size": list(self.image_size),
+            "near": float(self.frame.near),
+            "far": float(self.frame.far),
+            **self.frame.to_dict(),
+        }
+        if self.recipe is not None:
+            record["pose_scale"] = self.recipe.pose_scale
+            record["trained"] = self.recipe.to_dict()
+        return record
 
     @property
     def known(self) -> list[int]:
@@ -295,18 +413,139 @@ def load_for_inference(
     return LoadedModel(model.to(device).eval(), described, notes)
 
 
-def input_size(model: nn.Module, requested: int | None = None) -> int:
-    """Side of the square model input: ``requested``, else the model's ``img_size`` (64 when it
-    records none).
+def _recorded_size(model: nn.Module) -> tuple[int, int] | None:
+    """``(H, W)`` the model's constructor recorded (``image_size`` or ``img_size``), or None."""
+    config = getattr(model, "_hub_mixin_config", None) or {}
+    for key in ("image_size", "img_size"):
+        value = config.get(key, getattr(model, key, None))
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            return int(value), int(value)
+        try:
+            height, width = (int(v) for v in value)
+        except (TypeError, ValueError):
+            continue
+        return height, width
+    return None
+
+
+def model_recipe(model: nn.Module | str) -> InputRecipe:
+    """The input recipe of ``model``: its weights' tag (``pretrained_cfg.recipe``), else its
+    architecture's default tag, else :func:`~models.input_recipe.fallback_recipe` (the size it
+    records and its own near/far)."""
+    from models.registry import get_pretrained_cfg
+
+    if isinstance(model, str):
+        cfg = get_pretrained_cfg(model)
+        if cfg is None or cfg.recipe is None:
+            raise InferenceError(f"model={model}", "has no pretrained tag with an input recipe")
+        return cfg.recipe
+    cfg = getattr(model, "pretrained_cfg", None)
+    if cfg is not None and getattr(cfg, "recipe", None) is not None:
+        return cfg.recipe
+    name = getattr(model, "registry_name", None)
+    cfg = get_pretrained_cfg(str(name)) if name else None
+    if cfg is not None and cfg.recipe is not None:
+        return cfg.recipe
+    size = _recorded_size(model) or (64, 64)
+    return fallback_recipe(size, getattr(model, "near", None), getattr(model, "far", None))
+
+
+def input_size(
+    model: nn.Module, requested: Any = None, recipe: InputRecipe | None = None
+) -> tuple[int, int]:
+    """``(H, W)`` of the model input: ``requested`` (one side, ``"H,W"``, ``[H, W]``), else the
+    recipe's shape (a release's trained shape; the model's recorded size when it has no tag).
+    One side keeps the recipe's aspect ratio (``InputRecipe.shape_for``).
 
     Raises:
-        InferenceError: below 8 pixels.
+        InferenceError: not a size, or a side under 8 pixels.
     """
-    config = getattr(model, "_hub_mixin_config", None) or {}
-    size = int(requested or config.get("img_size") or getattr(model, "img_size", 0) or 64)
-    if size < 8:
-        raise InferenceError(f"image_size={size}", "must be at least 8 pixels")
-    return size
+    try:
+        parsed = parse_image_size(requested)
+    except ValueError as error:
+        raise InferenceError(f"image_size={requested}", str(error)) from None
+    recipe = recipe or model_recipe(model)
+    if parsed is None:
+        return tuple(recipe.image_size)  # type: ignore[return-value]
+    if isinstance(parsed, int):
+        return recipe.shape_for(parsed)
+    return parsed
+
+
+def recipe_warnings(
+    recipe: InputRecipe,
+    name: str,
+    shape: tuple[int, int] | None = None,
+    near: float | None = None,
+    far: float | None = None,
+    views: int | None = None,
+) -> list[str]:
+    """One line per setting outside the range ``recipe`` was trained with, naming it."""
+    out = []
+    if shape is not None and tuple(shape) != tuple(recipe.image_size):
+        h, w = recipe.image_size
+        if not all(0.5 <= got / trained <= 2 for got, trained in zip(shape, (h, w))):
+            out.append(
+                f"image_size={shape[0]},{shape[1]}: {name} was trained at {h}x{w} (H x W); "
+                "far from it, expect worse results"
+            )
+        elif abs(np.log((shape[1] / shape[0]) / (w / h))) > 0.2:
+            out.append(
+                f"image_size={shape[0]},{shape[1]}: aspect ratio {shape[1] / shape[0]:.3g}, "
+                f"{name} was trained at {h}x{w} ({w / h:.3g})"
+            )
+        if recipe.multiple > 1 and (shape[0] % recipe.multiple or shape[1] % recipe.multiple):
+            out.append(
+                f"image_size={shape[0]},{shape[1]}: {name} needs sides that are multiples of "
+                f"{recipe.multiple}"
+            )
+    if near is not None and (near < 0.5 * recipe.near or near > 2 * recipe.near):
+        out.append(f"near={near:g}: {name} was trained with near {recipe.near:g}")
+    if far is not None and (far < 0.5 * recipe.far or far > 2 * recipe.far):
+        out.append(f"far={far:g}: {name} was trained with far {recipe.far:g}")
+    fewest, most = recipe.view_range
+    if views is not None and not fewest <= views <= max(most, fewest):
+        trained = f"{fewest}" if fewest == most else f"{fewest}-{most}"
+        out.append(f"views={views}: {name} was trained with {trained} context views")
+    return out
+
+
+def check_input(
+    images: Any,
+    recipe: InputRecipe,
+    name: str,
+    shape: tuple[int, int],
+    max_upsample: float = MAX_UPSAMPLE,
+) -> None:
+    """Bad input for a release's recipe: photos that the resize to ``shape`` would upsample more
+    than ``max_upsample`` times (:data:`~models.input_recipe.MAX_UPSAMPLE`). This project's own
+    demo models (``pose_scale="max_baseline_1"``) take any size, with a warning below half of it.
+
+    Raises:
+        InferenceError: one line naming the photos and what the model needs.
+    """
+    sizes = getattr(images, "original_sizes", None)
+    if not sizes or recipe.pose_scale == "max_baseline_1":
+        return
+    height, width = shape
+    small = [
+        (n, h, w)
+        for n, (h, w) in zip(images.names, sizes)
+        if max(height / h, width / w) > max_upsample
+    ]
+    if not small:
+        return
+    shown = ", ".join(f"{n} ({w}x{h})" for n, h, w in small[:3])
+    more = f" and {len(small) - 3} more" if len(small) > 3 else ""
+    need_h, need_w = int(np.ceil(height / max_upsample)), int(np.ceil(width / max_upsample))
+    raise InferenceError(
+        getattr(images, "source", "images"),
+        f"{shown}{more}: too small for {name}, which runs at {width}x{height} (W x H, recipe "
+        f"{recipe.image_size[1]}x{recipe.image_size[0]}); photos need at least "
+        f"{need_w}x{need_h} pixels (at most {max_upsample:g}x upsampling)",
+    )
 
 
 # --------------------------------------------------------------------------- reconstruct
@@ -318,8 +557,101 @@ def _default_intrinsics(views: int, height: int, width: int, fov: float) -> Tens
     return k.expand(views, 3, 3).clone()
 
 
-def _context(images: Any, cameras: Mapping[str, Tensor] | None, fov: float):
-    """The model's context batch, the view names and where the poses came from."""
+def _median_point_depth(
+    points: Tensor, extrinsics: Tensor, intrinsics: Tensor
+) -> tuple[float, int] | None:
+    """Median z-depth of the ``points [P, 3]`` that project inside the context views (in front
+    of the camera, within the image), over all views, and how many there were; None if none."""
+    xy, depth = project(points.double()[None], extrinsics.double(), intrinsics.double())
+    # xy [V, P, 2] normalised image coordinates, depth [V, P]
+    inside = (depth > 1e-6) & (xy >= 0).all(-1) & (xy <= 1).all(-1)
+    seen = depth[inside]
+    if seen.numel() < 10:
+        return None
+    return float(seen.median()), int(inside.any(0).sum())
+
+
+def scene_scale(
+    recipe: InputRecipe,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    points: Tensor | None = None,
+    override: float | None = None,
+) -> tuple[float, str]:
+    """The scale that maps a capture to ``recipe``'s training scale (capture units per scene
+    unit) and how it was chosen. The rule (docs/recipes.md):
+
+    - ``scene_scale=`` given: that;
+    - ``pose_scale="max_baseline_1"`` (this project's models) or ``"pose_free"``: the largest
+      distance between context camera centres (1 for a single view);
+    - ``pose_scale="dataset"`` (releases trained on their dataset's own scale): the median depth
+      of the sparse points seen in the context views divided by the recipe's
+      ``reference_depth``; without points, the largest context-camera distance times
+      :data:`~models.input_recipe.BASELINE_DEPTH_RATIO` taken as that median depth.
+
+    Args:
+        recipe: the input recipe.
+        extrinsics: ``[V, 4, 4]`` context camera-to-world in the capture.
+        intrinsics: ``[V, 3, 3]`` normalised.
+        points: ``[P, 3]`` sparse points in the capture (SfM / COLMAP), or None.
+        override: the user's ``scene_scale``.
+    """
+    if override is not None:
+        return float(override), f"scene_scale={override:g} (given)"
+    centres = camera_centers(extrinsics.double())  # [V, 3]
+    baseline = float(torch.cdist(centres, centres).max()) if len(centres) > 1 else 0.0
+    if recipe.pose_scale != "dataset" or recipe.reference_depth is None:
+        if baseline <= 1e-8:
+            return 1.0, "one camera position: scale 1"
+        return baseline, "largest context-camera distance = 1 (the model's training scale)"
+    reference = float(recipe.reference_depth)
+    if points is not None and len(points):
+        found = _median_point_depth(points, extrinsics, intrinsics)
+        if found is not None:
+            median, count = found
+            return median / reference, (
+                f"median depth of the {count} sparse points seen in the context views "
+                f"({median:.4g} capture units) = {reference:g}, the recipe's reference depth"
+            )
+    if baseline <= 1e-8:
+        return 1.0, "no sparse points and one camera position: the capture's own scale"
+    return baseline * BASELINE_DEPTH_RATIO / reference, (
+        f"no sparse points: {BASELINE_DEPTH_RATIO:g} x the largest context-camera distance "
+        f"({baseline:.4g} capture units) taken as the median depth = {reference:g}, the "
+        "recipe's reference depth"
+    )
+
+
+@dataclass
+class PreparedContext:
+    """What :func:`prepare_context` returns: the model's context batch (scene frame), the view
+    names, where the poses came from and the :class:`SceneFrame`."""
+
+    context: dict[str, Tensor]
+    names: list[str]
+    origin: str
+    label: str
+    frame: SceneFrame
+    recipe: InputRecipe
+
+
+def prepare_context(
+    model: nn.Module,
+    images: Any,
+    cameras: Mapping[str, Tensor] | None = None,
+    *,
+    fov: float = 60.0,
+    near: float | None = None,
+    far: float | None = None,
+    scene_scale_override: float | None = None,
+    recipe: InputRecipe | None = None,
+) -> PreparedContext:
+    """The model's context batch for ``images`` under its input recipe: near/far of the recipe
+    (or given), poses moved into the scene frame (view 0 the identity) at the recipe's training
+    scale (:func:`scene_scale`). ``images`` is an ``ImageSet`` (its poses, ``points`` and SfM
+    result are used) or ``[V, 3, H, W]``; ``cameras`` replace its poses (capture frame)."""
+    recipe = recipe or model_recipe(model)
+    points = None
     if isinstance(images, Tensor):
         if images.ndim != 4 or images.shape[1] != 3:
             raise InferenceError("images", f"must be [V, 3, H, W], got {list(images.shape)}")
@@ -328,6 +660,7 @@ def _context(images: Any, cameras: Mapping[str, Tensor] | None, fov: float):
     else:  # an ImageSet (datamodules.readers.image_folder): its own poses unless cameras= is given
         pixels, names = images.images, list(images.names)
         extrinsics, intrinsics = images.extrinsics, images.intrinsics
+        points = getattr(images, "points", None)
         sfm = getattr(images, "sfm", None) is not None
         origin = "sfm" if sfm else "given"
         label = images.pose_source or ("structure-from-motion" if sfm else "given")
@@ -335,6 +668,7 @@ def _context(images: Any, cameras: Mapping[str, Tensor] | None, fov: float):
     if cameras is not None:
         extrinsics = cameras.get("extrinsics", extrinsics)
         intrinsics = cameras.get("intrinsics", intrinsics)
+        points = cameras.get("points", None if "extrinsics" in cameras else points)
         origin, label = "given", "given"
     for key, value in (("extrinsics", extrinsics), ("intrinsics", intrinsics)):
         size = 4 if key == "extrinsics" else 3
@@ -344,16 +678,29 @@ def _context(images: Any, cameras: Mapping[str, Tensor] | None, fov: float):
             )
     if intrinsics is None:
         intrinsics = _default_intrinsics(views, height, width, fov)
+    near = float(recipe.near if near is None else near)
+    far = float(recipe.far if far is None else far)
+    if not 0 < near < far:
+        raise InferenceError(f"near={near:g}, far={far:g}", "need 0 < near < far")
     context = {
         "image": pixels[None].float(),
         "intrinsics": intrinsics[None].float(),
-        "near": torch.ones(1, views),
-        "far": torch.full((1, views), 100.0),
+        "near": torch.full((1, views), near),
+        "far": torch.full((1, views), far),
     }
+    frame = SceneFrame(near=near, far=far)
+    if scene_scale_override is not None:
+        frame.scale = float(scene_scale_override)
+        frame.rule = f"scene_scale={scene_scale_override:g} (given)"
     if extrinsics is not None:
-        context["extrinsics"] = normalize_scene(extrinsics[None].float())[0]
+        capture = extrinsics.double().cpu()
+        scale, rule = scene_scale(
+            recipe, capture, intrinsics.double().cpu(), points, scene_scale_override
+        )
+        frame = SceneFrame(reference=capture[0].clone(), scale=scale, rule=rule, near=near, far=far)
+        context["extrinsics"] = frame.to_scene_extrinsics(capture)[None].float()
     names = names or [f"view_{i:02d}" for i in range(views)]
-    return context, names, origin, label
+    return PreparedContext(context, names, origin, label, frame, recipe)
 
 
 def reconstruct(
@@ -366,6 +713,10 @@ def reconstruct(
     backend: str = "auto",
     fov: float = 60.0,
     name: str | None = None,
+    near: float | None = None,
+    far: float | None = None,
+    scene_scale: float | None = None,
+    recipe: InputRecipe | None = None,
     **knobs: Any,
 ) -> Reconstruction:
     """Reconstruct the Gaussians of ``images`` with ``model`` and place every view.
@@ -375,8 +726,8 @@ def reconstruct(
         images: an ``ImageSet`` (``datamodules.readers.image_folder.load_images``; its poses are used
             when it has them) or ``[V, 3, H, W]`` in [0, 1].
         cameras: ``{"extrinsics": [V, 4, 4] camera-to-world, "intrinsics": [V, 3, 3]
-            normalised}`` (either may be left out), replacing the image set's poses. They are
-            expressed in the scene frame (view 0 = identity, unit baseline). Posed models need
+            normalised}`` (either may be left out; ``"points" [P, 3]`` sparse points too),
+            replacing the image set's poses, in the capture's frame. Posed models need
             extrinsics; pose-free ones do not see them, but their views are placed by them when
             the model predicts no cameras.
         refine_poses: for pose-free models that predict no cameras and have no given cameras:
@@ -385,6 +736,11 @@ def reconstruct(
         backend: renderer for the pose refinement (``auto``, ``torch``, ``gsplat``, ``cpu``).
         fov: horizontal field of view in degrees assumed when there are no intrinsics.
         name: the model's name in messages (default: its registry name).
+        near: near plane (default: the recipe's, :func:`model_recipe`).
+        far: far plane (default: the recipe's).
+        scene_scale: capture units per scene unit (default: the recipe's rule,
+            :func:`scene_scale`).
+        recipe: the input recipe (default: the model's).
         **knobs: the family's inference knobs (``models.knobs``), e.g. ``compression=0.5``,
             ``iterations=4``, ``gaussians_per_pixel=1.0``, ``max_gaussians=20000``.
 
@@ -399,7 +755,26 @@ def reconstruct(
     name = name or _name(model)
     forward = check_knobs(model, knobs, name)
     pose_free = bool(getattr(model, "pose_free", False))
-    context, names, origin, label = _context(images, cameras, fov)
+    prepared = prepare_context(
+        model,
+        images,
+        cameras,
+        fov=fov,
+        near=near,
+        far=far,
+        scene_scale_override=scene_scale,
+        recipe=recipe,
+    )
+    context, names, origin, label = (
+        prepared.context,
+        prepared.names,
+        prepared.origin,
+        prepared.label,
+    )
+    recipe = prepared.recipe
+    notes = recipe_warnings(recipe, name, tuple(context["image"].shape[-2:]), near, far)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
     if not pose_free and "extrinsics" not in context:
         raise InferenceError(f"model={name}", "needs camera poses (cameras={'extrinsics': ...})")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -487,6 +862,9 @@ def reconstruct(
         timings=timings,
         maps=maps,
         source=None if isinstance(images, Tensor) else images,
+        frame=prepared.frame,
+        recipe=recipe,
+        warnings=notes,
     )
 
 
@@ -635,13 +1013,14 @@ def _input_cameras(result: Reconstruction, render_names: list[str]) -> list[dict
         pixels, sizes = source.original_intrinsics(intrinsics), list(source.original_sizes)
     else:
         pixels, sizes = intrinsics_to_pixels(intrinsics.double(), shape), [shape] * len(intrinsics)
+    capture = result.frame.to_capture_extrinsics(result.extrinsics)  # [V, 4, 4]
     kinds = {"given": "input", "sfm": "input"}  # cameras.json's names since its first release
     return [
         {
             "file": result.names[i],
             "render": f"renders/{render_names[i]}",
             "pose": kinds.get(result.placement[i], result.placement[i]),
-            **_camera_entry(result.extrinsics[i], pixels[i], sizes[i]),
+            **_camera_entry(capture[i], pixels[i], sizes[i]),
         }
         for i in result.known
     ]
@@ -694,8 +1073,9 @@ def write_reconstruction(
     shape, known = result.image_size, result.known
     render_names = [f"{i:02d}_{Path(name).stem}.png" for i, name in enumerate(result.names)]
     with folder as staging:
-        with timer("save_ply"):
-            gaussians.save_ply(staging / "gaussians.ply")
+        frame = result.frame
+        with timer("save_ply"):  # in the capture's own frame and scale
+            frame.to_capture_gaussians(gaussians).save_ply(staging / "gaussians.ply")
         with timer("render_inputs", device), torch.inference_mode():
             rendered = render_views(
                 gaussians,
@@ -726,9 +1106,12 @@ def write_reconstruction(
         with timer("write_video"):
             _write_video(_to_uint8(path), staging / "path.mp4", int(fps))
 
+        path_capture = frame.to_capture_extrinsics(path_e)  # [frames, 4, 4]
         cameras: dict[str, Any] = {
-            "frame": "scene frame of the Gaussians: view 0 is the identity (OpenCV axes, "
-            "camera-to-world); posed inputs are scaled to a largest camera distance of 1",
+            "frame": "the capture's own frame and scale, as gaussians.ply (OpenCV axes, "
+            "camera-to-world); the model ran in view 0's frame divided by "
+            f"scene_scale={frame.scale:.6g} ({frame.rule})",
+            "scene_scale": float(frame.scale),
             "poses": result.poses,
             "frames": _input_cameras(result, render_names),
             "path": [
@@ -736,7 +1119,7 @@ def write_reconstruction(
                     "render": f"path/frame_{j:04d}.png",
                     **_camera_entry(e, intrinsics_to_pixels(k, shape), shape),
                 }
-                for j, (e, k) in enumerate(zip(path_e, path_k))
+                for j, (e, k) in enumerate(zip(path_capture, path_k))
             ],
         }
         unknown = [n for n, kind in zip(result.names, result.placement) if kind == "unknown"]
@@ -744,8 +1127,8 @@ def write_reconstruction(
             cameras["unknown_poses"] = unknown
         (staging / "cameras.json").write_text(json.dumps(cameras, indent=2), encoding="utf-8")
         sfm = getattr(result.source, "sfm", None)
-        if sfm is not None:  # the COLMAP model, in the same scene frame
-            sfm.export(staging / "sparse", result.names)
+        if sfm is not None:  # the COLMAP model, in the capture's frame (as gaussians.ply)
+            sfm.export(staging / "sparse", result.names, scene_frame=False)
 
         total = time.perf_counter() - started if started is not None else sum(timings.values())
         timings["total"] = round(total, 4)
@@ -758,6 +1141,7 @@ def write_reconstruction(
             "views": len(result.names),
             "view_names": result.names,
             "image_size": list(shape),
+            "recipe": result.recipe_record(),
             "forward_kwargs": dict(result.knobs),
             "gaussians": result.count,
             "poses": result.poses,

@@ -15,7 +15,34 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["POSE_SCALES", "RESIZES", "InputRecipe"]
+__all__ = [
+    "BASELINE_DEPTH_RATIO",
+    "DL3DV_REFERENCE_DEPTH",
+    "MAX_UPSAMPLE",
+    "POSE_SCALES",
+    "RE10K_REFERENCE_DEPTH",
+    "RESIZES",
+    "InputRecipe",
+    "fallback_recipe",
+    "parse_image_size",
+    "shipped_recipe",
+]
+
+# Bad input: a photo whose resize to the recipe's shape would upsample it more than this (its
+# shorter side under a quarter of the recipe's) cannot show what the weights were trained on.
+MAX_UPSAMPLE = 4.0
+# The camera-baseline rule (no sparse points): a capture's median depth is taken as this many
+# times its largest context-camera distance (neighbouring views ~10 degrees apart around what
+# they look at: baseline / depth ~ 2 sin 5 deg ~ 0.17, i.e. depth ~ 6 baselines; 5 is rounder).
+BASELINE_DEPTH_RATIO = 5.0
+# Reference depths of the releases' training data (pose_scale="dataset"; docs/recipes.md), in the
+# datasets' own units. Estimates from the configs (the datasets are not available here):
+# RealEstate10K's poses (ORB-SLAM, the dataset's scale) put nearly all content beyond depth 1
+# (MVSplat trains with near 1 on them, DepthSplat with 0.5): a median of 2 keeps a typical view's
+# points (within ~2x of the median) inside [near, far]. DL3DV's poses are COLMAP models, which
+# COLMAP normalises to a camera-centre extent of ~10 units: a walk-through's median depth ~5.
+RE10K_REFERENCE_DEPTH = 2.0
+DL3DV_REFERENCE_DEPTH = 5.0
 
 # How a training set's poses were scaled:
 # - "dataset": the dataset's own scale, never rescaled (RE10K, ACID, DL3DV as the releases load
@@ -79,8 +106,140 @@ class InputRecipe:
         if not 0 < self.near < self.far:
             raise ValueError(f"need 0 < near < far, got {self.near}, {self.far}")
 
+    @property
+    def view_range(self) -> tuple[int, int]:
+        """``(fewest, most)`` context views it was trained / shown with."""
+        return self.views, max(self.views, self.max_views or self.views)
+
+    def shape_for(self, side: int) -> tuple[int, int]:
+        """``(H, W)`` for a requested single side: the recipe's aspect ratio with that height,
+        both sides rounded to :attr:`multiple` (a square recipe gives ``(side, side)``)."""
+        height, width = self.image_size
+        m = self.multiple
+        h = max(m, round(side / m) * m)
+        w = max(m, round(side * width / height / m) * m)
+        return h, w
+
+    def card(self) -> str:
+        """The recipe as Markdown (model cards, docs/recipes.md)."""
+        height, width = self.image_size
+        fewest, most = self.view_range
+        views = f"{fewest}" if fewest == most else f"{fewest} (up to {most})"
+        if self.pose_scale == "dataset":
+            scale = "the training data's own scale"
+            if self.reference_depth is not None:
+                scale += (
+                    "; a capture of unknown scale is mapped so the median depth of its SfM "
+                    f"points in the context views is {self.reference_depth:g}"
+                )
+        elif self.pose_scale == "max_baseline_1":
+            scale = "largest distance between context cameras = 1"
+        else:
+            scale = "pose-free: the model predicts in view 0's frame at its own scale"
+        rows = [
+            ("input size (H x W)", f"{height} x {width} (sides multiples of {self.multiple})"),
+            (
+                "resize",
+                "aspect-preserving resize to cover, centre crop, intrinsics updated"
+                if self.resize == "resize_crop"
+                else "resize to the shape",
+            ),
+            ("context views", views),
+            ("near / far", f"near {self.near:g}, far {self.far:g}"),
+            ("pose scale", scale),
+            ("source", self.source),
+        ]
+        if self.notes:
+            rows.append(("notes", self.notes))
+        return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (``summary.json``, model cards)."""
         data = dataclasses.asdict(self)
         data["image_size"] = list(self.image_size)
         return data
+
+
+def parse_image_size(value: Any) -> tuple[int, int] | int | None:
+    """``image_size=`` as given on a command line or in Python: ``None``, one side (``256``,
+    ``"256"``), ``"256,448"``, ``"256x448"``, ``[256, 448]`` or ``(256, 448)``.
+
+    Returns:
+        ``None``, one side (``int``) or ``(H, W)``.
+
+    Raises:
+        ValueError: anything else, or a side that is not a whole number >= 8.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        text = value.strip().strip("[]()")
+        parts = [p for p in text.replace("x", ",").replace(" ", ",").split(",") if p]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        parts = [value]
+    else:
+        try:
+            parts = list(value)
+        except TypeError:
+            parts = [value]
+    if len(parts) not in (1, 2):
+        raise ValueError("must be one side or H,W (e.g. 256 or 256,448)")
+    sides = []
+    for part in parts:
+        if isinstance(part, bool) or not str(part).strip().isdigit():
+            raise ValueError("must be one side or H,W of whole numbers (e.g. 256 or 256,448)")
+        sides.append(int(str(part).strip()))
+    if min(sides) < 8:
+        raise ValueError("sides must be at least 8 pixels")
+    return sides[0] if len(sides) == 1 else (sides[0], sides[1])
+
+
+# The shipped tiny models: configs/data/synthetic.yaml (image_shape 64x64, near 0.25, far 50,
+# 2 context views 8-20 frames apart) and datamodules.training.chunk_dataset (poses by
+# models.geometry.cameras.normalize_scene: largest context-camera distance 1).
+def shipped_recipe(pose_free: bool = False) -> InputRecipe:
+    """The input recipe of the ``*.synthetic64`` weights this project trains and ships."""
+    return InputRecipe(
+        image_size=(64, 64),
+        multiple=4,
+        resize="resize_crop",
+        views=2,
+        max_views=None,
+        near=0.25,
+        far=50.0,
+        pose_scale="max_baseline_1",
+        reference_depth=None,
+        max_view_angle=None,
+        source=(
+            "this project: configs/data/synthetic.yaml (image_shape [64, 64], near 0.25, far 50, "
+            "num_context_views 2) and datamodules/training/chunk_dataset.py (normalize_scene: "
+            "largest context-camera distance 1)"
+        ),
+        notes=(
+            "synthetic ray-cast rooms; pose-free: predicts Gaussians in view 0's frame at the "
+            "unit-baseline scale"
+            if pose_free
+            else "synthetic ray-cast rooms"
+        ),
+    )
+
+
+def fallback_recipe(
+    image_size: tuple[int, int], near: float | None = None, far: float | None = None
+) -> InputRecipe:
+    """The recipe of a model without pretrained weights of a known tag (``pretrained=False``,
+    a fine-tune of an architecture with no tag): its recorded size, its own near/far defaults
+    (the shipped models' 0.25/50 when it records none) and the unit-baseline scale."""
+    near = 0.25 if near is None else float(near)
+    far = 50.0 if far is None else float(far)
+    if not 0 < near < far:
+        near, far = 0.25, 50.0
+    return InputRecipe(
+        image_size=tuple(int(s) for s in image_size),  # type: ignore[arg-type]
+        multiple=1,
+        views=2,
+        near=near,
+        far=far,
+        pose_scale="max_baseline_1",
+        source="no pretrained tag: the model's recorded image size and near/far",
+    )

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Literal
@@ -208,9 +208,15 @@ class KnobRunner:
     """
 
     def __init__(
-        self, model: nn.Module, context: dict[str, Tensor], max_cached: int = 8, **forward_kwargs
+        self,
+        model: nn.Module,
+        context: dict[str, Tensor],
+        max_cached: int = 8,
+        transform: Callable[[Gaussians], Gaussians] | None = None,
+        **forward_kwargs,
     ) -> None:
         self.model = model
+        self.transform = transform  # e.g. back to the capture's frame (SceneFrame)
         self.context = context
         self.forward_kwargs = forward_kwargs  # fixed extra forward keywords
         self.knobs = {knob.name: knob for knob in inference_knobs(model)}
@@ -284,6 +290,8 @@ class KnobRunner:
             self.forwards += 1
             self.output = pred
             gaussians = pred.gaussians.detach()
+            if self.transform is not None:
+                gaussians = self.transform(gaussians)
             self._results[key] = gaussians
             while len(self._results) > self._max_cached:
                 self._results.popitem(last=False)

@@ -7,6 +7,7 @@ selenium and chromedriver; it is skipped, saying why, where those are missing (C
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 import re
@@ -207,7 +208,8 @@ def test_infer_output_folder_scene(tmp_path):
     scene = load_view_scene(out)
     assert len(scene.cameras) == 2 and scene.path.shape == (4, 4, 4)
     first = scene.cameras[0]
-    np.testing.assert_allclose(first.extrinsics, np.eye(4), atol=1e-5)  # scene frame
+    given = json.loads((EXAMPLE / "cameras.json").read_text())["frames"]  # the capture's frame
+    np.testing.assert_allclose(first.extrinsics, given[0]["camera_to_world"], atol=1e-5)
     assert first.image is not None and first.image.shape == (128, 128, 3)  # the input photo
     assert 0 < first.fov < math.pi
 

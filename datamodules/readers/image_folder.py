@@ -33,8 +33,11 @@ determinant +1) and focal lengths positive; a frame that is not is an error nami
 that all share one camera centre get a warning (posed models need a baseline).
 ``write_cameras_json`` writes the same format.
 
-Images far smaller than ``image_shape`` (shorter side under half of it) or of an aspect ratio more
-than 4:1 away from it are used with a warning naming the file.
+Images are never squashed: the aspect-preserving resize covers ``image_shape`` and the centre crop
+cuts the rest (the intrinsics follow both). Images far smaller than ``image_shape`` (shorter side
+under half of it), of an aspect ratio more than 4:1 away from it, or whose centre crop keeps less
+than ``CROP_WARNING`` (70%) of them (a portrait photo into a landscape shape) are used with a
+warning naming the file and the share kept.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ __all__ = [
     "load_image_folder",
     "load_video",
     "open_image",
+    "crop_fraction",
     "read_cameras_json",
+    "read_colmap_points",
     "write_cameras_json",
 ]
 
@@ -85,6 +90,9 @@ class ImageSet:
         extrinsics: ``[V, 4, 4]`` camera-to-world in the poses' world frame, or None.
         intrinsics: ``[V, 3, 3]`` normalised, for the resized/cropped images, or None.
         pose_source: ``"cameras.json"``, ``"colmap"`` or None.
+        sfm: the structure-from-motion result the poses came from, or None.
+        points: ``[P, 3]`` sparse points of the COLMAP / SfM model (the poses' frame), or None;
+            they set the scale of a capture for a release (``models.inference.scene_scale``).
     """
 
     images: Tensor
@@ -97,6 +105,7 @@ class ImageSet:
     sfm: Any = (
         None  # the datamodules.tools.sfm.SfmResult when the poses came from structure-from-motion
     )
+    points: Tensor | None = None  # [P, 3] sparse points of a COLMAP / SfM model, poses' frame
 
     def __len__(self) -> int:
         return len(self.names)
@@ -368,6 +377,19 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     return out
 
 
+def read_colmap_points(model: Path) -> Tensor | None:
+    """``[P, 3]`` float64 positions of a COLMAP model's ``points3D`` (None when it has none)."""
+    from datamodules.readers import colmap
+
+    try:
+        _, _, points = colmap.read_model(model)
+    except colmap.ColmapError:
+        return None
+    if not points:
+        return None
+    return torch.tensor(np.stack([p.xyz for p in points.values()]), dtype=torch.float64)
+
+
 def _colmap_model_dir(folder: Path) -> Path | None:
     """The COLMAP model folder below ``folder`` (``sparse/0``, ``sparse`` or itself), or None."""
     from datamodules.readers import colmap
@@ -425,6 +447,8 @@ def _size_warnings(
         mismatch = (w / h) / (width / height)
         if max(mismatch, 1 / mismatch) > 4:
             groups.setdefault(("aspect", w, h), []).append(label)
+        elif crop_fraction((h, w), image_shape) < CROP_WARNING:
+            groups.setdefault(("crop", w, h), []).append(label)
     for (kind, w, h), names in groups.items():
         who = _some(list(dict.fromkeys(names)), 3)
         scale = max(height / h, width / w)  # the resize that covers the model's input
@@ -433,13 +457,36 @@ def _size_warnings(
                 f"{who}: {w}x{h} pixels is far smaller than the model's {width}x{height} input "
                 f"(upsampled {scale:.3g}x; expect a blurry result)"
             )
+        elif kind == "crop":
+            kept = crop_fraction((h, w), image_shape)
+            orientation = "portrait" if h > w else "landscape" if w > h else "square"
+            target = "portrait" if height > width else "landscape" if width > height else "square"
+            message = (
+                f"{who}: a {orientation} {w}x{h} photo into the model's {target} {width}x{height} "
+                f"input (W x H): the centre crop keeps {kept:.0%} of the image "
+                f"(image_size={height},{width}; set image_size= to keep more)"
+            )
         else:
-            kept = height * width / (round(h * scale) * round(w * scale))
+            kept = crop_fraction((h, w), image_shape)
             message = (
                 f"{who}: {w}x{h} has an extreme aspect ratio ({max(w, h) / min(w, h):.3g}:1); the "
                 f"centre crop to the model's {width}x{height} input keeps {kept:.0%} of it"
             )
         warnings.warn(message, stacklevel=4)
+
+
+# A centre crop that keeps less than this share of a photo is reported (a portrait photo into a
+# landscape recipe keeps ~32% of it at 9:16 into 256x448; a 4:3 photo into a square 75%).
+CROP_WARNING = 0.7
+
+
+def crop_fraction(in_shape: tuple[int, int], out_shape: tuple[int, int]) -> float:
+    """Share of an ``in_shape`` ``(H, W)`` image that the aspect-preserving resize and centre
+    crop to ``out_shape`` keeps (1 when the aspect ratios agree)."""
+    from datamodules.transforms import cover_shape
+
+    scaled = cover_shape(tuple(in_shape), tuple(out_shape))
+    return out_shape[0] * out_shape[1] / (scaled[0] * scaled[1])
 
 
 def _spread(count: int, total: int) -> list[int]:
@@ -579,10 +626,15 @@ def load_image_folder(
             k = intrinsics_to_normalized(k_px, (image.height, image.width)).float()
             intrinsics.append(crop @ k)
             extrinsics.append(entry["camera_to_world"].float())
+        points = None
+        if pose_source == "colmap" and pose_file is not None:
+            model_dir = _colmap_model_dir(pose_file) or pose_file
+            points = read_colmap_points(model_dir)
         return ImageSet(
             extrinsics=torch.stack(extrinsics),
             intrinsics=torch.stack(intrinsics),
             pose_source=pose_source,
+            points=points,
             **result,
         )
     result.pop("crops")

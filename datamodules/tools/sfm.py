@@ -257,12 +257,21 @@ class SfmResult:
         path.write_text(json.dumps(data, indent=2), encoding="utf-8")
         return path
 
-    def export(self, dest: str | Path, names: Sequence[str] | None = None) -> Path:
+    def export(
+        self, dest: str | Path, names: Sequence[str] | None = None, scene_frame: bool = True
+    ) -> Path:
         """Write the model as COLMAP text to ``dest`` (created), moved into the scene frame of
         ``names`` (default: all registered; the frame ``scene_frame(names)`` uses), so that its
-        cameras and points agree with ``cameras.json`` and Gaussians predicted from those views.
+        cameras and points agree with Gaussians predicted from those views; ``scene_frame=False``
+        keeps COLMAP's own world frame (the capture's frame, where ``infer.py`` writes).
         """
         import pycolmap
+
+        if not scene_frame:
+            dest = Path(dest)
+            dest.mkdir(parents=True, exist_ok=True)
+            pycolmap.Reconstruction(str(self.model_dir)).write_text(str(dest))
+            return dest
 
         poses = self.poses()
         names = list(names) if names is not None else self.registered

@@ -142,4 +142,8 @@ def _sfm_inputs(
         result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)
         images = load_images(folder, shape, views, min_views, poses=str(cameras_json))
     images.pose_source, images.sfm = "structure-from-motion", result
+    if images.points is None:  # the sparse points set a release's scale (models.inference)
+        from datamodules.readers.image_folder import read_colmap_points
+
+        images.points = read_colmap_points(result.model_dir)
     return images, _notes(caught, exact=True)

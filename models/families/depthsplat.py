@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import pixel_grid
+from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS
 from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
@@ -393,8 +394,72 @@ _LICENSE_BASE_LARGE = (
 )
 
 
-def _cfg(filename: str, sha: str, license_: str, train: str, size, views, metrics=None, **kw):
+_REPO = "cvg/depthsplat"
+_COMMIT = "1f5e548"
+_CROP = "src/dataset/shims/crop_shim.py (rescale_and_crop: cover, centre crop, intrinsics)"
+
+
+def _recipe(size, multiple, views, max_views, far, sources: str, notes: str = "") -> InputRecipe:
+    dl3dv = far > 100
+    return InputRecipe(
+        image_size=size,
+        multiple=multiple,
+        resize="resize_crop",
+        views=views,
+        max_views=max_views,
+        near=0.5,
+        far=far,
+        pose_scale="dataset",
+        reference_depth=DL3DV_REFERENCE_DEPTH if dl3dv else RE10K_REFERENCE_DEPTH,
+        source=f"{_REPO} {sources} and {_CROP} @ {_COMMIT}",
+        notes=notes
+        or (
+            "near/far in the dataset's own scale (make_baseline_1: false, "
+            "baseline_scale_bounds: false)"
+        ),
+    )
+
+
+_R_256 = _recipe(
+    (256, 256), 16, 2, None, 100.0,
+    "config/experiment/re10k.yaml (image_shape [256, 256], near 0.5, far 100, make_baseline_1 "
+    "false, baseline_scale_bounds false)",
+)  # fmt: skip
+_R_256x448 = _recipe(
+    (256, 448), 32, 2, None, 100.0,
+    "config/experiment/re10k.yaml (near 0.5, far 100) with scripts/dl3dv_depthsplat_train.sh "
+    "(dataset.image_shape=[256,448])",
+)  # fmt: skip
+_R_DL3DV_448 = _recipe(
+    (256, 448), 32, 2, 6, 200.0,
+    "config/experiment/dl3dv.yaml (near 0.5, far 200, make_baseline_1 false) with "
+    "scripts/dl3dv_depthsplat_train.sh (image_shape [256,448], min_views 2, max_views 6)",
+)  # fmt: skip
+_R_768 = {
+    views: _recipe(
+        (448, 768), 32, views, most, 200.0,
+        "config/experiment/dl3dv.yaml (near 0.5, far 200, make_baseline_1 false) and the "
+        f"file's name (448x768, random {views}-{most} views)",
+        "near/far in the dataset's own scale; the README renders this file at 512x960 with "
+        "up to 12 views",
+    )
+    for views, most in ((2, 6), (4, 10))
+}  # fmt: skip
+
+
+def _cfg(
+    filename: str,
+    sha: str,
+    license_: str,
+    train: str,
+    size,
+    views,
+    metrics=None,
+    recipe: InputRecipe | None = None,
+    **kw,
+):
     return PretrainedCfg(
+        recipe=recipe,
         hf_hub_id=_HUB,
         hf_hub_filename=filename,
         file_format="official",
@@ -415,36 +480,37 @@ register_pretrained_cfgs(
     {
         "depthsplat_small.re10k_256x256_view2": _cfg(
             "depthsplat-gs-small-re10k-256x256-view2-cfeab6b1.pth", "cfeab6b1", _LICENSE_SMALL,
-            "RealEstate10K", (256, 256), 2,
+            "RealEstate10K", (256, 256), 2, recipe=_R_256,
         ),
         "depthsplat_small.re10kdl3dv_448x768_randview4_10": _cfg(
             "depthsplat-gs-small-re10kdl3dv-448x768-randview4-10-c08188db.pth", "c08188db",
             _LICENSE_SMALL, "RealEstate10K 256x448, then RealEstate10K + DL3DV 448x768",
-            (448, 768), 10, far=200.0, **_SMALL_768,
+            (448, 768), 10, recipe=_R_768[4], far=200.0, **_SMALL_768,
         ),
         "depthsplat_base.re10k_256x256_view2": _cfg(
             "depthsplat-gs-base-re10k-256x256-view2-ca7b6795.pth", "ca7b6795",
-            _LICENSE_BASE_LARGE.format(size="B"), "RealEstate10K", (256, 256), 2,
+            _LICENSE_BASE_LARGE.format(size="B"), "RealEstate10K", (256, 256), 2, recipe=_R_256,
         ),
         "depthsplat_base.re10k_256x448_view2": _cfg(
             "depthsplat-gs-base-re10k-256x448-view2-fea94f65.pth", "fea94f65",
-            _LICENSE_BASE_LARGE.format(size="B"), "RealEstate10K", (256, 448), 2, **_BASE_448,
+            _LICENSE_BASE_LARGE.format(size="B"), "RealEstate10K", (256, 448), 2,
+            recipe=_R_256x448, **_BASE_448,
         ),
         "depthsplat_base.dl3dv_256x448_randview2_6": _cfg(
             "depthsplat-gs-base-dl3dv-256x448-randview2-6-02c7b19d.pth", "02c7b19d",
             _LICENSE_BASE_LARGE.format(size="B"), "RealEstate10K, then DL3DV (2-6 views)",
-            (256, 448), 6, far=200.0, **_BASE_448,
+            (256, 448), 6, recipe=_R_DL3DV_448, far=200.0, **_BASE_448,
         ),
         "depthsplat_base.re10kdl3dv_448x768_randview2_6": _cfg(
             "depthsplat-gs-base-re10kdl3dv-448x768-randview2-6-f8ddd845.pth", "f8ddd845",
             _LICENSE_BASE_LARGE.format(size="B"),
             "RealEstate10K 256x448, then RealEstate10K + DL3DV 448x768 (2-6 views)",
-            (448, 768), 6, far=200.0, **_BASE_448,
+            (448, 768), 6, recipe=_R_768[2], far=200.0, **_BASE_448,
         ),
         "depthsplat_large.re10k_256x256_view2": _cfg(
             "depthsplat-gs-large-re10k-256x256-view2-e0f0f27a.pth", "e0f0f27a",
             _LICENSE_BASE_LARGE.format(size="L"), "RealEstate10K", (256, 256), 2,
-            metrics={"re10k/psnr": 27.47},
+            metrics={"re10k/psnr": 27.47}, recipe=_R_256,
         ),
     }
 )  # fmt: skip

@@ -48,6 +48,7 @@ from models.base import ModelOutput, SplatModel, check_context
 from models.families.depthsplat import official_key_to_ours as depthsplat_key
 from models.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.depth_trunk import DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
@@ -897,8 +898,42 @@ _LIC = {
 }
 
 
-def _cfg(filename: str, size: str, train: str, input_size, views, metrics, **kw) -> PretrainedCfg:
+def _recipe(shape, views: int, script: str, notes: str = "") -> InputRecipe:
+    """A release's input recipe: its experiment config's near/far (dataset scale) and the shape
+    and views of its training script (``scripts/<script>.sh`` of cc4594a)."""
+    re10k = script.startswith("re10k")
+    experiment = "re10k" if re10k else "dl3dv"
+    far = 100.0 if re10k else 200.0
+    return InputRecipe(
+        image_size=shape,
+        multiple=32 if re10k else 64,
+        resize="resize_crop",
+        views=views,
+        near=0.01,
+        far=far,
+        pose_scale="dataset",
+        reference_depth=RE10K_REFERENCE_DEPTH if re10k else DL3DV_REFERENCE_DEPTH,
+        source=(
+            f"baoxperceptionio/resplat config/experiment/{experiment}.yaml (near 0.01, far "
+            f"{far:g}, make_baseline_1 false, baseline_scale_bounds false) and "
+            f"scripts/{script}.sh (image_shape, num_context_views) @ cc4594a"
+        ),
+        notes=notes or "near/far in the dataset's own scale",
+    )
+
+
+def _cfg(
+    filename: str,
+    size: str,
+    train: str,
+    input_size,
+    views,
+    metrics,
+    recipe: InputRecipe | None = None,
+    **kw,
+) -> PretrainedCfg:
     return PretrainedCfg(
+        recipe=recipe,
         hf_hub_id=_HUB,
         hf_hub_filename=filename,
         file_format="official",
@@ -921,45 +956,58 @@ register_pretrained_cfgs(
             "resplat-small-dl3dv-256x448-view8-548993fe.pth", "S", "DL3DV", (256, 448), 8,
             {"dl3dv/psnr@1it": 28.168, "dl3dv/psnr@2it": 28.727, "dl3dv/psnr@4it": 29.065,
              "dl3dv/ssim@4it": 0.902, "dl3dv/lpips@4it": 0.105},
-            iterations=2, **_DL3DV,
+            iterations=2, recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_small_refine"),
+            **_DL3DV,
         ),
         "resplat_base.dl3dv_256x448_view8": _cfg(
             "resplat-base-dl3dv-256x448-view8-1934a04c.pth", "B", "DL3DV", (256, 448), 8,
             {"dl3dv/psnr@1it": 28.523, "dl3dv/psnr@2it": 28.959, "dl3dv/psnr@4it": 29.198,
              "dl3dv/ssim@4it": 0.904, "dl3dv/lpips@4it": 0.104},
-            iterations=2, **_DL3DV,
+            iterations=2, recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_base_refine"),
+            **_DL3DV,
         ),
         "resplat_base.dl3dv_256x448_view16": _cfg(
             "resplat-base-dl3dv-256x448-view16-f38bf984.pth", "B", "DL3DV", (256, 448), 16,
             {"dl3dv16/psnr@4it": 29.017, "dl3dv16/ssim@4it": 0.901, "dl3dv16/lpips@4it": 0.105},
-            iterations=4, **_DL3DV,
+            iterations=4, recipe=_recipe((256, 448), 16, "dl3dv_view16_256x448_base_refine"),
+            **_DL3DV,
         ),
         "resplat_base.dl3dv_256x448_view32": _cfg(
             "resplat-base-dl3dv-256x448-view32-439b63a6.pth", "B", "DL3DV", (256, 448), 32,
             {"dl3dv32/psnr@4it": 28.301, "dl3dv32/ssim@4it": 0.891, "dl3dv32/lpips@4it": 0.114},
-            iterations=4, **_DL3DV,
+            iterations=4, recipe=_recipe((256, 448), 32, "dl3dv_view32_256x448_base_refine"),
+            **_DL3DV,
         ),
         "resplat_base.dl3dv_512x960_view8": _cfg(
             "resplat-base-dl3dv-512x960-view8-8179ed87.pth", "B", "DL3DV", (512, 960), 8,
             {"dl3dv/psnr@2it": 27.513, "dl3dv/psnr@4it": 27.698, "dl3dv/ssim@4it": 0.868,
              "dl3dv/lpips@4it": 0.160},
-            iterations=2, **_DL3DV,
+            iterations=2, recipe=_recipe((512, 960), 8, "dl3dv_view8_512x960_base_refine"),
+            **_DL3DV,
         ),
         "resplat_base.dl3dv_540x960_view16": _cfg(
             "resplat-base-dl3dv-540x960-view16-a72dc6d0.pth", "B", "DL3DV", (540, 960), 16,
             {"dl3dv16/psnr@0it": 22.684, "dl3dv16/psnr@1it": 23.234, "dl3dv16/psnr@2it": 23.512},
-            iterations=2, max_scale=3.0, depth_half_res=True, **_DL3DV,
+            iterations=2, max_scale=3.0, depth_half_res=True,
+            recipe=_recipe(
+                (512, 960), 16, "dl3dv_view16_540x960_base_refine",
+                "trained at 512x960 (from 540x960 frames); the release script tests at 540x960, "
+                "which this port cannot take (sides must be multiples of 64): 512x960 here",
+            ),
+            **_DL3DV,
         ),
         "resplat_base.re10k_256x256_view2": _cfg(
             "resplat-base-re10k-256x256-view2-b90d1b53.pth", "B", "RealEstate10K", (256, 256), 2,
             {"re10k/psnr@0it": 29.06, "re10k/psnr@2it": 29.751, "re10k/ssim@2it": 0.912,
              "re10k/lpips@2it": 0.100, "acid_zero_shot/psnr@2it": 29.870},
-            iterations=2, **_RE10K,
+            iterations=2, recipe=_recipe((256, 256), 2, "re10k_view2_256x256_base_refine"),
+            **_RE10K,
         ),
         "resplat_large.dl3dv_256x448_view8": _cfg(
             "resplat-large-dl3dv-256x448-view8-62f1703a.pth", "L", "DL3DV", (256, 448), 8,
             {"dl3dv/psnr@0it": 27.861, "dl3dv/ssim@0it": 0.886, "dl3dv/lpips@0it": 0.121},
-            iterations=0, refine=False, **_DL3DV,
+            iterations=0, refine=False,
+            recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_large_init"), **_DL3DV,
         ),
     }
 )  # fmt: skip

@@ -61,6 +61,7 @@ from models.families.splatweaver import budget_shift, frozen_gumbel_noise, route
 from models.gaussians import Gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.rotations import quaternion_multiply
+from models.input_recipe import InputRecipe
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.point_transformer import knn as brute_force_knn
@@ -850,6 +851,25 @@ register_pretrained_cfgs(
             input_size=(448, 448),
             views=None,
             pose_free=True,
+            recipe=InputRecipe(
+                image_size=(448, 448),
+                multiple=14,
+                resize="resize_crop",
+                views=2,
+                max_views=16,
+                near=0.1,
+                far=100.0,
+                pose_scale="pose_free",
+                source=(
+                    "yecongwan/SplatWeaver demo.py and src/utils/image.py process_image (448x448 "
+                    "centre crop, 16 views in its example) and config/experiment/"
+                    "multi-dataset.yaml (training at input_image_shape [224, 448]) @ 6a157ce"
+                ),
+                notes=(
+                    "pose-free: input poses only place the output; the configs set no near/far "
+                    "(the model predicts depth), 0.1/100 bound the port's rendering only"
+                ),
+            ),
             metrics={},
             metrics_source=(
                 "authors' paper/README, not verified here (the README shows a figure only, "

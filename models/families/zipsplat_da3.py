@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.families.zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
+from models.input_recipe import InputRecipe
 from models.layers.backbones.da3_vit import (
     DA3_SIZES,
     Block,
@@ -415,6 +416,23 @@ register_pretrained_cfgs(
             input_size=(252, 252),
             views=None,
             pose_free=True,
+            recipe=InputRecipe(
+                image_size=(252, 252),
+                multiple=14,
+                resize="resize_crop",
+                views=2,
+                max_views=24,
+                near=0.1,
+                far=100.0,
+                pose_scale="pose_free",
+                source=(
+                    "cvg/ZipSplat splatfactory/configs/data/composed_252.yaml (resize 252, "
+                    "edge_divisible_by 14, aspect_ratio_range [1.0, 1.0], image_num_range [2, 24], "
+                    "near 0.1, far 100, normalize_baseline false) and "
+                    "splatfactory/configs/model/zipsplat.yaml (img_size 252) @ e1b592d"
+                ),
+                notes="pose-free: input poses only place the output",
+            ),
             metrics={
                 "re10k_6v/psnr": 26.20,
                 "re10k_6v/ssim": 0.842,

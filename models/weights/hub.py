@@ -740,6 +740,15 @@ def model_card(
             metric_table += f"\n\n{metrics_note}"
     else:
         metric_table = "No metrics were recorded with this checkpoint."
+    recipe = getattr(getattr(model, "pretrained_cfg", None), "recipe", None)
+    if recipe is None:
+        cfg = get_pretrained_cfg(name)
+        recipe = cfg.recipe if cfg is not None else None
+    recipe_text = (
+        recipe.card()
+        if recipe is not None
+        else "No input recipe is recorded for this architecture."
+    )
     location = f"hf-hub:{repo_id}" if repo_id else "local-dir:/path/to/this/folder"
     content = f"""---
 {card_data.to_yaml()}
@@ -753,6 +762,13 @@ images in, a set of 3D Gaussians out in one forward pass.
 | | |
 |---|---|
 {table}
+
+## Input recipe
+
+How inputs must be prepared for these weights (`get_pretrained_cfg(name).recipe`; `infer.py`
+applies it by default):
+
+{recipe_text}
 
 ## Metrics
 

@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.input_recipe import InputRecipe
+from models.input_recipe import InputRecipe, shipped_recipe
 
 __all__ = [
     "PretrainedCfg",
@@ -98,6 +98,8 @@ class PretrainedCfg:
         data = dataclasses.asdict(self)
         if data["input_size"] is not None:
             data["input_size"] = list(data["input_size"])
+        if self.recipe is not None:
+            data["recipe"] = self.recipe.to_dict()
         return data
 
 
@@ -166,5 +168,6 @@ def synthetic64_cfg(
             metrics={"synthetic64/psnr": psnr, "synthetic64/ssim": ssim},
             metrics_source="this project, 100 synthetic test scenes (python bench/zoo.py)",
             notes="a 30-CPU-minute demo and test model, not a converged one",
+            recipe=shipped_recipe(pose_free),
         )
     }
