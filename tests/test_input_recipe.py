@@ -329,7 +329,7 @@ def test_fewer_photos_than_the_release_needs_exit_2(tmp_path: Path, capsys) -> N
         folder,
     )
     model = create_model("depthsplat_tiny", pretrained=False)
-    from models.weights.pretrained import save_pretrained
+    from models.weights.hub import save_pretrained
 
     weights = save_pretrained(model, tmp_path / "w", name="depthsplat_tiny")
     cfg = infer.compose(
