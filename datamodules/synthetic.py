@@ -1005,9 +1005,7 @@ def generate_dataset(
     settings.validate()
     out = Path(out)
     try:
-        folder = OutputFolder(
-            out, "datamodules.synthetic", overwrite=overwrite, legacy=_legacy_dataset
-        )
+        folder = OutputFolder(out, "datamodules.synthetic", overwrite=overwrite)
     except OutputFolderError as error:
         raise DataError(str(error)) from None
     sizes = settings.split_sizes()
@@ -1062,14 +1060,6 @@ def _generate_into(
     index = {scene_key("test", i): evaluation_entry(i, settings) for i in range(sizes["test"])}
     (tmp / "evaluation_index.json").write_text(json.dumps(index), encoding="utf-8")
     (tmp / "metadata.json").write_text(json.dumps(asdict(settings), indent=2), encoding="utf-8")
-
-
-# What a synthetic dataset written before the output marker existed holds.
-_DATASET_ENTRIES = ("train", "test", "metadata.json", "evaluation_index.json")
-
-
-def _legacy_dataset(folder: Path) -> tuple[str, ...] | None:
-    return _DATASET_ENTRIES if is_complete(folder) else None
 
 
 def ensure_synthetic(

@@ -7,8 +7,9 @@ Every command that writes a folder (``infer.py``, ``models.training.export``, ``
   home directory or a parent of it, the current directory or a parent of it, the same as an input,
   inside an input, or holds an input;
 - an existing non-empty folder is replaced only with ``overwrite`` and only when it carries this
-  program's marker (:data:`MARKER_NAME`, written into every folder published here, listing what
-  was written) and holds nothing the marker does not list — so user files are never deleted;
+  program's marker (:data:`MARKER_NAME`, written into every folder published here, listing every
+  file and folder written, at any depth, with its size and modification time) and holds nothing
+  the marker does not list and nothing changed since — so user files are never deleted;
 - the new content is written into a hidden staging folder beside the output and moved into place
   when complete (never half-written); the staging folder is removed on any error, on Ctrl-C and
   on SIGTERM, and stale staging folders of a killed run are removed by the next one;
@@ -26,7 +27,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from models.errors import PathError
@@ -60,7 +61,11 @@ def _contains(parent: Path, child: Path) -> bool:
 
 
 def read_marker(folder: str | os.PathLike) -> dict | None:
-    """The marker of a folder published by :class:`OutputFolder`, or ``None``."""
+    """The marker of a folder published by :class:`OutputFolder`, or ``None``.
+
+    The marker is ``{"program": NAME, "files": {relative path: [size, mtime_ns]}, "folders":
+    [relative path, ...]}``: every file and folder written, at any depth (paths with ``/``).
+    """
     path = Path(folder) / MARKER_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -68,45 +73,74 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("program"), str):
         return None
-    if not isinstance(data.get("entries"), list):
+    if not isinstance(data.get("files"), dict) or not isinstance(data.get("folders"), list):
         return None
     return data
 
 
+def _tree(folder: Path) -> tuple[dict[str, list[int]], list[str]]:
+    """Every file (``{relative path: [size, mtime_ns]}``; symbolic links count as files, never
+    followed) and every folder below ``folder``, our own marker files left out."""
+    files: dict[str, list[int]] = {}
+    folders: list[str] = []
+    for root, dirs, names in os.walk(folder, followlinks=False):
+        base = Path(root)
+        for name in list(dirs):
+            path = base / name
+            if path.is_symlink():  # os.walk lists links to folders as folders
+                dirs.remove(name)
+                names.append(name)
+            else:
+                folders.append(path.relative_to(folder).as_posix())
+        for name in names:
+            path = base / name
+            relative = path.relative_to(folder).as_posix()
+            if relative in (MARKER_NAME, _STAGING_MARKER):
+                continue
+            info = path.lstat()
+            files[relative] = [info.st_size, info.st_mtime_ns]
+    return files, sorted(folders)
+
+
 def write_marker(folder: str | os.PathLike, program: str) -> None:
-    """Mark ``folder`` as ``program``'s output, listing its current top-level entries."""
+    """Mark ``folder`` as ``program``'s output, listing every file and folder in it now."""
     folder = Path(folder)
-    entries = sorted(
-        p.name for p in folder.iterdir() if p.name not in (MARKER_NAME, _STAGING_MARKER)
-    )
-    marker = {"program": program, "entries": entries}
-    (folder / MARKER_NAME).write_text(json.dumps(marker, indent=2), encoding="utf-8")
+    files, folders = _tree(folder)
+    marker = {"program": program, "files": dict(sorted(files.items())), "folders": folders}
+    (folder / MARKER_NAME).write_text(json.dumps(marker, indent=1), encoding="utf-8")
 
 
-def _replaceable(
-    output: Path, program: str, legacy: Callable[[Path], Iterable[str] | None] | None
-) -> str | None:
-    """Why the existing non-empty folder ``output`` must not be replaced, or ``None`` if it may."""
-    present = {p.name for p in output.iterdir()}
+def _shown(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def _replaceable(output: Path, program: str, replace: bool) -> str | None:
+    """Why the existing non-empty folder ``output`` must not be replaced (``replace``) or added
+    to, or ``None`` if it may: it must carry ``program``'s marker and hold nothing the marker does
+    not list, at any depth; a replaced folder's files must also be unchanged since written."""
     marker = read_marker(output)
-    if marker is not None:
-        if marker["program"] != program:
-            return f"is an output of {marker['program']}, not of {program}: refusing to replace it"
-        allowed = set(marker["entries"]) | {MARKER_NAME}
-    else:
-        known = legacy(output) if legacy is not None else None
-        if known is None:
-            return (
-                f"holds files that are not an output of {program} (no {MARKER_NAME}): "
-                "refusing to replace it; choose a new or empty folder"
-            )
-        allowed = set(known)
-    extra = sorted(present - allowed)
-    if extra:
-        shown = ", ".join(extra[:3]) + (" ..." if len(extra) > 3 else "")
+    if marker is None:
         return (
-            f"holds files {program} did not write ({shown}): refusing to replace it; "
+            f"holds files that are not an output of {program} (no {MARKER_NAME}): "
+            "refusing to replace it; choose a new or empty folder"
+        )
+    if marker["program"] != program:
+        return f"is an output of {marker['program']}, not of {program}: refusing to replace it"
+    files, folders = _tree(output)
+    written, written_folders = marker["files"], set(marker["folders"])
+    extra = sorted(set(files) - set(written)) + sorted(set(folders) - written_folders)
+    if extra:
+        return (
+            f"holds files {program} did not write ({_shown(extra)}): refusing to replace it; "
             "move them away or choose another folder"
+        )
+    changed = sorted(
+        name for name, stat in files.items() if replace and list(written[name]) != stat
+    )
+    if changed:
+        return (
+            f"holds files changed since {program} wrote them ({_shown(changed)}): refusing to "
+            "replace it; move them away or choose another folder"
         )
     return None
 
@@ -116,7 +150,6 @@ def check_output_folder(
     program: str,
     inputs: Iterable[str | os.PathLike] = (),
     overwrite: bool = False,
-    legacy: Callable[[Path], Iterable[str] | None] | None = None,
     replace: bool = True,
 ) -> Path:
     """Check that ``output`` may be written (see the module docstring); returns it resolved.
@@ -126,9 +159,6 @@ def check_output_folder(
         program: the writing program's name, recorded in and checked against the marker.
         inputs: paths the program reads; the output may neither be, hold nor lie inside one.
         overwrite: whether an existing non-empty output of this program may be replaced.
-        legacy: for folders without a marker (written by older versions): a function returning
-            the entries such a folder may hold when it is one of this program's outputs, or
-            ``None`` when it is not.
         replace: ``False`` for programs that add to an existing output instead of replacing it
             (then only the location rules apply, plus the marker rule for non-empty folders).
 
@@ -149,14 +179,7 @@ def check_output_folder(
         raise OutputFolderError(
             shown, "is the current directory or a parent of it: choose a new folder"
         )
-    for source in inputs:
-        source_resolved = _resolve(source)
-        if _contains(resolved, source_resolved):
-            raise OutputFolderError(
-                shown, f"holds the input {os.fspath(source)}: choose another folder"
-            )
-        if _contains(source_resolved, resolved):
-            raise OutputFolderError(shown, f"lies inside the input {os.fspath(source)}")
+    _check_inputs(shown, resolved, inputs)
     ancestor = resolved
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -167,10 +190,21 @@ def check_output_folder(
             raise OutputFolderError(
                 shown, "already holds files (pass overwrite=true to replace them)"
             )
-        reason = _replaceable(resolved, program, legacy)
+        reason = _replaceable(resolved, program, replace)
         if reason is not None:
             raise OutputFolderError(shown, reason)
     return resolved
+
+
+def _check_inputs(shown: str, resolved: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    for source in inputs:
+        source_resolved = _resolve(source)
+        if _contains(resolved, source_resolved):
+            raise OutputFolderError(
+                shown, f"holds the input {os.fspath(source)}: choose another folder"
+            )
+        if _contains(source_resolved, resolved):
+            raise OutputFolderError(shown, f"lies inside the input {os.fspath(source)}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -245,21 +279,17 @@ class OutputFolder:
         program: str,
         inputs: Iterable[str | os.PathLike] = (),
         overwrite: bool = False,
-        legacy: Callable[[Path], Iterable[str] | None] | None = None,
     ) -> None:
         self.shown = os.fspath(output)
         self.program = program
         self.inputs = list(inputs)
         self.overwrite = overwrite
-        self.legacy = legacy
         self.output = self.check()
         self.staging: Path | None = None
         self._terminate = terminate_as_exit()
 
     def check(self) -> Path:
-        return check_output_folder(
-            self.shown, self.program, self.inputs, self.overwrite, self.legacy
-        )
+        return check_output_folder(self.shown, self.program, self.inputs, self.overwrite)
 
     def __enter__(self) -> Path:
         self._terminate.__enter__()

@@ -89,7 +89,8 @@ def test_infer_replaces_only_its_own_output(capsys, tmp_path, zipsplat_weights) 
     args += ["image_size=32", "orbit_frames=2"]
     assert _infer(capsys, *args, f"output={out}")[0] == 0
     marker = json.loads((out / MARKER_NAME).read_text())
-    assert marker["program"] == "infer.py" and "gaussians.ply" in marker["entries"]
+    assert marker["program"] == "infer.py" and "gaussians.ply" in marker["files"]
+    assert any(name.startswith("renders/") for name in marker["files"])  # every depth
     # A previous output is replaced with overwrite=true, and keeps the user's normal mode.
     assert _infer(capsys, *args, f"output={out}", "overwrite=true")[0] == 0
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~_umask()
@@ -145,18 +146,64 @@ def test_infer_refuses_dangerous_outputs(capsys, tmp_path, monkeypatch, zipsplat
     assert _snapshot(tmp_path) == before
 
 
-def test_older_infer_output_without_marker_is_replaceable(
-    capsys, tmp_path, zipsplat_weights
-) -> None:
+def test_user_file_deep_inside_an_output_survives(capsys, tmp_path, zipsplat_weights) -> None:
+    """The reported loss: ``echo notes > o1/renders/my_notes.txt`` then ``overwrite=true``."""
     photos = _photos(tmp_path / "photos")
+    out = tmp_path / "o1"
+    args = [f"input={photos}", "model=zipsplat_tiny", f"weights={zipsplat_weights}"]
+    args += ["image_size=32", "orbit_frames=2", f"output={out}"]
+    assert _infer(capsys, *args)[0] == 0
+    (out / "renders" / "my_notes.txt").write_text("notes\n", encoding="utf-8")
+    before = _snapshot(out)
+    status, err = _infer(capsys, *args, "overwrite=true")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "renders/my_notes.txt" in err and "did not write" in err
+    assert _snapshot(out) == before  # byte-identical, nothing replaced
+
+
+def test_marker_covers_every_depth(tmp_path) -> None:
+    out = tmp_path / "out"
+    with OutputFolder(out, "prog") as staging:
+        (staging / "a" / "b").mkdir(parents=True)
+        (staging / "a" / "b" / "deep.txt").write_text("ours")
+        (staging / "top.txt").write_text("ours")
+    # Our own output (nested files included) is replaced.
+    with OutputFolder(out, "prog", overwrite=True) as staging:
+        (staging / "a" / "b").mkdir(parents=True)
+        (staging / "a" / "b" / "deep.txt").write_text("ours again")
+    assert (out / "a" / "b" / "deep.txt").read_text() == "ours again"
+    # A user's file, an empty folder or a link anywhere inside: refused, naming it.
+    for name, make in (
+        ("a/b/mine.txt", lambda p: p.write_text("mine")),
+        ("a/b/empty", lambda p: p.mkdir()),
+        ("a/link", lambda p: p.symlink_to(tmp_path)),
+    ):
+        target = out / name
+        make(target)
+        before = _snapshot(out)
+        with pytest.raises(OutputFolderError, match=f"did not write \\({name}\\)"):
+            check_output_folder(out, "prog", overwrite=True)
+        assert _snapshot(out) == before
+        target.unlink() if target.is_symlink() or target.is_file() else target.rmdir()
+    # A file we wrote that the user edited since is theirs now: refused.
+    deep = out / "a" / "b" / "deep.txt"
+    deep.write_text("edited by the user, longer")
+    with pytest.raises(OutputFolderError, match="changed since prog wrote them \\(a/b/deep.txt"):
+        check_output_folder(out, "prog", overwrite=True)
+    assert deep.read_text() == "edited by the user, longer"
+
+
+def test_output_without_marker_is_never_replaced(tmp_path) -> None:
+    """No reader of older outputs: a folder without the marker is not ours."""
     out = tmp_path / "old"
     (out / "renders").mkdir(parents=True)
     (out / "gaussians.ply").write_bytes(b"ply")
     summary = {"model": "zipsplat_tiny", "gaussians": 3, "timings_s": {}}
     (out / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
-    args = [f"input={photos}", "model=zipsplat_tiny", f"weights={zipsplat_weights}"]
-    status, _ = _infer(capsys, *args, f"output={out}", "overwrite=true", "image_size=32")
-    assert status == 0 and (out / MARKER_NAME).is_file()
+    before = _snapshot(out)
+    with pytest.raises(OutputFolderError, match="not an output of infer.py"):
+        check_output_folder(out, "infer.py", overwrite=True)
+    assert _snapshot(out) == before
 
 
 def test_unwritable_output_is_one_line(capsys, tmp_path, zipsplat_weights) -> None:

@@ -758,7 +758,7 @@ def convert(
         raise InputError(f"invalid split name {split!r}")
     try:  # convert adds to a dataset root; it never deletes, and writes only into its own roots
         inputs = [Path(source)] + ([Path(frames)] if frames else [])
-        check_output_folder(out, PROGRAM, inputs=inputs, replace=False, legacy=_legacy_root)
+        check_output_folder(out, PROGRAM, inputs=inputs, replace=False)
     except OutputFolderError as error:
         raise InputError(str(error)) from None
     if chunk_mb <= 0:
@@ -864,23 +864,6 @@ def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool
 
 
 PROGRAM = "datamodules.tools.convert"
-
-
-def _legacy_root(folder: Path) -> list[str] | None:
-    """The entries of a chunk dataset root made before the output marker existed, else ``None``:
-    split folders holding only chunks and an index, and the report files beside them."""
-    entries = []
-    for entry in folder.iterdir():
-        if entry.is_dir():
-            names = {p.name for p in entry.iterdir()}
-            if "index.json" not in names or any(
-                not (n == "index.json" or n.endswith((".torch", ".torch.tmp"))) for n in names
-            ):
-                return None
-        elif entry.name not in ("convert_report.json", "evaluation_index.json", "metadata.json"):
-            return None
-        entries.append(entry.name)
-    return entries
 
 
 def _parse_resolution(values: list[int] | None) -> Resolution | None:
