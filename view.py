@@ -208,10 +208,13 @@ def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dic
 
 def build(path: str, settings: dict[str, Any]):
     """The ``SplatViewer`` for ``path`` (started, serving)."""
+    from models.output_folder import OutputFile
     from models.viewer import SplatViewer, ViewerError, check_port, load_view_scene
 
     source = Path(path).expanduser()
     check_port(settings["host"], settings["port"])  # before loading anything
+    save = _save_path(settings["save"])
+    OutputFile(save, "view.py", (source,), suffix=".ply")  # refused now, not at the first Save
     runner, initial, scene = None, {}, None
     live = str(settings["live"]).lower()
     if not source.exists():
@@ -252,10 +255,21 @@ def build(path: str, settings: dict[str, Any]):
         runner,
         host=settings["host"],
         port=settings["port"],
-        save_path=settings["save"],
+        save_path=save,
         render_backend=settings["backend"],
         initial=initial,
+        inputs=(source,),
     )
+
+
+def _save_path(save: str | None) -> Path:
+    """Where Save writes: ``save=`` as given (refused later if it exists), or the default name,
+    numbered (``gaussians_view-1.ply``, ...) when an earlier run's file is there."""
+    from models.output_folder import free_file_name
+
+    if save is None or save == SETTINGS["save"]:
+        return free_file_name(SETTINGS["save"])
+    return Path(save).expanduser()
 
 
 def serve_cli(argv: list[str]) -> int:

@@ -15,6 +15,9 @@ Every command that writes a folder (``infer.py``, ``models.training.export``, ``
   on SIGTERM, and stale staging folders of a killed run are removed by the next one;
 - published folders get the user's normal permissions (``mkdtemp`` makes them 0700).
 
+:class:`OutputFile` is the same for one file (the viewer's Save): written atomically, never the
+input, never replacing a file it did not write.
+
 This module imports nothing of the project (any layer may use it).
 """
 
@@ -27,16 +30,18 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from models.errors import PathError
 
 __all__ = [
     "MARKER_NAME",
+    "OutputFile",
     "OutputFolder",
     "OutputFolderError",
     "check_output_folder",
+    "free_file_name",
     "read_marker",
     "remove_stale_staging",
     "terminate_as_exit",
@@ -337,3 +342,112 @@ class OutputFolder:
         else:
             staging.rename(output)
         (output / _STAGING_MARKER).unlink(missing_ok=True)
+
+
+class OutputFile:
+    """One file written atomically that never replaces a file it did not write itself.
+
+    ``OutputFile("scene.ply", "view.py", inputs=[source], suffix=".ply").write(save)`` calls
+    ``save(staging_path)`` and moves the result into place. The target must not be, or lie
+    inside, an input; an existing target is replaced only when this object wrote it and nobody
+    changed it since (same size and modification time), so a second Save replaces the first one
+    and nothing else: a user's file, the input ``.ply`` or a file of an earlier run is refused.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        program: str,
+        inputs: Iterable[str | os.PathLike] = (),
+        suffix: str | None = None,
+    ) -> None:
+        self.shown = os.fspath(path)
+        self.program = program
+        self.inputs = list(inputs)
+        self.suffix = suffix
+        self.path = _resolve(path)
+        self._written: tuple[int, int] | None = None  # (size, mtime_ns) of our last write
+        self.check()
+
+    def _ours(self) -> bool:
+        try:
+            info = self.path.lstat()
+        except OSError:
+            return False
+        return self._written == (info.st_size, info.st_mtime_ns)
+
+    def check(self) -> Path:
+        """The target, resolved, if it may be written now.
+
+        Raises:
+            OutputFolderError: one line naming the file and the reason.
+        """
+        if self.suffix is not None and self.path.suffix.lower() != self.suffix:
+            raise OutputFolderError(self.shown, f"must be a {self.suffix} file name")
+        for source in self.inputs:
+            source_resolved = _resolve(source)
+            if self.path == source_resolved:
+                raise OutputFolderError(self.shown, "is the input: refusing to replace it")
+            if _contains(source_resolved, self.path) and source_resolved.is_dir():
+                raise OutputFolderError(self.shown, f"lies inside the input {os.fspath(source)}")
+        if self.path.is_dir():
+            raise OutputFolderError(self.shown, "is a folder")
+        if (self.path.exists() or self.path.is_symlink()) and not self._ours():
+            raise OutputFolderError(
+                self.shown,
+                f"exists and {self.program} did not write it (in this run): refusing to replace "
+                "it; choose another file name",
+            )
+        ancestor = self.path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise OutputFolderError(self.shown, f"cannot be written ({ancestor} is not writable)")
+        return self.path
+
+    def write(self, save: Callable[[Path], None]) -> Path:
+        """Write the file with ``save(staging path)``, then move it into place; returns the path.
+
+        Raises:
+            OutputFolderError: the target may not be written (see :meth:`check`), also when
+                another process created it meanwhile.
+        """
+        target = self.check()
+        with terminate_as_exit():
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                handle, name = tempfile.mkstemp(
+                    prefix=f".{target.name}.tmp-", suffix=target.suffix, dir=target.parent
+                )
+            except OSError as error:
+                reason = error.strerror or type(error).__name__
+                raise OutputFolderError(self.shown, f"cannot be written ({reason})") from error
+            os.close(handle)
+            staging = Path(name)
+            try:
+                save(staging)
+                os.chmod(staging, 0o666 & _user_mode())
+                if self._ours():
+                    os.replace(staging, target)
+                else:  # link: fails instead of replacing a file that appeared meanwhile
+                    try:
+                        os.link(staging, target)
+                    except FileExistsError:
+                        raise OutputFolderError(
+                            self.shown, "appeared meanwhile: refusing to replace it"
+                        ) from None
+            finally:
+                staging.unlink(missing_ok=True)
+            info = target.lstat()
+            self._written = (info.st_size, info.st_mtime_ns)
+        return target
+
+
+def free_file_name(path: str | os.PathLike) -> Path:
+    """``path`` if nothing is there, else the first free ``stem-1.suffix``, ``stem-2.suffix``..."""
+    path = Path(path)
+    candidate, n = path, 0
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate

@@ -333,3 +333,71 @@ def test_convert_refuses_roots_that_are_not_datasets(tmp_path, monkeypatch) -> N
     with pytest.raises(InputError, match="current directory"):
         convert(photos, ".", "test", quiet=True)
     assert sorted(p.name for p in foreign.iterdir()) == ["cv.docx"]
+
+
+# --------------------------------------------------------------------------- the viewer's Save
+
+
+def _ply(path: Path, count: int = 40) -> Path:
+    import torch
+
+    from models import Gaussians
+
+    torch.manual_seed(0)
+    g = Gaussians(
+        means=torch.randn(1, count, 3),
+        scales=torch.rand(1, count, 3) * 0.1 + 0.01,
+        rotations=torch.nn.functional.normalize(torch.randn(1, count, 4), dim=-1),
+        opacities=torch.rand(1, count) * 0.9 + 0.05,
+        harmonics=torch.randn(1, count, 3, 1) * 0.2,
+    )
+    g.save_ply(path)
+    return path
+
+
+def test_view_save_never_replaces_the_input_or_a_users_file(tmp_path, capsys, monkeypatch) -> None:
+    import view
+
+    scene = _ply(tmp_path / "scene.ply")
+    notes = tmp_path / "notes.ply"
+    notes.write_bytes(b"my own notes, not a ply")
+    before = _snapshot(tmp_path)
+    for save, message in (
+        (scene, "is the input: refusing to replace it"),
+        (notes, "exists and view.py did not write it"),
+        (tmp_path / "notes.txt", "must be a .ply file name"),
+    ):
+        assert view.serve_cli([str(scene), f"save={save}"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and str(save) in err and len(err.strip().splitlines()) == 1
+    assert _snapshot(tmp_path) == before  # byte-identical, nothing added
+    # The default name never replaces an earlier run's file: the next free name is taken.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gaussians_view.ply").write_bytes(b"an earlier save")
+    assert view._save_path(None) == Path("gaussians_view-1.ply")
+
+
+def test_viewer_save_button_replaces_only_its_own_file(tmp_path, capsys) -> None:
+    from models import Gaussians
+    from models.viewer import SplatViewer, ViewScene
+
+    scene = _ply(tmp_path / "scene.ply")
+    target = tmp_path / "saved.ply"
+    viewer = SplatViewer(
+        ViewScene(Gaussians.load_ply(scene)), port=0, save_path=target, inputs=(scene,)
+    )
+    try:
+        viewer._on_save(None)
+        viewer.set_knob("max_gaussians", 10)
+        viewer._on_save(None)  # a second Save replaces the first one (ours, unchanged)
+        assert Gaussians.load_ply(target).num_slots == 10
+        target.write_bytes(b"edited by the user")  # now it is theirs
+        capsys.readouterr()
+        viewer._on_save(None)
+        err = capsys.readouterr().err
+        assert "not saved" in err and "did not write it" in err
+        assert target.read_bytes() == b"edited by the user"
+        assert "not saved" in viewer._status.content
+    finally:
+        viewer.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved.ply", "scene.ply"]  # no staging
