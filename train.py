@@ -47,6 +47,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 cfg.paths.output_dir = run  # checkpoints and logs continue in the same run
     prepare_logger_config(cfg)
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    # Synthetic data is generated (first use) now, with its own progress bar counting scenes,
+    # not behind the trainer's bar counting steps.
+    datamodule.prepare_data()
     module: L.LightningModule = hydra.utils.instantiate(cfg.model)
     callbacks += instantiate_group(cfg.get("callbacks"))
     if cfg.trainer.get("enable_progress_bar", True):

@@ -1089,7 +1089,13 @@ def ensure_synthetic(
                 "%s: generated with different settings (stored, requested): %s", root, different
             )
         return root
-    log.warning("generating the synthetic dataset into %s (first use)", root)
+    print(  # before any training progress bar: say what the wait is for
+        f"generating the synthetic dataset into {root}: {settings.scenes} {settings.kind} scenes "
+        f"of {settings.views} views at {settings.resolution}x{settings.resolution} px (first use "
+        "only; later runs reuse it)",
+        file=sys.stderr,
+        flush=True,
+    )
     return generate_dataset(root, settings, workers=workers, progress=progress)
 
 

@@ -531,3 +531,76 @@ def test_infer_warns_about_tiny_and_strip_inputs(weights: Path, tmp_path: Path, 
     lines = "\n".join(_warning_lines(result.stderr))
     assert f"warning: {folder / 'strip.png'}: 4000x50 has an extreme aspect ratio" in lines
     assert f"warning: {folder / 'tiny.png'}: 1x1 pixels is far smaller" in lines
+
+
+# --------------------------------------------------------------------------- installation, first run
+
+
+def test_torchvision_built_for_another_torch_is_one_line(tmp_path: Path) -> None:
+    """A torchvision whose operators do not load (built for another torch), as a real import."""
+    fake = tmp_path / "site" / "torchvision"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n', encoding="utf-8"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO_ROOT}"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import models"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert (
+        "does not match torch" in lines[0]
+        and "pip install torch==2.14.1 torchvision==0.29.1" in lines[0]
+    )
+
+
+def test_pyproject_pins_a_compatible_pair() -> None:
+    import tomllib
+
+    from models._timm_import import PINNED
+
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    assert f"torch=={PINNED[0]}" in dependencies and f"torchvision=={PINNED[1]}" in dependencies
+    minor = int(PINNED[0].split(".")[1])
+    assert PINNED[1].startswith(f"0.{minor + 15}.")  # torch 2.N pairs with torchvision 0.(N+15)
+
+
+def test_pytest_runs_from_the_repository_without_python_m(tmp_path: Path) -> None:
+    """``pytest tests/test_viewer.py`` (the README's screenshot command) imports view.py."""
+    probe = REPO_ROOT / "tests" / f"test_probe_import_{os.getpid()}.py"
+    probe.write_text("import infer\nimport view\n\n\ndef test_imports():\n    assert view.USAGE\n")
+    try:
+        pytest_bin = Path(sys.executable).with_name("pytest")
+        result = subprocess.run(
+            [str(pytest_bin), "-q", "-p", "no:cacheprovider", str(probe.relative_to(REPO_ROOT))],
+            cwd=REPO_ROOT,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        probe.unlink()
+    assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> None:
+    from datamodules.synthetic import SyntheticSettings, ensure_synthetic
+
+    settings = SyntheticSettings(scenes=2, resolution=16, views=2, test_fraction=0.5)
+    ensure_synthetic(tmp_path / "data", settings, progress=False)
+    err = capsys.readouterr().err
+    assert "generating the synthetic dataset into" in err and "2 room scenes" in err
+    ensure_synthetic(tmp_path / "data", settings, progress=False)  # reused: says nothing
+    assert "generating" not in capsys.readouterr().err
+    # train.py generates before the trainer (and its step bar) exists.
+    source = (REPO_ROOT / "train.py").read_text()
+    assert source.index("datamodule.prepare_data()") < source.index("cfg.trainer, callbacks")
