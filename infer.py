@@ -13,9 +13,14 @@ model and never clashes with the training configs' ``configs/model`` group.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("infer.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 
 REPO_ROOT = Path(__file__).resolve().parent
 if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another folder
@@ -26,7 +31,7 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import DataError  # noqa: E402
-from models.command_line import config_help, quote_path_arguments  # noqa: E402
+from models.command_line import config_help, quote_path_arguments, stopped_cleanly  # noqa: E402
 from models.errors import PathError  # noqa: E402
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
@@ -181,4 +186,5 @@ if __name__ == "__main__":
         print(help_text())
         sys.exit(0)
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])
-    main()
+    with stopped_cleanly("infer.py"):
+        main()

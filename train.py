@@ -7,14 +7,18 @@ and resuming (``ckpt_path=last``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("train.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 
 import hydra
 import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from models.command_line import quote_path_arguments
+from models.command_line import quote_path_arguments, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
     AtomicCheckpointIO,
@@ -94,4 +98,5 @@ if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
-    main()
+    with stopped_cleanly("train.py"):
+        main()

@@ -21,8 +21,13 @@ It binds to 127.0.0.1 (``host=`` to change, with a warning when not loopback) on
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("view.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -288,8 +293,6 @@ def serve_cli(argv: list[str]) -> int:
     except errors as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     print(f"splatzoo viewer: {viewer.url} ({viewer.count:,} Gaussians; Ctrl-C to stop)", flush=True)
     viewer.serve_forever()
     print("viewer stopped", flush=True)
@@ -297,4 +300,7 @@ def serve_cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_cli(sys.argv[1:]))
+    from models.command_line import stopped_cleanly
+
+    with stopped_cleanly("view.py"):
+        sys.exit(serve_cli(sys.argv[1:]))

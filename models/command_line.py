@@ -7,10 +7,15 @@ here: a user types any path their shell passes. Pure Python: no Hydra import.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["PATH_KEYS", "config_help", "quote_path_arguments"]
+__all__ = ["PATH_KEYS", "Terminated", "config_help", "quote_path_arguments", "stopped_cleanly"]
 
 # Settings whose values are file system paths (or weights locations), in any entry point.
 PATH_KEYS = frozenset(
@@ -78,3 +83,37 @@ def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     width = max(len(key) for key, _ in rows)
     body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
     return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` and ``except KeyboardInterrupt``
+    cleans up the same way."""
+
+
+def _terminated(signum, frame) -> None:  # noqa: ARG001
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def stopped_cleanly(program: str) -> Iterator[None]:
+    """Run a command's body so that Ctrl-C and SIGTERM end it with one line on stderr
+    (``infer.py: stopped by Ctrl-C``) and exit status 130 / 143, not a traceback; what the body
+    cleans up in ``finally`` clauses (staging folders, SfM work folders, child processes) is
+    cleaned up first."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
+    if main:  # the entry scripts' early Ctrl-C guard (while importing) hands over to this block
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        term = isinstance(error, Terminated)
+        print(f"{program}: stopped by {'SIGTERM' if term else 'Ctrl-C'}", file=sys.stderr)
+        raise SystemExit(143 if term else 130) from None
+    except SystemExit as error:
+        if error.code == 143:  # models.output_folder.terminate_as_exit
+            print(f"{program}: stopped by SIGTERM", file=sys.stderr)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)

@@ -42,6 +42,8 @@ __all__ = [
     "OutputFolderError",
     "check_output_folder",
     "free_file_name",
+    "mark_staging",
+    "remove_stale_folders",
     "read_marker",
     "remove_stale_staging",
     "terminate_as_exit",
@@ -222,21 +224,24 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
-    """Remove staging and backup folders left beside ``output`` by killed runs of this module.
+def mark_staging(folder: str | os.PathLike) -> None:
+    """Record this process in ``folder`` (a temporary folder of ours) so that, should the process
+    be killed, :func:`remove_stale_folders` of a later run removes it."""
+    (Path(folder) / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
 
-    Only folders named like ours that carry our staging marker with a process id that no longer
-    runs are removed. Returns what was removed.
-    """
-    output = _resolve(output)
-    removed = []
-    if not output.parent.is_dir():
+
+def remove_stale_folders(parent: str | os.PathLike, patterns: Iterable[str]) -> list[Path]:
+    """Remove folders in ``parent`` matching ``patterns`` (globs) that :func:`mark_staging`
+    marked with a process id that no longer runs; folders without the mark are never touched.
+    Returns what was removed."""
+    parent = Path(parent)
+    removed: list[Path] = []
+    if not parent.is_dir():
         return removed
-    for pattern in (f".{output.name}.tmp-*", f".{output.name}.old-*"):
-        for candidate in output.parent.glob(pattern):
-            marker = candidate / _STAGING_MARKER
+    for pattern in patterns:
+        for candidate in parent.glob(pattern):
             try:
-                pid = int(marker.read_text(encoding="utf-8").strip())
+                pid = int((candidate / _STAGING_MARKER).read_text(encoding="utf-8").strip())
             except (OSError, ValueError):
                 continue
             if pid != os.getpid() and _pid_alive(pid):
@@ -244,6 +249,16 @@ def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
             shutil.rmtree(candidate, ignore_errors=True)
             removed.append(candidate)
     return removed
+
+
+def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
+    """Remove staging and backup folders left beside ``output`` by killed runs of this module.
+
+    Only folders named like ours that carry our staging marker with a process id that no longer
+    runs are removed. Returns what was removed.
+    """
+    output = _resolve(output)
+    return remove_stale_folders(output.parent, (f".{output.name}.tmp-*", f".{output.name}.old-*"))
 
 
 def _user_mode() -> int:

@@ -945,4 +945,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.command_line import stopped_cleanly
+
+    with stopped_cleanly("datamodules.tools.convert"):
+        sys.exit(main())
