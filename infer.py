@@ -31,7 +31,13 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import DataError  # noqa: E402
-from models.command_line import config_help, quote_path_arguments, stopped_cleanly  # noqa: E402
+from models.command_line import (  # noqa: E402
+    check_settings,
+    config_help,
+    quote_lists,
+    quote_path_arguments,
+    stopped_cleanly,
+)
 from models.errors import PathError  # noqa: E402
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
@@ -53,6 +59,26 @@ def _check_count(cfg: DictConfig, key: str, minimum: int) -> None:
         raise InferError(f"{key}={value}", f"must be a whole number >= {minimum}")
     if int(value) < minimum:
         raise InferError(f"{key}={value}", f"must be at least {minimum}")
+
+
+def _angle(value: str) -> str | None:
+    return None if 0 < float(value) < 180 else "must be an angle in degrees between 0 and 180"
+
+
+# Checks beyond the type of each setting's default (check_settings derives those).
+RULES = {"fov": _angle, "sfm.fov": _angle}
+
+
+def arguments(argv: list[str]) -> list[str]:
+    """The command line checked against ``configs/infer.yaml`` (every declared key, its type,
+    ``RULES``) and made ready for Hydra (paths literal, ``~`` the home folder, ``a,b`` text).
+
+    Raises:
+        SettingError: one line naming the argument (an unknown key names the closest one).
+    """
+    argv = quote_lists(quote_path_arguments(argv))
+    check_settings(argv, OmegaConf.to_container(OmegaConf.load(CONFIG)), "infer.py", RULES)
+    return argv
 
 
 def forward_kwargs(model, cfg: DictConfig) -> dict:
@@ -158,7 +184,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize
 
     with initialize(version_base="1.3", config_path=None, job_name="infer"):
-        return hydra_compose(config_name="infer", overrides=quote_path_arguments(overrides))
+        return hydra_compose(config_name="infer", overrides=arguments(overrides))
 
 
 @hydra.main(version_base="1.3", config_path=None, config_name="infer")
@@ -185,6 +211,10 @@ if __name__ == "__main__":
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(help_text())
         sys.exit(0)
-    sys.argv[1:] = quote_path_arguments(sys.argv[1:])
     with stopped_cleanly("infer.py"):
+        try:
+            sys.argv[1:] = arguments(sys.argv[1:])
+        except PathError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
         main()

@@ -71,6 +71,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     Raises:
         ValueError: one line naming the argument.
     """
+    from models.command_line import closest
     from models.viewer import ViewerError
 
     paths = [a for a in argv if "=" not in a]
@@ -83,7 +84,9 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
         key, value = arg.split("=", 1)
         key = key.lstrip("+")
         if key not in SETTINGS:
-            raise ViewerError(f"{arg}: unknown setting (settings: {', '.join(SETTINGS)})")
+            guess = closest(key, list(SETTINGS))
+            hint = f"did you mean {guess}? " if guess else ""
+            raise ViewerError(f"{arg}: unknown setting ({hint}settings: {', '.join(SETTINGS)})")
         settings[key] = None if value.lower() in ("", "null", "none") else value
     try:
         settings["port"] = int(settings["port"])
@@ -91,7 +94,44 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
         raise ViewerError(f"port={settings['port']}: not a port number") from error
     if str(settings["live"]).lower() not in ("auto", "true", "false"):
         raise ViewerError(f"live={settings['live']}: must be auto, true or false")
+    for key, check in CHECKS.items():
+        value = settings[key]
+        problem = None if value is None else check(str(value))
+        if problem is not None:
+            raise ViewerError(f"{key}={value}: {problem}")
     return paths[0], settings
+
+
+def _whole(value: str) -> str | None:
+    return None if value.isdigit() and int(value) >= 1 else "must be a whole number >= 1"
+
+
+def _size(value: str) -> str | None:
+    parts = value.split(",")
+    ok = len(parts) in (1, 2) and all(p.strip().isdigit() and int(p) >= 1 for p in parts)
+    return None if ok else "must be a whole number >= 1 (one side) or H,W"
+
+
+def _angle(value: str) -> str | None:
+    try:
+        ok = 0 < float(value) < 180
+    except ValueError:
+        ok = False
+    return None if ok else "must be an angle in degrees between 0 and 180"
+
+
+def _max_gaussians(value: str) -> str | None:
+    from models.knobs import MAX_GAUSSIANS
+
+    try:
+        MAX_GAUSSIANS.check(value)
+    except ValueError as error:
+        return str(error).split(": ", 1)[-1]
+    return None
+
+
+# Values checked before anything loads (the model's other knobs: against its declarations).
+CHECKS = {"fov": _angle, "views": _whole, "image_size": _size, "max_gaussians": _max_gaussians}
 
 
 def _known_cameras(images, context, given, pred, pose_free: bool):

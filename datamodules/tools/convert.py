@@ -53,6 +53,7 @@ import json
 import math
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -907,6 +908,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--matching", default="auto", help="with --poses auto: auto, exhaustive or sequential"
     )
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = _one_line_warning
+        return _run(args)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ARG001
+    """A warning as one ``warning:`` line (a skipped photo, an unwritable SfM cache)."""
+    print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         report = convert(
             args.source,
