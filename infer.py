@@ -96,7 +96,7 @@ def run(cfg: DictConfig) -> Path:
     ``DataError``, one line)."""
     import torch
 
-    from models import inference
+    from models import budget, inference
     from models.capture.inputs import load_inputs
 
     started = time.perf_counter()
@@ -137,15 +137,20 @@ def run(cfg: DictConfig) -> Path:
     notes = loaded.notes + notes
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
-    result = inference.reconstruct(
-        model,
-        images,
-        refine_poses=int(cfg.refine_poses),
-        backend=str(cfg.backend),
-        fov=float(cfg.fov),
-        name=str(cfg.model),
-        **knobs,
-    )
+    shape, views = images.images.shape[-2:], len(images.names)
+    estimate = budget.forward_estimate(model, views, shape, device=str(device), name=str(cfg.model))
+    budget.check(estimate)  # one line naming image_size when it cannot fit
+    budget.announce(estimate)
+    with budget.running(estimate):
+        result = inference.reconstruct(
+            model,
+            images,
+            refine_poses=int(cfg.refine_poses),
+            backend=str(cfg.backend),
+            fov=float(cfg.fov),
+            name=str(cfg.model),
+            **knobs,
+        )
     result.timings = {**timings, **result.timings}
     inference.write_reconstruction(
         result,

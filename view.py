@@ -155,7 +155,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
     ``models.inference`` and ``models.capture.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
-    from models import inference
+    from models import budget, inference
     from models.capture.inputs import load_inputs
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
@@ -178,6 +178,10 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     fov = float(settings["fov"])
     context = {k: v.to(device) for k, v in images.context(default_fov=fov).items()}
     given = context.pop("extrinsics", None) if pose_free else None
+    shape, views = images.images.shape[-2:], len(images)
+    estimate = budget.forward_estimate(model, views, shape, device=str(device), name=name)
+    budget.check(estimate)  # one line naming image_size when it cannot fit
+    budget.announce(estimate)
     runner = KnobRunner(model, context)
     initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
     for key in initial:

@@ -598,8 +598,19 @@ def estimate_poses(
                 )
             return _finish(cached, out_dir, len(names), verbose)
 
+    from models import budget
     from models.output_folder import mark_staging
 
+    largest = max(sizes, key=lambda size: size[0] * size[1])
+    estimate = budget.sfm_estimate(
+        len(names), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
+    )
+    try:
+        budget.check(estimate)
+    except budget.BudgetError as error:
+        raise SfmError(f"{folder}: {error.message}", total=len(names)) from None
+    if verbose:
+        budget.announce(estimate, force=True)
     start = time.perf_counter()
     parent = root if root is not None else Path(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix=f".sfm-{key}-", dir=parent))
