@@ -126,6 +126,11 @@ def _replaceable(output: Path, program: str, replace: bool) -> str | None:
     to, or ``None`` if it may: it must carry ``program``'s marker and hold nothing the marker does
     not list, at any depth; a replaced folder's files must also be unchanged since written."""
     marker = read_marker(output)
+    if marker is None and (output / MARKER_NAME).is_file():
+        return (
+            f"carries an older or unreadable {MARKER_NAME} that does not list every file "
+            "written: refusing to replace it; remove the folder yourself or choose another"
+        )
     if marker is None:
         return (
             f"holds files that are not an output of {program} (no {MARKER_NAME}): "

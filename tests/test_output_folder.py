@@ -204,6 +204,12 @@ def test_output_without_marker_is_never_replaced(tmp_path) -> None:
     with pytest.raises(OutputFolderError, match="not an output of infer.py"):
         check_output_folder(out, "infer.py", overwrite=True)
     assert _snapshot(out) == before
+    # The first marker format listed top-level entries only: it cannot vouch for subfolders.
+    (out / MARKER_NAME).write_text(json.dumps({"program": "infer.py", "entries": ["renders"]}))
+    before = _snapshot(out)
+    with pytest.raises(OutputFolderError, match="older or unreadable .* remove the folder"):
+        check_output_folder(out, "infer.py", overwrite=True)
+    assert _snapshot(out) == before
 
 
 def test_unwritable_output_is_one_line(capsys, tmp_path, zipsplat_weights) -> None:
