@@ -67,7 +67,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
         with resume_safely():  # nothing in a checkpoint is unpickled as code
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            try:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            except SystemExit:
+                if trainer.interrupted:  # Lightning's Ctrl-C exit(1): our one line and 130
+                    raise KeyboardInterrupt from None
+                raise
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", False):
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
