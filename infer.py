@@ -13,9 +13,14 @@ model and never clashes with the training configs' ``configs/model`` group.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("infer.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 
 REPO_ROOT = Path(__file__).resolve().parent
 if str(REPO_ROOT) not in sys.path:  # `python /path/to/infer.py` from another folder
@@ -26,7 +31,13 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import DataError  # noqa: E402
-from models.command_line import config_help, quote_path_arguments  # noqa: E402
+from models.command_line import (  # noqa: E402
+    check_settings,
+    config_help,
+    quote_lists,
+    quote_path_arguments,
+    stopped_cleanly,
+)
 from models.errors import PathError  # noqa: E402
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
@@ -87,6 +98,26 @@ def image_size_arguments(argv: list[str]) -> list[str]:
     return out
 
 
+def _angle(value: str) -> str | None:
+    return None if 0 < float(value) < 180 else "must be an angle in degrees between 0 and 180"
+
+
+# Checks beyond the type of each setting's default (check_settings derives those).
+RULES = {"fov": _angle, "sfm.fov": _angle}
+
+
+def arguments(argv: list[str]) -> list[str]:
+    """The command line checked against ``configs/infer.yaml`` (every declared key, its type,
+    ``RULES``) and made ready for Hydra (paths literal, ``~`` the home folder, ``a,b`` text).
+
+    Raises:
+        SettingError: one line naming the argument (an unknown key names the closest one).
+    """
+    argv = quote_lists(quote_path_arguments(image_size_arguments(argv)))
+    check_settings(argv, OmegaConf.to_container(OmegaConf.load(CONFIG)), "infer.py", RULES)
+    return argv
+
+
 def forward_kwargs(model, cfg: DictConfig) -> dict:
     """The knobs set in ``cfg`` (any family's declared knob name), checked against ``model``'s
     declarations (``models.knobs``); a knob the family lacks is refused by name."""
@@ -102,7 +133,7 @@ def run(cfg: DictConfig) -> Path:
     ``DataError``, one line)."""
     import torch
 
-    from models import inference
+    from models import budget, inference
     from models.capture.inputs import load_inputs
 
     started = time.perf_counter()
@@ -154,7 +185,11 @@ def run(cfg: DictConfig) -> Path:
         print(f"warning: {note}", file=sys.stderr)
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
+    shape, views = images.images.shape[-2:], len(images.names)
+    estimate = budget.forward_estimate(model, views, shape, device=str(device), name=str(cfg.model))
+    budget.check(estimate)  # one line naming image_size when it cannot fit
+    budget.announce(estimate)
+    with budget.running(estimate), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = inference.reconstruct(
             model,
@@ -215,9 +250,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize
 
     with initialize(version_base="1.3", config_path=None, job_name="infer"):
-        return hydra_compose(
-            config_name="infer", overrides=quote_path_arguments(image_size_arguments(overrides))
-        )
+        return hydra_compose(config_name="infer", overrides=arguments(overrides))
 
 
 @hydra.main(version_base="1.3", config_path=None, config_name="infer")
@@ -244,5 +277,10 @@ if __name__ == "__main__":
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(help_text())
         sys.exit(0)
-    sys.argv[1:] = quote_path_arguments(image_size_arguments(sys.argv[1:]))
-    main()
+    with stopped_cleanly("infer.py"):
+        try:
+            sys.argv[1:] = arguments(sys.argv[1:])
+        except PathError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
+        main()

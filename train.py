@@ -7,14 +7,18 @@ and resuming (``ckpt_path=last``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("train.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 
 import hydra
 import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from models.command_line import quote_path_arguments
+from models.command_line import quote_path_arguments, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
     AtomicCheckpointIO,
@@ -47,6 +51,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 cfg.paths.output_dir = run  # checkpoints and logs continue in the same run
     prepare_logger_config(cfg)
     datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
+    # Synthetic data is generated (first use) now, with its own progress bar counting scenes,
+    # not behind the trainer's bar counting steps.
+    datamodule.prepare_data()
     module: L.LightningModule = hydra.utils.instantiate(cfg.model)
     callbacks += instantiate_group(cfg.get("callbacks"))
     if cfg.trainer.get("enable_progress_bar", True):
@@ -60,7 +67,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
         with resume_safely():  # nothing in a checkpoint is unpickled as code
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            try:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            except SystemExit:
+                if trainer.interrupted:  # Lightning's Ctrl-C exit(1): our one line and 130
+                    raise KeyboardInterrupt from None
+                raise
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", False):
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
@@ -91,4 +103,5 @@ if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
-    main()
+    with stopped_cleanly("train.py"):
+        main()

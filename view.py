@@ -22,8 +22,13 @@ It binds to 127.0.0.1 (``host=`` to change, with a warning when not loopback) on
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("view.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -70,6 +75,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     Raises:
         ValueError: one line naming the argument.
     """
+    from models.command_line import closest
     from models.viewer import ViewerError
 
     paths = [a for a in argv if "=" not in a]
@@ -82,7 +88,9 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
         key, value = arg.split("=", 1)
         key = key.lstrip("+")
         if key not in SETTINGS:
-            raise ViewerError(f"{arg}: unknown setting (settings: {', '.join(SETTINGS)})")
+            guess = closest(key, list(SETTINGS))
+            hint = f"did you mean {guess}? " if guess else ""
+            raise ViewerError(f"{arg}: unknown setting ({hint}settings: {', '.join(SETTINGS)})")
         settings[key] = None if value.lower() in ("", "null", "none") else value
     try:
         settings["port"] = int(settings["port"])
@@ -90,7 +98,44 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
         raise ViewerError(f"port={settings['port']}: not a port number") from error
     if str(settings["live"]).lower() not in ("auto", "true", "false"):
         raise ViewerError(f"live={settings['live']}: must be auto, true or false")
+    for key, check in CHECKS.items():
+        value = settings[key]
+        problem = None if value is None else check(str(value))
+        if problem is not None:
+            raise ViewerError(f"{key}={value}: {problem}")
     return paths[0], settings
+
+
+def _whole(value: str) -> str | None:
+    return None if value.isdigit() and int(value) >= 1 else "must be a whole number >= 1"
+
+
+def _size(value: str) -> str | None:
+    parts = value.split(",")
+    ok = len(parts) in (1, 2) and all(p.strip().isdigit() and int(p) >= 1 for p in parts)
+    return None if ok else "must be a whole number >= 1 (one side) or H,W"
+
+
+def _angle(value: str) -> str | None:
+    try:
+        ok = 0 < float(value) < 180
+    except ValueError:
+        ok = False
+    return None if ok else "must be an angle in degrees between 0 and 180"
+
+
+def _max_gaussians(value: str) -> str | None:
+    from models.knobs import MAX_GAUSSIANS
+
+    try:
+        MAX_GAUSSIANS.check(value)
+    except ValueError as error:
+        return str(error).split(": ", 1)[-1]
+    return None
+
+
+# Values checked before anything loads (the model's other knobs: against its declarations).
+CHECKS = {"fov": _angle, "views": _whole, "image_size": _size, "max_gaussians": _max_gaussians}
 
 
 def _known_cameras(images, context, given, pred, pose_free: bool):
@@ -114,7 +159,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
     ``models.inference`` and ``models.capture.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
-    from models import inference
+    from models import budget, inference
     from models.capture.inputs import load_inputs
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
@@ -157,6 +202,10 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     )
     context = {k: v.to(device) for k, v in prepared.context.items()}
     given = context.pop("extrinsics", None) if pose_free else None
+    shape, views = images.images.shape[-2:], len(images)
+    estimate = budget.forward_estimate(model, views, shape, device=str(device), name=name)
+    budget.check(estimate)  # one line naming image_size when it cannot fit
+    budget.announce(estimate)
     frame = prepared.frame  # the viewer shows the capture's own frame, as infer.py writes it
     runner = KnobRunner(model, context, transform=frame.to_capture_gaussians)
     initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
@@ -238,10 +287,13 @@ def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dic
 
 def build(path: str, settings: dict[str, Any]):
     """The ``SplatViewer`` for ``path`` (started, serving)."""
+    from models.output_folder import OutputFile
     from models.viewer import SplatViewer, ViewerError, check_port, load_view_scene
 
     source = Path(path).expanduser()
     check_port(settings["host"], settings["port"])  # before loading anything
+    save = _save_path(settings["save"])
+    OutputFile(save, "view.py", (source,), suffix=".ply")  # refused now, not at the first Save
     runner, initial, scene = None, {}, None
     live = str(settings["live"]).lower()
     if not source.exists():
@@ -282,10 +334,21 @@ def build(path: str, settings: dict[str, Any]):
         runner,
         host=settings["host"],
         port=settings["port"],
-        save_path=settings["save"],
+        save_path=save,
         render_backend=settings["backend"],
         initial=initial,
+        inputs=(source,),
     )
+
+
+def _save_path(save: str | None) -> Path:
+    """Where Save writes: ``save=`` as given (refused later if it exists), or the default name,
+    numbered (``gaussians_view-1.ply``, ...) when an earlier run's file is there."""
+    from models.output_folder import free_file_name
+
+    if save is None or save == SETTINGS["save"]:
+        return free_file_name(SETTINGS["save"])
+    return Path(save).expanduser()
 
 
 def serve_cli(argv: list[str]) -> int:
@@ -304,8 +367,6 @@ def serve_cli(argv: list[str]) -> int:
     except errors as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     print(f"splatzoo viewer: {viewer.url} ({viewer.count:,} Gaussians; Ctrl-C to stop)", flush=True)
     viewer.serve_forever()
     print("viewer stopped", flush=True)
@@ -313,4 +374,7 @@ def serve_cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_cli(sys.argv[1:]))
+    from models.command_line import stopped_cleanly
+
+    with stopped_cleanly("view.py"):
+        sys.exit(serve_cli(sys.argv[1:]))

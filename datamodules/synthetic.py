@@ -1005,9 +1005,7 @@ def generate_dataset(
     settings.validate()
     out = Path(out)
     try:
-        folder = OutputFolder(
-            out, "datamodules.synthetic", overwrite=overwrite, legacy=_legacy_dataset
-        )
+        folder = OutputFolder(out, "datamodules.synthetic", overwrite=overwrite)
     except OutputFolderError as error:
         raise DataError(str(error)) from None
     sizes = settings.split_sizes()
@@ -1064,14 +1062,6 @@ def _generate_into(
     (tmp / "metadata.json").write_text(json.dumps(asdict(settings), indent=2), encoding="utf-8")
 
 
-# What a synthetic dataset written before the output marker existed holds.
-_DATASET_ENTRIES = ("train", "test", "metadata.json", "evaluation_index.json")
-
-
-def _legacy_dataset(folder: Path) -> tuple[str, ...] | None:
-    return _DATASET_ENTRIES if is_complete(folder) else None
-
-
 def ensure_synthetic(
     root: str | Path, settings: SyntheticSettings, workers: int = 1, progress: bool = True
 ) -> Path:
@@ -1099,7 +1089,13 @@ def ensure_synthetic(
                 "%s: generated with different settings (stored, requested): %s", root, different
             )
         return root
-    log.warning("generating the synthetic dataset into %s (first use)", root)
+    print(  # before any training progress bar: say what the wait is for
+        f"generating the synthetic dataset into {root}: {settings.scenes} {settings.kind} scenes "
+        f"of {settings.views} views at {settings.resolution}x{settings.resolution} px (first use "
+        "only; later runs reuse it)",
+        file=sys.stderr,
+        flush=True,
+    )
     return generate_dataset(root, settings, workers=workers, progress=progress)
 
 

@@ -7,10 +7,28 @@ here: a user types any path their shell passes. Pure Python: no Hydra import.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["PATH_KEYS", "config_help", "quote_path_arguments"]
+from models.errors import PathError
+
+__all__ = [
+    "PATH_KEYS",
+    "SettingError",
+    "Terminated",
+    "check_settings",
+    "closest",
+    "config_help",
+    "quote_lists",
+    "quote_path_arguments",
+    "stopped_cleanly",
+]
 
 # Settings whose values are file system paths (or weights locations), in any entry point.
 PATH_KEYS = frozenset(
@@ -43,18 +61,144 @@ def _quoted(value: str) -> str:
     return f"'{escaped}'"
 
 
+def quote_lists(argv: list[str]) -> list[str]:
+    """Quote ``key=a,b`` values (``image_size=H,W``) for a command that never sweeps: Hydra
+    reads an unquoted comma as a sweep and refuses it outside ``-m``; the setting gets the text."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        plain = value and value[0] not in "'\"[{(" and "," in value
+        out.append(f"{key}={_quoted(value)}" if sep and plain and not arg.startswith("-") else arg)
+    return out
+
+
 def quote_path_arguments(argv: list[str], keys: frozenset[str] = PATH_KEYS) -> list[str]:
     """Quote the values of path settings (``key=value``, also ``+key=``/``++key=``) that Hydra
-    would not parse unquoted; other arguments, and values already quoted, pass unchanged."""
+    would not parse unquoted; other arguments, and values already quoted, pass unchanged.
+
+    A path is taken as the user typed it, as a shell would: a leading ``~`` is the home folder
+    (``output=~/x``, ``output=~``) and ``${...}`` is text, not an OmegaConf interpolation."""
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
         bare = key.lstrip("+~")
         already = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
-        if sep and bare in keys and value and not already and not _PLAIN.fullmatch(value):
-            arg = f"{key}={_quoted(value)}"
+        if sep and bare in keys and value and not already:
+            if value == "~" or value.startswith("~/"):
+                value = str(Path(value).expanduser())
+            literal = "${" in value
+            if literal:
+                value = value.replace("${", "\\${")  # OmegaConf's escape: the text ${
+            if literal or not _PLAIN.fullmatch(value):
+                arg = f"{key}={_quoted(value)}"
+            else:
+                arg = f"{key}={value}"
         out.append(arg)
     return out
+
+
+class SettingError(PathError):
+    """A ``key=value`` setting that does not exist or has a value of the wrong kind."""
+
+
+def closest(name: str, names: list[str]) -> str | None:
+    """The declared name ``name`` was most likely meant to be (``orbit_frame`` → ``orbit_frames``)."""
+    import difflib
+
+    tail = {n.rsplit(".", 1)[-1]: n for n in names}
+    found = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    if not found:  # a misspelt leaf of a group: sfm.matchng → sfm.matching
+        found = [tail[t] for t in difflib.get_close_matches(name.rsplit(".", 1)[-1], tail, 1, 0.75)]
+    return found[0] if found else None
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in config.items():
+        if key in ("defaults", "hydra"):
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}."))
+        out[name] = value
+    return out
+
+
+_BOOLS = {"true", "false"}
+
+
+def _kind_error(name: str, default: object, value: str) -> str | None:
+    """What is wrong with ``value`` for a setting whose default is ``default`` (its type), or
+    ``None``. Settings declared ``null`` or as text take any value (their own code checks)."""
+    text = value.strip().strip("'\"")
+    if isinstance(default, bool):
+        return None if text.lower() in _BOOLS else "must be true or false"
+    if isinstance(default, int):
+        try:
+            int(text)
+        except ValueError:
+            return f"must be a whole number (default {default})"
+        return None
+    if isinstance(default, float):
+        try:
+            number = float(text)
+        except ValueError:
+            return f"must be a number (default {default})"
+        if not math.isfinite(number):
+            return f"must be a finite number (default {default})"
+    return None
+
+
+def check_settings(
+    argv: list[str],
+    config: dict,
+    program: str,
+    rules: dict[str, Callable[[str], str | None]] | None = None,
+) -> None:
+    """Refuse a ``key=value`` argument whose key the configuration does not declare (naming the
+    closest declared one) or whose value does not fit the declared default's type (``bool``,
+    ``int``, ``float``), before Hydra reads them; ``rules`` add per-key checks (value → what is
+    wrong, or ``None``). Hydra's own arguments (``-m``, ``--cfg``, ``hydra.*``) pass.
+
+    Args:
+        argv: the command line (after the program name).
+        config: the configuration as plain containers (its ``defaults``/``hydra`` ignored).
+        program: the command's name, for messages.
+        rules: extra checks by dotted key.
+
+    Raises:
+        SettingError: one line naming the argument.
+    """
+    declared = _flatten(config)
+    names = sorted(n for n in declared if not isinstance(declared[n], dict))
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        key, sep, value = arg.partition("=")
+        bare = key.lstrip("+~")
+        if not sep:
+            raise SettingError(arg, f"not a setting of {program} (settings are key=value)")
+        if bare == "hydra" or bare.startswith(("hydra.", "hydra/")):
+            continue
+        if bare not in declared:
+            group = bare.rsplit(".", 1)[0] if "." in bare else None
+            shown = names
+            if group is not None and isinstance(declared.get(group), dict):
+                shown = [n for n in names if n.startswith(f"{group}.")]  # that group's keys
+            guess = closest(bare, names)
+            hint = f"did you mean {guess}? " if guess else ""
+            raise SettingError(
+                arg, f"unknown setting of {program} ({hint}settings: {', '.join(shown)})"
+            )
+        default = declared[bare]
+        low = value.strip().lower()
+        if low in ("null", "none") and not isinstance(default, (bool, int, float)):
+            continue
+        problem = _kind_error(bare, default, value)
+        if problem is None and rules and bare in rules:
+            problem = rules[bare](value)
+        if problem is not None:
+            raise SettingError(arg, problem)
 
 
 def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
@@ -78,3 +222,37 @@ def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     width = max(len(key) for key, _ in rows)
     body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
     return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` and ``except KeyboardInterrupt``
+    cleans up the same way."""
+
+
+def _terminated(signum, frame) -> None:  # noqa: ARG001
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def stopped_cleanly(program: str) -> Iterator[None]:
+    """Run a command's body so that Ctrl-C and SIGTERM end it with one line on stderr
+    (``infer.py: stopped by Ctrl-C``) and exit status 130 / 143, not a traceback; what the body
+    cleans up in ``finally`` clauses (staging folders, SfM work folders, child processes) is
+    cleaned up first."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
+    if main:  # the entry scripts' early Ctrl-C guard (while importing) hands over to this block
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        term = isinstance(error, Terminated)
+        print(f"{program}: stopped by {'SIGTERM' if term else 'Ctrl-C'}", file=sys.stderr)
+        raise SystemExit(143 if term else 130) from None
+    except SystemExit as error:
+        if error.code == 143:  # models.output_folder.terminate_as_exit
+            print(f"{program}: stopped by SIGTERM", file=sys.stderr)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)

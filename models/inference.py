@@ -926,18 +926,6 @@ def camera_path(result: Reconstruction, frames: int = 30) -> tuple[Tensor, Tenso
 # --------------------------------------------------------------------------- writing
 
 
-def _legacy_output(folder: Path) -> tuple[str, ...] | None:
-    """The entries of an infer.py output written before the output marker existed (it has our
-    ``summary.json``), else ``None``."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if isinstance(summary, dict) and {"gaussians", "timings_s", "model"} <= summary.keys():
-        return ("gaussians.ply", "cameras.json", "renders", "path", "path.mp4", "summary.json")
-    return None
-
-
 def output_folder(
     output: str | os.PathLike, inputs: Iterable[str | os.PathLike] = (), overwrite: bool = False
 ) -> OutputFolder:
@@ -947,7 +935,7 @@ def output_folder(
     Raises:
         OutputFolderError: one line naming the folder.
     """
-    return OutputFolder(output, PROGRAM, inputs=inputs, overwrite=overwrite, legacy=_legacy_output)
+    return OutputFolder(output, PROGRAM, inputs=inputs, overwrite=overwrite)
 
 
 def _to_uint8(images: Tensor) -> np.ndarray:

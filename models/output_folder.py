@@ -7,12 +7,16 @@ Every command that writes a folder (``infer.py``, ``models.training.export``, ``
   home directory or a parent of it, the current directory or a parent of it, the same as an input,
   inside an input, or holds an input;
 - an existing non-empty folder is replaced only with ``overwrite`` and only when it carries this
-  program's marker (:data:`MARKER_NAME`, written into every folder published here, listing what
-  was written) and holds nothing the marker does not list — so user files are never deleted;
+  program's marker (:data:`MARKER_NAME`, written into every folder published here, listing every
+  file and folder written, at any depth, with its size and modification time) and holds nothing
+  the marker does not list and nothing changed since — so user files are never deleted;
 - the new content is written into a hidden staging folder beside the output and moved into place
   when complete (never half-written); the staging folder is removed on any error, on Ctrl-C and
   on SIGTERM, and stale staging folders of a killed run are removed by the next one;
 - published folders get the user's normal permissions (``mkdtemp`` makes them 0700).
+
+:class:`OutputFile` is the same for one file (the viewer's Save): written atomically, never the
+input, never replacing a file it did not write.
 
 This module imports nothing of the project (any layer may use it).
 """
@@ -33,9 +37,13 @@ from models.errors import PathError
 
 __all__ = [
     "MARKER_NAME",
+    "OutputFile",
     "OutputFolder",
     "OutputFolderError",
     "check_output_folder",
+    "free_file_name",
+    "mark_staging",
+    "remove_stale_folders",
     "read_marker",
     "remove_stale_staging",
     "terminate_as_exit",
@@ -60,7 +68,11 @@ def _contains(parent: Path, child: Path) -> bool:
 
 
 def read_marker(folder: str | os.PathLike) -> dict | None:
-    """The marker of a folder published by :class:`OutputFolder`, or ``None``."""
+    """The marker of a folder published by :class:`OutputFolder`, or ``None``.
+
+    The marker is ``{"program": NAME, "files": {relative path: [size, mtime_ns]}, "folders":
+    [relative path, ...]}``: every file and folder written, at any depth (paths with ``/``).
+    """
     path = Path(folder) / MARKER_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -68,45 +80,79 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("program"), str):
         return None
-    if not isinstance(data.get("entries"), list):
+    if not isinstance(data.get("files"), dict) or not isinstance(data.get("folders"), list):
         return None
     return data
 
 
+def _tree(folder: Path) -> tuple[dict[str, list[int]], list[str]]:
+    """Every file (``{relative path: [size, mtime_ns]}``; symbolic links count as files, never
+    followed) and every folder below ``folder``, our own marker files left out."""
+    files: dict[str, list[int]] = {}
+    folders: list[str] = []
+    for root, dirs, names in os.walk(folder, followlinks=False):
+        base = Path(root)
+        for name in list(dirs):
+            path = base / name
+            if path.is_symlink():  # os.walk lists links to folders as folders
+                dirs.remove(name)
+                names.append(name)
+            else:
+                folders.append(path.relative_to(folder).as_posix())
+        for name in names:
+            path = base / name
+            relative = path.relative_to(folder).as_posix()
+            if relative in (MARKER_NAME, _STAGING_MARKER):
+                continue
+            info = path.lstat()
+            files[relative] = [info.st_size, info.st_mtime_ns]
+    return files, sorted(folders)
+
+
 def write_marker(folder: str | os.PathLike, program: str) -> None:
-    """Mark ``folder`` as ``program``'s output, listing its current top-level entries."""
+    """Mark ``folder`` as ``program``'s output, listing every file and folder in it now."""
     folder = Path(folder)
-    entries = sorted(
-        p.name for p in folder.iterdir() if p.name not in (MARKER_NAME, _STAGING_MARKER)
-    )
-    marker = {"program": program, "entries": entries}
-    (folder / MARKER_NAME).write_text(json.dumps(marker, indent=2), encoding="utf-8")
+    files, folders = _tree(folder)
+    marker = {"program": program, "files": dict(sorted(files.items())), "folders": folders}
+    (folder / MARKER_NAME).write_text(json.dumps(marker, indent=1), encoding="utf-8")
 
 
-def _replaceable(
-    output: Path, program: str, legacy: Callable[[Path], Iterable[str] | None] | None
-) -> str | None:
-    """Why the existing non-empty folder ``output`` must not be replaced, or ``None`` if it may."""
-    present = {p.name for p in output.iterdir()}
+def _shown(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def _replaceable(output: Path, program: str, replace: bool) -> str | None:
+    """Why the existing non-empty folder ``output`` must not be replaced (``replace``) or added
+    to, or ``None`` if it may: it must carry ``program``'s marker and hold nothing the marker does
+    not list, at any depth; a replaced folder's files must also be unchanged since written."""
     marker = read_marker(output)
-    if marker is not None:
-        if marker["program"] != program:
-            return f"is an output of {marker['program']}, not of {program}: refusing to replace it"
-        allowed = set(marker["entries"]) | {MARKER_NAME}
-    else:
-        known = legacy(output) if legacy is not None else None
-        if known is None:
-            return (
-                f"holds files that are not an output of {program} (no {MARKER_NAME}): "
-                "refusing to replace it; choose a new or empty folder"
-            )
-        allowed = set(known)
-    extra = sorted(present - allowed)
-    if extra:
-        shown = ", ".join(extra[:3]) + (" ..." if len(extra) > 3 else "")
+    if marker is None and (output / MARKER_NAME).is_file():
         return (
-            f"holds files {program} did not write ({shown}): refusing to replace it; "
+            f"carries an older or unreadable {MARKER_NAME} that does not list every file "
+            "written: refusing to replace it; remove the folder yourself or choose another"
+        )
+    if marker is None:
+        return (
+            f"holds files that are not an output of {program} (no {MARKER_NAME}): "
+            "refusing to replace it; choose a new or empty folder"
+        )
+    if marker["program"] != program:
+        return f"is an output of {marker['program']}, not of {program}: refusing to replace it"
+    files, folders = _tree(output)
+    written, written_folders = marker["files"], set(marker["folders"])
+    extra = sorted(set(files) - set(written)) + sorted(set(folders) - written_folders)
+    if extra:
+        return (
+            f"holds files {program} did not write ({_shown(extra)}): refusing to replace it; "
             "move them away or choose another folder"
+        )
+    changed = sorted(
+        name for name, stat in files.items() if replace and list(written[name]) != stat
+    )
+    if changed:
+        return (
+            f"holds files changed since {program} wrote them ({_shown(changed)}): refusing to "
+            "replace it; move them away or choose another folder"
         )
     return None
 
@@ -116,7 +162,6 @@ def check_output_folder(
     program: str,
     inputs: Iterable[str | os.PathLike] = (),
     overwrite: bool = False,
-    legacy: Callable[[Path], Iterable[str] | None] | None = None,
     replace: bool = True,
 ) -> Path:
     """Check that ``output`` may be written (see the module docstring); returns it resolved.
@@ -126,9 +171,6 @@ def check_output_folder(
         program: the writing program's name, recorded in and checked against the marker.
         inputs: paths the program reads; the output may neither be, hold nor lie inside one.
         overwrite: whether an existing non-empty output of this program may be replaced.
-        legacy: for folders without a marker (written by older versions): a function returning
-            the entries such a folder may hold when it is one of this program's outputs, or
-            ``None`` when it is not.
         replace: ``False`` for programs that add to an existing output instead of replacing it
             (then only the location rules apply, plus the marker rule for non-empty folders).
 
@@ -149,14 +191,7 @@ def check_output_folder(
         raise OutputFolderError(
             shown, "is the current directory or a parent of it: choose a new folder"
         )
-    for source in inputs:
-        source_resolved = _resolve(source)
-        if _contains(resolved, source_resolved):
-            raise OutputFolderError(
-                shown, f"holds the input {os.fspath(source)}: choose another folder"
-            )
-        if _contains(source_resolved, resolved):
-            raise OutputFolderError(shown, f"lies inside the input {os.fspath(source)}")
+    _check_inputs(shown, resolved, inputs)
     ancestor = resolved
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -167,10 +202,21 @@ def check_output_folder(
             raise OutputFolderError(
                 shown, "already holds files (pass overwrite=true to replace them)"
             )
-        reason = _replaceable(resolved, program, legacy)
+        reason = _replaceable(resolved, program, replace)
         if reason is not None:
             raise OutputFolderError(shown, reason)
     return resolved
+
+
+def _check_inputs(shown: str, resolved: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    for source in inputs:
+        source_resolved = _resolve(source)
+        if _contains(resolved, source_resolved):
+            raise OutputFolderError(
+                shown, f"holds the input {os.fspath(source)}: choose another folder"
+            )
+        if _contains(source_resolved, resolved):
+            raise OutputFolderError(shown, f"lies inside the input {os.fspath(source)}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -183,21 +229,24 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
-    """Remove staging and backup folders left beside ``output`` by killed runs of this module.
+def mark_staging(folder: str | os.PathLike) -> None:
+    """Record this process in ``folder`` (a temporary folder of ours) so that, should the process
+    be killed, :func:`remove_stale_folders` of a later run removes it."""
+    (Path(folder) / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
 
-    Only folders named like ours that carry our staging marker with a process id that no longer
-    runs are removed. Returns what was removed.
-    """
-    output = _resolve(output)
-    removed = []
-    if not output.parent.is_dir():
+
+def remove_stale_folders(parent: str | os.PathLike, patterns: Iterable[str]) -> list[Path]:
+    """Remove folders in ``parent`` matching ``patterns`` (globs) that :func:`mark_staging`
+    marked with a process id that no longer runs; folders without the mark are never touched.
+    Returns what was removed."""
+    parent = Path(parent)
+    removed: list[Path] = []
+    if not parent.is_dir():
         return removed
-    for pattern in (f".{output.name}.tmp-*", f".{output.name}.old-*"):
-        for candidate in output.parent.glob(pattern):
-            marker = candidate / _STAGING_MARKER
+    for pattern in patterns:
+        for candidate in parent.glob(pattern):
             try:
-                pid = int(marker.read_text(encoding="utf-8").strip())
+                pid = int((candidate / _STAGING_MARKER).read_text(encoding="utf-8").strip())
             except (OSError, ValueError):
                 continue
             if pid != os.getpid() and _pid_alive(pid):
@@ -205,6 +254,16 @@ def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
             shutil.rmtree(candidate, ignore_errors=True)
             removed.append(candidate)
     return removed
+
+
+def remove_stale_staging(output: str | os.PathLike) -> list[Path]:
+    """Remove staging and backup folders left beside ``output`` by killed runs of this module.
+
+    Only folders named like ours that carry our staging marker with a process id that no longer
+    runs are removed. Returns what was removed.
+    """
+    output = _resolve(output)
+    return remove_stale_folders(output.parent, (f".{output.name}.tmp-*", f".{output.name}.old-*"))
 
 
 def _user_mode() -> int:
@@ -245,21 +304,17 @@ class OutputFolder:
         program: str,
         inputs: Iterable[str | os.PathLike] = (),
         overwrite: bool = False,
-        legacy: Callable[[Path], Iterable[str] | None] | None = None,
     ) -> None:
         self.shown = os.fspath(output)
         self.program = program
         self.inputs = list(inputs)
         self.overwrite = overwrite
-        self.legacy = legacy
         self.output = self.check()
         self.staging: Path | None = None
         self._terminate = terminate_as_exit()
 
     def check(self) -> Path:
-        return check_output_folder(
-            self.shown, self.program, self.inputs, self.overwrite, self.legacy
-        )
+        return check_output_folder(self.shown, self.program, self.inputs, self.overwrite)
 
     def __enter__(self) -> Path:
         self._terminate.__enter__()
@@ -307,3 +362,112 @@ class OutputFolder:
         else:
             staging.rename(output)
         (output / _STAGING_MARKER).unlink(missing_ok=True)
+
+
+class OutputFile:
+    """One file written atomically that never replaces a file it did not write itself.
+
+    ``OutputFile("scene.ply", "view.py", inputs=[source], suffix=".ply").write(save)`` calls
+    ``save(staging_path)`` and moves the result into place. The target must not be, or lie
+    inside, an input; an existing target is replaced only when this object wrote it and nobody
+    changed it since (same size and modification time), so a second Save replaces the first one
+    and nothing else: a user's file, the input ``.ply`` or a file of an earlier run is refused.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        program: str,
+        inputs: Iterable[str | os.PathLike] = (),
+        suffix: str | None = None,
+    ) -> None:
+        self.shown = os.fspath(path)
+        self.program = program
+        self.inputs = list(inputs)
+        self.suffix = suffix
+        self.path = _resolve(path)
+        self._written: tuple[int, int] | None = None  # (size, mtime_ns) of our last write
+        self.check()
+
+    def _ours(self) -> bool:
+        try:
+            info = self.path.lstat()
+        except OSError:
+            return False
+        return self._written == (info.st_size, info.st_mtime_ns)
+
+    def check(self) -> Path:
+        """The target, resolved, if it may be written now.
+
+        Raises:
+            OutputFolderError: one line naming the file and the reason.
+        """
+        if self.suffix is not None and self.path.suffix.lower() != self.suffix:
+            raise OutputFolderError(self.shown, f"must be a {self.suffix} file name")
+        for source in self.inputs:
+            source_resolved = _resolve(source)
+            if self.path == source_resolved:
+                raise OutputFolderError(self.shown, "is the input: refusing to replace it")
+            if _contains(source_resolved, self.path) and source_resolved.is_dir():
+                raise OutputFolderError(self.shown, f"lies inside the input {os.fspath(source)}")
+        if self.path.is_dir():
+            raise OutputFolderError(self.shown, "is a folder")
+        if (self.path.exists() or self.path.is_symlink()) and not self._ours():
+            raise OutputFolderError(
+                self.shown,
+                f"exists and {self.program} did not write it (in this run): refusing to replace "
+                "it; choose another file name",
+            )
+        ancestor = self.path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise OutputFolderError(self.shown, f"cannot be written ({ancestor} is not writable)")
+        return self.path
+
+    def write(self, save: Callable[[Path], None]) -> Path:
+        """Write the file with ``save(staging path)``, then move it into place; returns the path.
+
+        Raises:
+            OutputFolderError: the target may not be written (see :meth:`check`), also when
+                another process created it meanwhile.
+        """
+        target = self.check()
+        with terminate_as_exit():
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                handle, name = tempfile.mkstemp(
+                    prefix=f".{target.name}.tmp-", suffix=target.suffix, dir=target.parent
+                )
+            except OSError as error:
+                reason = error.strerror or type(error).__name__
+                raise OutputFolderError(self.shown, f"cannot be written ({reason})") from error
+            os.close(handle)
+            staging = Path(name)
+            try:
+                save(staging)
+                os.chmod(staging, 0o666 & _user_mode())
+                if self._ours():
+                    os.replace(staging, target)
+                else:  # link: fails instead of replacing a file that appeared meanwhile
+                    try:
+                        os.link(staging, target)
+                    except FileExistsError:
+                        raise OutputFolderError(
+                            self.shown, "appeared meanwhile: refusing to replace it"
+                        ) from None
+            finally:
+                staging.unlink(missing_ok=True)
+            info = target.lstat()
+            self._written = (info.st_size, info.st_mtime_ns)
+        return target
+
+
+def free_file_name(path: str | os.PathLike) -> Path:
+    """``path`` if nothing is there, else the first free ``stem-1.suffix``, ``stem-2.suffix``..."""
+    path = Path(path)
+    candidate, n = path, 0
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate

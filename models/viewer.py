@@ -25,7 +25,6 @@ import math
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from models.errors import PathError
 from models.gaussians import SH_C0, Gaussians
 from models.geometry import rotations
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
+from models.output_folder import OutputFile, OutputFolderError, free_file_name
 
 __all__ = [
     "ViewCamera",
@@ -315,10 +315,15 @@ class SplatViewer:
             ``scene.gaussians``).
         host: interface to bind (``127.0.0.1``; another one prints a warning).
         port: ``0``: a free port; else that port (busy: ``ViewerError``).
-        save_path: where "save" writes the current set (``.ply``).
+        save_path: where "save" writes the current set (``.ply``; never an input, never a file
+            the viewer did not write itself: :class:`models.output_folder.OutputFile`).
         render_backend: backend of :func:`models.render` for the "render" button.
         render_side: longer side in pixels of that render.
         initial: knob values to start from (``None`` entries: the model's default).
+        inputs: what the scene was read from (the save never replaces or writes into them).
+
+    Raises:
+        OutputFolderError: ``save_path`` may not be written (one line).
     """
 
     def __init__(
@@ -327,10 +332,11 @@ class SplatViewer:
         runner: KnobRunner | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        save_path: str | os.PathLike = "gaussians_view.ply",
+        save_path: str | os.PathLike | None = None,
         render_backend: str = "auto",
         render_side: int = 256,
         initial: dict[str, Any] | None = None,
+        inputs: tuple[str | os.PathLike, ...] = (),
     ) -> None:
         import viser
 
@@ -343,7 +349,11 @@ class SplatViewer:
             )
         self.scene = scene
         self.runner = runner
-        self.save_path = Path(save_path).expanduser()
+        self.inputs = tuple(inputs)
+        if save_path is None:  # a free name in the current folder
+            save_path = free_file_name("gaussians_view.ply")
+        self._output = OutputFile(save_path, "view.py", self.inputs, suffix=".ply")
+        self.save_path = self._output.path
         self.render_backend = render_backend
         self.render_side = int(render_side)
         self._lock = threading.RLock()
@@ -664,23 +674,27 @@ class SplatViewer:
             self._status.content = f"render: {ours.shape[1]}x{ours.shape[0]} px, mean |splatzoo - browser| = {difference:.1f}/255"
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the current set as an INRIA-layout ``.ply`` (atomically); returns the path."""
-        target = Path(path).expanduser() if path is not None else self.save_path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, staging = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".ply", dir=target.parent
-        )
-        os.close(handle)
-        try:
-            self._gaussians.save_ply(staging)
-            os.replace(staging, target)
-        finally:
-            if os.path.exists(staging):
-                os.remove(staging)
-        return target
+        """Write the current set as an INRIA-layout ``.ply`` (atomically); returns the path.
+
+        Raises:
+            OutputFolderError: the file is an input or one the viewer did not write (one line).
+        """
+        output = self._output
+        if path is not None and Path(path).expanduser().resolve() != output.path:
+            output = OutputFile(path, "view.py", self.inputs, suffix=".ply")
+        gaussians = self._gaussians
+        return output.write(gaussians.save_ply)
 
     def _on_save(self, client) -> None:
-        target = self.save(None)
+        try:
+            target = self.save(None)
+        except OutputFolderError as error:
+            message = f"not saved: {' '.join(str(error).split())}"
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            self._status.content = message
+            if client is not None:
+                client.add_notification("Not saved", message, auto_close_seconds=8.0)
+            return
         message = f"saved {self.count:,} Gaussians to {target}"
         print(message)
         self._status.content = message

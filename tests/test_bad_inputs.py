@@ -531,3 +531,216 @@ def test_infer_warns_about_tiny_and_strip_inputs(weights: Path, tmp_path: Path, 
     lines = "\n".join(_warning_lines(result.stderr))
     assert f"warning: {folder / 'strip.png'}: 4000x50 has an extreme aspect ratio" in lines
     assert f"warning: {folder / 'tiny.png'}: 1x1 pixels is far smaller" in lines
+
+
+# --------------------------------------------------------------------------- installation, first run
+
+
+def test_torchvision_built_for_another_torch_is_one_line(tmp_path: Path) -> None:
+    """A torchvision whose operators do not load (built for another torch), as a real import."""
+    fake = tmp_path / "site" / "torchvision"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n', encoding="utf-8"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO_ROOT}"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import models"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert (
+        "does not match torch" in lines[0]
+        and "pip install torch==2.14.1 torchvision==0.29.1" in lines[0]
+    )
+
+
+def test_pyproject_pins_a_compatible_pair() -> None:
+    import tomllib
+
+    from models._timm_import import PINNED
+
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    assert f"torch=={PINNED[0]}" in dependencies and f"torchvision=={PINNED[1]}" in dependencies
+    minor = int(PINNED[0].split(".")[1])
+    assert PINNED[1].startswith(f"0.{minor + 15}.")  # torch 2.N pairs with torchvision 0.(N+15)
+
+
+def test_pytest_runs_from_the_repository_without_python_m(tmp_path: Path) -> None:
+    """``pytest tests/test_viewer.py`` (the README's screenshot command) imports view.py."""
+    probe = REPO_ROOT / "tests" / f"test_probe_import_{os.getpid()}.py"
+    probe.write_text("import infer\nimport view\n\n\ndef test_imports():\n    assert view.USAGE\n")
+    try:
+        pytest_bin = Path(sys.executable).with_name("pytest")
+        result = subprocess.run(
+            [str(pytest_bin), "-q", "-p", "no:cacheprovider", str(probe.relative_to(REPO_ROOT))],
+            cwd=REPO_ROOT,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        probe.unlink()
+    assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> None:
+    from datamodules.synthetic import SyntheticSettings, ensure_synthetic
+
+    settings = SyntheticSettings(scenes=2, resolution=16, views=2, test_fraction=0.5)
+    ensure_synthetic(tmp_path / "data", settings, progress=False)
+    err = capsys.readouterr().err
+    assert "generating the synthetic dataset into" in err and "2 room scenes" in err
+    ensure_synthetic(tmp_path / "data", settings, progress=False)  # reused: says nothing
+    assert "generating" not in capsys.readouterr().err
+    # train.py generates before the trainer (and its step bar) exists.
+    source = (REPO_ROOT / "train.py").read_text()
+    assert source.index("datamodule.prepare_data()") < source.index("cfg.trainer, callbacks")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("arg", "expected"),
+    [
+        ("bogus=1", "unknown setting of infer.py (settings: "),
+        ("sfm.bogus_key=1", "(settings: sfm.cache, sfm.camera_model"),
+        ("orbit_frame=4", "did you mean orbit_frames?"),
+        ("sfm.matchng=auto", "did you mean sfm.matching?"),
+        ("fov=abc", "must be a number"),
+        ("fov=400", "between 0 and 180"),
+        ("refine_poses=abc", "must be a whole number"),
+        ("overwrite=maybe", "must be true or false"),
+    ],
+)
+def test_infer_settings_are_checked_against_the_config(arg: str, expected: str) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    import infer
+    from models.command_line import SettingError
+
+    with pytest.raises(SettingError) as caught:
+        infer.arguments(["input=photos", "output=out", arg])
+    message = str(caught.value)
+    assert message.startswith(f"{arg}: ") and expected in message and "\n" not in message
+
+
+def test_settings_declared_later_are_checked_too() -> None:
+    """The check reads the config's keys and default types, not a list of today's keys."""
+    from models.command_line import SettingError, check_settings
+
+    config = {"views": None, "holdout": 0, "refine_time": 1.5, "center_view": "", "x": {"y": True}}
+    check_settings(["views=all", "holdout=3", "refine_time=2", "center_view=a.png", "x.y=false"],
+                   config, "prog")  # fmt: skip
+    for arg, expected in (
+        ("holdout=abc", "whole number"),
+        ("refine_time=fast", "must be a number"),
+        ("x.y=2", "true or false"),
+        ("refine_tme=2", "did you mean refine_time?"),
+    ):
+        with pytest.raises(SettingError, match=expected):
+            check_settings([arg], config, "prog")
+
+
+def test_paths_are_taken_literally(tmp_path: Path, monkeypatch) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = infer.compose(["input=~/photos", "output=~/x", "image_size=64,96"])
+    assert cfg.input == f"{tmp_path}/photos" and cfg.output == f"{tmp_path}/x"
+    assert cfg.image_size == "64,96"  # the text H,W for the setting to read, not a sweep
+    assert infer.compose(["input=a", "output=~"]).output == str(tmp_path)
+    cfg = infer.compose(["input=a", "output=out/${oc.env:HOME}"])
+    assert cfg.output == "out/${oc.env:HOME}"
+
+
+def test_bad_settings_as_a_user_runs_them(tmp_path: Path) -> None:
+    """Real processes: Hydra never prints its multi-line message, ~ is the home folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "keep.txt").write_text("mine")
+    env = {**os.environ, "HOME": str(home), "OMP_NUM_THREADS": "1"}
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    PILImage.new("RGB", (32, 32)).save(photos / "a.png")
+    for args, expected in (
+        (
+            ["orbit_frame=4"],
+            "orbit_frame=4: unknown setting of infer.py (did you mean orbit_frames?",
+        ),
+        (["output=~"], f"{home}: is the home directory"),
+    ):
+        argv = [sys.executable, "infer.py", f"input={photos}", "output=out", *args]
+        if args == ["output=~"]:
+            argv.remove("output=out")
+        result = subprocess.run(
+            argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+    assert sorted(p.name for p in home.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize(
+    ("arg", "expected"),
+    [
+        ("max_gaussians=-5", "max_gaussians=-5: must be in"),
+        ("max_gaussians=abc", "max_gaussians=abc: not a number"),
+        ("views=abc", "views=abc: must be a whole number"),
+        ("fov=abc", "fov=abc: must be an angle"),
+        ("maxgaussians=4", "did you mean max_gaussians?"),
+    ],
+)
+def test_view_settings(tmp_path: Path, capsys, arg: str, expected: str) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    import view
+
+    assert view.serve_cli([str(tmp_path / "scene.ply"), arg]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- SfM inputs and cache
+
+DRONE = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+DRONE = DRONE / "examples" / "drone_frames"
+
+
+@pytest.mark.skipif(not DRONE.is_dir(), reason=f"no drone frames at {DRONE}")
+def test_sfm_skips_bad_photos_and_survives_its_cache(tmp_path: Path, monkeypatch) -> None:
+    from datamodules.tools.sfm import estimate_poses
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("frame_00.jpg", "frame_01.jpg", "frame_02.jpg"):
+        (photos / name).write_bytes((DRONE / name).read_bytes())
+    (photos / "frame_01b.jpg").write_bytes(b"\xff\xd8 not really a jpeg")  # corrupt, among good
+    # Over Pillow's size limit (lowered here: 1500² = 2.25 M pixels > 2 x 1 M raises when opened).
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 1000 * 1000)
+    PILImage.fromarray(np.zeros((1500, 1500, 3), np.uint8)).save(photos / "huge.png")
+    with pytest.warns(UserWarning) as caught:
+        result = estimate_poses(photos, cache="/proc/splatzoo-cache", verbose=0)
+    messages = [str(w.message) for w in caught]
+    assert any("frame_01b.jpg: not a readable image" in m and "(skipped)" in m for m in messages)
+    assert any("huge.png: not a readable image" in m for m in messages)
+    assert any("cache cannot be written" in m for m in messages)
+    assert "frame_01b.jpg" not in result.registered + result.missing
+    assert "huge.png" not in result.registered + result.missing
+    # A corrupt cache entry is computed again, not a crash.
+    for name in ("huge.png", "frame_01b.jpg"):
+        (photos / name).unlink()
+    cache = tmp_path / "cache"
+    first = estimate_poses(photos, cache=cache, verbose=0)
+    (first.model_dir / "images.txt").write_text("1 garbage\n")
+    again = estimate_poses(photos, cache=cache, verbose=0)
+    assert not again.cached and again.registered == first.registered
+    assert estimate_poses(photos, cache=cache, verbose=0).cached

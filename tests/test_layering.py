@@ -29,6 +29,7 @@ RANKS: dict[str, float] = {
     "models.errors": 0,
     "models.output_folder": 0,
     "models.command_line": 0,
+    "models.budget": 0,  # time/memory estimates of big work (imports only models.errors)
     "datamodules.errors": 0,
     "models.geometry": 1,
     "models.gaussians": 2,

@@ -89,7 +89,8 @@ def test_infer_replaces_only_its_own_output(capsys, tmp_path, zipsplat_weights) 
     args += ["image_size=32", "orbit_frames=2"]
     assert _infer(capsys, *args, f"output={out}")[0] == 0
     marker = json.loads((out / MARKER_NAME).read_text())
-    assert marker["program"] == "infer.py" and "gaussians.ply" in marker["entries"]
+    assert marker["program"] == "infer.py" and "gaussians.ply" in marker["files"]
+    assert any(name.startswith("renders/") for name in marker["files"])  # every depth
     # A previous output is replaced with overwrite=true, and keeps the user's normal mode.
     assert _infer(capsys, *args, f"output={out}", "overwrite=true")[0] == 0
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~_umask()
@@ -145,18 +146,70 @@ def test_infer_refuses_dangerous_outputs(capsys, tmp_path, monkeypatch, zipsplat
     assert _snapshot(tmp_path) == before
 
 
-def test_older_infer_output_without_marker_is_replaceable(
-    capsys, tmp_path, zipsplat_weights
-) -> None:
+def test_user_file_deep_inside_an_output_survives(capsys, tmp_path, zipsplat_weights) -> None:
+    """The reported loss: ``echo notes > o1/renders/my_notes.txt`` then ``overwrite=true``."""
     photos = _photos(tmp_path / "photos")
+    out = tmp_path / "o1"
+    args = [f"input={photos}", "model=zipsplat_tiny", f"weights={zipsplat_weights}"]
+    args += ["image_size=32", "orbit_frames=2", f"output={out}"]
+    assert _infer(capsys, *args)[0] == 0
+    (out / "renders" / "my_notes.txt").write_text("notes\n", encoding="utf-8")
+    before = _snapshot(out)
+    status, err = _infer(capsys, *args, "overwrite=true")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "renders/my_notes.txt" in err and "did not write" in err
+    assert _snapshot(out) == before  # byte-identical, nothing replaced
+
+
+def test_marker_covers_every_depth(tmp_path) -> None:
+    out = tmp_path / "out"
+    with OutputFolder(out, "prog") as staging:
+        (staging / "a" / "b").mkdir(parents=True)
+        (staging / "a" / "b" / "deep.txt").write_text("ours")
+        (staging / "top.txt").write_text("ours")
+    # Our own output (nested files included) is replaced.
+    with OutputFolder(out, "prog", overwrite=True) as staging:
+        (staging / "a" / "b").mkdir(parents=True)
+        (staging / "a" / "b" / "deep.txt").write_text("ours again")
+    assert (out / "a" / "b" / "deep.txt").read_text() == "ours again"
+    # A user's file, an empty folder or a link anywhere inside: refused, naming it.
+    for name, make in (
+        ("a/b/mine.txt", lambda p: p.write_text("mine")),
+        ("a/b/empty", lambda p: p.mkdir()),
+        ("a/link", lambda p: p.symlink_to(tmp_path)),
+    ):
+        target = out / name
+        make(target)
+        before = _snapshot(out)
+        with pytest.raises(OutputFolderError, match=f"did not write \\({name}\\)"):
+            check_output_folder(out, "prog", overwrite=True)
+        assert _snapshot(out) == before
+        target.unlink() if target.is_symlink() or target.is_file() else target.rmdir()
+    # A file we wrote that the user edited since is theirs now: refused.
+    deep = out / "a" / "b" / "deep.txt"
+    deep.write_text("edited by the user, longer")
+    with pytest.raises(OutputFolderError, match="changed since prog wrote them \\(a/b/deep.txt"):
+        check_output_folder(out, "prog", overwrite=True)
+    assert deep.read_text() == "edited by the user, longer"
+
+
+def test_output_without_marker_is_never_replaced(tmp_path) -> None:
+    """No reader of older outputs: a folder without the marker is not ours."""
     out = tmp_path / "old"
     (out / "renders").mkdir(parents=True)
     (out / "gaussians.ply").write_bytes(b"ply")
     summary = {"model": "zipsplat_tiny", "gaussians": 3, "timings_s": {}}
     (out / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
-    args = [f"input={photos}", "model=zipsplat_tiny", f"weights={zipsplat_weights}"]
-    status, _ = _infer(capsys, *args, f"output={out}", "overwrite=true", "image_size=32")
-    assert status == 0 and (out / MARKER_NAME).is_file()
+    before = _snapshot(out)
+    with pytest.raises(OutputFolderError, match="not an output of infer.py"):
+        check_output_folder(out, "infer.py", overwrite=True)
+    assert _snapshot(out) == before
+    # The first marker format listed top-level entries only: it cannot vouch for subfolders.
+    (out / MARKER_NAME).write_text(json.dumps({"program": "infer.py", "entries": ["renders"]}))
+    before = _snapshot(out)
+    with pytest.raises(OutputFolderError, match="older or unreadable .* remove the folder"):
+        check_output_folder(out, "infer.py", overwrite=True)
+    assert _snapshot(out) == before
 
 
 def test_unwritable_output_is_one_line(capsys, tmp_path, zipsplat_weights) -> None:
@@ -286,3 +339,71 @@ def test_convert_refuses_roots_that_are_not_datasets(tmp_path, monkeypatch) -> N
     with pytest.raises(InputError, match="current directory"):
         convert(photos, ".", "test", quiet=True)
     assert sorted(p.name for p in foreign.iterdir()) == ["cv.docx"]
+
+
+# --------------------------------------------------------------------------- the viewer's Save
+
+
+def _ply(path: Path, count: int = 40) -> Path:
+    import torch
+
+    from models import Gaussians
+
+    torch.manual_seed(0)
+    g = Gaussians(
+        means=torch.randn(1, count, 3),
+        scales=torch.rand(1, count, 3) * 0.1 + 0.01,
+        rotations=torch.nn.functional.normalize(torch.randn(1, count, 4), dim=-1),
+        opacities=torch.rand(1, count) * 0.9 + 0.05,
+        harmonics=torch.randn(1, count, 3, 1) * 0.2,
+    )
+    g.save_ply(path)
+    return path
+
+
+def test_view_save_never_replaces_the_input_or_a_users_file(tmp_path, capsys, monkeypatch) -> None:
+    import view
+
+    scene = _ply(tmp_path / "scene.ply")
+    notes = tmp_path / "notes.ply"
+    notes.write_bytes(b"my own notes, not a ply")
+    before = _snapshot(tmp_path)
+    for save, message in (
+        (scene, "is the input: refusing to replace it"),
+        (notes, "exists and view.py did not write it"),
+        (tmp_path / "notes.txt", "must be a .ply file name"),
+    ):
+        assert view.serve_cli([str(scene), f"save={save}"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and str(save) in err and len(err.strip().splitlines()) == 1
+    assert _snapshot(tmp_path) == before  # byte-identical, nothing added
+    # The default name never replaces an earlier run's file: the next free name is taken.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gaussians_view.ply").write_bytes(b"an earlier save")
+    assert view._save_path(None) == Path("gaussians_view-1.ply")
+
+
+def test_viewer_save_button_replaces_only_its_own_file(tmp_path, capsys) -> None:
+    from models import Gaussians
+    from models.viewer import SplatViewer, ViewScene
+
+    scene = _ply(tmp_path / "scene.ply")
+    target = tmp_path / "saved.ply"
+    viewer = SplatViewer(
+        ViewScene(Gaussians.load_ply(scene)), port=0, save_path=target, inputs=(scene,)
+    )
+    try:
+        viewer._on_save(None)
+        viewer.set_knob("max_gaussians", 10)
+        viewer._on_save(None)  # a second Save replaces the first one (ours, unchanged)
+        assert Gaussians.load_ply(target).num_slots == 10
+        target.write_bytes(b"edited by the user")  # now it is theirs
+        capsys.readouterr()
+        viewer._on_save(None)
+        err = capsys.readouterr().err
+        assert "not saved" in err and "did not write it" in err
+        assert target.read_bytes() == b"edited by the user"
+        assert "not saved" in viewer._status.content
+    finally:
+        viewer.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved.ply", "scene.ply"]  # no staging

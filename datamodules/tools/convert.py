@@ -53,6 +53,7 @@ import json
 import math
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -758,7 +759,7 @@ def convert(
         raise InputError(f"invalid split name {split!r}")
     try:  # convert adds to a dataset root; it never deletes, and writes only into its own roots
         inputs = [Path(source)] + ([Path(frames)] if frames else [])
-        check_output_folder(out, PROGRAM, inputs=inputs, replace=False, legacy=_legacy_root)
+        check_output_folder(out, PROGRAM, inputs=inputs, replace=False)
     except OutputFolderError as error:
         raise InputError(str(error)) from None
     if chunk_mb <= 0:
@@ -866,23 +867,6 @@ def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool
 PROGRAM = "datamodules.tools.convert"
 
 
-def _legacy_root(folder: Path) -> list[str] | None:
-    """The entries of a chunk dataset root made before the output marker existed, else ``None``:
-    split folders holding only chunks and an index, and the report files beside them."""
-    entries = []
-    for entry in folder.iterdir():
-        if entry.is_dir():
-            names = {p.name for p in entry.iterdir()}
-            if "index.json" not in names or any(
-                not (n == "index.json" or n.endswith((".torch", ".torch.tmp"))) for n in names
-            ):
-                return None
-        elif entry.name not in ("convert_report.json", "evaluation_index.json", "metadata.json"):
-            return None
-        entries.append(entry.name)
-    return entries
-
-
 def _parse_resolution(values: list[int] | None) -> Resolution | None:
     if not values:
         return None
@@ -924,6 +908,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--matching", default="auto", help="with --poses auto: auto, exhaustive or sequential"
     )
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = _one_line_warning
+        return _run(args)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ARG001
+    """A warning as one ``warning:`` line (a skipped photo, an unwritable SfM cache)."""
+    print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         report = convert(
             args.source,
@@ -962,4 +958,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.command_line import stopped_cleanly
+
+    with stopped_cleanly("datamodules.tools.convert"):
+        sys.exit(main())

@@ -25,17 +25,15 @@ behind. Fewer than two registered images raise ``SfmError`` (one line).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -265,7 +263,7 @@ class SfmResult:
         cameras and points agree with Gaussians predicted from those views; ``scene_frame=False``
         keeps COLMAP's own world frame (the capture's frame, where ``infer.py`` writes).
         """
-        import pycolmap
+        pycolmap = import_pycolmap()
 
         if not scene_frame:
             dest = Path(dest)
@@ -405,163 +403,103 @@ def _cache_key(folder: Path, names: list[str], settings: SfmSettings, version: s
     return digest.hexdigest()[:24]
 
 
-class _Stages:
-    """One line per stage on stderr (``sfm: features 2.4 s``), and the times."""
-
-    def __init__(self, verbose: bool) -> None:
-        self.verbose = verbose
-        self.times: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str, what: str) -> Iterator[None]:
-        if self.verbose:
-            print(f"sfm: {name}: {what} ...", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        yield
-        self.times[name] = round(time.perf_counter() - start, 3)
-        if self.verbose:
-            print(f"sfm: {name}: done in {self.times[name]:.1f} s", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _quiet_colmap(verbose: bool) -> Iterator[None]:
-    """COLMAP's glog lines (hundreds per run) only with ``verbose=2``."""
-    import pycolmap
-
-    if verbose >= 2:
-        yield
-        return
-    old = pycolmap.logging.minloglevel
-    pycolmap.logging.minloglevel = 2  # errors only
-    try:
-        yield
-    finally:
-        pycolmap.logging.minloglevel = old
-
-
-def _image_sizes(folder: Path, names: list[str]) -> list[tuple[int, int]]:
+def _readable_images(folder: Path, names: list[str]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The names that decode (others skipped with the image loader's warning) and their sizes."""
     from PIL import Image
 
-    sizes = []
+    kept, sizes = [], []
     for name in names:
         try:
             with Image.open(folder / name) as image:
+                image.load()  # a truncated or corrupt file fails here, not inside COLMAP
                 sizes.append(image.size)
-        except OSError as error:
-            raise SfmError(f"{folder / name}: not a readable image ({error})") from error
-    return sizes
+            kept.append(name)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            warnings.warn(
+                f"{folder / name}: not a readable image ({error}) (skipped)", stacklevel=3
+            )
+    return kept, sizes
 
 
-def _run_colmap(
-    folder: Path,
-    names: list[str],
-    work: Path,
-    settings: SfmSettings,
-    matching: str,
-    stages: _Stages,
-    verbose: int,
-):
-    """Features, matching and mapping in ``work``; returns the reconstructions (id → model)."""
+def _cache_root(cache: bool | str | Path) -> Path | None:
+    """The cache folder, created, or ``None`` (``cache=False``, or a folder that cannot be
+    written: then a warning, and the run goes on without the cache)."""
+    if cache is False:
+        return None
+    root = default_cache_dir() if cache is True else Path(cache).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        warnings.warn(
+            f"{root}: the structure-from-motion cache cannot be written ({reason}); running "
+            "without it (set SPLATZOO_SFM_CACHE to a writable folder)",
+            stacklevel=3,
+        )
+        return None
+    return root
+
+
+def _remove_stale(root: Path | None) -> None:
+    """Work folders of killed runs (in the cache and the temporary folder)."""
+    from models.output_folder import remove_stale_folders
+
+    temp = Path(tempfile.gettempdir())
+    remove_stale_folders(temp, (".sfm-*", "splatzoo-sfm-frames-*", "splatzoo-sfm-*"))
+    if root is not None:
+        remove_stale_folders(root, (".sfm-*",))
+        remove_stale_folders(root / "frames", (".*.tmp-*",))
+
+
+def import_pycolmap():
+    """``import pycolmap`` keeping Python's SIGTERM handling: pycolmap installs glog's failure
+    handler for SIGTERM on import (a C++ stack dump, sometimes a hang), which is put back here."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
     import pycolmap
 
-    pycolmap.set_random_seed(settings.seed)
-    database = work / "database.db"
-    sizes = _image_sizes(folder, names)
-    single = settings.single_camera
-    if single is None:
-        single = len(set(sizes)) == 1
-    reader = pycolmap.ImageReaderOptions()
-    reader.camera_model = settings.camera_model
-    if settings.fov is not None:
-        if not single:
-            raise SfmError(f"{folder}: fov= needs images of one size (one shared camera)")
-        width, height = sizes[0]
-        focal = 0.5 * width / math.tan(math.radians(float(settings.fov)) / 2)
-        camera = pycolmap.Camera.create_from_model_name(
-            1, settings.camera_model, focal, width, height
-        )
-        reader.camera_params = ",".join(f"{p:.10g}" for p in camera.params)
-    extraction = pycolmap.FeatureExtractionOptions()
-    extraction.num_threads = settings.num_threads
-    extraction.max_image_size = settings.max_image_size
-    extraction.sift.max_num_features = settings.max_num_features
-    mode = pycolmap.CameraMode.SINGLE if single else pycolmap.CameraMode.AUTO
-    with stages("features", f"SIFT on {len(names)} images"):
-        pycolmap.extract_features(
-            database,
-            folder,
-            image_names=names,
-            camera_mode=mode,
-            reader_options=reader,
-            extraction_options=extraction,
-            device=pycolmap.Device.cpu,
-        )
-    matcher = pycolmap.FeatureMatchingOptions()
-    matcher.num_threads = settings.num_threads
-    verification = pycolmap.TwoViewGeometryOptions()
-    verification.ransac.random_seed = settings.seed
-    pairs = len(names) * (len(names) - 1) // 2
-    if matching == "exhaustive":
-        with stages("matching", f"exhaustive, {pairs} pairs"):
-            pycolmap.match_exhaustive(
-                database,
-                matching_options=matcher,
-                verification_options=verification,
-                device=pycolmap.Device.cpu,
-            )
-    else:
-        pairing = pycolmap.SequentialPairingOptions()
-        pairing.overlap = settings.overlap
-        pairing.num_threads = settings.num_threads
-        with stages("matching", f"sequential, each image with its next {settings.overlap}"):
-            pycolmap.match_sequential(
-                database,
-                matching_options=matcher,
-                pairing_options=pairing,
-                verification_options=verification,
-                device=pycolmap.Device.cpu,
-            )
-    options = pycolmap.IncrementalPipelineOptions()
-    options.num_threads = settings.num_threads
-    options.random_seed = settings.seed
-    options.min_model_size = 2
-    options.ba_refine_focal_length = settings.refine_focal
-    options.mapper.abs_pose_refine_focal_length = settings.refine_focal
-    # Forward-moving video (a drone flying on) has no initial pair under COLMAP's default 0.95
-    # (measured: the 8 drone frames do not initialise); allow forward motion.
-    options.mapper.init_max_forward_motion = 0.999
-    (work / "models").mkdir()
-    registered = [0]
-    bar = None
-    if verbose:
-        from tqdm.auto import tqdm
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    return pycolmap
 
-        bar = tqdm(total=len(names), desc="sfm: mapping", unit="image", leave=False, disable=None)
 
-    def next_image() -> None:
-        registered[0] += 1
-        if bar is not None:
-            bar.update(1)
+def _pycolmap_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
-        with stages("mapping", "incremental mapping"):
-            models = pycolmap.incremental_mapping(
-                database, folder, work / "models", options, next_image_callback=next_image
-            )
-    finally:
-        if bar is not None:
-            bar.close()
-    return models
+        return version("pycolmap")
+    except PackageNotFoundError:
+        raise SfmError("pycolmap is not installed (pip install pycolmap)") from None
 
 
-def _largest(models: dict) -> object | None:
-    """The reconstruction with the most registered images (then the most points)."""
-    best = None
-    for model in models.values():
-        key = (model.num_reg_images(), model.num_points3D())
-        if best is None or key > (best.num_reg_images(), best.num_points3D()):
-            best = model
-    return best
+def _colmap_in_child(spec: dict, work: Path) -> dict | None:
+    """Run ``sfm_worker.py`` on ``spec`` and wait; ``None`` when fewer than two images
+    registered. Ctrl-C or SIGTERM kill the child at once (then re-raised)."""
+    import subprocess
+
+    from models.output_folder import terminate_as_exit
+
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    worker = Path(__file__).with_name("sfm_worker.py")
+    process = subprocess.Popen(
+        [sys.executable, str(worker), str(spec_path)], start_new_session=True
+    )
+    try:
+        with terminate_as_exit():
+            code = process.wait()
+    except BaseException:
+        process.kill()  # SIGKILL: no native handler runs, nothing hangs
+        process.wait()
+        raise
+    if code == 3:  # sfm_worker.EXIT_TOO_FEW
+        return None
+    if code != 0:
+        raise SfmError(f"{spec['folder']}: structure-from-motion failed (pycolmap exit {code})")
+    return json.loads((work / "entry" / "worker.json").read_text(encoding="utf-8"))
 
 
 def _pose_free_hint() -> str:
@@ -589,9 +527,10 @@ def _read_entry(entry: Path, image_dir: Path) -> SfmResult | None:
         data["model_dir"] = entry / "sparse"
         data["image_dir"] = image_dir
         result = SfmResult(**data, cached=True)
-    except (OSError, ValueError, TypeError):
+        _, images, _ = colmap.read_model(result.model_dir, points=False)  # a corrupt entry: redo
+    except (OSError, ValueError, TypeError, colmap.ColmapError):
         return None
-    if colmap.find_model_dir(result.model_dir) is None:
+    if not set(result.registered) <= {image.name for image in images.values()}:
         return None
     return result
 
@@ -632,31 +571,32 @@ def estimate_poses(
             with the counts and a pose-free model to use instead).
         ValueError: an invalid setting (named).
     """
-    try:
-        import pycolmap
-    except ImportError as error:  # pragma: no cover - a declared dependency
-        raise SfmError("pycolmap is not installed (pip install pycolmap)") from error
-
+    version = _pycolmap_version()
     settings = SfmSettings(**{**asdict(settings or SfmSettings()), **overrides})
     settings.matching = matching if matching != "auto" else settings.matching
     settings.check()
     folder, names = _resolve_inputs(images)
+    names, sizes = _readable_images(folder, names)
     chosen = settings.matching
     if chosen == "auto":
         chosen = "exhaustive" if len(names) <= _EXHAUSTIVE_MAX else "sequential"
     if len(names) < 2:
+        shown = f" ({names[0]})" if names else ""
         raise SfmError(
             f"{folder}: structure-from-motion needs at least 2 overlapping images, got "
-            f"{len(names)} ({names[0]}); registered 0; use a pose-free model instead: "
+            f"{len(names)}{shown}; registered 0; use a pose-free model instead: "
             f"model={_pose_free_hint()}",
             registered=0,
             total=len(names),
         )
+    single = settings.single_camera if settings.single_camera is not None else len(set(sizes)) == 1
+    if settings.fov is not None and not single:
+        raise SfmError(f"{folder}: fov= needs images of one size (one shared camera)")
 
-    key = _cache_key(folder, names, settings, pycolmap.__version__)
-    root: Path | None = None
-    if cache is not False:
-        root = default_cache_dir() if cache is True else Path(cache).expanduser()
+    key = _cache_key(folder, names, settings, version)
+    root = _cache_root(cache)
+    _remove_stale(root)
+    if root is not None:
         cached = _read_entry(root / key, folder)
         if cached is not None:
             if verbose:
@@ -667,17 +607,36 @@ def estimate_poses(
                 )
             return _finish(cached, out_dir, len(names), verbose)
 
-    stages = _Stages(bool(verbose))
+    from models import budget
+    from models.output_folder import mark_staging
+
+    largest = max(sizes, key=lambda size: size[0] * size[1])
+    estimate = budget.sfm_estimate(
+        len(names), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
+    )
+    try:
+        budget.check(estimate)
+    except budget.BudgetError as error:
+        raise SfmError(f"{folder}: {error.message}", total=len(names)) from None
+    if verbose:
+        budget.announce(estimate, force=True)
     start = time.perf_counter()
     parent = root if root is not None else Path(tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".sfm-{key}-", dir=parent))
+    mark_staging(work)
     try:
-        with _quiet_colmap(verbose):
-            models = _run_colmap(folder, names, work, settings, chosen, stages, verbose)
-        best = _largest(models)
-        count = best.num_reg_images() if best is not None else 0
-        if count < 2:
+        spec = {
+            "folder": str(folder),
+            "names": names,
+            "sizes": sizes,
+            "work": str(work),
+            "settings": asdict(settings),
+            "matching": chosen,
+            "verbose": int(verbose),
+        }
+        info = _colmap_in_child(spec, work)
+        if info is None:
+            count = json.loads((work / "error.json").read_text(encoding="utf-8"))["registered"]
             raise SfmError(
                 f"{folder}: structure-from-motion registered {count} of {len(names)} images "
                 "(they need texture and overlapping views); use a pose-free model instead: "
@@ -686,31 +645,31 @@ def estimate_poses(
                 total=len(names),
             )
         entry = work / "entry"
-        (entry / "sparse").mkdir(parents=True)
-        best.write_text(str(entry / "sparse"))
-        posed = {image.name for image in best.images.values() if image.has_pose}
+        (entry / "worker.json").unlink()
+        posed = set(info["posed"])
         result = SfmResult(
             model_dir=entry / "sparse",
             image_dir=folder,
             registered=[n for n in names if n in posed],
             missing=[n for n in names if n not in posed],
-            num_points3d=int(best.num_points3D()),
-            mean_reprojection_error=float(best.compute_mean_reprojection_error()),
+            num_points3d=info["num_points3d"],
+            mean_reprojection_error=info["mean_reprojection_error"],
             camera_model=settings.camera_model,
-            focal_px=[float(best.cameras[c].params[0]) for c in sorted(best.cameras)],
+            focal_px=info["focal_px"],
             matching=chosen,
-            timings_s={**stages.times, "total": round(time.perf_counter() - start, 3)},
+            timings_s={**info["timings_s"], "total": round(time.perf_counter() - start, 3)},
             key=key,
         )
         _write_entry(entry, result)
         if root is not None:
             final = root / key
-            if final.exists():  # another process finished the same input meanwhile
+            if final.exists():  # another process finished the same input (or a corrupt entry)
                 shutil.rmtree(final, ignore_errors=True)
             entry.rename(final)
             result.model_dir = final / "sparse"
         else:
             keep = Path(tempfile.mkdtemp(prefix="splatzoo-sfm-"))
+            mark_staging(keep)
             shutil.move(str(entry), keep / "entry")
             result.model_dir = keep / "entry" / "sparse"
             _REMOVE_AT_EXIT.append(keep)
@@ -816,11 +775,14 @@ def poses_for_input(
 
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
-    if cache is False:  # frames in a temporary folder removed at exit
+    root = _cache_root(cache)
+    if root is None:  # frames in a temporary folder removed at exit (or by the next run)
+        from models.output_folder import mark_staging
+
+        cache = False
         root = Path(tempfile.mkdtemp(prefix="splatzoo-sfm-frames-"))
+        mark_staging(root)
         _REMOVE_AT_EXIT.append(root)
-    else:
-        root = default_cache_dir() if cache is True else Path(cache).expanduser()
     if source.is_file() and source.suffix.lower() in VIDEO_EXTENSIONS:
         folder = _video_frames(source, int(num_views or 8), root)
         if settings.matching == "auto":

@@ -238,6 +238,7 @@ _NOISE = (
     "TPU available:",
     "HPU available:",
     "Trainer already configured with model summary callbacks",
+    "\nDetected KeyboardInterrupt",  # train.py says it in one line (stopped_cleanly)
 )
 
 

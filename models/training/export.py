@@ -29,7 +29,6 @@ from models.base import INIT_ONLY_ARGS
 from models.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import (
-    METADATA_KEY,
     ExportError,
     PretrainedError,
     load_checkpoint_state_dict,
@@ -197,28 +196,9 @@ def export_checkpoint(
     return out
 
 
-# What an export folder written before the output marker existed holds.
-_EXPORT_ENTRIES = ("config.json", "model.safetensors", "README.md")
-
-
-def _legacy_export(folder: Path) -> tuple[str, ...] | None:
-    """The entries of an older export (a ``config.json`` with our metadata), else ``None``."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return _EXPORT_ENTRIES if isinstance(config, dict) and METADATA_KEY in config else None
-
-
 def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
     try:
-        return OutputFolder(
-            out,
-            "models.training.export",
-            inputs=[source],
-            overwrite=overwrite,
-            legacy=_legacy_export,
-        )
+        return OutputFolder(out, "models.training.export", inputs=[source], overwrite=overwrite)
     except OutputFolderError as error:
         raise ExportError(error.path, error.message) from None
 

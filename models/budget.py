@@ -1,0 +1,270 @@
+"""Time and peak-memory estimates of big work, announced and bounded before it starts.
+
+    from models import budget
+    estimate = budget.forward_estimate(model, views=4, size=(512, 512), setting="image_size")
+    budget.check(estimate)            # BudgetError (one line naming the setting) if it cannot fit
+    budget.announce(estimate)         # one line on stderr when the work is big
+    with budget.running(estimate):    # a progress bar (elapsed / estimated) while it runs
+        pred = model(context)
+
+``sfm_estimate(photos, size, matching)`` does the same for structure-from-motion. Callers with
+their own loops (whole-capture windows, refinement) add estimates with ``+`` (``a + b`` sums the
+seconds, keeps the larger peak) or scale them (``estimate * windows``: the time only).
+
+How the constants were measured (this project's CPU, 2 cores shared by 8 sessions, load ~7.5,
+one thread, so an idle machine is faster; see ``docs/budget.md``):
+
+- forward pass, ``zipsplat_tiny`` (2.1 M parameters) and ``pixel_aligned_tiny`` (2.0 M), 2 views
+  at 128² and 512² (the second, warm forward timed; the first one's peak resident memory above
+  the resident memory before it, via ``/proc/self/clear_refs``): seconds ≈ params x pixels x
+  (3.9e-12 + 1.45e-17 x pixels) (attention makes it grow faster than the pixel count), with
+  ``pixels`` = views x H x W; peak ≈ 64 MiB + 8 bytes x params + 900 bytes x pixels (linear fit:
+  65 MB at 128², 436 MB at 512² for the pixel-aligned model, the larger of the two);
+- SfM (``datamodules.tools.sfm``, 8 and 20 of the 848x480 drone frames, 2 threads): ~1.3 s of
+  SIFT per megapixel-image, 0.18-0.32 s per matched pair, 4-5 s per registered image of
+  mapping; the pycolmap process peaked at 715 MB resident for both.
+
+Memory available is ``MemAvailable`` of ``/proc/meminfo`` (and the cgroup limit when lower), or
+the free memory of the CUDA device. This module imports nothing of the project but its errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from models.errors import PathError
+
+__all__ = [
+    "BIG_SECONDS",
+    "BudgetError",
+    "Estimate",
+    "announce",
+    "available_memory",
+    "check",
+    "forward_estimate",
+    "running",
+    "sfm_estimate",
+]
+
+# Forward pass: seconds per parameter per input pixel (+ per pixel squared), bytes per pixel.
+FORWARD_SECONDS = (3.9e-12, 1.45e-17)
+FORWARD_BASE_BYTES = 64 * 2**20
+FORWARD_BYTES_PER_PIXEL = 900
+# SfM: SIFT seconds per megapixel-image, seconds per matched pair, mapping seconds per image.
+SFM_FEATURE_SECONDS = 1.3
+SFM_PAIR_SECONDS = 0.3
+SFM_MAP_SECONDS = 4.5
+SFM_BASE_BYTES = 720 * 2**20
+SFM_BYTES_PER_IMAGE = 2 * 2**20  # keypoints, descriptors and matches kept in memory
+# Work announced (a line and a progress bar) from this many estimated seconds or this share of
+# the available memory on.
+BIG_SECONDS = 5.0
+BIG_MEMORY_SHARE = 0.25
+
+
+class BudgetError(PathError):
+    """The work cannot fit this machine's memory (one line naming the setting to change)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a piece of work will cost.
+
+    Attributes:
+        what: the work, for messages (``"zipsplat_tiny forward, 2 views of 512x512"``).
+        seconds: estimated wall time on this project's CPU (order of magnitude).
+        peak_bytes: estimated peak memory of the work.
+        setting: the setting that makes it smaller (``image_size``, ``views``, ...), for the
+            refusal message.
+        device: ``"cpu"`` or ``"cuda"``: whose memory it needs.
+    """
+
+    what: str
+    seconds: float
+    peak_bytes: int
+    setting: str = ""
+    device: str = "cpu"
+
+    def __add__(self, other: Estimate) -> Estimate:
+        return replace(
+            self,
+            what=f"{self.what}; {other.what}",
+            seconds=self.seconds + other.seconds,
+            peak_bytes=max(self.peak_bytes, other.peak_bytes),
+        )
+
+    def __mul__(self, times: float) -> Estimate:
+        return replace(self, seconds=self.seconds * times)
+
+    @property
+    def big(self) -> bool:
+        """Worth a line and a progress bar."""
+        share = self.peak_bytes / max(available_memory(self.device), 1)
+        return self.seconds >= BIG_SECONDS or share >= BIG_MEMORY_SHARE
+
+    def line(self) -> str:
+        """``zipsplat_tiny forward, ...: about 2 min, peak about 1.2 GB (of 60 GB available)``."""
+        return (
+            f"{self.what}: about {_duration(self.seconds)}, peak about "
+            f"{_gigabytes(self.peak_bytes)} (of {_gigabytes(available_memory(self.device))} "
+            "available)"
+        )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 0.1):.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _gigabytes(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e8 else f"{count / 1e6:.0f} MB"
+
+
+def available_memory(device: str = "cpu") -> int:
+    """Bytes the work may use now: ``MemAvailable`` (or the cgroup's limit minus its usage,
+    when lower) for the CPU, the free device memory for CUDA."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info()[0])
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 2**40  # unknown: never refuse
+    try:  # a container's limit (cgroup v2)
+        limit = open("/sys/fs/cgroup/memory.max", encoding="ascii").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current", encoding="ascii").read())
+        if limit != "max":
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(int(available), 0)
+
+
+def forward_estimate(
+    model,
+    views: int,
+    size: tuple[int, int],
+    setting: str = "image_size",
+    device: str = "cpu",
+    name: str | None = None,
+) -> Estimate:
+    """Time and peak memory of one forward pass of ``model`` (an ``nn.Module``) on ``views``
+    images of ``size`` ``(H, W)``: from its parameter count and the input pixels (activations),
+    with the constants measured as the module docstring says; ``name`` (the registry name) is
+    for messages."""
+    params = sum(p.numel() for p in model.parameters())
+    height, width = int(size[0]), int(size[1])
+    pixels = int(views) * height * width
+    a, b = FORWARD_SECONDS
+    seconds = params * pixels * (a + b * pixels)
+    if str(device).startswith("cuda"):
+        seconds /= 50.0  # order of magnitude only: the constants are CPU measurements
+    peak = FORWARD_BASE_BYTES + 8 * params + FORWARD_BYTES_PER_PIXEL * pixels
+    name = name or type(model).__name__
+    what = f"{name} forward pass, {views} view(s) of {height}x{width}"
+    return Estimate(what, seconds, int(peak), setting, "cuda" if "cuda" in str(device) else "cpu")
+
+
+def sfm_estimate(
+    photos: int,
+    size: tuple[int, int],
+    matching: str,
+    overlap: int = 10,
+    max_image_size: int = 1600,
+    threads: int = 2,
+) -> Estimate:
+    """Time and peak memory of structure-from-motion on ``photos`` images of ``size`` ``(W, H)``
+    (the largest), ``matching`` ``"exhaustive"`` or ``"sequential"`` (with ``overlap``)."""
+    width, height = int(size[0]), int(size[1])
+    scale = min(1.0, max_image_size / max(width, height, 1))
+    megapixels = width * height * scale**2 / 1e6
+    if matching == "exhaustive":
+        pairs = photos * (photos - 1) // 2
+    else:
+        pairs = photos * min(overlap, max(photos - 1, 0))
+    speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
+    seconds = speed * (
+        SFM_FEATURE_SECONDS * photos * megapixels
+        + SFM_PAIR_SECONDS * pairs
+        + SFM_MAP_SECONDS * photos * (1 + photos / 200)
+    )
+    peak = SFM_BASE_BYTES + SFM_BYTES_PER_IMAGE * photos + int(40e6 * megapixels)
+    what = f"sfm: {photos} photos of {width}x{height}, {matching} matching ({pairs} pairs)"
+    return Estimate(what, seconds, int(peak), "the number of photos")
+
+
+def check(estimate: Estimate) -> None:
+    """Refuse work whose peak memory exceeds what is available now.
+
+    Raises:
+        BudgetError: ``<setting>: <work> needs about X GB, Y GB available: lower <setting>``.
+    """
+    available = available_memory(estimate.device)
+    if estimate.peak_bytes > available:
+        where = "on the GPU" if estimate.device == "cuda" else "on this machine"
+        raise BudgetError(
+            estimate.setting or "input",
+            f"{estimate.what} needs about {_gigabytes(estimate.peak_bytes)} of memory, "
+            f"{_gigabytes(available)} available {where}: lower {estimate.setting or 'the input'}",
+        )
+
+
+def announce(estimate: Estimate, force: bool = False) -> bool:
+    """Print ``estimate.line()`` on stderr when the work is big (or ``force``); returns whether
+    it printed."""
+    if not (force or estimate.big):
+        return False
+    print(estimate.line(), file=sys.stderr, flush=True)
+    return True
+
+
+@contextlib.contextmanager
+def running(estimate: Estimate, enabled: bool | None = None) -> Iterator[None]:
+    """A tqdm bar of elapsed against estimated seconds while the block runs (one opaque call,
+    such as a forward pass, has no steps to count); by default only for big work."""
+    if enabled is None:
+        enabled = estimate.big
+    if not enabled:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    total = max(math.ceil(estimate.seconds), 1)
+    bar = tqdm(total=total, desc=estimate.what, unit="s", leave=False, dynamic_ncols=True)
+    done = threading.Event()
+
+    def tick() -> None:
+        start = time.monotonic()
+        while not done.wait(0.5):
+            bar.n = min(int(time.monotonic() - start), total - 1)
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        bar.close()

@@ -1,0 +1,106 @@
+"""Big work is announced and bounded before it starts (``models.budget``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import budget, create_model
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+DRONE = SHARED_DATA / "examples" / "drone_frames"
+
+
+def _context(views: int, side: int) -> dict[str, torch.Tensor]:
+    extrinsics = torch.eye(4).expand(1, views, 4, 4).clone()
+    extrinsics[0, 1:, 0, 3] = 0.3
+    k = torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]])
+    return {
+        "image": torch.rand(1, views, 3, side, side),
+        "extrinsics": extrinsics,
+        "intrinsics": k.expand(1, views, 3, 3).clone(),
+        "near": torch.full((1, views), 0.5),
+        "far": torch.full((1, views), 10.0),
+    }
+
+
+def test_forward_estimate_grows_and_matches_a_measurement() -> None:
+    model = create_model("zipsplat_tiny").eval()
+    small = budget.forward_estimate(model, 2, (64, 64), name="zipsplat_tiny")
+    large = budget.forward_estimate(model, 2, (512, 512))
+    more = budget.forward_estimate(model, 4, (64, 64))
+    assert small.seconds < more.seconds < large.seconds
+    assert small.peak_bytes < more.peak_bytes < large.peak_bytes
+    assert small.what.startswith("zipsplat_tiny forward pass, 2 view(s) of 64x64")
+    with torch.inference_mode():
+        model(_context(2, 128))  # warm
+        start = time.perf_counter()
+        model(_context(2, 128))
+        seconds = time.perf_counter() - start
+    estimate = budget.forward_estimate(model, 2, (128, 128))
+    assert estimate.seconds / 30 < seconds < estimate.seconds * 30  # order of magnitude
+
+
+def test_work_that_cannot_fit_is_refused_in_one_line(monkeypatch) -> None:
+    model = create_model("zipsplat_tiny")
+    estimate = budget.forward_estimate(model, 2, (4096, 4096), name="zipsplat_tiny")
+    assert estimate.peak_bytes > 20e9  # the reported image_size=4096 case
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 8 * 10**9)
+    with pytest.raises(budget.BudgetError) as caught:
+        budget.check(estimate)
+    message = str(caught.value)
+    assert message.startswith("image_size: zipsplat_tiny forward pass, 2 view(s) of 4096x4096")
+    assert "8.0 GB available on this machine: lower image_size" in message and "\n" not in message
+    budget.check(budget.forward_estimate(model, 2, (64, 64)))  # small work passes
+
+
+def test_infer_refuses_before_the_forward_pass(monkeypatch, tmp_path, capsys) -> None:
+    from test_infer import infer_here
+
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 50 * 10**6)
+    out = tmp_path / "out"
+    example = REPO_ROOT / "examples" / "synthetic_room"
+    result = infer_here(capsys, f"input={example}", f"output={out}", "image_size=256")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "lower image_size" in lines[-1], result.stderr
+    assert not out.exists()
+
+
+def test_announce_and_progress_bar(capsys) -> None:
+    estimate = budget.Estimate("test work", seconds=120.0, peak_bytes=10**6)
+    assert estimate.big and budget.announce(estimate)
+    assert "test work: about 2 min, peak about 1 MB" in capsys.readouterr().err
+    with budget.running(estimate, enabled=True):
+        time.sleep(1.2)
+    assert "test work" in capsys.readouterr().err  # the bar
+    quiet = budget.Estimate("tiny", seconds=0.01, peak_bytes=10**3)
+    assert not budget.announce(quiet) and capsys.readouterr().err == ""
+    both = estimate + quiet
+    assert both.seconds == pytest.approx(120.01) and both.peak_bytes == 10**6
+    assert (estimate * 3).seconds == 360.0
+
+
+@pytest.mark.skipif(not DRONE.is_dir(), reason=f"no drone frames at {DRONE}")
+def test_sfm_is_announced_and_refused_before_pycolmap(tmp_path, monkeypatch, capsys) -> None:
+    from datamodules.tools.sfm import SfmError, estimate_poses
+
+    estimate = budget.sfm_estimate(300, (4000, 3000), "sequential")
+    assert estimate.seconds > 600  # the reported 300-photo case: minutes, said up front
+    assert budget.sfm_estimate(41, (848, 480), "exhaustive").seconds > 60
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("frame_00.jpg", "frame_01.jpg"):
+        shutil.copy(DRONE / name, photos / name)
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**8)
+    with pytest.raises(
+        SfmError,
+        match="needs about .* of memory, 0.1 GB available on this machine: lower the number of photos",
+    ):
+        estimate_poses(photos, cache=False, verbose=1)
+    assert "sfm: features" not in capsys.readouterr().err  # refused before the first stage

@@ -1,0 +1,153 @@
+"""Ctrl-C and SIGTERM, as real signals to real processes: one line, prompt exit, nothing left.
+
+Structure-from-motion (pycolmap) runs in a child process (``datamodules/tools/sfm_worker.py``):
+pycolmap's own SIGTERM handler (glog's stack dump, once in seven tries a hang) never runs in the
+command, the child is killed at once, and its work folder is removed; folders of a run killed
+outright (SIGKILL) are removed by the next run. The 8 drone frames take ~6 s of SIFT on this CPU,
+long enough to interrupt each stage reliably.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+FRAMES = SHARED_DATA / "examples" / "drone_frames"
+needs_frames = pytest.mark.skipif(not FRAMES.is_dir(), reason=f"no drone frames at {FRAMES}")
+
+
+class Command:
+    """A command started in its own session (as a shell job), its stderr read line by line."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"exited before {text!r}: {''.join(self.seen)}")
+            self.seen.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} within {timeout} s: {''.join(self.seen)}")
+
+    def signal(self, signum: int, group: bool = False) -> tuple[int, float, list[str]]:
+        """Send ``signum`` (to the whole process group: what the terminal's Ctrl-C does);
+        returns (exit status, seconds to exit, stderr lines after the signal)."""
+        start = time.monotonic()
+        if group:
+            os.killpg(self.process.pid, signum)
+        else:
+            self.process.send_signal(signum)
+        status = self.process.wait(timeout=30)
+        seconds = time.monotonic() - start
+        after = []
+        while (line := self.lines.get(timeout=10)) is not None:
+            after.append(line)
+        return status, seconds, after
+
+
+def _workers(marker: Path) -> list[str]:
+    """Running ``sfm_worker.py`` processes whose command line names ``marker``'s folder."""
+    out = subprocess.run(["pgrep", "-af", "sfm_worker.py"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(marker) in line]
+
+
+def _convert(tmp_path: Path, cache: Path | str) -> Command:
+    env = {"TMPDIR": str(tmp_path / "tmp"), "SPLATZOO_SFM_CACHE": str(cache)}
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    args = ["-m", "datamodules.tools.convert", str(FRAMES), "--out", str(tmp_path / "out")]
+    return Command([*args, "--split", "test", "--poses", "auto"], env)
+
+
+def _sfm_folders(*roots: Path) -> list[Path]:
+    found = []
+    for root in roots:
+        if root.is_dir():
+            found += [p for p in root.iterdir() if p.name.startswith((".sfm-", "splatzoo-sfm"))]
+    return found
+
+
+@needs_frames
+def test_sfm_killed_terminated_interrupted(tmp_path: Path) -> None:
+    cache, temp = tmp_path / "cache", tmp_path / "tmp"
+    # SIGKILL (nothing can clean up): the pycolmap child dies with its parent; the work folder
+    # it leaves is removed by the next run.
+    command = _convert(tmp_path, cache)
+    command.wait_for("sfm: features")
+    command.process.kill()
+    command.process.wait(timeout=30)
+    end = time.monotonic() + 10
+    while _workers(cache) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _workers(cache)
+    (stale,) = _sfm_folders(cache)
+
+    # SIGTERM: one line, exit 143 within seconds, no C++ stack dump, nothing left behind.
+    command = _convert(tmp_path, cache)
+    command.wait_for("sfm: features")
+    assert not stale.exists()  # the killed run's folder, removed before this run started SfM
+    time.sleep(0.5)
+    status, seconds, after = command.signal(signal.SIGTERM)
+    assert status == 143 and seconds < 10, (status, seconds, after)
+    assert after == ["datamodules.tools.convert: stopped by SIGTERM\n"], after
+    assert not _sfm_folders(cache, temp) and not _workers(cache)
+    assert not (tmp_path / "out").exists()
+
+    # Ctrl-C (SIGINT to the process group), with an unwritable cache: a warning, the run goes on
+    # without the cache (in the temporary folder), and Ctrl-C leaves that clean too.
+    command = _convert(tmp_path, "/proc/splatzoo-sfm-cache")
+    command.wait_for("cache cannot be written")
+    command.wait_for("sfm: features")
+    time.sleep(0.5)
+    status, seconds, after = command.signal(signal.SIGINT, group=True)
+    assert status == 130 and seconds < 10, (status, seconds, after)
+    assert after == ["datamodules.tools.convert: stopped by Ctrl-C\n"], after
+    assert not _sfm_folders(temp) and not _workers(temp)
+
+
+@pytest.mark.parametrize("script", ["infer.py", "view.py"])
+def test_ctrl_c_is_one_line(tmp_path: Path, script: str) -> None:
+    """Ctrl-C while the command loads (imports, model, input): one line, exit 130."""
+    example = REPO_ROOT / "examples" / "synthetic_room"
+    args = [f"input={example}", f"output={tmp_path / 'out'}", "model=zipsplat_tiny"]
+    if script == "view.py":
+        args = [str(example), "model=zipsplat_tiny", "port=0"]
+    command = Command([script, *args], {"TMPDIR": str(tmp_path)})
+    time.sleep(4.0)
+    status, _, after = command.signal(signal.SIGINT, group=True)
+    lines = command.seen + after
+    assert status == 130, lines
+    assert lines == [f"{script}: stopped by Ctrl-C\n"], lines
+    assert not (tmp_path / "out").exists()
