@@ -39,6 +39,7 @@ from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.heads import GaussianHead, RayDepthPlacement
 from models.registry import register_model
 from models.weights.pretrained import check_mapped_state
+from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -393,8 +394,27 @@ _LICENSE_BASE_LARGE = (
 )
 
 
-def _cfg(filename: str, sha: str, license_: str, train: str, size, views, metrics=None, **kw):
+# Test-time input recipes, read from cvg/depthsplat @ 1f5e548: config/experiment/{re10k,dl3dv}.yaml
+# (dataset.image_shape, near, far; make_baseline_1 false, baseline_scale_bounds false: poses in
+# the dataset's own scale), src/dataset/shims/crop_shim.py (PIL Lanczos resize to cover, centre
+# crop, fx/fy scaled), README / MODEL_ZOO.md evaluation commands (views).
+_RECIPE_SOURCE = (
+    "cvg/depthsplat config/experiment/{exp}.yaml@1f5e548 (dataset.image_shape, near, far, "
+    "make_baseline_1: false); src/dataset/shims/crop_shim.py@1f5e548 (resize + centre crop)"
+)
+
+
+def _recipe(size, views, far: float, exp: str, max_views: int | None = None) -> InputRecipe:
+    return InputRecipe(
+        image_size=size, multiple=16, resize="resize_crop", views=views, max_views=max_views,
+        near=0.5, far=far, pose_scale="dataset", source=_RECIPE_SOURCE.format(exp=exp),
+    )  # fmt: skip
+
+
+def _cfg(filename: str, sha: str, license_: str, train: str, size, views, metrics=None,
+         recipe: InputRecipe | None = None, **kw):  # fmt: skip
     return PretrainedCfg(
+        recipe=recipe,
         hf_hub_id=_HUB,
         hf_hub_filename=filename,
         file_format="official",
@@ -415,7 +435,7 @@ register_pretrained_cfgs(
     {
         "depthsplat_small.re10k_256x256_view2": _cfg(
             "depthsplat-gs-small-re10k-256x256-view2-cfeab6b1.pth", "cfeab6b1", _LICENSE_SMALL,
-            "RealEstate10K", (256, 256), 2,
+            "RealEstate10K", (256, 256), 2, recipe=_recipe((256, 256), 2, 100.0, "re10k"),
         ),
         "depthsplat_small.re10kdl3dv_448x768_randview4_10": _cfg(
             "depthsplat-gs-small-re10kdl3dv-448x768-randview4-10-c08188db.pth", "c08188db",
@@ -434,6 +454,7 @@ register_pretrained_cfgs(
             "depthsplat-gs-base-dl3dv-256x448-randview2-6-02c7b19d.pth", "02c7b19d",
             _LICENSE_BASE_LARGE.format(size="B"), "RealEstate10K, then DL3DV (2-6 views)",
             (256, 448), 6, far=200.0, **_BASE_448,
+            recipe=_recipe((256, 448), 6, 200.0, "dl3dv"),
         ),
         "depthsplat_base.re10kdl3dv_448x768_randview2_6": _cfg(
             "depthsplat-gs-base-re10kdl3dv-448x768-randview2-6-f8ddd845.pth", "f8ddd845",

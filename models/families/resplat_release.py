@@ -55,6 +55,7 @@ from models.layers.knn import knn
 from models.registry import register_model
 from models.render import render
 from models.weights.pretrained import check_mapped_state
+from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -897,8 +898,27 @@ _LIC = {
 }
 
 
-def _cfg(filename: str, size: str, train: str, input_size, views, metrics, **kw) -> PretrainedCfg:
+# Test-time input recipes, read from baoxperceptionio/resplat @ cc4594a:
+# config/experiment/{re10k,dl3dv}.yaml (near 0.01, far 100 / 200, make_baseline_1 false,
+# scale_extrinsics 1, no pose alignment: the dataset's own scale; DL3DV opencv_pose_format true),
+# src/dataset/shims/crop_shim.py (PIL Lanczos resize to cover, centre crop, fx/fy scaled).
+_RECIPE_SOURCE = (
+    "baoxperceptionio/resplat config/experiment/{exp}.yaml@cc4594a (dataset.near, far, "
+    "make_baseline_1: false, scale_extrinsics: 1); src/dataset/shims/crop_shim.py@cc4594a"
+)
+
+
+def _recipe(size, views, far: float, exp: str) -> InputRecipe:
+    return InputRecipe(
+        image_size=size, multiple=16, resize="resize_crop", views=views, near=0.01, far=far,
+        pose_scale="dataset", source=_RECIPE_SOURCE.format(exp=exp),
+    )  # fmt: skip
+
+
+def _cfg(filename: str, size: str, train: str, input_size, views, metrics,
+         recipe: InputRecipe | None = None, **kw) -> PretrainedCfg:  # fmt: skip
     return PretrainedCfg(
+        recipe=recipe,
         hf_hub_id=_HUB,
         hf_hub_filename=filename,
         file_format="official",
@@ -921,13 +941,13 @@ register_pretrained_cfgs(
             "resplat-small-dl3dv-256x448-view8-548993fe.pth", "S", "DL3DV", (256, 448), 8,
             {"dl3dv/psnr@1it": 28.168, "dl3dv/psnr@2it": 28.727, "dl3dv/psnr@4it": 29.065,
              "dl3dv/ssim@4it": 0.902, "dl3dv/lpips@4it": 0.105},
-            iterations=2, **_DL3DV,
+            iterations=2, recipe=_recipe((256, 448), 8, 200.0, "dl3dv"), **_DL3DV,
         ),
         "resplat_base.dl3dv_256x448_view8": _cfg(
             "resplat-base-dl3dv-256x448-view8-1934a04c.pth", "B", "DL3DV", (256, 448), 8,
             {"dl3dv/psnr@1it": 28.523, "dl3dv/psnr@2it": 28.959, "dl3dv/psnr@4it": 29.198,
              "dl3dv/ssim@4it": 0.904, "dl3dv/lpips@4it": 0.104},
-            iterations=2, **_DL3DV,
+            iterations=2, recipe=_recipe((256, 448), 8, 200.0, "dl3dv"), **_DL3DV,
         ),
         "resplat_base.dl3dv_256x448_view16": _cfg(
             "resplat-base-dl3dv-256x448-view16-f38bf984.pth", "B", "DL3DV", (256, 448), 16,
@@ -954,7 +974,7 @@ register_pretrained_cfgs(
             "resplat-base-re10k-256x256-view2-b90d1b53.pth", "B", "RealEstate10K", (256, 256), 2,
             {"re10k/psnr@0it": 29.06, "re10k/psnr@2it": 29.751, "re10k/ssim@2it": 0.912,
              "re10k/lpips@2it": 0.100, "acid_zero_shot/psnr@2it": 29.870},
-            iterations=2, **_RE10K,
+            iterations=2, recipe=_recipe((256, 256), 2, 100.0, "re10k"), **_RE10K,
         ),
         "resplat_large.dl3dv_256x448_view8": _cfg(
             "resplat-large-dl3dv-256x448-view8-62f1703a.pth", "L", "DL3DV", (256, 448), 8,
