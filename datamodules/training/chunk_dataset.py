@@ -321,9 +321,11 @@ class ChunkDataset(IterableDataset):
                 self._skip("baseline", f"{where}: context baseline {baseline:.2e}")
                 return None
         if self.pose_scale == "dataset":
-            # relative to the first context camera, the dataset's own scale
-            reference = invert_extrinsics(context["extrinsics"][:1])  # [1, 4, 4]
-            ctx_ext, tgt_ext = reference @ context["extrinsics"], reference @ target["extrinsics"]
+            # relative to the first context camera, the dataset's own scale; in float64, so that
+            # the float32 result is the nearest to the exact one (translations of ~10 units)
+            reference = invert_extrinsics(context["extrinsics"][:1].double())  # [1, 4, 4]
+            ctx_ext = (reference @ context["extrinsics"].double()).float()
+            tgt_ext = (reference @ target["extrinsics"].double()).float()
             scale = torch.ones(())
         else:
             ctx_ext, (tgt_ext,), scale = normalize_scene(

@@ -33,13 +33,13 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import pixel_grid
+from models.input_recipe import InputRecipe
 from models.knobs import MAX_GAUSSIANS
 from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.heads import GaussianHead, RayDepthPlacement
 from models.registry import register_model
 from models.weights.pretrained import check_mapped_state
-from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [

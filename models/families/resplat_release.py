@@ -48,6 +48,7 @@ from models.base import ModelOutput, SplatModel, check_context
 from models.families.depthsplat import official_key_to_ours as depthsplat_key
 from models.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+from models.input_recipe import InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.depth_trunk import DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
@@ -55,7 +56,6 @@ from models.layers.knn import knn
 from models.registry import register_model
 from models.render import render
 from models.weights.pretrained import check_mapped_state
-from models.input_recipe import InputRecipe
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
