@@ -116,3 +116,82 @@ def test_the_comparison_can_fail(converted: Path, tmp_path: Path) -> None:
     relative = _relative(tensors["a.extrinsics"])
     assert (example["context"]["extrinsics"].double() - relative).abs().max() > 1e-2
     assert list(example["context"]["image"].shape[-2:]) != info["image_shape"]
+
+
+# --------------------------------------------------------------------------- eval.py, release route
+def _eval_config(tmp: Path, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    GlobalHydra.instance().clear()
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        cfg = compose("eval.yaml", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp / "out")
+        cfg.paths.log_dir = str(tmp / "logs")
+        cfg.hydra.runtime.output_dir = str(tmp / "out")
+        cfg.hydra.job.num = 0
+    HydraConfig().set_config(cfg)
+    return cfg
+
+
+def _release_overrides(root: Path, weights: Path, index_dir: Path) -> list[str]:
+    return [
+        "release=depthsplat_small.re10k_256x256_view2",
+        f"weights={weights}",
+        "data=re10k",
+        f"data.root={root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        f"eval_index_dir={index_dir}",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "logger=csv",
+        "num_renders=1",
+    ]
+
+
+# ~3.5 min on 2 loaded cores (DepthSplat-small at 256x256 on CPU, the eval start-up): slow.
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_eval_release_route_applies_the_recipe(converted: Path, tmp_path: Path) -> None:
+    """eval.py release=<tag> weights=<file in the authors' format> on the converted drone scene:
+    the tag's 256x256 resize+crop, near/far 0.5/100 in the dataset's scale and the evaluation
+    index from eval_index_dir; metrics.json records them."""
+    import depthsplat_fixtures as fx
+
+    import eval as eval_script
+
+    weights = tmp_path / "my_depthsplat_small.pth"  # not the release's name: no sha256 check
+    torch.save(fx.manifest_weights(fx.load_manifest("small_re10k_256x256_view2")), weights)
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    index = {"drone": {"context": [16, 20], "target": [17, 19]}, "missing": None}
+    (index_dir / "evaluation_index_re10k.json").write_text(json.dumps(index))
+    cfg = _eval_config(tmp_path, _release_overrides(converted, weights, index_dir))
+    summary = eval_script.evaluate(cfg)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["release"] == "depthsplat_small.re10k_256x256_view2"
+    assert metrics["weights"] == str(weights) and metrics["scenes"] == 1
+    assert metrics["recipe"]["image_size"] == [256, 256]
+    assert (metrics["recipe"]["near"], metrics["recipe"]["far"]) == (0.5, 100.0)
+    data = metrics["data"]
+    assert data["image_shape"] == [256, 256] and (data["near"], data["far"]) == (0.5, 100.0)
+    assert data["pose_scale"] == "dataset" and data["num_context_views"] == 2
+    assert metrics["eval_index"] == str(index_dir / "evaluation_index_re10k.json")
+    assert 0.0 < summary["psnr"] < 60.0 and 0.0 <= summary["ssim"] <= 1.0
+
+
+def test_eval_release_route_names_a_missing_index(converted: Path, tmp_path: Path) -> None:
+    import eval as eval_script
+    from models.training.cli import UserError
+
+    cfg = _eval_config(tmp_path, _release_overrides(converted, tmp_path / "w.pth", tmp_path))
+    with pytest.raises(UserError) as info:
+        eval_script.evaluate(cfg)
+    message = str(info.value)
+    assert message.startswith(f"eval_index_dir={tmp_path}") and "\n" not in message
+    assert "evaluation_index_re10k.json" in message
