@@ -28,9 +28,10 @@ from safetensors.torch import load_file
 from datamodules.training.datamodule import SplatDataModule, recipe_data_settings
 from models import get_pretrained_cfg
 
+REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 # ../shared/data beside the checkout (never copied into it)
-CAPTURE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "drone_colmap"
+CAPTURE = REPO.parent / "shared" / "data" / "real" / "drone_colmap"
 CASES = [
     (port, dataset, set_name)
     for port in ("depthsplat", "resplat_release")
@@ -53,7 +54,7 @@ def converted(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("drone_chunks")
     command = [sys.executable, "-m", "datamodules.tools.convert", str(CAPTURE)]
     command += ["--out", str(root), "--split", "test", "--key", "drone", "--quiet"]
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
     return root
 
 
@@ -126,7 +127,7 @@ def _eval_config(tmp: Path, overrides: list[str]):
     from omegaconf import open_dict
 
     GlobalHydra.instance().clear()
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = REPO / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
         cfg = compose("eval.yaml", overrides=overrides, return_hydra_config=True)
     with open_dict(cfg):
