@@ -1,4 +1,8 @@
-"""Evaluate a checkpoint: ``python eval.py model=pixel_aligned ckpt_path=PATH [data=synthetic]``.
+"""Evaluate a checkpoint: ``python eval.py model=pixel_aligned ckpt_path=PATH [data=synthetic]``,
+or a released model as its authors do:
+``python eval.py release=depthsplat_small.re10k_256x256_view2 [weights=FILE] data=re10k``
+(the tag's input recipe: shape, resize + centre crop, near/far, poses in the dataset's scale; the
+release's evaluation index from ``eval_index_dir``; see docs/eval.md).
 
 Follows the RE10K protocol: the data's evaluation index picks context and target views, each scene
 is scored by the mean over its targets, then scenes are averaged. Writes ``metrics.json``, a
@@ -102,6 +106,63 @@ def target_pose_placement(refined: bool, alignment: str, steps: int) -> str:
     )
 
 
+def context_views_of(index_path: str) -> int:
+    """Context views of the first non-null entry of an evaluation index."""
+    with open(index_path) as handle:
+        index = json.load(handle)
+    for entry in index.values():
+        if entry is not None:
+            return len(entry["context"])
+    raise UserError(f"{index_path}: the evaluation index has no usable entry")
+
+
+def release_setup(cfg: DictConfig) -> tuple[torch.nn.Module, dict, dict]:
+    """A release tag's network, its data settings and what ``metrics.json`` records of it.
+
+    The tag's recipe sets the data (``recipe_data_settings``), the evaluation index is
+    ``eval_index_dir`` / the data config's index file name (the released RE10K/ACID/DL3DV files
+    are never copied into the repository).
+    """
+    from datamodules.training.datamodule import recipe_data_settings
+    from models import get_pretrained_cfg
+
+    tag = str(cfg.release)
+    try:
+        pretrained = get_pretrained_cfg(tag)
+    except (KeyError, LookupError, ValueError) as error:
+        raise UserError(f"release={tag}: not a registered architecture.tag ({error})") from None
+    if pretrained.recipe is None:
+        raise UserError(f"release={tag}: the tag carries no input recipe to evaluate it with")
+    name = cfg.data.get("eval_index")
+    if not name:
+        raise UserError("data.eval_index: the data config names no evaluation index file")
+    folder = os.path.abspath(str(cfg.eval_index_dir))
+    index_path = os.path.join(folder, os.path.basename(str(name)))
+    if not os.path.isfile(index_path):
+        raise UserError(
+            f"eval_index_dir={folder}: {os.path.basename(str(name))} not found (point "
+            "eval_index_dir= at the folder of the released evaluation index files)"
+        )
+    settings = recipe_data_settings(pretrained.recipe)
+    settings["num_context_views"] = context_views_of(index_path)
+    settings["eval_index"] = index_path
+    architecture = tag.split(".")[0]
+    weights = cfg.get("weights")
+    if weights:
+        net = create_model(architecture, pretrained=str(weights), **pretrained.arch_kwargs)
+    else:
+        net = create_model(tag, pretrained=True)
+    meta = {
+        "release": tag,
+        "weights": str(weights)
+        if weights
+        else f"{pretrained.hf_hub_id}/{pretrained.hf_hub_filename}",
+        "recipe": pretrained.recipe.to_dict(),
+        "eval_index": index_path,
+    }
+    return net, settings, meta
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):
@@ -115,14 +176,24 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise UserError(
             f"target_pose_alignment={alignment}: must be one of {', '.join(ALIGNMENTS)}"
         )
-    datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data)
-    # The network the weights describe, built and loaded by the factory: their recorded
-    # constructor arguments win over the config's `net:` (a release file takes its tag's); the
-    # config's network is never built.
-    name = cfg.model.net.get("name")
-    if name is None:
-        raise UserError(f"model.net: needs a registry 'name' to load {cfg.ckpt_path}")
-    net = create_model(str(name), pretrained=str(cfg.ckpt_path))
+    release_meta: dict = {}
+    applied: dict = {}  # data settings the release's recipe replaced
+    if cfg.get("release"):
+        # a released model: its tag's network, recipe and the authors' evaluation index
+        net, settings, release_meta = release_setup(cfg)
+        datamodule: L.LightningDataModule = hydra.utils.instantiate(cfg.data, **settings)
+        applied = settings
+        weights_label = release_meta["weights"]
+    else:
+        datamodule = hydra.utils.instantiate(cfg.data)
+        # The network the weights describe, built and loaded by the factory: their recorded
+        # constructor arguments win over the config's `net:` (a release file takes its tag's);
+        # the config's network is never built.
+        name = cfg.model.net.get("name")
+        if name is None:
+            raise UserError(f"model.net: needs a registry 'name' to load {cfg.ckpt_path}")
+        net = create_model(str(name), pretrained=str(cfg.ckpt_path))
+        weights_label = str(cfg.ckpt_path)
     module = hydra.utils.instantiate(cfg.model, net=net)
     module.target_pose_alignment = alignment  # read by the test step (pose-free models)
     loggers = instantiate_group(cfg.get("logger"))
@@ -138,8 +209,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     refined = bool(cfg.refine_target_poses) and bool(getattr(net, "pose_free", False))
     meta = {
         "model": getattr(net, "registry_name", type(net).__name__),
-        "ckpt_path": str(cfg.ckpt_path),
-        "data": to_plain(cfg.data),
+        "ckpt_path": weights_label,
+        **release_meta,
+        "data": {**to_plain(cfg.data), **applied},
         "eval_kwargs": to_plain(cfg.eval_kwargs),
         "refine_target_poses": refined,
         "target_pose_alignment": alignment if refined else None,

@@ -174,7 +174,7 @@ def test_parity_detects_a_changed_weight(tmp_path: Path) -> None:
     with torch.no_grad():
         model.raw_head[0].weight.mul_(1.01)
     errors = fx.parity_errors("small_64x64_v2", model)
-    assert errors["opacities"] > 1e-3 and errors["depth"] == 0.0
+    assert errors["opacities"] > 1e-3 and errors["depth"] <= TOLERANCE  # the head moves, depth not
 
 
 # --------------------------------------------------------------------------- loading files

@@ -37,7 +37,11 @@ from datamodules.readers.chunks import (
 )
 from datamodules.training.samplers import ViewSampler
 from datamodules.transforms import flip_views, resize_crop_depth, resize_crop_image
-from models.geometry.cameras import focal_to_fov, normalize_scene
+from models.geometry.cameras import focal_to_fov, invert_extrinsics, normalize_scene
+
+# how a split's poses enter the scene frame (``InputRecipe.pose_scale``; pose-free models are
+# given the project's own normalisation)
+POSE_SCALES = ("max_baseline_1", "dataset", "pose_free")
 
 __all__ = ["ChunkDataset"]
 
@@ -65,6 +69,9 @@ class ChunkDataset(IterableDataset):
         baseline_epsilon: skip examples whose context cameras are closer than this (world units).
         allow_missing_scenes: with a restricted key list, ignore keys absent from the split instead
             of raising.
+        pose_scale: ``"max_baseline_1"`` (this project's models: the largest context baseline
+            becomes 1) or ``"dataset"`` (a release trained on the dataset's own scale: poses only
+            made relative to the first context camera, never rescaled; ``InputRecipe.pose_scale``).
     """
 
     def __init__(
@@ -82,8 +89,12 @@ class ChunkDataset(IterableDataset):
         deterministic: bool = False,
         baseline_epsilon: float = 1e-3,
         allow_missing_scenes: bool = False,
+        pose_scale: str = "max_baseline_1",
     ) -> None:
         super().__init__()
+        if pose_scale not in POSE_SCALES:
+            raise DataError(f"pose_scale={pose_scale!r}: must be one of {', '.join(POSE_SCALES)}")
+        self.pose_scale = pose_scale
         self.root = Path(root)
         self.split = split
         self.view_sampler = view_sampler
@@ -309,7 +320,17 @@ class ChunkDataset(IterableDataset):
             if baseline < self.baseline_epsilon:
                 self._skip("baseline", f"{where}: context baseline {baseline:.2e}")
                 return None
-        ctx_ext, (tgt_ext,), scale = normalize_scene(context["extrinsics"], target["extrinsics"])
+        if self.pose_scale == "dataset":
+            # relative to the first context camera, the dataset's own scale; in float64, so that
+            # the float32 result is the nearest to the exact one (translations of ~10 units)
+            reference = invert_extrinsics(context["extrinsics"][:1].double())  # [1, 4, 4]
+            ctx_ext = (reference @ context["extrinsics"].double()).float()
+            tgt_ext = (reference @ target["extrinsics"].double()).float()
+            scale = torch.ones(())
+        else:
+            ctx_ext, (tgt_ext,), scale = normalize_scene(
+                context["extrinsics"], target["extrinsics"]
+            )
         context["extrinsics"], target["extrinsics"] = ctx_ext, tgt_ext
         for views in (context, target):
             count = views["index"].shape[0]

@@ -38,9 +38,25 @@ from datamodules.training.samplers import (
     ViewSampler,
 )
 
-__all__ = ["SplatDataModule"]
+__all__ = ["SplatDataModule", "recipe_data_settings"]
 
 log = logging.getLogger(__name__)
+
+
+def recipe_data_settings(recipe: Any) -> dict[str, Any]:
+    """The data settings an input recipe (``models.input_recipe.InputRecipe``) fixes at test time:
+    ``image_shape`` (resize to cover, centre crop, intrinsics updated), ``near``, ``far``,
+    ``pose_scale`` and ``num_context_views``. ``eval.py`` applies them over ``data=`` for a
+    release tag, as the release's own test loader does."""
+    if recipe.resize != "resize_crop":
+        raise ValueError(f"recipe resize {recipe.resize!r}: the chunk loader only resizes+crops")
+    return {
+        "image_shape": [int(recipe.image_size[0]), int(recipe.image_size[1])],
+        "near": float(recipe.near),
+        "far": float(recipe.far),
+        "pose_scale": "dataset" if recipe.pose_scale == "dataset" else "max_baseline_1",
+        "num_context_views": int(recipe.views),
+    }
 
 
 class SplatDataModule(L.LightningDataModule):
@@ -72,6 +88,7 @@ class SplatDataModule(L.LightningDataModule):
         eval_index: evaluation index JSON for validation and test (None: seeded bounded sampling).
         val_scenes: scenes of the evaluation index used for validation.
         allow_missing_scenes: ignore evaluation-index scenes absent from the test split.
+        pose_scale: ``"max_baseline_1"`` or ``"dataset"`` (see ``ChunkDataset``).
         train_split: training split folder.
         test_split: test split folder.
         seed: base seed of view sampling and shuffling.
@@ -114,6 +131,7 @@ class SplatDataModule(L.LightningDataModule):
         generate_if_missing: bool = False,
         generator: Mapping[str, Any] | None = None,
         generator_workers: int = 2,
+        pose_scale: str = "max_baseline_1",
     ) -> None:
         super().__init__()
         if sampler not in ("bounded", "all"):
@@ -149,6 +167,7 @@ class SplatDataModule(L.LightningDataModule):
         self.generate_if_missing = bool(generate_if_missing)
         self.generator = dict(generator or {})
         self.generator_workers = int(generator_workers)
+        self.pose_scale = str(pose_scale)
         self.step_tracker = StepTracker()
         self.datasets: dict[str, ChunkDataset] = {}
 
@@ -224,6 +243,7 @@ class SplatDataModule(L.LightningDataModule):
             deterministic=not train,
             baseline_epsilon=self.baseline_epsilon,
             allow_missing_scenes=self.allow_missing_scenes,
+            pose_scale=self.pose_scale,
         )
         if isinstance(sampler, EvaluationViewSampler) and sampler.num_null:
             log.info("%s: %d null entries skipped", sampler.path, sampler.num_null)
