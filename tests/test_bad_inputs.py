@@ -657,7 +657,7 @@ def test_paths_are_taken_literally(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = infer.compose(["input=~/photos", "output=~/x", "image_size=64,96"])
     assert cfg.input == f"{tmp_path}/photos" and cfg.output == f"{tmp_path}/x"
-    assert cfg.image_size == "64,96"  # the text H,W for the setting to read, not a sweep
+    assert list(cfg.image_size) == [64, 96]  # H,W read as one (H, W) setting, not a sweep
     assert infer.compose(["input=a", "output=~"]).output == str(tmp_path)
     cfg = infer.compose(["input=a", "output=out/${oc.env:HOME}"])
     assert cfg.output == "out/${oc.env:HOME}"
