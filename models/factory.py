@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import typing
-import warnings
 from typing import Any
 
 from torch import nn
 
-from models.base import constructor_arguments
+from models.base import constructor_arguments, describe_unknown_arguments
 from models.registry import get_pretrained_cfg, model_entrypoint, to_plain
 from models.weights.pretrained import PretrainedError, load_source, resolve_source, source_arguments
 from models.weights.pretrained_cfg import split_model_name
@@ -48,31 +47,19 @@ def build_from_recorded(
 ) -> nn.Module:
     """Build ``name`` with the arguments recorded with some weights (explicit overrides win).
 
-    Recorded arguments the constructor no longer takes (an option removed since the weights were
-    saved) are left out with a warning; if the option changed the architecture, the strict
-    loading that follows says so.
+    Raises:
+        PretrainedError: the weights record an argument the constructor does not take (an option
+            removed or renamed since they were saved; a renamed one is named).
     """
     accepted = _accepted_arguments(name)
-    dropped = sorted(set(recorded) - accepted) if accepted is not None else []
-    arguments = {k: v for k, v in recorded.items() if k not in dropped}
-    retired = set(getattr(model_class(name), "retired_args", ()))
-    training = [k for k in dropped if k in retired]
-    unknown = [k for k in dropped if k not in retired]
-    if training:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in training)
-        warnings.warn(
-            f"weights of {name!r} record training setting(s) that are the training recipe's now "
-            f"(models/training/recipes.py), not the model's: {shown}; left out",
-            stacklevel=3,
-        )
+    unknown = sorted(set(recorded) - accepted) if accepted is not None else []
     if unknown:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in unknown)
-        warnings.warn(
-            f"weights of {name!r} were saved with constructor argument(s) this version does not "
-            f"have: {shown}; left out",
-            stacklevel=3,
+        shown = describe_unknown_arguments({key: recorded[key] for key in unknown})
+        raise PretrainedError(
+            f"weights of {name!r} record constructor argument(s) that {name!r} does not take: "
+            f"{shown}"
         )
-    return model_entrypoint(name)(**{**arguments, **(overrides or {})})
+    return model_entrypoint(name)(**{**recorded, **(overrides or {})})
 
 
 def create_model(name: str, pretrained: bool | str | os.PathLike = False, **overrides) -> nn.Module:

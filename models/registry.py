@@ -107,16 +107,6 @@ def to_plain(value: Any, resolve: bool = True) -> Any:
     return value
 
 
-def __getattr__(name: str):
-    # Old import path (``from models.registry import create_model``), kept for one release: the
-    # factory sits above this module, so it is imported only when asked for.
-    if name == "create_model":
-        from models.factory import create_model
-
-        return create_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def pose_free_models() -> list[str]:
     """Pose-free models that load by name (no weights given): weights shipped in this checkout
     first, then released weights (downloaded on first use). Read from the pretrained configs:

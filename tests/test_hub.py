@@ -451,10 +451,9 @@ def test_pretrained_builds_with_the_recorded_arguments(tmp_path: Path) -> None:
         create_model("zipsplat_tiny", pretrained=str(tmp_path / "weaver"))
 
 
-def test_recorded_arguments_a_newer_version_dropped_are_left_out_with_a_warning(
-    tmp_path: Path,
-) -> None:
-    """A training checkpoint saved with an option this version no longer has still loads."""
+def test_recorded_arguments_this_version_does_not_take_are_refused(tmp_path: Path) -> None:
+    """A training checkpoint saved with an option this version does not have fails to load, one
+    line naming the option (nothing is dropped silently)."""
     trained = create_model("splatweaver_tiny", posed=True)
     arguments = {"posed": True, "option_removed_since": False}
     checkpoint = {
@@ -462,7 +461,6 @@ def test_recorded_arguments_a_newer_version_dropped_are_left_out_with_a_warning(
         "hyper_parameters": {"model_name": "splatweaver_tiny", "model_config": arguments},
     }
     torch.save(checkpoint, tmp_path / "last.ckpt")
-    with pytest.warns(UserWarning, match="option_removed_since=False; left out"):
-        loaded = create_model("splatweaver_tiny", pretrained=str(tmp_path / "last.ckpt"))
-    assert loaded.posed  # the other recorded arguments still apply
-    _assert_same_state(trained, loaded)
+    with pytest.raises(PretrainedError, match="option_removed_since=False") as error:
+        create_model("splatweaver_tiny", pretrained=str(tmp_path / "last.ckpt"))
+    assert "\n" not in str(error.value)

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from models import create_model, list_models
 from models.base import ModelOutput, SplatModel
 from models.families.pixel_aligned import (
     PixelAligned,
@@ -19,7 +20,6 @@ from models.families.pixel_aligned import (
     rigid_fit,
 )
 from models.geometry.cameras import pixel_grid, project
-from models.registry import create_model, list_models
 
 H = W = 64
 # A narrower, shallower backbone and head for the behaviour tests (the registered tiny model is

@@ -1,8 +1,8 @@
-"""Training settings live in recipes, not in the architecture (issue 16 item 2).
+"""Training settings live in recipes, not in the architecture.
 
-Constructors take architecture arguments only; weights saved by an older version, whose
-``config.json`` still records the training settings, load unchanged (those keys left out with a
-warning); the LightningModule weighs the model's unweighted loss terms with the injected recipe.
+Constructors take architecture arguments only; a ``config.json`` that records a training setting
+(or an argument under an old name) does not load, and the one-line error names the key; the
+LightningModule weighs the model's unweighted loss terms with the injected recipe.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import create_model, list_models
-from models.base import SplatModel
+from models import create_model
+from models.base import constructor_arguments
 from models.factory import load_model, model_class
 from models.training import (
     Recipe,
@@ -26,22 +26,15 @@ from models.training import (
     ZipSplatRecipe,
     default_recipe,
 )
+from models.weights.pretrained import PretrainedError
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
-# The training settings the shipped config.json files recorded before the recipes (their values
-# in the files as committed before the re-export, git history of checkpoints/*/config.json).
-OLD_TRAINING_KEYS = {
-    "zipsplat_tiny": {
-        "anneal_fraction": 0.5,
-        "camera_prior_prob": 0.2,
-        "chamfer_points": 2048,
-        "chamfer_weight": 0.1,
-        "r_min_final": 0.5,
-        "train_views": 2,
-    },
-    "resplat_tiny": {"train_iterations": 3, "loss_decay": 0.9, "freeze_init": True},
-    "splatweaver_tiny": {"routing_weight": 0.01, "usage_weight": 1.0, "label_smoothing": 0.1},
+# Training settings of each family (recipe fields, never constructor arguments), one per family.
+TRAINING_KEYS = {
+    "zipsplat_tiny": {"chamfer_weight": 0.1},
+    "resplat_tiny": {"loss_decay": 0.9},
+    "splatweaver_tiny": {"routing_weight": 0.01},
 }
 
 
@@ -55,62 +48,35 @@ def _context(model, size: int = 32) -> dict[str, torch.Tensor]:
     return context
 
 
-def test_shipped_configs_hold_architecture_arguments_only() -> None:
+def test_shipped_configs_hold_constructor_arguments_only() -> None:
     for folder in sorted(p for p in CHECKPOINTS.iterdir() if (p / "config.json").is_file()):
         config = json.loads((folder / "config.json").read_text())
-        cls = model_class(config["splatzoo"]["model_name"])
-        assert not set(config) & set(cls.retired_args), folder.name
-        assert not set(config) & {"train_kwargs", "loss_weights"}
+        config.pop("splatzoo")
+        named, _ = constructor_arguments(model_class(folder.name))
+        assert set(config) <= named, (folder.name, sorted(set(config) - named))
 
 
-@pytest.mark.parametrize("name", sorted(OLD_TRAINING_KEYS))
-def test_old_config_with_training_keys_loads_bit_exact(name: str, tmp_path: Path) -> None:
-    """A save_pretrained folder whose config.json still has the removed training keys loads
-    through every path (create_model, load_model, the Hub mixin) into the same weights and
-    predicts exactly what the re-exported folder predicts."""
+@pytest.mark.parametrize("name", sorted(TRAINING_KEYS))
+def test_config_with_a_training_key_fails_naming_it(name: str, tmp_path: Path) -> None:
+    """A save_pretrained folder whose config.json records a training setting fails to load by
+    name and by folder, one line naming the key."""
     old = tmp_path / name
     shutil.copytree(CHECKPOINTS / name, old)
     config = json.loads((old / "config.json").read_text())
-    assert not set(config) & set(OLD_TRAINING_KEYS[name])  # the shipped file is re-exported
-    config.update(OLD_TRAINING_KEYS[name])
+    config.update(TRAINING_KEYS[name])
     (old / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
-
-    shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")
-    with pytest.warns(UserWarning, match=r"training setting.*recipes\.py") as record:
-        via_create = create_model(name, pretrained=str(old))
-    assert all(key in str(record[0].message) for key in OLD_TRAINING_KEYS[name])
-    with pytest.warns(UserWarning, match="training setting"):
-        via_load = load_model(old)
-    via_hub = model_class(name).from_pretrained(old)  # the mixin passes known arguments only
-    context = _context(shipped)
-    with torch.no_grad():
-        reference = shipped.eval()(context).gaussians
-        for model in (via_create, via_load, via_hub.eval()):
-            for key, value in shipped.state_dict().items():
-                assert torch.equal(value, model.state_dict()[key]), key
-            assert torch.equal(model(context).gaussians.means, reference.means)
+    (key, value), *_ = TRAINING_KEYS[name].items()
+    for load in (lambda: create_model(name, pretrained=str(old)), lambda: load_model(old)):
+        with pytest.raises(PretrainedError, match=f"{key}={value!r}") as error:
+            load()
+        assert "\n" not in str(error.value)
 
 
 def test_constructors_refuse_training_arguments() -> None:
-    for name, keys in OLD_TRAINING_KEYS.items():
+    for name, keys in TRAINING_KEYS.items():
         key, value = next(iter(keys.items()))
         with pytest.raises(TypeError, match=key):
             create_model(name, **{key: value})
-
-
-def test_every_family_declares_retired_arguments_it_no_longer_takes() -> None:
-    import inspect
-
-    list_models()
-    stack, seen = list(SplatModel.__subclasses__()), set()
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        seen.add(cls)
-        accepted = set(inspect.signature(cls.__init__).parameters)
-        assert not accepted & set(cls.retired_args), cls.__name__
-    families = {getattr(c, "family", None) for c in seen}
-    assert {"zipsplat", "resplat", "splatweaver"} <= families
 
 
 def test_default_recipes_by_family() -> None:
@@ -190,10 +156,10 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     assert {"psnr", "refined_psnr", "ssim", "refined_ssim"} <= set(record)
 
 
-def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path: Path) -> None:
-    """A training checkpoint of an older version records the training settings in its
-    ``model_config``: load_model and export_checkpoint leave them out and keep every weight."""
-    from models.training.export import export_checkpoint
+def test_lightning_checkpoint_with_a_training_key_is_refused(tmp_path: Path) -> None:
+    """A training checkpoint whose ``model_config`` records a training setting: load_model and
+    export_checkpoint refuse it in one line naming the key."""
+    from models.training.export import ExportError, export_checkpoint
     from models.weights.pretrained import model_config
 
     name = "resplat_tiny"
@@ -203,16 +169,12 @@ def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path:
     hparams = {
         "model_name": name,
         "model_class": "models.families.resplat.ReSplat",
-        "model_config": {**config, **OLD_TRAINING_KEYS[name]},
+        "model_config": {**config, **TRAINING_KEYS[name]},
     }
     state = {f"net.{k}": v for k, v in shipped.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hparams}, ckpt)
-    with pytest.warns(UserWarning, match="training setting"):
-        loaded = load_model(ckpt)
-    exported = export_checkpoint(ckpt, tmp_path / "export")
-    written = json.loads((exported / "config.json").read_text())
-    assert not set(written) & set(OLD_TRAINING_KEYS[name])
-    again = create_model(name, pretrained=str(exported))
-    for model in (loaded, again):
-        for key, value in shipped.state_dict().items():
-            assert torch.equal(value, model.state_dict()[key]), key
+    with pytest.raises(PretrainedError, match="loss_decay=0.9"):
+        load_model(ckpt)
+    with pytest.raises(ExportError, match="loss_decay=0.9"):
+        export_checkpoint(ckpt, tmp_path / "export")
+    assert not (tmp_path / "export").exists()

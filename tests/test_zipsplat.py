@@ -248,7 +248,7 @@ def test_chamfer_loss_from_context_depth():
     pred = model(context, chamfer_points=2048)
     loss = pred.losses["chamfer"]  # unweighted: the recipe weighs it
     assert loss.ndim == 0 and loss > 0
-    assert pred.extras["loss/chamfer"] is loss  # the old view, for one release
+    assert pred.extras["loss/chamfer"] is loss  # the same term in the extras view
     weighted = ZipSplatRecipe(chamfer_weight=0.1).weigh(pred.losses)
     torch.testing.assert_close(weighted["chamfer"], 0.1 * loss)
     assert ZipSplatRecipe(chamfer_weight=0.0).weigh(pred.losses) == {}

@@ -369,7 +369,6 @@ class ReSplat(SplatModel):
     family = "resplat"
     pose_free = False
     min_views = 1
-    retired_args = ("train_iterations", "loss_decay", "freeze_init")
 
     def __init__(
         self,

@@ -438,7 +438,6 @@ class SplatWeaver(PixelTrunk, SplatModel):
     family = "splatweaver"
     pose_free = True
     min_views = 1
-    retired_args = ("routing_weight", "usage_weight", "label_smoothing")
 
     def __init__(
         self,

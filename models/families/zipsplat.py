@@ -259,14 +259,6 @@ class ZipSplat(SplatModel):
     family = "zipsplat"
     pose_free = True
     min_views = 1
-    retired_args = (
-        "camera_prior_prob",
-        "r_min_final",
-        "anneal_fraction",
-        "train_views",
-        "chamfer_weight",
-        "chamfer_points",
-    )
 
     def __init__(
         self,

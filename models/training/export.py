@@ -233,7 +233,7 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
     for key in _INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
         kwargs.pop(key, None)  # may be gone)
-    try:  # the factory's rebuild: retired and unknown recorded arguments left out with a warning
+    try:  # the factory's rebuild: an argument the constructor does not take fails, named
         model = build_from_recorded(name, kwargs)
     except (TypeError, ValueError) as error:
         raise ExportError(

@@ -1,7 +1,7 @@
 """Where pretrained weights live and how they load: registry defaults, ``hf-hub:`` repositories,
 ``local-dir:`` folders (the ``save_pretrained`` layout) and Lightning checkpoints.
 
-Kept apart from the architecture: ``models/registry.py::create_model(name, pretrained=...)`` builds
+Kept apart from the architecture: ``models/factory.py::create_model(name, pretrained=...)`` builds
 the network from its entry point and calls :func:`load_pretrained` here. Weights are read from
 safetensors (Lightning checkpoints with ``torch.load(weights_only=True)``); nothing is unpickled as
 arbitrary code. Loading is strict: any missing, unexpected or mis-shaped key is an error that lists
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.base import INIT_ONLY_ARGS, constructor_arguments
+from models.base import INIT_ONLY_ARGS, constructor_arguments, renamed
 from models.errors import PathError
 from models.registry import get_pretrained_cfg, is_model, model_entrypoint, to_plain
 from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
@@ -568,7 +568,7 @@ def _check_config(model: nn.Module, name: str, config: dict[str, Any], path: Pat
             )
     args = {k: v for k, v in config.items() if k != METADATA_KEY}
     accepted = _constructor_args(type(model))
-    foreign = sorted(set(args) - accepted - set(getattr(type(model), "retired_args", ())))
+    foreign = sorted(set(args) - accepted)
     if foreign:
         matches = [
             cls
@@ -582,7 +582,8 @@ def _check_config(model: nn.Module, name: str, config: dict[str, Any], path: Pat
             guess = ""
         raise PretrainedError(
             config_path,
-            f"arguments {', '.join(foreign)} are not constructor arguments of model "
+            f"arguments {', '.join(renamed(k) for k in foreign)} are not constructor arguments "
+            "of model "
             f"{_describe(model, name)}{guess}",
         )
     # Through JSON, like the folder's values (tuples become lists).
