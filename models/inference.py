@@ -296,14 +296,14 @@ def load_for_inference(
 
 
 def input_size(model: nn.Module, requested: int | None = None) -> int:
-    """Side of the square model input: ``requested``, else the model's ``img_size`` (64 when it
+    """Side of the square model input: ``requested``, else the model's ``image_size`` (64 when it
     records none).
 
     Raises:
         InferenceError: below 8 pixels.
     """
     config = getattr(model, "_hub_mixin_config", None) or {}
-    size = int(requested or config.get("img_size") or getattr(model, "img_size", 0) or 64)
+    size = int(requested or config.get("image_size") or getattr(model, "image_size", 0) or 64)
     if size < 8:
         raise InferenceError(f"image_size={size}", "must be at least 8 pixels")
     return size

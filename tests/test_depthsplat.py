@@ -298,7 +298,7 @@ def test_tiny_bad_input() -> None:
     with pytest.raises(ValueError, match="extrinsics"):
         model({"image": context["image"], "intrinsics": context["intrinsics"]})
     with pytest.raises(ValueError, match="custom"):
-        DepthSplat(vit="custom")
+        DepthSplat(vit_size="custom")
     with pytest.raises(ValueError, match="lowest_resolution"):
         create_model("depthsplat_tiny", upsample_factor=2)
 

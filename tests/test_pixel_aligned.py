@@ -231,7 +231,7 @@ def test_from_pretrained_does_not_refetch_backbone_weights(tmp_path) -> None:
         depth=2,
         num_heads=2,
         patch_size=8,
-        img_size=64,
+        img_size=64,  # timm's name
         init_values=0.0,
         num_classes=0,
     )

@@ -72,6 +72,23 @@ def test_config_with_a_training_key_fails_naming_it(name: str, tmp_path: Path) -
         assert "\n" not in str(error.value)
 
 
+def test_config_with_an_old_spelling_names_the_new_key(tmp_path: Path) -> None:
+    old = tmp_path / "zipsplat_tiny"
+    shutil.copytree(CHECKPOINTS / "zipsplat_tiny", old)
+    config = json.loads((old / "config.json").read_text())
+    config["img_size"] = config.pop("image_size")
+    (old / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
+    with pytest.raises(PretrainedError, match=r"img_size=64 \(now image_size\)"):
+        create_model("zipsplat_tiny", pretrained=str(old))
+    weaver = tmp_path / "splatweaver_tiny"
+    shutil.copytree(CHECKPOINTS / "splatweaver_tiny", weaver)
+    config = json.loads((weaver / "config.json").read_text())
+    config["posed"] = not config.pop("pose_free")
+    (weaver / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
+    with pytest.raises(PretrainedError, match=r"posed=True \(now pose_free \(inverted\)\)"):
+        load_model(weaver)
+
+
 def test_constructors_refuse_training_arguments() -> None:
     for name, keys in TRAINING_KEYS.items():
         key, value = next(iter(keys.items()))
@@ -80,9 +97,11 @@ def test_constructors_refuse_training_arguments() -> None:
 
 
 def test_default_recipes_by_family() -> None:
-    assert type(default_recipe(create_model("zipsplat_tiny", img_size=32))) is ZipSplatRecipe
-    assert type(default_recipe(create_model("resplat_tiny", img_size=32))) is ReSplatRecipe
-    assert type(default_recipe(create_model("splatweaver_tiny", img_size=32))) is SplatWeaverRecipe
+    assert type(default_recipe(create_model("zipsplat_tiny", image_size=32))) is ZipSplatRecipe
+    assert type(default_recipe(create_model("resplat_tiny", image_size=32))) is ReSplatRecipe
+    assert (
+        type(default_recipe(create_model("splatweaver_tiny", image_size=32))) is SplatWeaverRecipe
+    )
     assert type(default_recipe(create_model("pixel_aligned_tiny"))) is Recipe
     plain = Recipe(loss_weights={"a": 2.0, "b": 0.0})
     weighted = plain.weigh({"a": torch.tensor(1.5), "b": torch.tensor(3.0), "c": torch.tensor(1.0)})
@@ -93,7 +112,7 @@ def test_lightning_module_weighs_losses_with_the_injected_recipe() -> None:
     """compute_loss adds the recipe's weighted terms: the logged routing term scales with the
     recipe's weight, and the recipe (not the model) goes into the hyper-parameters."""
     torch.manual_seed(0)
-    net = create_model("splatweaver_tiny", img_size=32, posed=True)
+    net = create_model("splatweaver_tiny", image_size=32, pose_free=False)
     scene = _context(net)
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
     terms = {}
@@ -108,7 +127,7 @@ def test_lightning_module_weighs_losses_with_the_injected_recipe() -> None:
 
 
 def test_resplat_recipe_freezes_and_samples_iterations_in_the_module() -> None:
-    net = create_model("resplat_tiny", img_size=32)
+    net = create_model("resplat_tiny", image_size=32)
     module = SplatLitModule(net, recipe=ReSplatRecipe(train_iterations=2, freeze_init=True))
     assert net.freeze_init and not any(p.requires_grad for p in net.init_model.parameters())
     assert all(p.requires_grad for p in net.updater.parameters())
@@ -133,7 +152,7 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
     )
     recipe = instantiate(cfg)
     assert recipe.loss_weights == {"chamfer": 0.2, "extra": 0.5}
-    module = SplatLitModule(create_model("zipsplat_tiny", img_size=32), recipe=recipe)
+    module = SplatLitModule(create_model("zipsplat_tiny", image_size=32), recipe=recipe)
     record = module.hparams["recipe"]
     assert type(record["loss_weights"]) is dict and record["chamfer_weight"] == 0.2
     json.dumps(record)  # plain: checkpoints load with weights_only=True
@@ -143,7 +162,7 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     """The module's test step (moved to models/training/) still refines a pose-free model's
     target poses and records both scores."""
     torch.manual_seed(0)
-    net = create_model("zipsplat_tiny", img_size=32)
+    net = create_model("zipsplat_tiny", image_size=32)
     module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
     module.eval()
     scene = _context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras

@@ -288,7 +288,7 @@ class SplatWeaverRelease(SplatModel):
         num_register_tokens: register tokens (encoder and aggregator).
         patch_size: pixels per patch; image sides must be multiples of it.
         pos_grid: side of the encoder's stored position-embedding grid (37: 518 pixels).
-        img_size: input side the weights were trained / demoed at (``infer.py``'s default size).
+        image_size: input side the weights were trained / demoed at (``infer.py``'s default size).
         out_layers: aggregator blocks fed to both DPT heads.
         camera_depth, camera_heads: camera head trunk.
         depth_features, depth_channels: depth DPT widths.
@@ -321,7 +321,7 @@ class SplatWeaverRelease(SplatModel):
         num_register_tokens: int = 4,
         patch_size: int = 14,
         pos_grid: int = 37,
-        img_size: int = 448,
+        image_size: int = 448,
         out_layers: Sequence[int] = (4, 11, 17, 23),
         camera_depth: int = 4,
         camera_heads: int = 16,
@@ -350,7 +350,7 @@ class SplatWeaverRelease(SplatModel):
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
         self.patch_size = patch_size
-        self.img_size = img_size
+        self.image_size = image_size
         self.out_layers = out_layers
         self.num_experts = num_experts
         self.gumbel_tau = gumbel_tau
@@ -802,7 +802,7 @@ _TINY = dict(
     encoder_depth=2,
     encoder_heads=2,
     pos_grid=4,
-    img_size=56,
+    image_size=56,
     out_layers=[0, 1, 2, 3],
     camera_depth=1,
     camera_heads=2,

@@ -217,13 +217,13 @@ class ZipSplat(SplatModel):
     """Token-clustered, pose-free Gaussian predictor with a compression ratio knob.
 
     Args:
-        size: backbone size, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
-        img_size: training resolution of the backbone's position embedding (other sizes work).
+        vit_size: ViT size of the backbone, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
+        image_size: training resolution of the backbone's position embedding (other sizes work).
         patch_size: ``None`` for the size's default (8 tiny, 14 DINOv2 sizes).
         global_layers: backbone blocks with all-view attention (``None``: every odd block).
         num_feature_layers: feature layers, each a (frame, global) pair of consecutive blocks
             from the end of the backbone.
-        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``size``), a timm name
+        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``vit_size``), a timm name
             or a local weight file; see ``MultiViewTransformer``.
         drop_path_rate: backbone stochastic depth.
         dim: refinement width (``None``: the backbone width).
@@ -263,8 +263,8 @@ class ZipSplat(SplatModel):
     def __init__(
         self,
         *,
-        size: str = "tiny",
-        img_size: int = 64,
+        vit_size: str = "tiny",
+        image_size: int = 64,
         patch_size: int | None = None,
         global_layers: list[int] | None = None,
         num_feature_layers: int = 3,
@@ -294,7 +294,7 @@ class ZipSplat(SplatModel):
         cluster_count(1, compression)  # validates the ratio
         if num_feature_layers < 1:
             raise ValueError(f"num_feature_layers must be >= 1, got {num_feature_layers}")
-        self.size = size
+        self.vit_size = vit_size
         self.compression = compression
         self.kmeans_iterations = kmeans_iterations
         self.kmeans_chunk_size = kmeans_chunk_size
@@ -306,17 +306,17 @@ class ZipSplat(SplatModel):
         self.use_camera_prior = use_camera_prior
         self.gaussians_per_token = gaussians_per_token
 
-        if size not in VIT_SIZES:
-            raise ValueError(f"size must be one of {sorted(VIT_SIZES)}, got {size!r}")
-        depth = VIT_SIZES[size]["depth"]
+        if vit_size not in VIT_SIZES:
+            raise ValueError(f"vit_size must be one of {sorted(VIT_SIZES)}, got {vit_size!r}")
+        depth = VIT_SIZES[vit_size]["depth"]
         first = max(0, depth - 2 * num_feature_layers)
         # Feature layers: consecutive (frame, global) block pairs, as slices of the outputs.
         self.layer_slices: list[tuple[int, int]] = [
             (i, min(i + 2, depth - first)) for i in range(0, depth - first, 2)
         ]
         self.backbone = MultiViewTransformer(
-            size,
-            img_size=img_size,
+            vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             global_layers=global_layers,
             use_camera_tokens=False,
@@ -327,7 +327,7 @@ class ZipSplat(SplatModel):
         groups = self.layer_slices
         width = self.backbone.embed_dim
         self.patch_size = self.backbone.patch_size
-        self.img_width = self.backbone.img_size[1]
+        self.img_width = self.backbone.image_size[1]
         dim = dim or width
         num_heads = num_heads or self.backbone.num_heads
         self.dim = dim
@@ -682,8 +682,8 @@ KNOB_FREE_MODULES = ("backbone",)
 # At r = 1 each scene token decodes G Gaussians for a patch of p^2 pixels: tiny 64 px / 10 = 6.4x
 # fewer Gaussians than pixels, the DINOv2 sizes 196 px / 32 = 6.1x (the paper's ratio).
 _TINY = dict(
-    size="tiny",
-    img_size=64,
+    vit_size="tiny",
+    image_size=64,
     num_feature_layers=3,
     color_dim=32,
     gaussians_per_token=10,
@@ -691,16 +691,16 @@ _TINY = dict(
     ray_anchor_depth=6.0,
 )
 _SMALL = dict(
-    size="small",
-    img_size=252,
+    vit_size="small",
+    image_size=252,
     num_feature_layers=3,
     color_dim=64,
     gaussians_per_token=32,
     sh_degree=1,
 )
 _BASE = dict(
-    size="base",
-    img_size=252,
+    vit_size="base",
+    image_size=252,
     num_feature_layers=3,
     dim=512,
     num_heads=8,
@@ -709,8 +709,8 @@ _BASE = dict(
     sh_degree=1,
 )
 _LARGE = dict(
-    size="large",
-    img_size=252,
+    vit_size="large",
+    image_size=252,
     num_feature_layers=3,
     dim=768,
     num_heads=12,

@@ -129,13 +129,13 @@ class ZipSplatDA3(SplatModel):
     """ZipSplat's released architecture (see the module docstring).
 
     Args:
-        size: Depth Anything 3 size, ``"small"``, ``"base"``, ``"large"`` or ``"giant"``
+        vit_size: Depth Anything 3 ViT size, ``"small"``, ``"base"``, ``"large"`` or ``"giant"``
             (ZipSplat's ``configs/model/backbone/da3{s,b,l,g}.yaml``).
         embed_dim, depth, num_heads, out_layers, alt_start, ffn: override the size's backbone
             shape (the tiny test variant); ``None`` keeps the size's.
         patch_size: patch side (14 in DA3).
         pos_embed_size: side in pixels of the stored position-embedding grid (518 in DA3).
-        img_size: the square input side the weights were trained at (252); any multiple of
+        image_size: the square input side the weights were trained at (252); any multiple of
             ``patch_size`` runs.
         color_dim: width of the colour skip.
         gaussians_per_token: Gaussians decoded per scene token.
@@ -155,7 +155,7 @@ class ZipSplatDA3(SplatModel):
     def __init__(
         self,
         *,
-        size: str = "giant",
+        vit_size: str = "giant",
         embed_dim: int | None = None,
         depth: int | None = None,
         num_heads: int | None = None,
@@ -164,7 +164,7 @@ class ZipSplatDA3(SplatModel):
         ffn: str | None = None,
         patch_size: int = 14,
         pos_embed_size: int = 518,
-        img_size: int = 252,
+        image_size: int = 252,
         color_dim: int = 128,
         gaussians_per_token: int = 32,
         sh_degree: int = 1,
@@ -175,8 +175,8 @@ class ZipSplatDA3(SplatModel):
         camera_encoder: bool = True,
     ) -> None:
         super().__init__()
-        if size not in DA3_SIZES:
-            raise ValueError(f"size must be one of {sorted(DA3_SIZES)}, got {size!r}")
+        if vit_size not in DA3_SIZES:
+            raise ValueError(f"vit_size must be one of {sorted(DA3_SIZES)}, got {vit_size!r}")
         if not 0.0 < compression <= 1.0:
             raise ValueError(f"compression must be in (0, 1], got {compression}")
         overrides = dict(
@@ -189,7 +189,7 @@ class ZipSplatDA3(SplatModel):
         )
         overrides = {k: v for k, v in overrides.items() if v is not None}
         self.backbone = DA3Encoder(
-            size,
+            vit_size,
             camera_encoder=camera_encoder,
             patch_size=patch_size,
             pos_embed_size=pos_embed_size,
@@ -198,8 +198,8 @@ class ZipSplatDA3(SplatModel):
         dim = self.backbone.embed_dim
         layers = len(self.backbone.vit.out_layers)
         heads = max(1, dim // 64)
-        self.size = size
-        self.img_size = img_size
+        self.vit_size = vit_size
+        self.image_size = image_size
         self.patch_size = patch_size
         self.compression = compression
         self.kmeans_iterations = kmeans_iterations
@@ -241,7 +241,7 @@ class ZipSplatDA3(SplatModel):
             raise ValueError(
                 f"context['image'] is {h}x{w}: this ZipSplat (DA3 backbone) takes sides that "
                 f"are positive multiples of {p} (the release runs at "
-                f"{self.img_size}x{self.img_size}; resize or crop first)"
+                f"{self.image_size}x{self.image_size}; resize or crop first)"
             )
 
     def _prepare(self, features: list[Tensor]) -> list[Tensor]:
@@ -441,7 +441,7 @@ register_pretrained_cfgs(
 
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(
-    size="small",
+    vit_size="small",
     embed_dim=64,
     depth=6,
     num_heads=2,
@@ -449,7 +449,7 @@ _TINY = dict(
     alt_start=2,
     patch_size=8,
     pos_embed_size=64,
-    img_size=64,
+    image_size=64,
     color_dim=32,
     gaussians_per_token=4,
 )
@@ -464,22 +464,22 @@ def zipsplat_da3_tiny(**kwargs) -> ZipSplatDA3:
 @register_model
 def zipsplat_da3s(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Small (ZipSplat's ``da3s`` config)."""
-    return ZipSplatDA3(**{"size": "small", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "small", **kwargs})
 
 
 @register_model
 def zipsplat_da3b(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Base (``da3b``)."""
-    return ZipSplatDA3(**{"size": "base", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "base", **kwargs})
 
 
 @register_model
 def zipsplat_da3l(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Large (``da3l``)."""
-    return ZipSplatDA3(**{"size": "large", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "large", **kwargs})
 
 
 @register_model
 def zipsplat_da3g(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Giant: the released model (1.45 B parameters)."""
-    return ZipSplatDA3(**{"size": "giant", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "giant", **kwargs})

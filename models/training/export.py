@@ -115,7 +115,7 @@ def _training_facts(checkpoint: dict, data: str | None) -> dict[str, str]:
     facts["training data"] = (
         str(dataset) if dataset is not None else "not recorded in the checkpoint"
     )
-    resolution = _find(flat, "resolution", "image_size", "image_shape", "img_size")
+    resolution = _find(flat, "resolution", "image_size", "image_shape")
     if isinstance(resolution, (list, tuple)):
         resolution = "x".join(str(int(r)) for r in resolution)
     elif isinstance(resolution, (int, float)):
