@@ -72,10 +72,8 @@ from datamodules.readers.colmap import (
     image_world_to_camera,
     read_model,
 )
-from datamodules.readers.undistort import (  # noqa: F401  (defined there; kept here for old imports)
-    distort_points,
-    undistort_image,
-)
+from datamodules.readers.image_folder import natural_key
+from datamodules.readers.undistort import undistort_image
 from models.geometry.cameras import (
     intrinsics_to_normalized,
     intrinsics_to_pixels,
@@ -94,8 +92,6 @@ __all__ = [
     "colmap_scene",
     "transforms_scene",
     "re10k_scene",
-    "distort_points",
-    "undistort_image",
     "resize_and_crop",
     "convert",
     "sfm_scene",
@@ -178,10 +174,6 @@ class _Options:
     undistort: bool = True
 
 
-def _natural_key(text: str) -> list:
-    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", text)]
-
-
 def _check_view(view: View) -> None:
     """Raise ``SceneError`` for non-finite or non-rigid poses and invalid intrinsics."""
     label = view.label or view.image.name
@@ -230,7 +222,7 @@ def colmap_scene(model_dir: Path, images_dir: Path, key: str) -> SceneSource:
         if not images_dir.is_dir():
             raise SceneError(f"image folder not found: {images_dir} (pass --images)")
         views = []
-        for index, image in enumerate(sorted(images.values(), key=lambda i: _natural_key(i.name))):
+        for index, image in enumerate(sorted(images.values(), key=lambda i: natural_key(i.name))):
             if image.camera_id not in cameras:
                 raise SceneError(f"image {image.name} refers to missing camera {image.camera_id}")
             camera = cameras[image.camera_id]
@@ -309,7 +301,7 @@ def transforms_scene(json_path: Path, key: str) -> SceneSource:
             if "file_path" not in frame or "transform_matrix" not in frame:
                 raise SceneError(f"{json_path}: frame {number} lacks file_path or transform_matrix")
             entries.append(frame)
-        entries.sort(key=lambda f: _natural_key(str(f["file_path"])))
+        entries.sort(key=lambda f: natural_key(str(f["file_path"])))
         views = []
         for index, frame in enumerate(entries):
             merged = {**meta, **frame}
@@ -427,7 +419,7 @@ def re10k_scene(txt_path: Path, frames_root: Path, key: str) -> SceneSource:
             )
         files = sorted(
             (p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS),
-            key=lambda p: _natural_key(p.name),
+            key=lambda p: natural_key(p.name),
         )
         by_stem = {p.stem: p for p in files}
         paths = [by_stem.get(str(timestamp)) for timestamp, _ in rows]
@@ -541,7 +533,7 @@ def _walk(
     scenes: list[SceneSource],
 ) -> None:
     try:
-        entries = sorted(folder.iterdir(), key=lambda p: _natural_key(p.name))
+        entries = sorted(folder.iterdir(), key=lambda p: natural_key(p.name))
     except OSError:
         return
     stems = set()

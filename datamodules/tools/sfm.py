@@ -45,6 +45,7 @@ from torch import Tensor
 
 from datamodules.errors import DataError
 from datamodules.readers import colmap
+from datamodules.readers.image_folder import natural_key
 from models.geometry.cameras import normalize_scene
 
 __all__ = [
@@ -340,12 +341,6 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "splatzoo" / "sfm"
 
 
-def _natural_key(name: str) -> list:
-    import re
-
-    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name)]
-
-
 def image_files(folder: str | Path) -> list[Path]:
     """Image files directly in ``folder`` (or its ``images/`` subfolder when it has none), in
     natural name order; hidden files skipped."""
@@ -357,7 +352,7 @@ def image_files(folder: str | Path) -> list[Path]:
     ]
     if not files and (folder / "images").is_dir():
         return image_files(folder / "images")
-    return sorted(files, key=lambda p: _natural_key(p.name))
+    return sorted(files, key=lambda p: natural_key(p.name))
 
 
 def _resolve_inputs(images: str | Path | Sequence[str | Path]) -> tuple[Path, list[str]]:

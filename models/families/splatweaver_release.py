@@ -47,6 +47,7 @@ bfloat16, the heads in float32) onto this model.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Sequence
 
@@ -63,7 +64,7 @@ from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.rotations import quaternion_multiply
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
-from models.layers.point_transformer import knn as brute_force_knn
+from models.layers.knn import knn
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
@@ -162,26 +163,16 @@ def exact_knn(points: Tensor, k: int) -> Tensor:
     """Exact ``k`` nearest neighbours of every point among ``points [N, 3]`` (itself included).
 
     Returns ``[N, k]`` int64 indices; with fewer than ``k`` points the missing neighbours are the
-    point itself (as the release's search fills its misses). Uses ``scipy``'s k-d tree on the CPU
-    when it is installed (``O(N log N)``), else brute force in blocks (``O(N^2)``).
+    point itself (as the release's search fills its misses). The project's search
+    (``models.layers.knn``): its k-d tree above 4096 points on the CPU, else ``"cdist"``.
     """
     n = points.shape[0]
     found = min(k, n)
     if n == 0:
         return torch.zeros(0, k, dtype=torch.long, device=points.device)
-    index = None
-    if points.device.type == "cpu" and n > 4096:
-        try:
-            from scipy.spatial import cKDTree
-        except ImportError:  # pragma: no cover - scipy is optional
-            cKDTree = None
-        if cKDTree is not None:
-            data = points.detach().double().numpy()
-            _, nearest = cKDTree(data).query(data, k=found)
-            index = torch.from_numpy(nearest.reshape(n, found)).long()
-    if index is None:
-        chunk = max(64, min(4096, 2**28 // n))  # ~1 GB of distances at a time
-        index = brute_force_knn(points[None].detach(), found, chunk=chunk)[0]
+    tree = points.device.type == "cpu" and n > 4096 and importlib.util.find_spec("scipy")
+    method = "kdtree" if tree else "cdist"
+    index = knn(points.detach(), found, method=method, max_elements=1 << 28)  # [N, found], 1 GB
     if found < k:
         own = torch.arange(n, device=points.device)[:, None].expand(n, k - found)
         index = torch.cat([index, own], dim=1)
