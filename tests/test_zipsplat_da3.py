@@ -267,12 +267,30 @@ def _official_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ("head_mlp.", "gaussian_head.gaussian_head.0."),
         ("gaussian_head.proj.", "gaussian_head.gaussian_head.1."),
     )
+    block_parts = {  # inside the cross-attention blocks
+        "norm_query": "norm_q",
+        "norm_memory": "norm_kv",
+        "cross.q": "attn.q_proj",
+        "cross.kv": "attn.kv_proj",
+        "cross.q_norm": "attn.q_norm",
+        "cross.k_norm": "attn.k_norm",
+        "cross.proj": "attn.proj",
+        "ls_cross": "ls1",
+        "norm_mlp": "norm2",
+        "ls_mlp": "ls2",
+    }
     out = {}
     for key, value in state.items():
         for ours, official in renames:
             if key.startswith(ours):
                 key = official + key[len(ours) :]
                 break
+        if key.startswith(("cross_attention.", "color_cross_attention.")):
+            head, _, rest = key.partition("attention.")
+            index, part = rest.split(".", 1) if head == "cross_" else ("", rest)
+            module, _, leaf = part.rpartition(".")
+            module = block_parts.get(module, module)
+            key = f"{head}attention.{index + '.' if index else ''}{module}.{leaf}"
         out[key] = value
     return out
 

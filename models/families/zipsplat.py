@@ -64,8 +64,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from timm.layers import LayerScale, Mlp, build_sincos2d_pos_embed, trunc_normal_
-from timm.models.vision_transformer import Attention
+from timm.layers import build_sincos2d_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
@@ -78,14 +77,13 @@ from models.geometry.cameras import (
 )
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones import VIT_SIZES, MultiViewTransformer
+from models.layers.cross_attention import CrossAttentionBlock
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import cluster_count, kmeans_select
 from models.registry import register_model
 from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
-    "CrossAttention",
-    "RefineBlock",
     "ZipSplat",
     "chamfer_distance",
     "compression_schedule",
@@ -149,68 +147,6 @@ def compression_schedule(
     span = max(anneal_fraction * max(max_steps, 1), 1.0)
     t = min(max(step / span, 0.0), 1.0)
     return 1.0 - t * (1.0 - final)
-
-
-class CrossAttention(nn.Module):
-    """Multi-head attention of queries ``[B, K, C]`` over a memory ``[B, N, C_mem]``."""
-
-    def __init__(self, dim: int, num_heads: int, memory_dim: int | None = None) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by {num_heads} heads")
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(memory_dim or dim, 2 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor, memory: Tensor) -> Tensor:
-        q = rearrange(self.q(x), "b k (h d) -> b h k d", h=self.num_heads)
-        k, v = rearrange(self.kv(memory), "b n (two h d) -> two b h n d", two=2, h=self.num_heads)
-        out = F.scaled_dot_product_attention(q, k, v)  # [B, h, K, d]
-        return self.proj(rearrange(out, "b h k d -> b k (h d)"))
-
-
-class RefineBlock(nn.Module):
-    """Cross-attention to all tokens, then (optionally) self-attention among the queries, then an
-    MLP; pre-norm residual branches, each scaled by a LayerScale starting at ``init_values``.
-
-    Args:
-        dim: token width.
-        num_heads: attention heads.
-        mlp_ratio: MLP hidden width over ``dim``.
-        init_values: initial LayerScale value.
-        self_attention: include the self-attention branch.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_ratio: float = 2.0,
-        init_values: float = 0.05,
-        self_attention: bool = True,
-    ) -> None:
-        super().__init__()
-        self.norm_query = nn.LayerNorm(dim)
-        self.norm_memory = nn.LayerNorm(dim)
-        self.cross = CrossAttention(dim, num_heads)
-        self.ls_cross = LayerScale(dim, init_values)
-        if self_attention:
-            self.norm_self = nn.LayerNorm(dim)
-            self.attn = Attention(dim, num_heads=num_heads, qkv_bias=True)
-            self.ls_self = LayerScale(dim, init_values)
-        else:
-            self.attn = None
-        self.norm_mlp = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        self.ls_mlp = LayerScale(dim, init_values)
-
-    def forward(self, x: Tensor, memory: Tensor) -> Tensor:
-        """``x [B, K, C]`` queries, ``memory [B, N, C]``; returns ``[B, K, C]``."""
-        x = x + self.ls_cross(self.cross(self.norm_query(x), self.norm_memory(memory)))
-        if self.attn is not None:
-            x = x + self.ls_self(self.attn(self.norm_self(x)))
-        return x + self.ls_mlp(self.mlp(self.norm_mlp(x)))
 
 
 class ZipSplat(SplatModel):
@@ -334,7 +270,7 @@ class ZipSplat(SplatModel):
 
         self.layer_proj = nn.ModuleList(nn.Linear((j - i) * width, dim) for i, j in groups)
         self.refine = nn.ModuleList(
-            RefineBlock(dim, num_heads, mlp_ratio, layerscale_init) for _ in groups
+            CrossAttentionBlock(dim, num_heads, mlp_ratio, layerscale_init) for _ in groups
         )
         self.fuse = nn.Sequential(
             nn.LayerNorm(len(groups) * dim), nn.Linear(len(groups) * dim, dim)
@@ -344,7 +280,7 @@ class ZipSplat(SplatModel):
         p = self.patch_size
         self.color_embed = nn.Conv2d(3, color_dim, kernel_size=p, stride=p)
         self.color_view_embed = nn.Parameter(torch.zeros(2, color_dim))  # reference, other views
-        self.color_refine = RefineBlock(
+        self.color_refine = CrossAttentionBlock(
             color_dim, max(1, color_dim // 32), mlp_ratio, layerscale_init, self_attention=False
         )
 
