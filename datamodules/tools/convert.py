@@ -63,6 +63,7 @@ from PIL import Image as PILImage
 from PIL import ImageOps
 from tqdm import tqdm
 
+from datamodules.errors import InputError
 from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
 from datamodules.readers.colmap import (
     ColmapError,
@@ -72,7 +73,7 @@ from datamodules.readers.colmap import (
     image_world_to_camera,
     read_model,
 )
-from datamodules.readers.image_folder import natural_key
+from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from datamodules.readers.undistort import undistort_image
 from models.geometry.cameras import (
     intrinsics_to_normalized,
@@ -82,8 +83,6 @@ from models.geometry.cameras import (
 from models.output_folder import OutputFolderError, check_output_folder, write_marker
 
 __all__ = [
-    "IMAGE_EXTENSIONS",
-    "InputError",
     "SceneError",
     "View",
     "SceneSource",
@@ -98,13 +97,8 @@ __all__ = [
     "main",
 ]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 _MAX_DEPTH = 3
 _OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
-
-
-class InputError(ValueError):
-    """The command cannot run at all (bad SOURCE or arguments)."""
 
 
 class SceneError(ValueError):
