@@ -1,4 +1,4 @@
-"""The shipped weights' Gaussians on one fixed input, recorded before the redesign (issue 16).
+"""The shipped weights' Gaussians on one fixed input, recorded once as a fixture.
 
 ``tests/test_shipped_weights.py`` compares today's code with the recording bit for bit, so a
 refactor that changes what the shipped weights predict fails. Regenerate (only when a change of

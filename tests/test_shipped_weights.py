@@ -1,4 +1,4 @@
-"""The shipped weights predict exactly what they predicted before the redesign (issue 16)."""
+"""The shipped weights predict exactly the recorded Gaussians (``tests/shipped_reference.py``)."""
 
 from __future__ import annotations
 

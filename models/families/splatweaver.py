@@ -40,9 +40,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    pixel's choice is distributed exactly like the hard samples of training. The public release
    samples fresh Gumbel noise at inference (``routing="gumbel"``, random output). Plain
    ``routing="argmax"`` (the most likely expert everywhere) is available but mismatched with
-   training: it empties whole flat regions that training only ever thinned out (on 8 synthetic
-   test scenes, a posed ``splatweaver_tiny`` after ~400 steps scored 14.70 dB with argmax
-   routing, 19.08 dB with frozen-Gumbel routing and 19.09 dB with sampled routing).
+   training: it empties whole flat regions that training only ever thinned out.
 6. **Routing regulariser** (``losses``: ``routing_ce``, ``routing_smoothing``, ``routing_usage``,
    unweighted; ``models.training.recipes.SplatWeaverRecipe`` weighs them): cross-entropy
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
