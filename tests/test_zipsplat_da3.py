@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from models import create_model, get_pretrained_cfg, list_models
 from models.families.zipsplat_da3 import ZipSplatDA3, checkpoint_filter_fn
-from models.layers.heads import GaussianHead
+from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import kmeans_nearest_tokens
 
 ARCH = {s: f"zipsplat_da3{s}" for s in recipe.SIZES}
@@ -230,7 +230,7 @@ def test_head_coefficient_major_sh_layout() -> None:
     """``sh_layout="coefficient"`` reads raw SH as ``[K, 3]`` and returns ``[3, K]``."""
     head = GaussianHead(
         4,
-        mean_mode="free",
+        FreeMeanPlacement(),
         sh_degree=1,
         sh_layout="coefficient",
         sh_band_scale=False,
@@ -241,7 +241,7 @@ def test_head_coefficient_major_sh_layout() -> None:
     g = head.decode(raw)
     assert torch.equal(g.harmonics[0, 0], torch.arange(12.0).reshape(4, 3).T)
     with pytest.raises(ValueError, match="sh_layout"):
-        GaussianHead(4, mean_mode="free", sh_layout="rows")
+        GaussianHead(4, FreeMeanPlacement(), sh_layout="rows")
 
 
 def test_release_kmeans_is_deterministic_and_finds_separated_clusters() -> None:

@@ -310,7 +310,7 @@ _INNER: list[tuple[str, str]] = [
      lambda m: f"{m.group(1)}.layer_rn.{int(m.group(2)) - 1}."),
     (r"(refiner|feature_dpt)\.scratch\.refinenet(\d)\.",
      lambda m: f"{m.group(1)}.refine.{int(m.group(2)) - 1}."),
-    (r"\.resConfUnit1\.", ".res1."), (r"\.resConfUnit2\.", ".res2."),
+    (r"\.resConfUnit1\.", ".skip_unit."), (r"\.resConfUnit2\.", ".unit."),
     (r"(refiner)\.scratch\.output_conv\.", r"\1.head."),
 ]  # fmt: skip
 _RULES_RE = [(re.compile(a), b) for a, b in _RULES]

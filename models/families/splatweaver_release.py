@@ -677,6 +677,14 @@ DROPPED_KEYS = {
 
 def _map_key(key: str) -> str | None:
     """Our parameter name of a release key (``None``: not a key of this release)."""
+    ours = _map_prefix(key)
+    if ours is None:
+        return None
+    # the DPTs' fusion blocks (models.layers.backbones.dpt.FusionBlock) name their units
+    return ours.replace(".resConfUnit1.", ".skip_unit.").replace(".resConfUnit2.", ".unit.")
+
+
+def _map_prefix(key: str) -> str | None:
     if not key.startswith("encoder."):
         return None
     key = key[len("encoder.") :]

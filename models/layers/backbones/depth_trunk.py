@@ -18,6 +18,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from models.layers.backbones.dinov2 import DINOV2_SIZES, DinoV2
+from models.layers.backbones.dpt import FusionBlock
 from models.layers.backbones.unimatch import (
     ConvStem,
     CrossViewTransformer,
@@ -174,34 +175,6 @@ class CrossViewUNet(nn.Module):
 
 
 # ----------------------------------------------------------------------------- DPT
-class _ResidualConv(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1)
-        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv2(F.relu(self.conv1(F.relu(x)))) + x
-
-
-class _Fusion(nn.Module):
-    def __init__(self, dim: int, has_skip: bool) -> None:
-        super().__init__()
-        self.res1 = _ResidualConv(dim) if has_skip else None
-        self.res2 = _ResidualConv(dim)
-        self.out_conv = nn.Conv2d(dim, dim, 1)
-
-    def forward(self, x: Tensor, skip: Tensor | None, size: tuple[int, int] | None) -> Tensor:
-        if skip is not None:
-            x = x + self.res1(skip)
-        x = self.res2(x)
-        if size is None:
-            x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
-        else:
-            x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
-        return self.out_conv(x)
-
-
 class DepthSplatDPT(nn.Module):
     """Depth Anything V2's DPT with DepthSplat's extra inputs (CNN, multi-view and optionally
     coarse-depth features concatenated at 1/2, 1/4 and 1/8).
@@ -263,7 +236,9 @@ class DepthSplatDPT(nn.Module):
         self.layer_rn = nn.ModuleList(
             [nn.Conv2d(c, features, 3, padding=1, bias=False) for c in out_channels]
         )
-        self.refine = nn.ModuleList([_Fusion(features, has_skip=i < 3) for i in range(4)])
+        self.refine = nn.ModuleList(
+            [FusionBlock(features, has_skip=i < 3, align_corners=True) for i in range(4)]
+        )
         self.head = None
         if with_depth:
             self.head = nn.Sequential(
