@@ -49,6 +49,7 @@ from models.families.depthsplat import official_key_to_ours as depthsplat_key
 from models.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.backbones.da3_vit import Mlp
 from models.layers.backbones.depth_trunk import DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.knn import knn
@@ -106,17 +107,6 @@ class KNNAttention(nn.Module):
         return self.proj(torch.cat(out, dim=0))
 
 
-class _Mlp(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, 4 * dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class KNNBlock(nn.Module):
     """Pre-norm transformer block with kNN attention."""
 
@@ -125,7 +115,7 @@ class KNNBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.attn = KNNAttention(dim, proj_dim)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = _Mlp(dim)
+        self.mlp = Mlp(dim, 4 * dim)
 
     def forward(self, x: Tensor, index: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x), index)
