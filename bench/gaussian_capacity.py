@@ -10,6 +10,13 @@ The optimised figure bounds what a feed-forward model with that many Gaussians a
 layout can reach on those targets (a fit to two views can overfit, so it is not a strict bound,
 but a network is not better at novel views than a per-scene fit of its own set). Counts stay
 fixed: no densification or pruning. Prints a Markdown table.
+
+``bench/results/capacity/capacity.json`` holds the output of (the ZipSplat checkpoint is a
+training run's, ``experiment=synthetic_zipsplat``)::
+
+    python bench/gaussian_capacity.py --weights <zipsplat ckpt> checkpoints/pixel_aligned_tiny \\
+        checkpoints/splatweaver_tiny --max-scenes 6 --steps 200 --threads 1 \\
+        --json bench/results/capacity/capacity.json
 """
 
 from __future__ import annotations

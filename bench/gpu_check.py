@@ -12,8 +12,8 @@ wheel first). It
 4. times ``create_model(name)`` + ``render`` for the models named with ``--models`` (the hook
    :func:`reconstruction_timing`, for per-family reconstruction timing).
 
-Everything prints Markdown tables. The whole run stays under 8 minutes on an H200 (most of it is
-gsplat's first build).
+Everything prints Markdown tables. The run is sized for a few minutes of one GPU, most of it
+gsplat's first build.
 
     python bench/gpu_check.py [--garden PATH] [--models NAME ...] [--quick]
 """

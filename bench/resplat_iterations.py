@@ -12,7 +12,7 @@ scene frame, its scale and the targets stay the same) and ``V - 2`` frames stric
 are added, evenly spaced and never a target frame (scenes without enough free frames are
 skipped). Scoring at 4 views a model trained on 2 measures how it generalises to more views.
 
-The issue's targets are checked at the end: 16x fewer Gaussians than pixel-aligned, every
+The targets are checked at the end: 16x fewer Gaussians than pixel-aligned, every
 iteration up to 2 raises PSNR, and 2 iterations give at least 0.5 dB over the initial set.
 
 Usage::

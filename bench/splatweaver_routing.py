@@ -29,6 +29,12 @@ Usage::
 ``model.safetensors``), or ``hf-hub:org/repo``. Pose-free models can be scored after test-time
 target-pose refinement (``--refine-steps 100``, as eval.py does); it is off by default (slow on a
 CPU).
+
+``bench/results/splatweaver_routing/`` holds the output of (``checkpoints/splatweaver_tiny`` is the
+export of the checkpoint it records)::
+
+    python bench/splatweaver_routing.py --weights checkpoints/splatweaver_tiny \\
+        --out bench/results/splatweaver_routing --maps 4
 """
 
 from __future__ import annotations

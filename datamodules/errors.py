@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["DataError"]
+import os
+
+__all__ = ["DataError", "InputError"]
 
 
 class DataError(ValueError):
@@ -20,3 +22,23 @@ class DataError(ValueError):
             if "DataError: " in last:
                 text = last.split("DataError: ", 1)[1]
         super().__init__(text)
+
+
+class InputError(DataError):
+    """Unusable input or settings of a command (a missing source, a bad option).
+
+    ``InputError(path, message)`` reads ``<path>: <message>``; ``InputError(text)`` takes a line
+    that already names what it is about (``path`` is then ``None``).
+
+    Attributes:
+        path: what the error is about, as the user named it (or ``None``).
+        message: what is wrong, without the path.
+    """
+
+    def __init__(self, path: str | os.PathLike | object, message: str | None = None) -> None:
+        if message is None:
+            self.path, self.message = None, str(path)
+            super().__init__(self.message)
+            return
+        self.path, self.message = os.fspath(path), message
+        super().__init__(f"{self.path}: {message}")

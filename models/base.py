@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -14,11 +13,18 @@ from torch import Tensor, nn
 
 from models.gaussians import Gaussians
 
-__all__ = ["ModelOutput", "SplatModel", "check_context", "constructor_arguments"]
+__all__ = [
+    "RENAMED_ARGS",
+    "ModelOutput",
+    "SplatModel",
+    "check_context",
+    "constructor_arguments",
+    "describe_unknown_arguments",
+    "renamed",
+]
 
 
-# Old ``extras`` keys that have a typed field (the rest are diagnostics; ``"loss/<name>"`` are
-# ``losses``). Kept for one release: ``ModelOutput(..., extras=...)`` and ``pred.extras``.
+# The typed fields that ``ModelOutput.extras`` lists under their own names.
 _TYPED_KEYS = ("depth", "extrinsics", "intrinsics", "gaussians_per_iteration", "render_targets")
 
 
@@ -38,6 +44,8 @@ class ModelOutput:
             family's training recipe weighs and schedules them.
         diagnostics: anything else (``routing_map``, ``hf_energy``, ``expert_usage``,
             ``scene_token_index``, ...).
+        extras: (read-only property) all of the above but ``gaussians`` in one dict, losses
+            under ``"loss/<name>"``.
     """
 
     gaussians: Gaussians
@@ -60,7 +68,6 @@ class ModelOutput:
         render_targets: list[tuple[float, Gaussians]] | None = None,
         losses: dict[str, Tensor] | None = None,
         diagnostics: dict[str, Any] | None = None,
-        extras: Mapping[str, Any] | None = None,
     ) -> None:
         self.gaussians = gaussians
         self.depth = depth
@@ -70,30 +77,15 @@ class ModelOutput:
         self.render_targets = render_targets
         self.losses = dict(losses or {})
         self.diagnostics = dict(diagnostics or {})
-        if extras:  # the old constructor argument (one release): route known keys to their fields
-            warnings.warn(
-                "ModelOutput(extras=...) is deprecated: pass depth=, extrinsics=, intrinsics=, "
-                "gaussians_per_iteration=, render_targets=, losses= and diagnostics= instead",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            for key, value in extras.items():
-                if key in _TYPED_KEYS:
-                    if getattr(self, key) is not None:
-                        raise ValueError(
-                            f"ModelOutput: {key!r} given both as a field and in extras"
-                        )
-                    setattr(self, key, value)
-                elif key.startswith("loss/"):
-                    self.losses[key[len("loss/") :]] = value
-                else:
-                    self.diagnostics[key] = value
 
     @property
     def extras(self) -> Mapping[str, Any]:
-        """The old untyped view (read-only, kept for one release): typed fields under their old
-        keys (``"depth"``, ``"extrinsics"``, ...), ``losses`` as ``"loss/<name>"`` and the
-        diagnostics. New code reads the typed fields."""
+        """Everything besides ``gaussians`` in one read-only dict (DESIGN's ``pred.extras``): the
+        auxiliary losses as ``"loss/<name>"``, the diagnostics, and the typed fields that are set
+        under their own names (``"depth"``, ``"extrinsics"``, ``"gaussians_per_iteration"``, ...).
+
+        A view built on each access: to add a loss or a diagnostic, write to ``losses`` or
+        ``diagnostics``."""
         view: dict[str, Any] = dict(self.diagnostics)
         for key in _TYPED_KEYS:
             value = getattr(self, key)
@@ -159,9 +151,6 @@ class SplatModel(
     family: ClassVar[str] = "base"
     pose_free: ClassVar[bool] = False
     min_views: ClassVar[int] = 1
-    # Constructor arguments of an older version that are training settings now (the family's
-    # recipe, ``models/training/recipes.py``): weights saved with them load, leaving them out.
-    retired_args: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def _from_pretrained(cls, **kwargs):  # type: ignore[override]
@@ -188,3 +177,28 @@ def constructor_arguments(cls: type) -> tuple[set[str], bool]:
         if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
     return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+# Constructor arguments that were renamed (old name -> new name). Weights whose config records an
+# old name do not load: the error names the new one (nothing is translated silently).
+RENAMED_ARGS: dict[str, str] = {
+    "img_size": "image_size",
+    "num_candidates": "num_depth_candidates",
+    "posed": "pose_free (inverted)",
+    "size": "vit_size",
+    "vit": "vit_size",
+    "backbone_size": "vit_size",
+}
+
+
+def renamed(key: str) -> str:
+    """``key``, with its new name if it was renamed: ``"img_size (now image_size)"``."""
+    return f"{key} (now {RENAMED_ARGS[key]})" if key in RENAMED_ARGS else key
+
+
+def describe_unknown_arguments(unknown: Mapping[str, Any]) -> str:
+    """``key=value`` for each argument a constructor does not take, with the new name of a
+    renamed one: ``img_size=64 (now image_size), chamfer_weight=0.1``."""
+    return ", ".join(
+        f"{key}={value!r}" + renamed(key)[len(key) :] for key, value in sorted(unknown.items())
+    )

@@ -11,7 +11,7 @@ from models.layers.backbones import DPTHead, MultiViewTransformer, default_out_l
 from models.layers.backbones.multiview_vit import VIT_SIZES
 
 # A small but non-trivial configuration: 3 blocks (frame, global, frame), all three returned.
-SMALL_CFG = dict(size="tiny", embed_dim=32, depth=3, num_heads=2, out_layers=[0, 1, 2])
+SMALL_CFG = dict(vit_size="tiny", embed_dim=32, depth=3, num_heads=2, out_layers=[0, 1, 2])
 
 
 def _cameras(b: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:

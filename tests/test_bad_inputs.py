@@ -93,7 +93,7 @@ def _good_images() -> bytes:
     )
 
 
-# The four corruptions of issue 15 item 3, each with the text its message must contain.
+# Four corruptions of a chunk file, each with the text its message must contain.
 CORRUPT_IMAGES = {
     "random_bytes": (np.random.default_rng(0).bytes(4096), "image count is"),
     "num_points_2_62": (

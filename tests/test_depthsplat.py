@@ -298,7 +298,7 @@ def test_tiny_bad_input() -> None:
     with pytest.raises(ValueError, match="extrinsics"):
         model({"image": context["image"], "intrinsics": context["intrinsics"]})
     with pytest.raises(ValueError, match="custom"):
-        DepthSplat(vit="custom")
+        DepthSplat(vit_size="custom")
     with pytest.raises(ValueError, match="lowest_resolution"):
         create_model("depthsplat_tiny", upsample_factor=2)
 
@@ -339,12 +339,12 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
 def test_gaussian_head_local_frame_min_scale_and_decode_only() -> None:
     """DepthSplat's head options: camera-frame rotations/SH moved to the world by the camera
     rotation; the scale floor; a decode-only head."""
-    from models.layers.heads import GaussianHead
+    from models.layers.heads import FreeMeanPlacement, GaussianHead, RayDepthPlacement
 
     torch.manual_seed(0)
-    kwargs = dict(mean_mode="ray_depth", sh_degree=2, max_scale=3.0, min_scale=1e-10)
-    world = GaussianHead(None, **kwargs)
-    local = GaussianHead(None, **kwargs, local_frame=True)
+    kwargs = dict(sh_degree=2, max_scale=3.0, min_scale=1e-10)
+    world = GaussianHead(None, RayDepthPlacement(), **kwargs)
+    local = GaussianHead(None, RayDepthPlacement(), **kwargs, local_frame=True)
     raw = torch.randn(1, 6, 1, 3 + 3 + 4 + 1 + 27)
     raw[..., 3:6] = -40.0  # softplus(-44) ~ 8e-20: floored at min_scale
     q = torch.nn.functional.normalize(torch.randn(4), dim=0)
@@ -366,6 +366,6 @@ def test_gaussian_head_local_frame_min_scale_and_decode_only() -> None:
     assert torch.allclose(identity.harmonics, a.harmonics, atol=1e-6)
     with pytest.raises(ValueError, match="decode-only"):
         world(torch.zeros(1, 6, 8))
-    free = GaussianHead(None, mean_mode="free", sh_degree=2, local_frame=True)
+    free = GaussianHead(None, FreeMeanPlacement(), sh_degree=2, local_frame=True)
     with pytest.raises(ValueError, match="local_frame=True needs extrinsics"):
         free.decode(raw)

@@ -442,33 +442,33 @@ def test_checkpoint_with_code_is_refused(tmp_path: Path) -> None:
 
 def test_pretrained_builds_with_the_recorded_arguments(tmp_path: Path) -> None:
     """Weights trained with non-default constructor arguments load by registry name alone."""
-    trained = create_model("splatweaver_tiny", posed=True, num_experts=2)
+    trained = create_model("splatweaver_tiny", pose_free=False, num_experts=2)
     save_pretrained(trained, tmp_path / "weaver", name="splatweaver_tiny")
     loaded = create_model("splatweaver_tiny", pretrained=f"local-dir:{tmp_path / 'weaver'}")
-    assert loaded.posed and loaded.num_experts == 2 and not loaded.pose_free
+    assert not loaded.pose_free and loaded.num_experts == 2
     _assert_same_state(trained, loaded)
     # Explicit arguments still win over the recorded ones.
     budget = create_model(
         "splatweaver_tiny", pretrained=str(tmp_path / "weaver"), target_gaussians_per_pixel=0.8
     )
-    assert budget.posed and budget.target_usage.mul(torch.arange(3)).sum() == pytest.approx(0.8)
+    assert not budget.pose_free and budget.target_usage.mul(torch.arange(3)).sum() == pytest.approx(
+        0.8
+    )
     # Weights of another model are still refused by name, not built with its arguments.
     with pytest.raises(PretrainedError, match="splatweaver_tiny"):
         create_model("zipsplat_tiny", pretrained=str(tmp_path / "weaver"))
 
 
-def test_recorded_arguments_a_newer_version_dropped_are_left_out_with_a_warning(
-    tmp_path: Path,
-) -> None:
-    """A training checkpoint saved with an option this version no longer has still loads."""
-    trained = create_model("splatweaver_tiny", posed=True)
-    arguments = {"posed": True, "option_removed_since": False}
+def test_recorded_arguments_this_version_does_not_take_are_refused(tmp_path: Path) -> None:
+    """A training checkpoint saved with an option this version does not have fails to load, one
+    line naming the option (nothing is dropped silently)."""
+    trained = create_model("splatweaver_tiny", pose_free=False)
+    arguments = {"pose_free": False, "option_removed_since": False}
     checkpoint = {
         "state_dict": {f"net.{k}": v for k, v in trained.state_dict().items()},
         "hyper_parameters": {"model_name": "splatweaver_tiny", "model_config": arguments},
     }
     torch.save(checkpoint, tmp_path / "last.ckpt")
-    with pytest.warns(UserWarning, match="option_removed_since=False; left out"):
-        loaded = create_model("splatweaver_tiny", pretrained=str(tmp_path / "last.ckpt"))
-    assert loaded.posed  # the other recorded arguments still apply
-    _assert_same_state(trained, loaded)
+    with pytest.raises(PretrainedError, match="option_removed_since=False") as error:
+        create_model("splatweaver_tiny", pretrained=str(tmp_path / "last.ckpt"))
+    assert "\n" not in str(error.value)

@@ -1,4 +1,4 @@
-"""ModelOutput's typed fields, and the old ``extras`` dict kept for one release."""
+"""ModelOutput's typed fields and its read-only ``extras`` dict (DESIGN: ``pred.extras``)."""
 
 from __future__ import annotations
 
@@ -39,23 +39,13 @@ def test_typed_fields_and_read_only_extras_view() -> None:
     assert "loss/routing" in out.extras
 
 
-def test_old_extras_argument_routes_keys_to_fields() -> None:
-    g = _gaussians()
-    c2w = torch.eye(4).expand(1, 2, 4, 4)
-    with pytest.warns(DeprecationWarning, match="extras"):
-        out = ModelOutput(
-            gaussians=g,
-            extras={
-                "extrinsics": c2w,
-                "gaussians_per_iteration": [g, g],
-                "loss/routing": torch.tensor(0.5),
-                "hf_energy": torch.ones(1),
-            },
-        )
-    assert out.extrinsics is c2w and out.gaussians_per_iteration == [g, g]
-    assert set(out.losses) == {"routing"} and set(out.diagnostics) == {"hf_energy"}
-    with pytest.raises(ValueError, match="'depth' given both"):
-        ModelOutput(g, depth=torch.ones(1), extras={"depth": torch.ones(1)})
+def test_extras_is_not_a_constructor_argument() -> None:
+    with pytest.raises(TypeError, match="extras"):
+        ModelOutput(_gaussians(), extras={"depth": torch.ones(1)})
+    out = ModelOutput(_gaussians())
+    assert dict(out.extras) == {}  # nothing but the Gaussians
+    with pytest.raises(AttributeError):
+        out.extras = {}  # a property, not a field
 
 
 def _context(model) -> dict[str, torch.Tensor]:

@@ -325,7 +325,8 @@ def test_synthetic_refuses_a_foreign_folder(tmp_path) -> None:
 
 
 def test_convert_refuses_roots_that_are_not_datasets(tmp_path, monkeypatch) -> None:
-    from datamodules.tools.convert import InputError, convert
+    from datamodules.errors import InputError
+    from datamodules.tools.convert import convert
 
     photos = _photos(tmp_path / "photos")
     foreign = tmp_path / "documents"

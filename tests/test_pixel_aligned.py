@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from models import create_model, list_models
 from models.base import ModelOutput, SplatModel
-from models.factory import create_model
 from models.families.pixel_aligned import (
     PixelAligned,
     noposplat_tiny,
@@ -20,7 +20,6 @@ from models.families.pixel_aligned import (
     rigid_fit,
 )
 from models.geometry.cameras import pixel_grid, project
-from models.registry import list_models
 
 H = W = 64
 # A narrower, shallower backbone and head for the behaviour tests (the registered tiny model is
@@ -232,7 +231,7 @@ def test_from_pretrained_does_not_refetch_backbone_weights(tmp_path) -> None:
         depth=2,
         num_heads=2,
         patch_size=8,
-        img_size=64,
+        img_size=64,  # timm's name
         init_values=0.0,
         num_classes=0,
     )

@@ -57,7 +57,11 @@ def test_inverse_depth_to_depth_and_refinement():
         ("pixel_aligned_tiny", {}, ("backbone", "dpt", "depth_head", "depth_refine")),
         ("noposplat_tiny", {}, PIXEL_TRUNK_PARTS),
         ("splatweaver_tiny", {}, PIXEL_TRUNK_PARTS),
-        ("splatweaver_tiny", {"posed": True}, ("backbone", "dpt", "depth_head", "depth_refine")),
+        (
+            "splatweaver_tiny",
+            {"pose_free": False},
+            ("backbone", "dpt", "depth_head", "depth_refine"),
+        ),
     ],
 )
 def test_families_register_the_trunk_parts_flat(name, kwargs, parts):

@@ -1,16 +1,16 @@
-"""kNN search and point attention (models/point_transformer.py)."""
+"""kNN search (models/layers/knn.py) and point attention (models/layers/point_transformer.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from models.layers.knn import knn
 from models.layers.point_transformer import (
     GlobalAttention,
     KNNAttention,
     PointTransformer,
     gather_neighbors,
-    knn,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,10 +21,10 @@ def _brute_force(queries: torch.Tensor, points: torch.Tensor, k: int) -> torch.T
     return dist.argsort(dim=-1)[..., :k]
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 1024])
-def test_knn_matches_brute_force(chunk: int) -> None:
+@pytest.mark.parametrize("max_elements", [97, 7 * 97, 1 << 24])  # 1, 7, all queries a block
+def test_knn_matches_brute_force(max_elements: int) -> None:
     points = torch.randn(2, 97, 3, dtype=torch.float64)
-    index = knn(points, 16, chunk=chunk)
+    index = knn(points, 16, method="cdist", max_elements=max_elements)
     assert index.shape == (2, 97, 16) and index.dtype == torch.long
     assert torch.equal(index, _brute_force(points, points, 16))
     # Each point is its own nearest neighbour.
@@ -34,7 +34,10 @@ def test_knn_matches_brute_force(chunk: int) -> None:
 def test_knn_separate_queries_and_mask() -> None:
     points = torch.randn(3, 50, 3, dtype=torch.float64)
     queries = torch.randn(3, 20, 3, dtype=torch.float64)
-    assert torch.equal(knn(points, 5, queries=queries, chunk=6), _brute_force(queries, points, 5))
+    assert torch.equal(
+        knn(points, 5, queries=queries, method="cdist", max_elements=300),
+        _brute_force(queries, points, 5),
+    )
 
     mask = torch.rand(3, 50) > 0.4
     mask[:, :8] = True  # at least k valid points per scene
@@ -42,11 +45,13 @@ def test_knn_separate_queries_and_mask() -> None:
     assert bool(torch.gather(mask, 1, index.flatten(1)).all()), "a masked point was returned"
     far = points.masked_fill(~mask[..., None], 1e6)  # invalid points moved far away
     assert torch.equal(index, _brute_force(points, far, 8))
+    with pytest.raises(ValueError, match="takes no mask"):
+        knn(points, 8, mask=mask, method="kdtree")
 
 
 def test_knn_float32_agrees_on_distances() -> None:
     points = torch.rand(1, 300, 3) * 10
-    index = knn(points, 16, chunk=64)
+    index = knn(points, 16, method="cdist", max_elements=64 * 300)
     reference = _brute_force(points.double(), points.double(), 16)
     d = lambda i: (gather_neighbors(points.double(), i) - points.double()[:, :, None]).norm(dim=-1)  # noqa: E731
     torch.testing.assert_close(d(index), d(reference), rtol=1e-5, atol=1e-5)
@@ -54,9 +59,9 @@ def test_knn_float32_agrees_on_distances() -> None:
 
 def test_knn_rejects_bad_k() -> None:
     points = torch.randn(1, 10, 3)
-    with pytest.raises(ValueError, match="k must be in 1..10"):
+    with pytest.raises(ValueError, match=r"k=11 must be in \[1, 10\]"):
         knn(points, 11)
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(ValueError, match="k=0 must be"):
         knn(points, 0)
 
 

@@ -1,8 +1,8 @@
-"""Training settings live in recipes, not in the architecture (issue 16 item 2).
+"""Training settings live in recipes, not in the architecture.
 
-Constructors take architecture arguments only; weights saved by an older version, whose
-``config.json`` still records the training settings, load unchanged (those keys left out with a
-warning); the LightningModule weighs the model's unweighted loss terms with the injected recipe.
+Constructors take architecture arguments only; a ``config.json`` that records a training setting
+(or an argument under an old name) does not load, and the one-line error names the key; the
+LightningModule weighs the model's unweighted loss terms with the injected recipe.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from models.weights.pretrained import PretrainedError
 
-from models import create_model, list_models
-from models.base import SplatModel
+from models import create_model
+from models.base import constructor_arguments
 from models.factory import load_model
 from models.registry import model_class
 from models.training import (
@@ -30,19 +31,11 @@ from models.training import (
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
-# The training settings the shipped config.json files recorded before the recipes (their values
-# in the files as committed before the re-export, git history of checkpoints/*/config.json).
-OLD_TRAINING_KEYS = {
-    "zipsplat_tiny": {
-        "anneal_fraction": 0.5,
-        "camera_prior_prob": 0.2,
-        "chamfer_points": 2048,
-        "chamfer_weight": 0.1,
-        "r_min_final": 0.5,
-        "train_views": 2,
-    },
-    "resplat_tiny": {"train_iterations": 3, "loss_decay": 0.9, "freeze_init": True},
-    "splatweaver_tiny": {"routing_weight": 0.01, "usage_weight": 1.0, "label_smoothing": 0.1},
+# Training settings of each family (recipe fields, never constructor arguments), one per family.
+TRAINING_KEYS = {
+    "zipsplat_tiny": {"chamfer_weight": 0.1},
+    "resplat_tiny": {"loss_decay": 0.9},
+    "splatweaver_tiny": {"routing_weight": 0.01},
 }
 
 
@@ -56,68 +49,60 @@ def _context(model, size: int = 32) -> dict[str, torch.Tensor]:
     return context
 
 
-def test_shipped_configs_hold_architecture_arguments_only() -> None:
+def test_shipped_configs_hold_constructor_arguments_only() -> None:
     for folder in sorted(p for p in CHECKPOINTS.iterdir() if (p / "config.json").is_file()):
         config = json.loads((folder / "config.json").read_text())
-        cls = model_class(config["splatzoo"]["model_name"])
-        assert not set(config) & set(cls.retired_args), folder.name
-        assert not set(config) & {"train_kwargs", "loss_weights"}
+        config.pop("splatzoo")
+        named, _ = constructor_arguments(model_class(folder.name))
+        assert set(config) <= named, (folder.name, sorted(set(config) - named))
 
 
-@pytest.mark.parametrize("name", sorted(OLD_TRAINING_KEYS))
-def test_old_config_with_training_keys_loads_bit_exact(name: str, tmp_path: Path) -> None:
-    """A save_pretrained folder whose config.json still has the removed training keys loads
-    through every path (create_model, load_model, the Hub mixin) into the same weights and
-    predicts exactly what the re-exported folder predicts."""
+@pytest.mark.parametrize("name", sorted(TRAINING_KEYS))
+def test_config_with_a_training_key_fails_naming_it(name: str, tmp_path: Path) -> None:
+    """A save_pretrained folder whose config.json records a training setting fails to load by
+    name and by folder, one line naming the key."""
     old = tmp_path / name
     shutil.copytree(CHECKPOINTS / name, old)
     config = json.loads((old / "config.json").read_text())
-    assert not set(config) & set(OLD_TRAINING_KEYS[name])  # the shipped file is re-exported
-    config.update(OLD_TRAINING_KEYS[name])
+    config.update(TRAINING_KEYS[name])
     (old / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
+    (key, value), *_ = TRAINING_KEYS[name].items()
+    for load in (lambda: create_model(name, pretrained=str(old)), lambda: load_model(old)):
+        with pytest.raises(PretrainedError, match=f"{key}={value!r}") as error:
+            load()
+        assert "\n" not in str(error.value)
 
-    shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")
-    with pytest.warns(UserWarning, match=r"training setting.*recipes\.py") as record:
-        via_create = create_model(name, pretrained=str(old))
-    assert all(key in str(record[0].message) for key in OLD_TRAINING_KEYS[name])
-    with pytest.warns(UserWarning, match="training setting"):
-        via_load = load_model(old)
-    via_hub = model_class(name).from_pretrained(old)  # the mixin passes known arguments only
-    context = _context(shipped)
-    with torch.no_grad():
-        reference = shipped.eval()(context).gaussians
-        for model in (via_create, via_load, via_hub.eval()):
-            for key, value in shipped.state_dict().items():
-                assert torch.equal(value, model.state_dict()[key]), key
-            assert torch.equal(model(context).gaussians.means, reference.means)
+
+def test_config_with_an_old_spelling_names_the_new_key(tmp_path: Path) -> None:
+    old = tmp_path / "zipsplat_tiny"
+    shutil.copytree(CHECKPOINTS / "zipsplat_tiny", old)
+    config = json.loads((old / "config.json").read_text())
+    config["img_size"] = config.pop("image_size")
+    (old / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
+    with pytest.raises(PretrainedError, match=r"img_size=64 \(now image_size\)"):
+        create_model("zipsplat_tiny", pretrained=str(old))
+    weaver = tmp_path / "splatweaver_tiny"
+    shutil.copytree(CHECKPOINTS / "splatweaver_tiny", weaver)
+    config = json.loads((weaver / "config.json").read_text())
+    config["posed"] = not config.pop("pose_free")
+    (weaver / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
+    with pytest.raises(PretrainedError, match=r"posed=True \(now pose_free \(inverted\)\)"):
+        load_model(weaver)
 
 
 def test_constructors_refuse_training_arguments() -> None:
-    for name, keys in OLD_TRAINING_KEYS.items():
+    for name, keys in TRAINING_KEYS.items():
         key, value = next(iter(keys.items()))
         with pytest.raises(TypeError, match=key):
             create_model(name, **{key: value})
 
 
-def test_every_family_declares_retired_arguments_it_no_longer_takes() -> None:
-    import inspect
-
-    list_models()
-    stack, seen = list(SplatModel.__subclasses__()), set()
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        seen.add(cls)
-        accepted = set(inspect.signature(cls.__init__).parameters)
-        assert not accepted & set(cls.retired_args), cls.__name__
-    families = {getattr(c, "family", None) for c in seen}
-    assert {"zipsplat", "resplat", "splatweaver"} <= families
-
-
 def test_default_recipes_by_family() -> None:
-    assert type(default_recipe(create_model("zipsplat_tiny", img_size=32))) is ZipSplatRecipe
-    assert type(default_recipe(create_model("resplat_tiny", img_size=32))) is ReSplatRecipe
-    assert type(default_recipe(create_model("splatweaver_tiny", img_size=32))) is SplatWeaverRecipe
+    assert type(default_recipe(create_model("zipsplat_tiny", image_size=32))) is ZipSplatRecipe
+    assert type(default_recipe(create_model("resplat_tiny", image_size=32))) is ReSplatRecipe
+    assert (
+        type(default_recipe(create_model("splatweaver_tiny", image_size=32))) is SplatWeaverRecipe
+    )
     assert type(default_recipe(create_model("pixel_aligned_tiny"))) is Recipe
     plain = Recipe(loss_weights={"a": 2.0, "b": 0.0})
     weighted = plain.weigh({"a": torch.tensor(1.5), "b": torch.tensor(3.0), "c": torch.tensor(1.0)})
@@ -128,7 +113,7 @@ def test_lightning_module_weighs_losses_with_the_injected_recipe() -> None:
     """compute_loss adds the recipe's weighted terms: the logged routing term scales with the
     recipe's weight, and the recipe (not the model) goes into the hyper-parameters."""
     torch.manual_seed(0)
-    net = create_model("splatweaver_tiny", img_size=32, posed=True)
+    net = create_model("splatweaver_tiny", image_size=32, pose_free=False)
     scene = _context(net)
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
     terms = {}
@@ -143,7 +128,7 @@ def test_lightning_module_weighs_losses_with_the_injected_recipe() -> None:
 
 
 def test_resplat_recipe_freezes_and_samples_iterations_in_the_module() -> None:
-    net = create_model("resplat_tiny", img_size=32)
+    net = create_model("resplat_tiny", image_size=32)
     module = SplatLitModule(net, recipe=ReSplatRecipe(train_iterations=2, freeze_init=True))
     assert net.freeze_init and not any(p.requires_grad for p in net.init_model.parameters())
     assert all(p.requires_grad for p in net.updater.parameters())
@@ -168,7 +153,7 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
     )
     recipe = instantiate(cfg)
     assert recipe.loss_weights == {"chamfer": 0.2, "extra": 0.5}
-    module = SplatLitModule(create_model("zipsplat_tiny", img_size=32), recipe=recipe)
+    module = SplatLitModule(create_model("zipsplat_tiny", image_size=32), recipe=recipe)
     record = module.hparams["recipe"]
     assert type(record["loss_weights"]) is dict and record["chamfer_weight"] == 0.2
     json.dumps(record)  # plain: checkpoints load with weights_only=True
@@ -178,7 +163,7 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     """The module's test step (moved to models/training/) still refines a pose-free model's
     target poses and records both scores."""
     torch.manual_seed(0)
-    net = create_model("zipsplat_tiny", img_size=32)
+    net = create_model("zipsplat_tiny", image_size=32)
     module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
     module.eval()
     scene = _context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
@@ -191,10 +176,10 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     assert {"psnr", "refined_psnr", "ssim", "refined_ssim"} <= set(record)
 
 
-def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path: Path) -> None:
-    """A training checkpoint of an older version records the training settings in its
-    ``model_config``: load_model and export_checkpoint leave them out and keep every weight."""
-    from models.training.export import export_checkpoint
+def test_lightning_checkpoint_with_a_training_key_is_refused(tmp_path: Path) -> None:
+    """A training checkpoint whose ``model_config`` records a training setting: load_model and
+    export_checkpoint refuse it in one line naming the key."""
+    from models.training.export import ExportError, export_checkpoint
     from models.weights.hub import model_config
 
     name = "resplat_tiny"
@@ -204,16 +189,12 @@ def test_old_lightning_checkpoint_with_training_keys_loads_and_exports(tmp_path:
     hparams = {
         "model_name": name,
         "model_class": "models.families.resplat.ReSplat",
-        "model_config": {**config, **OLD_TRAINING_KEYS[name]},
+        "model_config": {**config, **TRAINING_KEYS[name]},
     }
     state = {f"net.{k}": v for k, v in shipped.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hparams}, ckpt)
-    with pytest.warns(UserWarning, match="training setting"):
-        loaded = load_model(ckpt)
-    exported = export_checkpoint(ckpt, tmp_path / "export")
-    written = json.loads((exported / "config.json").read_text())
-    assert not set(written) & set(OLD_TRAINING_KEYS[name])
-    again = create_model(name, pretrained=str(exported))
-    for model in (loaded, again):
-        for key, value in shipped.state_dict().items():
-            assert torch.equal(value, model.state_dict()[key]), key
+    with pytest.raises(PretrainedError, match="loss_decay=0.9"):
+        load_model(ckpt)
+    with pytest.raises(ExportError, match="loss_decay=0.9"):
+        export_checkpoint(ckpt, tmp_path / "export")
+    assert not (tmp_path / "export").exists()

@@ -35,7 +35,7 @@ def _context(batch: int = 1, views: int = 2, size: int = SIZE) -> dict[str, torc
 
 
 def _model(**overrides) -> ReSplat:
-    return create_model("resplat_tiny", img_size=SIZE, **overrides)
+    return create_model("resplat_tiny", image_size=SIZE, **overrides)
 
 
 @pytest.fixture(scope="module")

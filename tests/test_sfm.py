@@ -315,7 +315,7 @@ def test_images_that_do_not_register_are_left_out(cache: Path, tmp_path: Path) -
 
 def test_distorted_cameras_are_undistorted(tmp_path: Path) -> None:
     """A SIMPLE_RADIAL result: pinhole part for the poses, images resampled with the COLMAP
-    converter's undistortion (``datamodules.tools.convert.undistort_image``)."""
+    converter's undistortion (``datamodules.readers.undistort.undistort_image``)."""
     from PIL import Image
 
     from datamodules.readers.undistort import undistort_image

@@ -1,5 +1,5 @@
-"""The shipped weights predict what they predicted before the layered relayout: bit for bit on
-the machine kind of the recording, to 1e-5 on other CPU kernels (tests/shipped_reference.py)."""
+"""The shipped weights predict the recorded Gaussians: bit for bit on the CPU kernel set of the
+recording, to 1e-5 on other kernels (``tests/shipped_reference.py``)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def test_shipped_gaussians_bit_identical(name: str, one_thread) -> None:
         assert now[key].shape == recorded[key].shape, key
         difference = (now[key] - recorded[key]).abs().max().item()
         if same_kernels:
-            assert torch.equal(now[key], recorded[key]), f"{key}: max abs difference {difference:.3g}"
+            assert torch.equal(now[key], recorded[key]), (
+                f"{key}: max abs difference {difference:.3g}"
+            )
         else:  # other CPU kernels round differently: the recording's machine is in its metadata
             assert difference <= 1e-5, f"{key}: max abs difference {difference:.3g}"

@@ -19,7 +19,7 @@ SIZE = 32  # small images keep the tests fast; the tiny backbone works at any si
 
 
 def small_model(**overrides) -> SplatWeaver:
-    return create_model("splatweaver_tiny", img_size=SIZE, **overrides)
+    return create_model("splatweaver_tiny", image_size=SIZE, **overrides)
 
 
 def make_context(b: int = 2, v: int = 2, size: int = SIZE, image: torch.Tensor | None = None):
@@ -430,7 +430,7 @@ def test_use_intrinsics_keeps_view_zero_on_its_rays() -> None:
 
 
 def test_posed_points_lie_on_the_given_cameras_rays() -> None:
-    model = small_model(posed=True).eval()
+    model = small_model(pose_free=False).eval()
     assert not model.pose_free and model.point_head is None
     assert SplatWeaver.pose_free  # the class default stays pose-free
     context = make_context(b=1)
@@ -466,7 +466,7 @@ def test_intrinsics_free_focal_estimate() -> None:
 
 def test_neighbour_aggregation_and_db2() -> None:
     model = create_model(
-        "splatweaver_tiny", img_size=16, neighbour_aggregation=True, neighbour_k=8, wavelet="db2"
+        "splatweaver_tiny", image_size=16, neighbour_aggregation=True, neighbour_k=8, wavelet="db2"
     ).train()
     pred = model(make_context(b=1, size=16))
     routing = SplatWeaverRecipe().weigh(pred.losses)["routing"]
@@ -489,16 +489,16 @@ def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -
     from models.weights.hub import PretrainedError, save_pretrained
 
     torch.manual_seed(0)
-    teacher = create_model("pixel_aligned_tiny", img_size=SIZE)
+    teacher = create_model("pixel_aligned_tiny", image_size=SIZE)
     save_pretrained(teacher, tmp_path / "pa", "pixel_aligned_tiny")
-    model = small_model(posed=True, init_checkpoint=str(tmp_path / "pa"))
+    model = small_model(pose_free=False, init_checkpoint=str(tmp_path / "pa"))
     source = teacher.state_dict()
     loaded = {name: module for name, module in model.trunk_modules().items()}
     assert set(loaded) == {"backbone", "dpt", "depth_head", "depth_refine"}
     for name, module in loaded.items():
         for key, value in module.state_dict().items():
             torch.testing.assert_close(value, source[f"{name}.{key}"])
-    fresh = small_model(posed=True)  # the router and experts are not taken from anywhere
+    fresh = small_model(pose_free=False)  # the router and experts are not taken from anywhere
     assert not torch.equal(
         fresh.backbone.patch_embed.proj.weight, model.backbone.patch_embed.proj.weight
     )
@@ -511,9 +511,9 @@ def test_init_checkpoint_starts_the_trunk_from_a_pixel_aligned_model(tmp_path) -
     torch.testing.assert_close(depth, teacher_depth.reshape(depth.shape), rtol=1e-4, atol=1e-4)
     # A pose-free SplatWeaver has no camera tokens: the posed trunk does not fit, and says so.
     with pytest.raises(PretrainedError, match="camera_embed"):
-        small_model(posed=False, init_checkpoint=str(tmp_path / "pa"))
+        small_model(pose_free=True, init_checkpoint=str(tmp_path / "pa"))
     with pytest.raises(PretrainedError, match="does not exist"):
-        small_model(posed=True, init_checkpoint=str(tmp_path / "missing"))
+        small_model(pose_free=False, init_checkpoint=str(tmp_path / "missing"))
     # Weights saved from the initialised model rebuild without reading the init file again.
     save_pretrained(model, tmp_path / "sw", "splatweaver_tiny")
     (tmp_path / "pa" / "model.safetensors").unlink()

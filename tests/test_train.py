@@ -221,9 +221,9 @@ def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
 
 
 def test_eval_builds_the_network_the_weights_record(data_root, tmp_path):
-    """The shipped SplatWeaver weights are posed; configs/model/splatweaver.yaml says posed=false.
-    eval.py builds what the weights record (no "posed=True vs False" refusal) and never builds
-    the config's network."""
+    """The shipped SplatWeaver weights are posed; configs/model/splatweaver.yaml says
+    pose_free=true. eval.py builds what the weights record (no "pose_free=False vs True"
+    refusal) and never builds the config's network."""
     import eval as eval_script
 
     cfg = compose_config(
@@ -237,7 +237,7 @@ def test_eval_builds_the_network_the_weights_record(data_root, tmp_path):
         ],
         tmp_path,
     )
-    assert cfg.model.net.posed is False
+    assert cfg.model.net.pose_free is True
     metrics = eval_script.evaluate(cfg)
     assert math.isfinite(metrics["psnr"]) and metrics["psnr"] > 10
     record = json.loads((tmp_path / "out" / "metrics.json").read_text())

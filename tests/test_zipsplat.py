@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def model() -> ZipSplat:
     torch.manual_seed(0)
-    return create_model("zipsplat_tiny", img_size=SIZE).eval()
+    return create_model("zipsplat_tiny", image_size=SIZE).eval()
 
 
 def _context(b: int = 2, v: int = 2, size: int = SIZE, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -151,7 +151,7 @@ def test_ratio_alias_max_gaussians_and_determinism(model):
 @pytest.mark.parametrize("views", [1, 2, 4])
 def test_forward_backward_any_number_of_views(views):
     torch.manual_seed(0)
-    model = create_model("zipsplat_tiny", img_size=SIZE).train()
+    model = create_model("zipsplat_tiny", image_size=SIZE).train()
     context = _context(b=2, v=views)
     pred = model(context, compression=0.5 if views > 1 else 1.0)
     n = views * (SIZE // 8) ** 2
@@ -195,7 +195,7 @@ def test_camera_prior_changes_output_only_when_enabled(model):
     assert torch.equal(half.means[1], off.means[1])  # scene without the prior: untouched
     assert torch.allclose(half.means[0], on.means[0], atol=1e-5)
 
-    without = create_model("zipsplat_tiny", img_size=SIZE, use_camera_prior=False).eval()
+    without = create_model("zipsplat_tiny", image_size=SIZE, use_camera_prior=False).eval()
     with torch.no_grad():
         a = without(context).gaussians
         b = without(moved, camera_prior=True).gaussians
@@ -242,13 +242,13 @@ def test_chamfer_distance_matches_dense_reference():
 
 def test_chamfer_loss_from_context_depth():
     torch.manual_seed(0)
-    model = create_model("zipsplat_tiny", img_size=SIZE).train()
+    model = create_model("zipsplat_tiny", image_size=SIZE).train()
     context = _context(b=1)
     context["depth"] = torch.full((1, 2, SIZE, SIZE), 3.0)
     pred = model(context, chamfer_points=2048)
     loss = pred.losses["chamfer"]  # unweighted: the recipe weighs it
     assert loss.ndim == 0 and loss > 0
-    assert pred.extras["loss/chamfer"] is loss  # the old view, for one release
+    assert pred.extras["loss/chamfer"] is loss  # the same term in the extras view
     weighted = ZipSplatRecipe(chamfer_weight=0.1).weigh(pred.losses)
     torch.testing.assert_close(weighted["chamfer"], 0.1 * loss)
     assert ZipSplatRecipe(chamfer_weight=0.0).weigh(pred.losses) == {}
@@ -274,7 +274,7 @@ def test_registry_and_round_trip(tmp_path, model):
 
 def test_gaussian_sites_start_each_gaussian_on_its_own_pixel_and_colour():
     torch.manual_seed(0)
-    model = create_model("zipsplat_tiny", img_size=SIZE, gaussian_sites=True).eval()
+    model = create_model("zipsplat_tiny", image_size=SIZE, gaussian_sites=True).eval()
     g = model.gaussians_per_token
     head = model.gaussian_head.proj
     last = head[-1] if isinstance(head, torch.nn.Sequential) else head

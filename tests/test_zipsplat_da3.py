@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from models import create_model, get_pretrained_cfg, list_models
 from models.families.zipsplat_da3 import ZipSplatDA3, checkpoint_filter_fn
-from models.layers.heads import GaussianHead
+from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import kmeans_nearest_tokens
 
 ARCH = {s: f"zipsplat_da3{s}" for s in recipe.SIZES}
@@ -230,7 +230,7 @@ def test_head_coefficient_major_sh_layout() -> None:
     """``sh_layout="coefficient"`` reads raw SH as ``[K, 3]`` and returns ``[3, K]``."""
     head = GaussianHead(
         4,
-        mean_mode="free",
+        FreeMeanPlacement(),
         sh_degree=1,
         sh_layout="coefficient",
         sh_band_scale=False,
@@ -241,7 +241,7 @@ def test_head_coefficient_major_sh_layout() -> None:
     g = head.decode(raw)
     assert torch.equal(g.harmonics[0, 0], torch.arange(12.0).reshape(4, 3).T)
     with pytest.raises(ValueError, match="sh_layout"):
-        GaussianHead(4, mean_mode="free", sh_layout="rows")
+        GaussianHead(4, FreeMeanPlacement(), sh_layout="rows")
 
 
 def test_release_kmeans_is_deterministic_and_finds_separated_clusters() -> None:
@@ -267,12 +267,30 @@ def _official_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ("head_mlp.", "gaussian_head.gaussian_head.0."),
         ("gaussian_head.proj.", "gaussian_head.gaussian_head.1."),
     )
+    block_parts = {  # inside the cross-attention blocks
+        "norm_query": "norm_q",
+        "norm_memory": "norm_kv",
+        "cross.q": "attn.q_proj",
+        "cross.kv": "attn.kv_proj",
+        "cross.q_norm": "attn.q_norm",
+        "cross.k_norm": "attn.k_norm",
+        "cross.proj": "attn.proj",
+        "ls_cross": "ls1",
+        "norm_mlp": "norm2",
+        "ls_mlp": "ls2",
+    }
     out = {}
     for key, value in state.items():
         for ours, official in renames:
             if key.startswith(ours):
                 key = official + key[len(ours) :]
                 break
+        if key.startswith(("cross_attention.", "color_cross_attention.")):
+            head, _, rest = key.partition("attention.")
+            index, part = rest.split(".", 1) if head == "cross_" else ("", rest)
+            module, _, leaf = part.rpartition(".")
+            module = block_parts.get(module, module)
+            key = f"{head}attention.{index + '.' if index else ''}{module}.{leaf}"
         out[key] = value
     return out
 

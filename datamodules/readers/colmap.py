@@ -26,6 +26,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -190,13 +191,6 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             yield number, text.strip()
 
 
-def _data_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, stripped text)`` of the lines that are neither empty nor comments."""
-    for number, line in _lines(path):
-        if line and not line.startswith("#"):
-            yield number, line
-
-
 def _int(text: str, what: str, lowest: int | None = None) -> int:
     """``text`` as an integer; ``ValueError`` naming ``what`` otherwise."""
     try:
@@ -292,6 +286,68 @@ def _check_image(image: Image) -> Image:
     return image
 
 
+class _LaterLine(ValueError):
+    """A record's error found on its ``offset``-th following line (``images.txt``' points)."""
+
+    def __init__(self, offset: int, message: str) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+def _read_text_records(
+    path: Path, what: str, parse: Callable[..., tuple[int, Any]], extra_lines: int = 0
+) -> dict[int, Any]:
+    """The loop of every text reader: records by id.
+
+    A record starts at a line that is neither empty nor a comment and takes the ``extra_lines``
+    lines after it as they are (``images.txt``: the points line, possibly empty).
+    ``parse(line, *extra)`` returns ``(id, record)`` and raises ``ValueError`` (``IndexError``:
+    the line ends early) for a bad record.
+
+    Raises:
+        ColmapError: naming the file and the line (``UnsupportedCameraError`` for a camera model
+            this project cannot use), also for an id that appears twice.
+    """
+    records: dict[int, Any] = {}
+    lines = _lines(path)
+    for number, line in lines:
+        if not line or line.startswith("#"):
+            continue
+        numbers, extra = [number], []
+        for _ in range(extra_lines):
+            after, text = next(lines, (numbers[-1] + 1, ""))
+            numbers.append(after)
+            extra.append(text)
+        try:
+            key, record = parse(line, *extra)
+            if key in records:
+                raise ValueError(f"{what} id {key} appears twice")
+        except (IndexError, ValueError) as error:
+            at = numbers[error.offset] if isinstance(error, _LaterLine) else numbers[0]
+            reason = "line ends early" if isinstance(error, IndexError) else error
+            kind = (
+                UnsupportedCameraError if isinstance(error, UnsupportedCameraError) else ColmapError
+            )
+            raise kind(f"{path}, line {at}: {reason}") from error
+        records[key] = record
+    return records
+
+
+def _camera_record(line: str) -> tuple[int, Camera]:
+    elems = line.split()
+    if len(elems) < 4:
+        raise ValueError("expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS[]")
+    camera = Camera(
+        _int(elems[0], "camera id", 0),
+        elems[1],
+        _int(elems[2], "width"),
+        _int(elems[3], "height"),
+        _floats(elems[4:], "parameter"),
+    )
+    _check_camera(camera)
+    return camera.id, camera
+
+
 def read_cameras_text(path: str | Path) -> dict[int, Camera]:
     """Read ``cameras.txt`` (``CAMERA_ID MODEL WIDTH HEIGHT PARAMS[]`` per line).
 
@@ -304,30 +360,42 @@ def read_cameras_text(path: str | Path) -> dict[int, Camera]:
     Raises:
         ColmapError: a malformed or invalid line (one line naming the file and line number).
     """
-    path = Path(path)
-    cameras: dict[int, Camera] = {}
-    for number, line in _data_lines(path):
-        elems = line.split()
-        try:
-            if len(elems) < 4:
-                raise ValueError("expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS[]")
-            camera = Camera(
-                _int(elems[0], "camera id", 0),
-                elems[1],
-                _int(elems[2], "width"),
-                _int(elems[3], "height"),
-                _floats(elems[4:], "parameter"),
+    return _read_text_records(Path(path), "camera", _camera_record)
+
+
+def _image_record(line: str, points_line: str) -> tuple[int, Image]:
+    elems = line.split(maxsplit=9)
+    if len(elems) < 10:
+        raise ValueError("expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME")
+    image_id = _int(elems[0], "image id", 0)
+    qvec = _unit_qvec(_floats(elems[1:5], "quaternion"))
+    tvec = _floats(elems[5:8], "translation")
+    camera_id = _int(elems[8], "camera id", 0)
+    name = elems[9]
+    points_elems = points_line.split()
+    try:
+        if len(points_elems) % 3 != 0:
+            raise ValueError(
+                f"the POINTS2D line of image {image_id} has {len(points_elems)} numbers, "
+                "not triples X Y POINT3D_ID"
             )
-            _check_camera(camera)
-            if camera.id in cameras:
-                raise ValueError(f"camera id {camera.id} appears twice")
-        except ValueError as error:
-            kind = (
-                UnsupportedCameraError if isinstance(error, UnsupportedCameraError) else ColmapError
+        points = _floats(points_elems, "2D point").reshape(-1, 3)  # [P, 3]
+        if (points[:, 2] != np.round(points[:, 2])).any():
+            raise ValueError(f"image {image_id} has a POINT3D_ID that is not an integer")
+        image = _check_image(
+            Image(
+                image_id,
+                qvec,
+                tvec,
+                camera_id,
+                name,
+                points[:, :2].copy(),
+                points[:, 2].astype(np.int64),
             )
-            raise kind(f"{path}, line {number}: {error}") from error
-        cameras[camera.id] = camera
-    return cameras
+        )
+    except ValueError as error:
+        raise _LaterLine(1, str(error)) from error
+    return image_id, image
 
 
 def read_images_text(path: str | Path) -> dict[int, Image]:
@@ -342,51 +410,22 @@ def read_images_text(path: str | Path) -> dict[int, Image]:
     Raises:
         ColmapError: a malformed or invalid line (one line naming the file and line number).
     """
-    path = Path(path)
-    images: dict[int, Image] = {}
-    lines = _lines(path)
-    for number, line in lines:
-        if not line or line.startswith("#"):
-            continue
-        elems = line.split(maxsplit=9)
-        try:
-            if len(elems) < 10:
-                raise ValueError("expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME")
-            image_id = _int(elems[0], "image id", 0)
-            qvec = _unit_qvec(_floats(elems[1:5], "quaternion"))
-            tvec = _floats(elems[5:8], "translation")
-            camera_id = _int(elems[8], "camera id", 0)
-            name = elems[9]
-            if image_id in images:
-                raise ValueError(f"image id {image_id} appears twice")
-        except ValueError as error:
-            raise ColmapError(f"{path}, line {number}: {error}") from error
-        number, points_line = next(lines, (number + 1, ""))
-        points_elems = points_line.split()
-        try:
-            if len(points_elems) % 3 != 0:
-                raise ValueError(
-                    f"the POINTS2D line of image {image_id} has {len(points_elems)} numbers, "
-                    "not triples X Y POINT3D_ID"
-                )
-            points = _floats(points_elems, "2D point").reshape(-1, 3)
-            if (points[:, 2] != np.round(points[:, 2])).any():
-                raise ValueError(f"image {image_id} has a POINT3D_ID that is not an integer")
-            image = _check_image(
-                Image(
-                    image_id,
-                    qvec,
-                    tvec,
-                    camera_id,
-                    name,
-                    points[:, :2].copy(),
-                    points[:, 2].astype(np.int64),
-                )
-            )
-        except ValueError as error:
-            raise ColmapError(f"{path}, line {number}: {error}") from error
-        images[image_id] = image
-    return images
+    return _read_text_records(Path(path), "image", _image_record, extra_lines=1)
+
+
+def _point_record(line: str) -> tuple[int, Point3D]:
+    elems = line.split()
+    if len(elems) < 8 or len(elems) % 2 != 0:
+        raise ValueError("expected POINT3D_ID X Y Z R G B ERROR and (IMAGE_ID, POINT2D_IDX) pairs")
+    point_id = _int(elems[0], "point id", 0)
+    xyz = _floats(elems[1:4], "position")
+    rgb = [_int(x, "colour", 0) for x in elems[4:7]]
+    if max(rgb) > 255:
+        raise ValueError(f"colour {' '.join(elems[4:7])} is not 0..255")
+    error = float(_floats(elems[7:8], "error")[0])
+    track = _ints(elems[8:], "track entry", 0).reshape(-1, 2)  # [T, 2] image id, 2D index
+    rgb = np.array(rgb, dtype=np.uint8)
+    return point_id, Point3D(point_id, xyz, rgb, error, track[:, 0], track[:, 1])
 
 
 def read_points3d_text(path: str | Path) -> dict[int, Point3D]:
@@ -401,31 +440,30 @@ def read_points3d_text(path: str | Path) -> dict[int, Point3D]:
     Raises:
         ColmapError: a malformed or invalid line (one line naming the file and line number).
     """
-    path = Path(path)
-    points: dict[int, Point3D] = {}
-    for number, line in _data_lines(path):
-        elems = line.split()
-        try:
-            if len(elems) < 8 or len(elems) % 2 != 0:
-                raise ValueError(
-                    "expected POINT3D_ID X Y Z R G B ERROR and (IMAGE_ID, POINT2D_IDX) pairs"
-                )
-            point_id = _int(elems[0], "point id", 0)
-            xyz = _floats(elems[1:4], "position")
-            rgb = [_int(x, "colour", 0) for x in elems[4:7]]
-            if max(rgb) > 255:
-                raise ValueError(f"colour {' '.join(elems[4:7])} is not 0..255")
-            error = float(_floats(elems[7:8], "error")[0])
-            track = _ints(elems[8:], "track entry", 0)
-            if point_id in points:
-                raise ValueError(f"point id {point_id} appears twice")
-        except ValueError as error_:
-            raise ColmapError(f"{path}, line {number}: {error_}") from error_
-        track = track.reshape(-1, 2)
-        points[point_id] = Point3D(
-            point_id, xyz, np.array(rgb, dtype=np.uint8), error, track[:, 0], track[:, 1]
-        )
-    return points
+    return _read_text_records(Path(path), "point", _point_record)
+
+
+def _rig_record(line: str) -> tuple[int, dict]:
+    elems = line.split()
+    rig_id, num_sensors = _int(elems[0], "rig id", 0), _int(elems[1], "sensor count", 0)
+    rig: dict = {"ref_sensor": None, "sensors": []}
+    pos = 2
+    if num_sensors > 0:
+        rig["ref_sensor"] = (elems[2], _int(elems[3], "sensor id", 0))
+        pos = 4
+    for _ in range(max(num_sensors - 1, 0)):
+        sensor = (elems[pos], _int(elems[pos + 1], "sensor id", 0))
+        has_pose = elems[pos + 2] == "1"
+        pos += 3
+        pose = None
+        if has_pose:
+            values = _floats(elems[pos : pos + 7], "sensor_from_rig")
+            if len(values) != 7:
+                raise ValueError("sensor_from_rig needs 7 numbers")
+            pose = (_unit_qvec(values[:4]), values[4:])
+            pos += 7
+        rig["sensors"].append({"sensor": sensor, "sensor_from_rig": pose})
+    return rig_id, rig
 
 
 def read_rigs_text(path: str | Path) -> dict[int, dict]:
@@ -441,34 +479,28 @@ def read_rigs_text(path: str | Path) -> dict[int, dict]:
     Raises:
         ColmapError: a malformed line (naming the file and line number).
     """
-    path = Path(path)
-    rigs: dict[int, dict] = {}
-    for number, line in _data_lines(path):
-        elems = line.split()
-        try:
-            rig_id, num_sensors = _int(elems[0], "rig id", 0), _int(elems[1], "sensor count", 0)
-            rig: dict = {"ref_sensor": None, "sensors": []}
-            pos = 2
-            if num_sensors > 0:
-                rig["ref_sensor"] = (elems[2], _int(elems[3], "sensor id", 0))
-                pos = 4
-            for _ in range(max(num_sensors - 1, 0)):
-                sensor = (elems[pos], _int(elems[pos + 1], "sensor id", 0))
-                has_pose = elems[pos + 2] == "1"
-                pos += 3
-                pose = None
-                if has_pose:
-                    values = _floats(elems[pos : pos + 7], "sensor_from_rig")
-                    if len(values) != 7:
-                        raise ValueError("sensor_from_rig needs 7 numbers")
-                    pose = (_unit_qvec(values[:4]), values[4:])
-                    pos += 7
-                rig["sensors"].append({"sensor": sensor, "sensor_from_rig": pose})
-        except (IndexError, ValueError) as error:
-            reason = "line ends early" if isinstance(error, IndexError) else error
-            raise ColmapError(f"{path}, line {number}: {reason}") from error
-        rigs[rig_id] = rig
-    return rigs
+    return _read_text_records(Path(path), "rig", _rig_record)
+
+
+def _frame_record(line: str) -> tuple[int, dict]:
+    elems = line.split()
+    if len(elems) < 10:
+        raise IndexError
+    values = _floats(elems[2:9], "rig_from_world")
+    count = _int(elems[9], "data count", 0)
+    if len(elems) != 10 + 3 * count:
+        raise ValueError(f"{count} data ids need {10 + 3 * count} fields, found {len(elems)}")
+    data = [
+        (
+            elems[10 + 3 * i],
+            _int(elems[11 + 3 * i], "sensor id", 0),
+            _int(elems[12 + 3 * i], "data id", 0),
+        )
+        for i in range(count)
+    ]
+    frame_id, rig_id = _int(elems[0], "frame id", 0), _int(elems[1], "rig id", 0)
+    qvec = _unit_qvec(values[:4])
+    return frame_id, {"rig_id": rig_id, "qvec": qvec, "tvec": values[4:], "data_ids": data}
 
 
 def read_frames_text(path: str | Path) -> dict[int, dict]:
@@ -484,34 +516,7 @@ def read_frames_text(path: str | Path) -> dict[int, dict]:
     Raises:
         ColmapError: a malformed line (naming the file and line number).
     """
-    path = Path(path)
-    frames: dict[int, dict] = {}
-    for number, line in _data_lines(path):
-        elems = line.split()
-        try:
-            if len(elems) < 10:
-                raise IndexError
-            values = _floats(elems[2:9], "rig_from_world")
-            count = _int(elems[9], "data count", 0)
-            if len(elems) != 10 + 3 * count:
-                raise ValueError(
-                    f"{count} data ids need {10 + 3 * count} fields, found {len(elems)}"
-                )
-            data = [
-                (
-                    elems[10 + 3 * i],
-                    _int(elems[11 + 3 * i], "sensor id", 0),
-                    _int(elems[12 + 3 * i], "data id", 0),
-                )
-                for i in range(count)
-            ]
-            frame_id, rig_id = _int(elems[0], "frame id", 0), _int(elems[1], "rig id", 0)
-            qvec = _unit_qvec(values[:4])
-        except (IndexError, ValueError) as error:
-            reason = "line ends early" if isinstance(error, IndexError) else error
-            raise ColmapError(f"{path}, line {number}: {reason}") from error
-        frames[frame_id] = {"rig_id": rig_id, "qvec": qvec, "tvec": values[4:], "data_ids": data}
-    return frames
+    return _read_text_records(Path(path), "frame", _frame_record)
 
 
 class _BinaryFile:

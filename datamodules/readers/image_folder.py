@@ -66,6 +66,7 @@ __all__ = [
     "load_images",
     "load_image_folder",
     "load_video",
+    "natural_key",
     "open_image",
     "crop_fraction",
     "read_cameras_json",
@@ -168,7 +169,8 @@ class ImageSet:
         return torch.stack(out)
 
 
-def _natural_key(name: str) -> list:
+def natural_key(name: str) -> list:
+    """Sort key of natural name order: ``frame2`` before ``frame10``, case ignored."""
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name)]
 
 
@@ -495,7 +497,7 @@ def _spread(count: int, total: int) -> list[int]:
 
 def _image_files(folder: Path) -> list[Path]:
     files = []
-    for path in sorted(folder.iterdir(), key=lambda p: _natural_key(p.name)):
+    for path in sorted(folder.iterdir(), key=lambda p: natural_key(p.name)):
         if path.name.startswith(".") or path.is_dir():
             continue
         if path.suffix.lower() in IMAGE_EXTENSIONS:

@@ -64,6 +64,7 @@ from PIL import Image as PILImage
 from PIL import ImageOps
 from tqdm import tqdm
 
+from datamodules.errors import InputError
 from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
 from datamodules.readers.colmap import (
     ColmapError,
@@ -73,10 +74,8 @@ from datamodules.readers.colmap import (
     image_world_to_camera,
     read_model,
 )
-from datamodules.readers.undistort import (  # noqa: F401  (defined there; kept here for old imports)
-    distort_points,
-    undistort_image,
-)
+from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
+from datamodules.readers.undistort import undistort_image
 from models.geometry.cameras import (
     intrinsics_to_normalized,
     intrinsics_to_pixels,
@@ -85,8 +84,6 @@ from models.geometry.cameras import (
 from models.output_folder import OutputFolderError, check_output_folder, write_marker
 
 __all__ = [
-    "IMAGE_EXTENSIONS",
-    "InputError",
     "SceneError",
     "View",
     "SceneSource",
@@ -95,21 +92,14 @@ __all__ = [
     "colmap_scene",
     "transforms_scene",
     "re10k_scene",
-    "distort_points",
-    "undistort_image",
     "resize_and_crop",
     "convert",
     "sfm_scene",
     "main",
 ]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 _MAX_DEPTH = 3
 _OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
-
-
-class InputError(ValueError):
-    """The command cannot run at all (bad SOURCE or arguments)."""
 
 
 class SceneError(ValueError):
@@ -179,10 +169,6 @@ class _Options:
     undistort: bool = True
 
 
-def _natural_key(text: str) -> list:
-    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", text)]
-
-
 def _check_view(view: View) -> None:
     """Raise ``SceneError`` for non-finite or non-rigid poses and invalid intrinsics."""
     label = view.label or view.image.name
@@ -231,7 +217,7 @@ def colmap_scene(model_dir: Path, images_dir: Path, key: str) -> SceneSource:
         if not images_dir.is_dir():
             raise SceneError(f"image folder not found: {images_dir} (pass --images)")
         views = []
-        for index, image in enumerate(sorted(images.values(), key=lambda i: _natural_key(i.name))):
+        for index, image in enumerate(sorted(images.values(), key=lambda i: natural_key(i.name))):
             if image.camera_id not in cameras:
                 raise SceneError(f"image {image.name} refers to missing camera {image.camera_id}")
             camera = cameras[image.camera_id]
@@ -310,7 +296,7 @@ def transforms_scene(json_path: Path, key: str) -> SceneSource:
             if "file_path" not in frame or "transform_matrix" not in frame:
                 raise SceneError(f"{json_path}: frame {number} lacks file_path or transform_matrix")
             entries.append(frame)
-        entries.sort(key=lambda f: _natural_key(str(f["file_path"])))
+        entries.sort(key=lambda f: natural_key(str(f["file_path"])))
         views = []
         for index, frame in enumerate(entries):
             merged = {**meta, **frame}
@@ -428,7 +414,7 @@ def re10k_scene(txt_path: Path, frames_root: Path, key: str) -> SceneSource:
             )
         files = sorted(
             (p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS),
-            key=lambda p: _natural_key(p.name),
+            key=lambda p: natural_key(p.name),
         )
         by_stem = {p.stem: p for p in files}
         paths = [by_stem.get(str(timestamp)) for timestamp, _ in rows]
@@ -542,7 +528,7 @@ def _walk(
     scenes: list[SceneSource],
 ) -> None:
     try:
-        entries = sorted(folder.iterdir(), key=lambda p: _natural_key(p.name))
+        entries = sorted(folder.iterdir(), key=lambda p: natural_key(p.name))
     except OSError:
         return
     stems = set()

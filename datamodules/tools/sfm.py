@@ -43,6 +43,7 @@ from torch import Tensor
 
 from datamodules.errors import DataError
 from datamodules.readers import colmap
+from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from models.geometry.cameras import normalize_scene
 
 __all__ = [
@@ -63,7 +64,6 @@ _EXHAUSTIVE_MAX = (
     30  # auto: exhaustive matching up to this many images (435 pairs), else sequential
 )
 _CACHE_VERSION = 1
-_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 _REMOVE_AT_EXIT: list[Path] = []  # temporary results (cache=False), removed at exit
 
 
@@ -347,12 +347,6 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "splatzoo" / "sfm"
 
 
-def _natural_key(name: str) -> list:
-    import re
-
-    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name)]
-
-
 def image_files(folder: str | Path) -> list[Path]:
     """Image files directly in ``folder`` (or its ``images/`` subfolder when it has none), in
     natural name order; hidden files skipped."""
@@ -360,11 +354,11 @@ def image_files(folder: str | Path) -> list[Path]:
     files = [
         p
         for p in folder.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in _IMAGE_EXTENSIONS
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS
     ]
     if not files and (folder / "images").is_dir():
         return image_files(folder / "images")
-    return sorted(files, key=lambda p: _natural_key(p.name))
+    return sorted(files, key=lambda p: natural_key(p.name))
 
 
 def _resolve_inputs(images: str | Path | Sequence[str | Path]) -> tuple[Path, list[str]]:
@@ -380,7 +374,7 @@ def _resolve_inputs(images: str | Path | Sequence[str | Path]) -> tuple[Path, li
             if not path.is_file():
                 raise SfmError(f"{path}: image not found")
     if not files:
-        raise SfmError(f"{images}: no images found ({', '.join(_IMAGE_EXTENSIONS)})")
+        raise SfmError(f"{images}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
     folder = files[0].parent
     if any(p.parent.resolve() != folder.resolve() for p in files):
         raise SfmError(f"{files[0].parent}: the images must lie in one folder")

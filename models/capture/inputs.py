@@ -15,17 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from datamodules.errors import DataError
+from datamodules.errors import DataError, InputError
 
-__all__ = ["InputError", "load_inputs", "without_poses"]
-
-
-class InputError(DataError):
-    """Unusable input or settings; one line naming ``path`` (``.path``, ``.message``)."""
-
-    def __init__(self, path: str | os.PathLike, message: str) -> None:
-        self.path, self.message = os.fspath(path), message
-        super().__init__(f"{self.path}: {message}")
+__all__ = ["load_inputs", "without_poses"]
 
 
 def without_poses(source: Path) -> bool:

@@ -61,12 +61,12 @@ class DepthSplat(SplatModel):
     """DepthSplat's encoder: posed images in, one Gaussian per pixel out.
 
     Args:
-        vit: Depth Anything V2 ViT size, ``"vits"``, ``"vitb"`` or ``"vitl"``; or ``"custom"``
+        vit_size: Depth Anything V2 ViT size, ``"vits"``, ``"vitb"`` or ``"vitl"``; or ``"custom"``
             with ``vit_dim``/``vit_depth``/``vit_heads``/``mono_layers``/``dpt_*`` (test sizes).
         num_scales: cost-volume scales (1: small; 2: base and large).
         upsample_factor: image / last cost-volume resolution (2, 4 or 8).
         lowest_resolution: image / first cost-volume resolution (4 or 8).
-        num_candidates: inverse-depth candidates of the first scale.
+        num_depth_candidates: inverse-depth candidates of the first scale.
         unet_dim: width of the first scale's U-Net.
         transformer_depth: blocks of the cross-view transformer.
         regressor_dim: channels of the Gaussian regressor.
@@ -78,7 +78,7 @@ class DepthSplat(SplatModel):
         local_mv_match: with more than 3 views, each view matches its this many nearest views
             (by camera centre).
         vit_dim, vit_depth, vit_heads, mono_layers, dpt_depth_features, dpt_features,
-            dpt_out_channels: ``vit="custom"`` only.
+            dpt_out_channels: ``vit_size="custom"`` only.
     """
 
     family = "pixel_aligned"  # the method: DepthSplat is a pixel-aligned model
@@ -88,11 +88,11 @@ class DepthSplat(SplatModel):
     def __init__(
         self,
         *,
-        vit: str = "vits",
+        vit_size: str = "vits",
         num_scales: int = 1,
         upsample_factor: int = 4,
         lowest_resolution: int = 4,
-        num_candidates: int = 128,
+        num_depth_candidates: int = 128,
         unet_dim: int = 128,
         transformer_depth: int = 6,
         regressor_dim: int = 64,
@@ -112,21 +112,23 @@ class DepthSplat(SplatModel):
         super().__init__()
         if not 0 < near < far:
             raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
-        if vit == "custom":
+        if vit_size == "custom":
             needed = dict(vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
                           mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
                           dpt_features=dpt_features, dpt_out_channels=dpt_out_channels)  # fmt: skip
             missing = [k for k, value in needed.items() if value is None]
             if missing:
-                raise ValueError(f"vit='custom' needs {', '.join(missing)}")
+                raise ValueError(f"vit_size='custom' needs {', '.join(missing)}")
             vit_spec: str | tuple = (vit_dim, vit_depth, vit_heads)
             dpt = {"depth_features": dpt_depth_features, "features": dpt_features,
                    "out_channels": tuple(dpt_out_channels)}  # fmt: skip
             embed = vit_dim
-        elif vit in DINOV2_SIZES:
-            vit_spec, dpt, embed = vit, DPT_CONFIGS[vit], DINOV2_SIZES[vit][0]
+        elif vit_size in DINOV2_SIZES:
+            vit_spec, dpt, embed = vit_size, DPT_CONFIGS[vit_size], DINOV2_SIZES[vit_size][0]
         else:
-            raise ValueError(f"vit must be 'vits', 'vitb', 'vitl' or 'custom', got {vit!r}")
+            raise ValueError(
+                f"vit_size must be 'vits', 'vitb', 'vitl' or 'custom', got {vit_size!r}"
+            )
         self.near, self.far = near, far
         self.local_mv_match = local_mv_match
         self.depth = DepthTrunk(
@@ -134,7 +136,7 @@ class DepthSplat(SplatModel):
             num_scales=num_scales,
             upsample_factor=upsample_factor,
             lowest_resolution=lowest_resolution,
-            num_candidates=num_candidates,
+            num_depth_candidates=num_depth_candidates,
             unet_dim=unet_dim,
             transformer_depth=transformer_depth,
             mono_layers=tuple(mono_layers) if mono_layers is not None else None,
@@ -309,7 +311,7 @@ _INNER: list[tuple[str, str]] = [
      lambda m: f"{m.group(1)}.layer_rn.{int(m.group(2)) - 1}."),
     (r"(refiner|feature_dpt)\.scratch\.refinenet(\d)\.",
      lambda m: f"{m.group(1)}.refine.{int(m.group(2)) - 1}."),
-    (r"\.resConfUnit1\.", ".res1."), (r"\.resConfUnit2\.", ".res2."),
+    (r"\.resConfUnit1\.", ".skip_unit."), (r"\.resConfUnit2\.", ".unit."),
     (r"(refiner)\.scratch\.output_conv\.", r"\1.head."),
 ]  # fmt: skip
 _RULES_RE = [(re.compile(a), b) for a, b in _RULES]
@@ -375,9 +377,9 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
 
 
 # ----------------------------------------------------------------------------- registry
-_SMALL = dict(vit="vits", num_scales=1, upsample_factor=4, lowest_resolution=4)
-_BASE = dict(vit="vitb", num_scales=2, upsample_factor=2, lowest_resolution=4)
-_LARGE = dict(vit="vitl", num_scales=2, upsample_factor=2, lowest_resolution=4)
+_SMALL = dict(vit_size="vits", num_scales=1, upsample_factor=4, lowest_resolution=4)
+_BASE = dict(vit_size="vitb", num_scales=2, upsample_factor=2, lowest_resolution=4)
+_LARGE = dict(vit_size="vitl", num_scales=2, upsample_factor=2, lowest_resolution=4)
 _BASE_448 = dict(upsample_factor=4, lowest_resolution=8)  # 256x448 / 448x768 files
 _SMALL_768 = dict(upsample_factor=8, lowest_resolution=8)
 
@@ -539,9 +541,9 @@ def depthsplat_tiny(**kwargs) -> DepthSplat:
     """A reduced DepthSplat for tests and CPU training (not released): a 4-block ViT of width 64,
     2 transformer blocks, 32 candidates, a 32-channel U-Net."""
     tiny = dict(
-        vit="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
+        vit_size="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
         dpt_depth_features=16, dpt_features=32, dpt_out_channels=[16, 32, 64, 64],
-        num_scales=1, upsample_factor=4, lowest_resolution=4, num_candidates=32, unet_dim=32,
+        num_scales=1, upsample_factor=4, lowest_resolution=4, num_depth_candidates=32, unet_dim=32,
         transformer_depth=2, regressor_dim=32, far=20.0,
     )  # fmt: skip
     return DepthSplat(**{**tiny, **kwargs})

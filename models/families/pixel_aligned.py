@@ -48,14 +48,14 @@ class PixelAligned(PixelTrunk, SplatModel):
     """Pixel-aligned Gaussian predictor (posed, or pose-free with ``pose_free=True``).
 
     Args:
-        size: backbone size, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
-        img_size: training resolution of the backbone's position embedding (other sizes work).
+        vit_size: ViT size of the backbone, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
+        image_size: training resolution of the backbone's position embedding (other sizes work).
         patch_size: ``None`` for the size's default (8 tiny, 14 DINOv2 sizes).
         backbone_dim, backbone_depth, backbone_heads: override the size's ViT width, number of
             blocks and attention heads (``None``: the size's).
         global_layers: backbone blocks with all-view attention (``None``: every odd block).
         out_layers: backbone blocks fed to the DPT head (``None``: four evenly spaced ones).
-        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``size``), a timm model
+        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``vit_size``), a timm model
             name or a local weight file (``"file:/path.safetensors"``); see
             ``MultiViewTransformer``. Ignored by ``from_pretrained`` (the checkpoint holds all).
         pose_free: NoPoSplat-style; ignores extrinsics, predicts in view 0's camera frame.
@@ -88,8 +88,8 @@ class PixelAligned(PixelTrunk, SplatModel):
     def __init__(
         self,
         *,
-        size: str = "tiny",
-        img_size: int = 64,
+        vit_size: str = "tiny",
+        image_size: int = 64,
         patch_size: int | None = None,
         backbone_dim: int | None = None,
         backbone_depth: int | None = None,
@@ -124,7 +124,7 @@ class PixelAligned(PixelTrunk, SplatModel):
         if num_depth_candidates < 2:
             raise ValueError(f"num_depth_candidates must be >= 2, got {num_depth_candidates}")
         self.pose_free = pose_free  # instance attribute: shadows SplatModel.pose_free
-        self.size = size
+        self.vit_size = vit_size
         self.default_focal = default_focal
         self.near = near
         self.far = far
@@ -133,8 +133,8 @@ class PixelAligned(PixelTrunk, SplatModel):
         self.camera_tokens = intrinsics_tokens if pose_free else use_camera_tokens
 
         self.build_pixel_encoder(
-            size,
-            img_size=img_size,
+            vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             backbone_dim=backbone_dim,
             backbone_depth=backbone_depth,
@@ -303,8 +303,8 @@ KNOB_FREE_MODULES: tuple[str, ...] = ()
 
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(
-    size="tiny",
-    img_size=64,
+    vit_size="tiny",
+    image_size=64,
     dpt_features=48,
     feature_dim=32,
     shallow_dim=16,
@@ -312,8 +312,8 @@ _TINY = dict(
     sh_degree=1,
 )
 _SMALL = dict(
-    size="small",
-    img_size=252,
+    vit_size="small",
+    image_size=252,
     dpt_features=64,
     feature_dim=64,
     shallow_dim=32,
@@ -322,8 +322,8 @@ _SMALL = dict(
     head_hidden_dim=64,
 )
 _BASE = dict(
-    size="base",
-    img_size=252,
+    vit_size="base",
+    image_size=252,
     dpt_features=128,
     feature_dim=64,
     shallow_dim=32,

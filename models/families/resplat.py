@@ -121,8 +121,8 @@ class InitialModel(PixelTrunk, nn.Module):
     """The initial model: images and cameras to Gaussians at 1/4 resolution plus point features.
 
     Args:
-        backbone_size: ``MultiViewTransformer`` size.
-        img_size: the backbone's training resolution.
+        vit_size: ``MultiViewTransformer`` size.
+        image_size: the backbone's training resolution.
         patch_size: the backbone's patch size (``None``: the size's default).
         pretrained_backbone: passed to ``MultiViewTransformer``.
         backbone_dim: the backbone's width (``None``: the size's default).
@@ -143,8 +143,8 @@ class InitialModel(PixelTrunk, nn.Module):
     def __init__(
         self,
         *,
-        backbone_size: str,
-        img_size: int | list[int],
+        vit_size: str,
+        image_size: int | list[int],
         patch_size: int | None,
         pretrained_backbone: bool | str,
         backbone_dim: int | None,
@@ -163,8 +163,8 @@ class InitialModel(PixelTrunk, nn.Module):
     ) -> None:
         super().__init__()
         self.build_pixel_encoder(
-            backbone_size,
-            img_size=img_size,
+            vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             backbone_dim=backbone_dim,
             backbone_depth=backbone_depth,
@@ -333,8 +333,8 @@ class ReSplat(SplatModel):
     """ReSplat: initial 1/4-resolution Gaussians and a recurrent, error-driven refinement.
 
     Args:
-        backbone_size: ``MultiViewTransformer`` size (``"tiny"``, ``"small"``, ``"base"``, ...).
-        img_size: the backbone's training resolution.
+        vit_size: ``MultiViewTransformer`` size (``"tiny"``, ``"small"``, ``"base"``, ...).
+        image_size: the backbone's training resolution.
         patch_size: the backbone's patch size (``None``: the size's default).
         pretrained_backbone: DINOv2 weights for the backbone (see ``MultiViewTransformer``);
             ignored by ``from_pretrained`` (the checkpoint holds every weight).
@@ -369,13 +369,12 @@ class ReSplat(SplatModel):
     family = "resplat"
     pose_free = False
     min_views = 1
-    retired_args = ("train_iterations", "loss_decay", "freeze_init")
 
     def __init__(
         self,
         *,
-        backbone_size: str = "tiny",
-        img_size: int | list[int] = 64,
+        vit_size: str = "tiny",
+        image_size: int | list[int] = 64,
         patch_size: int | None = None,
         pretrained_backbone: bool | str = False,
         backbone_dim: int | None = None,
@@ -413,8 +412,8 @@ class ReSplat(SplatModel):
         self.far = far
         self.render_backend = render_backend
         self.init_model = InitialModel(
-            backbone_size=backbone_size,
-            img_size=img_size,
+            vit_size=vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             pretrained_backbone=pretrained_backbone,
             backbone_dim=backbone_dim,
@@ -599,8 +598,8 @@ KNOB_FREE_MODULES = ("init_model",)
 
 # ---------------------------------------------------------------------- registry
 _TINY = dict(
-    backbone_size="tiny",
-    img_size=64,
+    vit_size="tiny",
+    image_size=64,
     dim=64,
     dpt_features=64,
     init_blocks=2,
@@ -612,8 +611,8 @@ _TINY = dict(
     sh_degree=1,
 )
 _SMALL = dict(
-    backbone_size="small",
-    img_size=252,
+    vit_size="small",
+    image_size=252,
     dim=128,
     dpt_features=128,
     init_blocks=4,
@@ -625,8 +624,8 @@ _SMALL = dict(
     sh_degree=2,
 )
 _BASE = dict(
-    backbone_size="base",
-    img_size=252,
+    vit_size="base",
+    image_size=252,
     dim=192,
     dpt_features=192,
     init_blocks=6,

@@ -50,6 +50,7 @@ from models.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.backbones.da3_vit import Mlp
 from models.layers.backbones.depth_trunk import DepthTrunk
 from models.layers.backbones.dinov2 import DINOV2_SIZES
 from models.layers.knn import knn
@@ -107,17 +108,6 @@ class KNNAttention(nn.Module):
         return self.proj(torch.cat(out, dim=0))
 
 
-class _Mlp(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, 4 * dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class KNNBlock(nn.Module):
     """Pre-norm transformer block with kNN attention."""
 
@@ -126,7 +116,7 @@ class KNNBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.attn = KNNAttention(dim, proj_dim)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = _Mlp(dim)
+        self.mlp = Mlp(dim, 4 * dim)
 
     def forward(self, x: Tensor, index: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x), index)
@@ -292,10 +282,10 @@ class ReSplatRelease(SplatModel):
     ``iterations`` recurrent updates out.
 
     Args:
-        vit: DINOv2 size of the depth trunk (``"vits"``, ``"vitb"``, ``"vitl"``) or ``"custom"``
+        vit_size: DINOv2 size of the depth trunk (``"vits"``, ``"vitb"``, ``"vitl"``) or ``"custom"``
             with ``vit_dim``/``vit_depth``/``vit_heads``/``mono_layers``/``dpt_*`` (test sizes).
         lowest_resolution: image / cost-volume resolution (8: the DL3DV files; 4: RE10K's).
-        num_candidates: log-depth candidates.
+        num_depth_candidates: log-depth candidates.
         unet_dim, transformer_depth: the depth trunk's U-Net width and transformer blocks.
         regressor_dim: channels of the regressor, the projection and the point transformer.
         latent_downsample: pixels per latent side (4: DL3DV files, 2: RE10K's).
@@ -313,7 +303,7 @@ class ReSplatRelease(SplatModel):
         memory_budget_gb: refuse a context whose kNN/attention would need more (see
             ``max_views``).
         vit_dim, vit_depth, vit_heads, mono_layers, dpt_depth_features, dpt_features,
-            dpt_out_channels: ``vit="custom"`` only.
+            dpt_out_channels: ``vit_size="custom"`` only.
     """
 
     family = "resplat"
@@ -323,9 +313,9 @@ class ReSplatRelease(SplatModel):
     def __init__(
         self,
         *,
-        vit: str = "vitb",
+        vit_size: str = "vitb",
         lowest_resolution: int = 8,
-        num_candidates: int = 128,
+        num_depth_candidates: int = 128,
         unet_dim: int = 128,
         transformer_depth: int = 6,
         regressor_dim: int = 512,
@@ -368,21 +358,23 @@ class ReSplatRelease(SplatModel):
             raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
         if iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {iterations}")
-        if vit == "custom":
+        if vit_size == "custom":
             needed = dict(vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
                           mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
                           dpt_features=dpt_features, dpt_out_channels=dpt_out_channels)  # fmt: skip
             missing = [k for k, value in needed.items() if value is None]
             if missing:
-                raise ValueError(f"vit='custom' needs {', '.join(missing)}")
+                raise ValueError(f"vit_size='custom' needs {', '.join(missing)}")
             vit_spec: str | tuple = (vit_dim, vit_depth, vit_heads)
             dpt = {"depth_features": dpt_depth_features, "features": dpt_features,
                    "out_channels": tuple(dpt_out_channels)}  # fmt: skip
             embed = vit_dim
-        elif vit in DINOV2_SIZES:
-            vit_spec, dpt, embed = vit, None, DINOV2_SIZES[vit][0]
+        elif vit_size in DINOV2_SIZES:
+            vit_spec, dpt, embed = vit_size, None, DINOV2_SIZES[vit_size][0]
         else:
-            raise ValueError(f"vit must be 'vits', 'vitb', 'vitl' or 'custom', got {vit!r}")
+            raise ValueError(
+                f"vit_size must be 'vits', 'vitb', 'vitl' or 'custom', got {vit_size!r}"
+            )
         self.latent_downsample = latent_downsample
         self.gaussians_per_latent = gaussians_per_latent
         self.lowest_resolution = lowest_resolution
@@ -402,7 +394,7 @@ class ReSplatRelease(SplatModel):
             num_scales=1,
             upsample_factor=lowest_resolution,
             lowest_resolution=lowest_resolution,
-            num_candidates=num_candidates,
+            num_depth_candidates=num_depth_candidates,
             unet_dim=unet_dim,
             transformer_depth=transformer_depth,
             mono_layers=tuple(mono_layers) if mono_layers is not None else None,
@@ -1016,21 +1008,21 @@ register_pretrained_cfgs(
 @register_model
 def resplat_small(**kwargs) -> ReSplatRelease:
     """ReSplat-S as released: DINOv2 ViT-S depth trunk, 256-channel regressor (76.6 M)."""
-    return ReSplatRelease(**{**dict(vit="vits", regressor_dim=256), **_DL3DV, **kwargs})
+    return ReSplatRelease(**{**dict(vit_size="vits", regressor_dim=256), **_DL3DV, **kwargs})
 
 
 @register_model
 def resplat_base(**kwargs) -> ReSplatRelease:
     """ReSplat-B as released: DINOv2 ViT-B, 512-channel regressor (224.0 M; the RE10K file's
     layout: ``latent_downsample=2, gaussians_per_latent=4, lowest_resolution=4``)."""
-    return ReSplatRelease(**{**dict(vit="vitb", regressor_dim=512), **_DL3DV, **kwargs})
+    return ReSplatRelease(**{**dict(vit_size="vitb", regressor_dim=512), **_DL3DV, **kwargs})
 
 
 @register_model
 def resplat_large(**kwargs) -> ReSplatRelease:
     """ReSplat-L as released: DINOv2 ViT-L, 768-channel regressor, no recurrent update
     (559.5 M)."""
-    large = dict(vit="vitl", regressor_dim=768, refine=False, iterations=0)
+    large = dict(vit_size="vitl", regressor_dim=768, refine=False, iterations=0)
     return ReSplatRelease(**{**large, **_DL3DV, **kwargs})
 
 
@@ -1039,9 +1031,9 @@ def resplat_release_tiny(**kwargs) -> ReSplatRelease:
     """A reduced release architecture for tests (not released): a 4-block ViT of width 64, one
     transformer block, 16 candidates, 32-channel regressor, a 64-channel state."""
     tiny = dict(
-        vit="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
+        vit_size="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
         dpt_depth_features=16, dpt_features=32, dpt_out_channels=[16, 32, 64, 64],
-        num_candidates=16, unet_dim=32, transformer_depth=1, regressor_dim=32, init_blocks=1,
+        num_depth_candidates=16, unet_dim=32, transformer_depth=1, regressor_dim=32, init_blocks=1,
         attn_proj_dim=16, state_dim=64, refine_blocks=1, iterations=1, render_backend="torch",
         **_DL3DV,
     )  # fmt: skip

@@ -40,9 +40,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    pixel's choice is distributed exactly like the hard samples of training. The public release
    samples fresh Gumbel noise at inference (``routing="gumbel"``, random output). Plain
    ``routing="argmax"`` (the most likely expert everywhere) is available but mismatched with
-   training: it empties whole flat regions that training only ever thinned out (on 8 synthetic
-   test scenes, a posed ``splatweaver_tiny`` after ~400 steps scored 14.70 dB with argmax
-   routing, 19.08 dB with frozen-Gumbel routing and 19.09 dB with sampled routing).
+   training: it empties whole flat regions that training only ever thinned out.
 6. **Routing regulariser** (``losses``: ``routing_ce``, ``routing_smoothing``, ``routing_usage``,
    unweighted; ``models.training.recipes.SplatWeaverRecipe`` weighs them): cross-entropy
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
@@ -385,16 +383,16 @@ class SplatWeaver(PixelTrunk, SplatModel):
     """SplatWeaver: pose-free, 0..M Gaussians per pixel chosen by a wavelet-guided router.
 
     Args:
-        size: backbone size, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
-        img_size: training resolution of the backbone's position embedding (other sizes work).
+        vit_size: ViT size of the backbone, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
+        image_size: training resolution of the backbone's position embedding (other sizes work).
         patch_size: ``None`` for the size's default (8 tiny, 14 DINOv2 sizes).
         global_layers: backbone blocks with all-view attention (``None``: every odd block).
         out_layers: backbone blocks fed to the DPT head (``None``: four evenly spaced ones).
-        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``size``), a timm model
+        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``vit_size``), a timm model
             name or a local weight file; see ``MultiViewTransformer``.
         init_checkpoint: start the per-pixel trunk (backbone, DPT head, depth and point heads)
             from a trained model with the same trunk: a pixel-aligned model of the same size and
-            camera setting (``posed`` needs one with camera tokens), or another SplatWeaver. A
+            camera setting (``pose_free=False`` needs one with camera tokens), or another SplatWeaver. A
             Lightning ``.ckpt``, ``.safetensors`` file, ``save_pretrained`` folder or
             ``local-dir:``/``hf-hub:`` location; the router and experts start fresh. This is the
             released recipe's pretrained backbone (AnySplat's, there). ``None``: no init.
@@ -403,10 +401,11 @@ class SplatWeaver(PixelTrunk, SplatModel):
         shallow_dim: channels of the full-resolution image CNN in the DPT head.
         use_intrinsics: use ``context["intrinsics"]`` (when given) for the rays and keep view 0's
             points on them (NoPoSplat); ``False``: intrinsics-free (canonical rays).
-        posed: *our option, not the paper's*: take known cameras like the pixel-aligned family
-            (Plücker camera tokens, each pixel's point on its ray at the predicted depth, in the
-            world frame). It isolates what the cardinality router buys against
-            ``pixel_aligned_*`` on equal geometry; ``pose_free`` is then ``False``.
+        pose_free: ``True`` (the paper's setting): cameras are predicted. ``False`` is *our
+            option, not the paper's*: take known cameras like the pixel-aligned family (Plücker
+            camera tokens, each pixel's point on its ray at the predicted depth, in the world
+            frame). It isolates what the cardinality router buys against ``pixel_aligned_*`` on
+            equal geometry.
         default_focal: normalised focal length of the canonical rays.
         num_depth_candidates: inverse-depth candidates of the depth softmax.
         near, far: depth range used when the context has no ``near``/``far``.
@@ -438,13 +437,12 @@ class SplatWeaver(PixelTrunk, SplatModel):
     family = "splatweaver"
     pose_free = True
     min_views = 1
-    retired_args = ("routing_weight", "usage_weight", "label_smoothing")
 
     def __init__(
         self,
         *,
-        size: str = "tiny",
-        img_size: int = 64,
+        vit_size: str = "tiny",
+        image_size: int = 64,
         patch_size: int | None = None,
         global_layers: list[int] | None = None,
         out_layers: list[int] | None = None,
@@ -454,7 +452,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         feature_dim: int = 32,
         shallow_dim: int = 16,
         use_intrinsics: bool = False,
-        posed: bool = False,
+        pose_free: bool = True,
         default_focal: float = 1.0,
         num_depth_candidates: int = 64,
         near: float = 0.1,
@@ -497,10 +495,9 @@ class SplatWeaver(PixelTrunk, SplatModel):
                     f"target_usage must be {num_experts + 1} non-negative numbers summing to 1, "
                     f"got {target_usage}"
                 )
-        self.size = size
+        self.vit_size = vit_size
         self.use_intrinsics = use_intrinsics
-        self.posed = posed
-        self.pose_free = not posed  # instance value: shadows the class default
+        self.pose_free = pose_free  # instance value: shadows the class default
         self.default_focal = default_focal
         self.near = near
         self.far = far
@@ -511,12 +508,12 @@ class SplatWeaver(PixelTrunk, SplatModel):
         self.wavelet = wavelet
 
         self.build_pixel_encoder(
-            size,
-            img_size=img_size,
+            vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             global_layers=global_layers,
             out_layers=out_layers,
-            camera_tokens=posed,
+            camera_tokens=not pose_free,
             pretrained_backbone=pretrained_backbone,
             drop_path_rate=drop_path_rate,
             dpt_features=dpt_features,
@@ -529,7 +526,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
             feature_dim,
             num_depth_candidates,
             refine_dim=refine_dim if depth_refine else None,
-            point_head=not posed,
+            point_head=pose_free,
         )
         # --- routing ---
         self.prior = HighFrequencyPrior(feature_dim, prior_dim, wavelet)
@@ -644,11 +641,11 @@ class SplatWeaver(PixelTrunk, SplatModel):
         routing: str | None = None,
         gaussians_per_pixel: float | None = None,
     ) -> ModelOutput:
-        """Predict Gaussians from the context views (poses are ignored unless ``posed``).
+        """Predict Gaussians from the context views (poses are ignored when ``pose_free``).
 
         Args:
             context: ``image [B, V, 3, H, W]``; optional ``near``/``far`` ``[B, V]`` and (only
-                with ``use_intrinsics=True``) ``intrinsics [B, V, 3, 3]``; ``posed``:
+                with ``use_intrinsics=True``) ``intrinsics [B, V, 3, 3]``; ``pose_free=False``:
                 ``extrinsics [B, V, 4, 4]`` and ``intrinsics [B, V, 3, 3]`` required.
             max_gaussians: keep at most this many Gaussians per scene (the most opaque).
             routing: ``"gumbel"`` (straight-through hard Gumbel-softmax sample, random),
@@ -669,20 +666,20 @@ class SplatWeaver(PixelTrunk, SplatModel):
             (chosen cardinality), ``expert_usage [M + 1]`` (fraction of pixels per expert),
             ``gaussians_per_pixel``,
             ``hf_energy [B, V, H, W]``, ``depth [B, V, H, W]`` (own-frame z-depth),
-            ``points [B, V, H, W, 3]`` (view 0's frame; ``posed``: the world frame),
-            ``extrinsics [B, V, 4, 4]`` (fitted, view 0 identity; ``posed``: the given ones) and
+            ``points [B, V, H, W, 3]`` (view 0's frame; ``pose_free=False``: the world frame),
+            ``extrinsics [B, V, 4, 4]`` (fitted, view 0 identity; ``pose_free=False``: the given ones) and
             ``intrinsics [B, V, 3, 3]``.
         """
         routing = routing or ("gumbel" if self.training else "frozen_gumbel")
         if routing not in ROUTING_MODES:
             raise ValueError(f"routing must be one of {ROUTING_MODES} or None, got {routing!r}")
-        b, v, h, w = check_context(context, require_poses=self.posed)
+        b, v, h, w = check_context(context, require_poses=not self.pose_free)
         images = context["image"]  # [B, V, 3, H, W]
         dtype, device = images.dtype, images.device
         p = h * w
 
         # --- backbone and per-pixel features ---
-        if self.posed:
+        if not self.pose_free:
             extrinsics = context["extrinsics"].to(dtype)
             # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
             features = self.pixel_features(
@@ -698,7 +695,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         far = torch.full((b, v), self.far, device=device) if far is None else far
         pixel_depth = self.pixel_depth(features, near.to(dtype), far.to(dtype))
         depth, t = pixel_depth.depth[:, :, 0], pixel_depth.inverse  # [B, V, H, W], [BV, 1, H, W]
-        given = context.get("intrinsics") if (self.use_intrinsics or self.posed) else None
+        given = context.get("intrinsics") if (self.use_intrinsics or not self.pose_free) else None
         if given is not None:
             intrinsics = given.to(dtype)
         else:
@@ -711,7 +708,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         coords = pixel_grid((h, w), device, dtype).reshape(p, 2)  # [P, 2]
         rays = camera_directions(coords, intrinsics)  # [B, V, P, 3], z = 1
         local = rays * rearrange(depth, "b v h w -> b v (h w) 1")  # own-frame points
-        if self.posed:  # known cameras: every point stays on its ray, in the world frame
+        if not self.pose_free:  # known cameras: every point stays on its ray, in the world frame
             points = transform_points(extrinsics, local)  # [B, V, P, 3]
         else:
             correction = free_mean_activation(self.point_head(features), 100.0)  # [BV, 3, H, W]
@@ -775,7 +772,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         # --- extras ---
         usage = F.one_hot(choice, self.num_experts + 1).float().mean(dim=(0, 1))
         with torch.no_grad():
-            if self.posed:
+            if not self.pose_free:
                 fitted = extrinsics.detach()
             else:
                 fitted = rigid_fit(local, points)  # [B, V, 4, 4]
@@ -824,8 +821,8 @@ KNOB_FREE_MODULES = ("backbone", "dpt")
 
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(
-    size="tiny",
-    img_size=64,
+    vit_size="tiny",
+    image_size=64,
     dpt_features=48,
     feature_dim=32,
     shallow_dim=16,
@@ -837,8 +834,8 @@ _TINY = dict(
     target_gaussians_per_pixel=0.5,
 )
 _SMALL = dict(
-    size="small",
-    img_size=252,
+    vit_size="small",
+    image_size=252,
     dpt_features=64,
     feature_dim=64,
     shallow_dim=32,
@@ -850,8 +847,8 @@ _SMALL = dict(
     target_gaussians_per_pixel=0.5,
 )
 _BASE = dict(
-    size="base",
-    img_size=252,
+    vit_size="base",
+    image_size=252,
     dpt_features=128,
     feature_dim=64,
     shallow_dim=32,
@@ -885,7 +882,7 @@ def splatweaver_base(**kwargs) -> SplatWeaver:
 register_pretrained_cfgs(
     synthetic64_cfg(
         "splatweaver_tiny",
-        "experiment=synthetic_splatweaver (posed=true), 814 steps (30 min)",
+        "experiment=synthetic_splatweaver (pose_free=false), 814 steps (30 min)",
         pose_free=False,
         psnr=20.36,
         ssim=0.613,

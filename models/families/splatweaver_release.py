@@ -47,6 +47,7 @@ bfloat16, the heads in float32) onto this model.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Sequence
 
@@ -64,7 +65,7 @@ from models.geometry.rotations import quaternion_multiply
 from models.input_recipe import InputRecipe
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
-from models.layers.point_transformer import knn as brute_force_knn
+from models.layers.knn import knn
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
@@ -163,26 +164,16 @@ def exact_knn(points: Tensor, k: int) -> Tensor:
     """Exact ``k`` nearest neighbours of every point among ``points [N, 3]`` (itself included).
 
     Returns ``[N, k]`` int64 indices; with fewer than ``k`` points the missing neighbours are the
-    point itself (as the release's search fills its misses). Uses ``scipy``'s k-d tree on the CPU
-    when it is installed (``O(N log N)``), else brute force in blocks (``O(N^2)``).
+    point itself (as the release's search fills its misses). The project's search
+    (``models.layers.knn``): its k-d tree above 4096 points on the CPU, else ``"cdist"``.
     """
     n = points.shape[0]
     found = min(k, n)
     if n == 0:
         return torch.zeros(0, k, dtype=torch.long, device=points.device)
-    index = None
-    if points.device.type == "cpu" and n > 4096:
-        try:
-            from scipy.spatial import cKDTree
-        except ImportError:  # pragma: no cover - scipy is optional
-            cKDTree = None
-        if cKDTree is not None:
-            data = points.detach().double().numpy()
-            _, nearest = cKDTree(data).query(data, k=found)
-            index = torch.from_numpy(nearest.reshape(n, found)).long()
-    if index is None:
-        chunk = max(64, min(4096, 2**28 // n))  # ~1 GB of distances at a time
-        index = brute_force_knn(points[None].detach(), found, chunk=chunk)[0]
+    tree = points.device.type == "cpu" and n > 4096 and importlib.util.find_spec("scipy")
+    method = "kdtree" if tree else "cdist"
+    index = knn(points.detach(), found, method=method, max_elements=1 << 28)  # [N, found], 1 GB
     if found < k:
         own = torch.arange(n, device=points.device)[:, None].expand(n, k - found)
         index = torch.cat([index, own], dim=1)
@@ -289,7 +280,7 @@ class SplatWeaverRelease(SplatModel):
         num_register_tokens: register tokens (encoder and aggregator).
         patch_size: pixels per patch; image sides must be multiples of it.
         pos_grid: side of the encoder's stored position-embedding grid (37: 518 pixels).
-        img_size: input side the weights were trained / demoed at (``infer.py``'s default size).
+        image_size: input side the weights were trained / demoed at (``infer.py``'s default size).
         out_layers: aggregator blocks fed to both DPT heads.
         camera_depth, camera_heads: camera head trunk.
         depth_features, depth_channels: depth DPT widths.
@@ -322,7 +313,7 @@ class SplatWeaverRelease(SplatModel):
         num_register_tokens: int = 4,
         patch_size: int = 14,
         pos_grid: int = 37,
-        img_size: int = 448,
+        image_size: int = 448,
         out_layers: Sequence[int] = (4, 11, 17, 23),
         camera_depth: int = 4,
         camera_heads: int = 16,
@@ -351,7 +342,7 @@ class SplatWeaverRelease(SplatModel):
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
         self.patch_size = patch_size
-        self.img_size = img_size
+        self.image_size = image_size
         self.out_layers = out_layers
         self.num_experts = num_experts
         self.gumbel_tau = gumbel_tau
@@ -687,6 +678,14 @@ DROPPED_KEYS = {
 
 def _map_key(key: str) -> str | None:
     """Our parameter name of a release key (``None``: not a key of this release)."""
+    ours = _map_prefix(key)
+    if ours is None:
+        return None
+    # the DPTs' fusion blocks (models.layers.backbones.dpt.FusionBlock) name their units
+    return ours.replace(".resConfUnit1.", ".skip_unit.").replace(".resConfUnit2.", ".unit.")
+
+
+def _map_prefix(key: str) -> str | None:
     if not key.startswith("encoder."):
         return None
     key = key[len("encoder.") :]
@@ -803,7 +802,7 @@ _TINY = dict(
     encoder_depth=2,
     encoder_heads=2,
     pos_grid=4,
-    img_size=56,
+    image_size=56,
     out_layers=[0, 1, 2, 3],
     camera_depth=1,
     camera_heads=2,

@@ -64,8 +64,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from timm.layers import LayerScale, Mlp, build_sincos2d_pos_embed, trunc_normal_
-from timm.models.vision_transformer import Attention
+from timm.layers import build_sincos2d_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
@@ -78,14 +77,13 @@ from models.geometry.cameras import (
 )
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones import VIT_SIZES, MultiViewTransformer
+from models.layers.cross_attention import CrossAttentionBlock
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import cluster_count, kmeans_select
 from models.registry import register_model
 from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
-    "CrossAttention",
-    "RefineBlock",
     "ZipSplat",
     "chamfer_distance",
     "compression_schedule",
@@ -151,79 +149,17 @@ def compression_schedule(
     return 1.0 - t * (1.0 - final)
 
 
-class CrossAttention(nn.Module):
-    """Multi-head attention of queries ``[B, K, C]`` over a memory ``[B, N, C_mem]``."""
-
-    def __init__(self, dim: int, num_heads: int, memory_dim: int | None = None) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by {num_heads} heads")
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(memory_dim or dim, 2 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor, memory: Tensor) -> Tensor:
-        q = rearrange(self.q(x), "b k (h d) -> b h k d", h=self.num_heads)
-        k, v = rearrange(self.kv(memory), "b n (two h d) -> two b h n d", two=2, h=self.num_heads)
-        out = F.scaled_dot_product_attention(q, k, v)  # [B, h, K, d]
-        return self.proj(rearrange(out, "b h k d -> b k (h d)"))
-
-
-class RefineBlock(nn.Module):
-    """Cross-attention to all tokens, then (optionally) self-attention among the queries, then an
-    MLP; pre-norm residual branches, each scaled by a LayerScale starting at ``init_values``.
-
-    Args:
-        dim: token width.
-        num_heads: attention heads.
-        mlp_ratio: MLP hidden width over ``dim``.
-        init_values: initial LayerScale value.
-        self_attention: include the self-attention branch.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_ratio: float = 2.0,
-        init_values: float = 0.05,
-        self_attention: bool = True,
-    ) -> None:
-        super().__init__()
-        self.norm_query = nn.LayerNorm(dim)
-        self.norm_memory = nn.LayerNorm(dim)
-        self.cross = CrossAttention(dim, num_heads)
-        self.ls_cross = LayerScale(dim, init_values)
-        if self_attention:
-            self.norm_self = nn.LayerNorm(dim)
-            self.attn = Attention(dim, num_heads=num_heads, qkv_bias=True)
-            self.ls_self = LayerScale(dim, init_values)
-        else:
-            self.attn = None
-        self.norm_mlp = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        self.ls_mlp = LayerScale(dim, init_values)
-
-    def forward(self, x: Tensor, memory: Tensor) -> Tensor:
-        """``x [B, K, C]`` queries, ``memory [B, N, C]``; returns ``[B, K, C]``."""
-        x = x + self.ls_cross(self.cross(self.norm_query(x), self.norm_memory(memory)))
-        if self.attn is not None:
-            x = x + self.ls_self(self.attn(self.norm_self(x)))
-        return x + self.ls_mlp(self.mlp(self.norm_mlp(x)))
-
-
 class ZipSplat(SplatModel):
     """Token-clustered, pose-free Gaussian predictor with a compression ratio knob.
 
     Args:
-        size: backbone size, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
-        img_size: training resolution of the backbone's position embedding (other sizes work).
+        vit_size: ViT size of the backbone, ``"tiny"``, ``"small"``, ``"base"`` or ``"large"``.
+        image_size: training resolution of the backbone's position embedding (other sizes work).
         patch_size: ``None`` for the size's default (8 tiny, 14 DINOv2 sizes).
         global_layers: backbone blocks with all-view attention (``None``: every odd block).
         num_feature_layers: feature layers, each a (frame, global) pair of consecutive blocks
             from the end of the backbone.
-        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``size``), a timm name
+        pretrained_backbone: ``False``, ``True`` (timm DINOv2 weights of ``vit_size``), a timm name
             or a local weight file; see ``MultiViewTransformer``.
         drop_path_rate: backbone stochastic depth.
         dim: refinement width (``None``: the backbone width).
@@ -259,20 +195,12 @@ class ZipSplat(SplatModel):
     family = "zipsplat"
     pose_free = True
     min_views = 1
-    retired_args = (
-        "camera_prior_prob",
-        "r_min_final",
-        "anneal_fraction",
-        "train_views",
-        "chamfer_weight",
-        "chamfer_points",
-    )
 
     def __init__(
         self,
         *,
-        size: str = "tiny",
-        img_size: int = 64,
+        vit_size: str = "tiny",
+        image_size: int = 64,
         patch_size: int | None = None,
         global_layers: list[int] | None = None,
         num_feature_layers: int = 3,
@@ -302,7 +230,7 @@ class ZipSplat(SplatModel):
         cluster_count(1, compression)  # validates the ratio
         if num_feature_layers < 1:
             raise ValueError(f"num_feature_layers must be >= 1, got {num_feature_layers}")
-        self.size = size
+        self.vit_size = vit_size
         self.compression = compression
         self.kmeans_iterations = kmeans_iterations
         self.kmeans_chunk_size = kmeans_chunk_size
@@ -314,17 +242,17 @@ class ZipSplat(SplatModel):
         self.use_camera_prior = use_camera_prior
         self.gaussians_per_token = gaussians_per_token
 
-        if size not in VIT_SIZES:
-            raise ValueError(f"size must be one of {sorted(VIT_SIZES)}, got {size!r}")
-        depth = VIT_SIZES[size]["depth"]
+        if vit_size not in VIT_SIZES:
+            raise ValueError(f"vit_size must be one of {sorted(VIT_SIZES)}, got {vit_size!r}")
+        depth = VIT_SIZES[vit_size]["depth"]
         first = max(0, depth - 2 * num_feature_layers)
         # Feature layers: consecutive (frame, global) block pairs, as slices of the outputs.
         self.layer_slices: list[tuple[int, int]] = [
             (i, min(i + 2, depth - first)) for i in range(0, depth - first, 2)
         ]
         self.backbone = MultiViewTransformer(
-            size,
-            img_size=img_size,
+            vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             global_layers=global_layers,
             use_camera_tokens=False,
@@ -335,14 +263,14 @@ class ZipSplat(SplatModel):
         groups = self.layer_slices
         width = self.backbone.embed_dim
         self.patch_size = self.backbone.patch_size
-        self.img_width = self.backbone.img_size[1]
+        self.img_width = self.backbone.image_size[1]
         dim = dim or width
         num_heads = num_heads or self.backbone.num_heads
         self.dim = dim
 
         self.layer_proj = nn.ModuleList(nn.Linear((j - i) * width, dim) for i, j in groups)
         self.refine = nn.ModuleList(
-            RefineBlock(dim, num_heads, mlp_ratio, layerscale_init) for _ in groups
+            CrossAttentionBlock(dim, num_heads, mlp_ratio, layerscale_init) for _ in groups
         )
         self.fuse = nn.Sequential(
             nn.LayerNorm(len(groups) * dim), nn.Linear(len(groups) * dim, dim)
@@ -352,7 +280,7 @@ class ZipSplat(SplatModel):
         p = self.patch_size
         self.color_embed = nn.Conv2d(3, color_dim, kernel_size=p, stride=p)
         self.color_view_embed = nn.Parameter(torch.zeros(2, color_dim))  # reference, other views
-        self.color_refine = RefineBlock(
+        self.color_refine = CrossAttentionBlock(
             color_dim, max(1, color_dim // 32), mlp_ratio, layerscale_init, self_attention=False
         )
 
@@ -690,8 +618,8 @@ KNOB_FREE_MODULES = ("backbone",)
 # At r = 1 each scene token decodes G Gaussians for a patch of p^2 pixels: tiny 64 px / 10 = 6.4x
 # fewer Gaussians than pixels, the DINOv2 sizes 196 px / 32 = 6.1x (the paper's ratio).
 _TINY = dict(
-    size="tiny",
-    img_size=64,
+    vit_size="tiny",
+    image_size=64,
     num_feature_layers=3,
     color_dim=32,
     gaussians_per_token=10,
@@ -699,16 +627,16 @@ _TINY = dict(
     ray_anchor_depth=6.0,
 )
 _SMALL = dict(
-    size="small",
-    img_size=252,
+    vit_size="small",
+    image_size=252,
     num_feature_layers=3,
     color_dim=64,
     gaussians_per_token=32,
     sh_degree=1,
 )
 _BASE = dict(
-    size="base",
-    img_size=252,
+    vit_size="base",
+    image_size=252,
     num_feature_layers=3,
     dim=512,
     num_heads=8,
@@ -717,8 +645,8 @@ _BASE = dict(
     sh_degree=1,
 )
 _LARGE = dict(
-    size="large",
-    img_size=252,
+    vit_size="large",
+    image_size=252,
     num_feature_layers=3,
     dim=768,
     num_heads=12,

@@ -14,9 +14,10 @@ images at 252 x 252 in one forward pass:
    ``round(linspace(0, N - 1, K))``, deterministic), each centroid replaced by the index of its
    nearest token. ``K = N`` skips clustering.
 4. **Scene tokens.** Start from the deepest layer's selected tokens; for each layer, deepest
-   first: ``scene += CrossAttention(selected tokens of that layer -> all its tokens)`` (the
-   block's attention and MLP deltas only, the MLP seeing ``queries + attention delta``), then a
-   self-attention block over the scene tokens. Heads of width 64, LayerScale.
+   first, the layer's selected tokens read from all of its tokens through a
+   ``models.layers.cross_attention.CrossAttentionBlock`` (q/k normalisation, no self-attention);
+   what that block adds to its queries is added to the scene tokens, which then pass a
+   self-attention block. Heads of width 64, per-channel branch gains.
 5. **Colour skip.** A 14 x 14 patch embedding of the raw images (width 128), cross-attended at the
    same selected tokens (a full residual block, MLP ratio 1), concatenated to the scene tokens.
 6. **Head.** ``Mlp(C -> 2C -> C)`` then the shared ``GaussianHead`` (one linear layer) decodes 32
@@ -39,6 +40,7 @@ silently; this architecture has no BatchNorm, so the released file holds none) a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import torch
@@ -48,14 +50,8 @@ from torch import Tensor, nn
 from models.base import ModelOutput, SplatModel, check_context
 from models.families.zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
 from models.input_recipe import InputRecipe
-from models.layers.backbones.da3_vit import (
-    DA3_SIZES,
-    Block,
-    DA3Encoder,
-    LayerScale,
-    Mlp,
-    PatchEmbed,
-)
+from models.layers.backbones.da3_vit import DA3_SIZES, Block, DA3Encoder, Mlp, PatchEmbed
+from models.layers.cross_attention import CrossAttentionBlock
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import kmeans_nearest_tokens
 from models.registry import register_model
@@ -81,62 +77,17 @@ def _gather(tokens: Tensor, index: Tensor) -> Tensor:
     return torch.gather(tokens, 1, index[..., None].expand(-1, -1, tokens.shape[-1]))
 
 
-class CrossAttention(nn.Module):
-    """Queries ``[B, K, C]`` attend over a context ``[B, N, C]``; per-head q/k LayerNorm."""
-
-    def __init__(self, dim: int, num_heads: int) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        head_dim = dim // num_heads
-        self.q_proj = nn.Linear(dim, dim)
-        self.kv_proj = nn.Linear(dim, 2 * dim)
-        self.q_norm = nn.LayerNorm(head_dim)
-        self.k_norm = nn.LayerNorm(head_dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, queries: Tensor, context: Tensor) -> Tensor:
-        q = rearrange(self.q_proj(queries), "b k (h d) -> b h k d", h=self.num_heads)
-        k, v = rearrange(
-            self.kv_proj(context), "b n (two h d) -> two b h n d", two=2, h=self.num_heads
-        )
-        out = torch.nn.functional.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v)
-        return self.proj(rearrange(out, "b h k d -> b k (h d)"))
-
-
-class CrossAttentionBlock(nn.Module):
-    """Pre-norm cross-attention then MLP, each LayerScaled.
-
-    ``forward(..., delta=True)`` returns only the attention and MLP deltas (the MLP still sees
-    ``queries + attention delta``): the release adds them to a separate scene-token stream.
-    """
-
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, init_values: float) -> None:
-        super().__init__()
-        self.norm_q = nn.LayerNorm(dim)
-        self.norm_kv = nn.LayerNorm(dim)
-        self.attn = CrossAttention(dim, num_heads)
-        self.ls1 = LayerScale(dim, init_values)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
-        self.ls2 = LayerScale(dim, init_values)
-
-    def forward(self, queries: Tensor, context: Tensor, delta: bool = False) -> Tensor:
-        attended = self.ls1(self.attn(self.norm_q(queries), self.norm_kv(context)))
-        mlp = self.ls2(self.mlp(self.norm2(queries + attended)))
-        return attended + mlp if delta else queries + attended + mlp
-
-
 class ZipSplatDA3(SplatModel):
     """ZipSplat's released architecture (see the module docstring).
 
     Args:
-        size: Depth Anything 3 size, ``"small"``, ``"base"``, ``"large"`` or ``"giant"``
+        vit_size: Depth Anything 3 ViT size, ``"small"``, ``"base"``, ``"large"`` or ``"giant"``
             (ZipSplat's ``configs/model/backbone/da3{s,b,l,g}.yaml``).
         embed_dim, depth, num_heads, out_layers, alt_start, ffn: override the size's backbone
             shape (the tiny test variant); ``None`` keeps the size's.
         patch_size: patch side (14 in DA3).
         pos_embed_size: side in pixels of the stored position-embedding grid (518 in DA3).
-        img_size: the square input side the weights were trained at (252); any multiple of
+        image_size: the square input side the weights were trained at (252); any multiple of
             ``patch_size`` runs.
         color_dim: width of the colour skip.
         gaussians_per_token: Gaussians decoded per scene token.
@@ -156,7 +107,7 @@ class ZipSplatDA3(SplatModel):
     def __init__(
         self,
         *,
-        size: str = "giant",
+        vit_size: str = "giant",
         embed_dim: int | None = None,
         depth: int | None = None,
         num_heads: int | None = None,
@@ -165,7 +116,7 @@ class ZipSplatDA3(SplatModel):
         ffn: str | None = None,
         patch_size: int = 14,
         pos_embed_size: int = 518,
-        img_size: int = 252,
+        image_size: int = 252,
         color_dim: int = 128,
         gaussians_per_token: int = 32,
         sh_degree: int = 1,
@@ -176,8 +127,8 @@ class ZipSplatDA3(SplatModel):
         camera_encoder: bool = True,
     ) -> None:
         super().__init__()
-        if size not in DA3_SIZES:
-            raise ValueError(f"size must be one of {sorted(DA3_SIZES)}, got {size!r}")
+        if vit_size not in DA3_SIZES:
+            raise ValueError(f"vit_size must be one of {sorted(DA3_SIZES)}, got {vit_size!r}")
         if not 0.0 < compression <= 1.0:
             raise ValueError(f"compression must be in (0, 1], got {compression}")
         overrides = dict(
@@ -190,7 +141,7 @@ class ZipSplatDA3(SplatModel):
         )
         overrides = {k: v for k, v in overrides.items() if v is not None}
         self.backbone = DA3Encoder(
-            size,
+            vit_size,
             camera_encoder=camera_encoder,
             patch_size=patch_size,
             pos_embed_size=pos_embed_size,
@@ -199,8 +150,8 @@ class ZipSplatDA3(SplatModel):
         dim = self.backbone.embed_dim
         layers = len(self.backbone.vit.out_layers)
         heads = max(1, dim // 64)
-        self.size = size
-        self.img_size = img_size
+        self.vit_size = vit_size
+        self.image_size = image_size
         self.patch_size = patch_size
         self.compression = compression
         self.kmeans_iterations = kmeans_iterations
@@ -211,14 +162,15 @@ class ZipSplatDA3(SplatModel):
         self.pre_norm_global = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
         self.downscale = nn.ModuleList(nn.Linear(2 * dim, dim) for _ in range(layers))
         self.cross_attention = nn.ModuleList(
-            CrossAttentionBlock(dim, heads, 4.0, fuse_layer_scale) for _ in range(layers)
+            CrossAttentionBlock(dim, heads, 4.0, fuse_layer_scale, False, qk_norm=True)
+            for _ in range(layers)
         )
         self.self_attention = nn.ModuleList(
             Block(dim, heads, init_values=fuse_layer_scale, qk_norm=True) for _ in range(layers)
         )
         self.color_embed = PatchEmbed(patch_size, 3, color_dim)
         self.color_cross_attention = CrossAttentionBlock(
-            color_dim, max(1, color_dim // 64), 1.0, fuse_layer_scale
+            color_dim, max(1, color_dim // 64), 1.0, fuse_layer_scale, False, qk_norm=True
         )
         head_dim = dim + color_dim
         self.head_mlp = Mlp(head_dim, 2 * head_dim, head_dim)
@@ -242,19 +194,31 @@ class ZipSplatDA3(SplatModel):
             raise ValueError(
                 f"context['image'] is {h}x{w}: this ZipSplat (DA3 backbone) takes sides that "
                 f"are positive multiples of {p} (the release runs at "
-                f"{self.img_size}x{self.img_size}; resize or crop first)"
+                f"{self.image_size}x{self.image_size}; resize or crop first)"
             )
 
-    def _prepare(self, features: list[Tensor]) -> list[Tensor]:
-        """``[B, V, T, 2C]`` per layer (deepest first) -> fused ``[B, V*T, C]``."""
-        d = self.backbone.embed_dim
-        out = []
-        for i, raw in enumerate(features):
-            local = self.pre_norm_local[i](raw[..., :d])
-            global_ = self.pre_norm_global[i](raw[..., d:])
-            token = self.downscale[i](torch.cat([local, global_], dim=-1)) + (local + global_) / 2
-            out.append(rearrange(token, "b v t c -> b (v t) c"))
-        return out
+    def _layer_tokens(self, layers: list[Tensor]) -> list[Tensor]:
+        """One ``C``-wide token per patch and layer, all views in one sequence.
+
+        The backbone hands over, per layer, each patch's view-local and cross-view features side
+        by side (``[B, V, T, 2C]``). Both halves are normalised on their own; the token is their
+        mean plus a learned linear map of the pair, so an untrained map starts from the mean.
+
+        Args:
+            layers: the chosen backbone layers, deepest first.
+
+        Returns:
+            ``[B, V*T, C]`` per layer (view-major), in the same order.
+        """
+        width = self.backbone.embed_dim
+        merged = []
+        parts = zip(layers, self.pre_norm_local, self.pre_norm_global, self.downscale)
+        for pair, norm_view, norm_scene, mix in parts:
+            in_view = norm_view(pair[..., :width])  # [B, V, T, C]
+            across_views = norm_scene(pair[..., width:])
+            mixed = mix(torch.cat([in_view, across_views], dim=-1))
+            merged.append((mixed + (in_view + across_views) / 2).flatten(1, 2))  # [B, V*T, C]
+        return merged
 
     def forward(
         self,
@@ -287,7 +251,7 @@ class ZipSplatDA3(SplatModel):
         images = context["image"]
         cameras = (context["extrinsics"], context["intrinsics"]) if camera_prior else (None, None)
         features = self.backbone(images, *cameras)[::-1]  # deepest layer first
-        layers = self._prepare(features)  # [B, N, C] each
+        layers = self._layer_tokens(features)  # [B, N, C] each
         n = layers[0].shape[1]
         k = max(1, int(n * r))
         if k >= n:
@@ -300,7 +264,7 @@ class ZipSplatDA3(SplatModel):
 
         scene = _gather(layers[0], index)  # [B, K, C]
         for tokens, cross, self_attention in zip(layers, self.cross_attention, self.self_attention):
-            scene = scene + cross(_gather(tokens, index), tokens, delta=True)
+            scene = scene + cross(_gather(tokens, index), tokens, residual_only=True)
             scene = self_attention(scene)
         color = rearrange(self.color_embed(images.flatten(0, 1)), "(b v) t c -> b (v t) c", b=b)
         color = self.color_cross_attention(_gather(color, index), color)  # [B, K, C_color]
@@ -328,10 +292,33 @@ _RENAMES = (  # official prefix -> ours (every other key keeps its name)
 _TOLERATED_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 
 
+# Inside the cross-attention blocks (``cross_attention.<i>.``, ``color_cross_attention.``) the
+# release names the parts of this project's CrossAttentionBlock differently.
+_BLOCK_PARTS = (  # official part -> ours
+    ("norm_q.", "norm_query."),
+    ("norm_kv.", "norm_memory."),
+    ("attn.q_proj.", "cross.q."),
+    ("attn.kv_proj.", "cross.kv."),
+    ("attn.q_norm.", "cross.q_norm."),
+    ("attn.k_norm.", "cross.k_norm."),
+    ("attn.proj.", "cross.proj."),
+    ("ls1.", "ls_cross."),
+    ("norm2.", "norm_mlp."),
+    ("ls2.", "ls_mlp."),
+)
+_BLOCK_PREFIX = re.compile(r"(color_cross_attention\.|cross_attention\.\d+\.)")
+
+
 def _official_to_ours(key: str) -> str:
     for official, ours in _RENAMES:
         if key.startswith(official):
             return ours + key[len(official) :]
+    block = _BLOCK_PREFIX.match(key)
+    if block:
+        part = key[block.end() :]
+        for official, ours in _BLOCK_PARTS:
+            if part.startswith(official):
+                return block.group(0) + ours + part[len(official) :]
     return key
 
 
@@ -459,7 +446,7 @@ register_pretrained_cfgs(
 
 # ---------------------------------------------------------------------- registry entries
 _TINY = dict(
-    size="small",
+    vit_size="small",
     embed_dim=64,
     depth=6,
     num_heads=2,
@@ -467,7 +454,7 @@ _TINY = dict(
     alt_start=2,
     patch_size=8,
     pos_embed_size=64,
-    img_size=64,
+    image_size=64,
     color_dim=32,
     gaussians_per_token=4,
 )
@@ -482,22 +469,22 @@ def zipsplat_da3_tiny(**kwargs) -> ZipSplatDA3:
 @register_model
 def zipsplat_da3s(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Small (ZipSplat's ``da3s`` config)."""
-    return ZipSplatDA3(**{"size": "small", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "small", **kwargs})
 
 
 @register_model
 def zipsplat_da3b(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Base (``da3b``)."""
-    return ZipSplatDA3(**{"size": "base", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "base", **kwargs})
 
 
 @register_model
 def zipsplat_da3l(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Large (``da3l``)."""
-    return ZipSplatDA3(**{"size": "large", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "large", **kwargs})
 
 
 @register_model
 def zipsplat_da3g(**kwargs) -> ZipSplatDA3:
     """ZipSplat on Depth Anything 3 Giant: the released model (1.45 B parameters)."""
-    return ZipSplatDA3(**{"size": "giant", **kwargs})
+    return ZipSplatDA3(**{"vit_size": "giant", **kwargs})

@@ -65,11 +65,11 @@ class ConvHead(nn.Sequential):
 
 
 class DepthSoftmaxHead(ConvHead):
-    """Softmax over ``num_candidates`` inverse-depth candidates, ``depths`` depths per pixel.
+    """Softmax over ``num_depth_candidates`` inverse-depth candidates, ``depths`` depths per pixel.
 
     Args:
         in_dim: feature channels.
-        num_candidates: candidates ``D`` (>= 2).
+        num_depth_candidates: candidates ``D`` (>= 2).
         depths: depths ``G`` per pixel (the logits are ``G`` groups of ``D``).
         hidden_dim, activation, out_kernel, padding_mode: see ``ConvHead``.
     """
@@ -77,7 +77,7 @@ class DepthSoftmaxHead(ConvHead):
     def __init__(
         self,
         in_dim: int,
-        num_candidates: int,
+        num_depth_candidates: int,
         *,
         depths: int = 1,
         hidden_dim: int | None = None,
@@ -85,19 +85,19 @@ class DepthSoftmaxHead(ConvHead):
         out_kernel: int = 1,
         padding_mode: str = "zeros",
     ) -> None:
-        if num_candidates < 2:
-            raise ValueError(f"num_depth_candidates must be >= 2, got {num_candidates}")
+        if num_depth_candidates < 2:
+            raise ValueError(f"num_depth_candidates must be >= 2, got {num_depth_candidates}")
         super().__init__(
             in_dim,
-            num_candidates * depths,
+            num_depth_candidates * depths,
             hidden_dim=hidden_dim,
             activation=activation,
             out_kernel=out_kernel,
             padding_mode=padding_mode,
         )
-        self.num_candidates = num_candidates
+        self.num_depth_candidates = num_depth_candidates
         self.depths = depths
-        candidates = torch.linspace(0.0, 1.0, num_candidates)  # normalised inverse depth
+        candidates = torch.linspace(0.0, 1.0, num_depth_candidates)  # normalised inverse depth
         self.register_buffer("candidates", candidates, persistent=False)
 
     def probabilities(self, features: Tensor) -> Tensor:

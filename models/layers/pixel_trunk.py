@@ -61,9 +61,9 @@ class PixelTrunk:
 
     def build_pixel_encoder(
         self,
-        size: str,
+        vit_size: str,
         *,
-        img_size: int | list[int],
+        image_size: int | list[int],
         feature_dim: int,
         dpt_features: int,
         shallow_dim: int,
@@ -80,8 +80,8 @@ class PixelTrunk:
         """Build ``backbone`` (see ``MultiViewTransformer``) and ``dpt`` (``feature_dim``
         channels out; ``shallow_dim > 0`` adds a full-resolution image CNN)."""
         self.backbone = MultiViewTransformer(
-            size,
-            img_size=img_size,
+            vit_size,
+            image_size=image_size,
             patch_size=patch_size,
             embed_dim=backbone_dim,
             depth=backbone_depth,

@@ -1,11 +1,12 @@
-"""Point-cloud attention utilities: brute-force kNN, kNN point attention, global attention, and a
-point transformer that interleaves them.
+"""Point-cloud attention: kNN point attention, global attention, and a point transformer that
+interleaves them.
 
 Shared by ReSplat (initial model and recurrent update) and usable by any family that lifts
-features to 3D points (e.g. SplatWeaver's optional neighbour aggregation):
+features to 3D points (e.g. SplatWeaver's optional neighbour aggregation). Neighbours come from
+the project's one kNN search, ``models.layers.knn.knn`` (``"cdist"``: exact in float32, ties in
+one fixed order):
 
-- ``knn(points, k)``: exact k nearest neighbours by brute force, chunked over queries so memory
-  stays ``O(chunk * N)``;
+- ``gather_neighbors(values, index)``: the neighbours' rows of per-point values;
 - ``KNNAttention(dim, heads, k)``: multi-head attention of every point over its ``k`` nearest
   neighbours, with a learned encoding of the relative positions added to keys and values
   (Point Transformer style);
@@ -21,55 +22,15 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from models.layers.knn import knn
+
 __all__ = [
-    "knn",
     "gather_neighbors",
     "KNNAttention",
     "GlobalAttention",
     "PointTransformerBlock",
     "PointTransformer",
 ]
-
-
-def knn(
-    points: Tensor,
-    k: int,
-    *,
-    queries: Tensor | None = None,
-    mask: Tensor | None = None,
-    chunk: int = 1024,
-) -> Tensor:
-    """Exact k nearest neighbours by brute force.
-
-    Args:
-        points: ``[B, N, 3]`` (any last dimension works) reference points.
-        k: neighbours per query, ``1 <= k <= N``.
-        queries: ``[B, M, 3]`` query points; ``None`` queries the points themselves (each point is
-            then its own first neighbour).
-        mask: ``[B, N]`` bool, valid reference points; invalid ones are never returned unless a
-            scene has fewer than ``k`` valid points.
-        chunk: queries processed at once (memory is ``O(chunk * N)``).
-
-    Returns:
-        ``[B, M, k]`` int64 indices into ``points``, sorted by increasing distance.
-    """
-    if points.ndim != 3:
-        raise ValueError(f"knn: points must be [B, N, D], got {tuple(points.shape)}")
-    n = points.shape[1]
-    if not 1 <= k <= n:
-        raise ValueError(f"knn: k must be in 1..{n} (the number of points), got {k}")
-    queries = points if queries is None else queries
-    if chunk < 1:
-        raise ValueError(f"knn: chunk must be >= 1, got {chunk}")
-    out = []
-    for start in range(0, queries.shape[1], chunk):
-        q = queries[:, start : start + chunk]  # [B, c, D]
-        # Exact distances (no ||a||^2 - 2ab + ||b||^2 cancellation), O(c * N) memory.
-        dist = torch.cdist(q, points, compute_mode="donot_use_mm_for_euclid_dist")  # [B, c, N]
-        if mask is not None:
-            dist = dist.masked_fill(~mask[:, None, :], float("inf"))
-        out.append(dist.topk(k, dim=-1, largest=False, sorted=True).indices)
-    return torch.cat(out, dim=1)
 
 
 def gather_neighbors(values: Tensor, index: Tensor) -> Tensor:
@@ -131,7 +92,7 @@ class KNNAttention(nn.Module):
             ``[B, N, C]``.
         """
         if index is None:
-            index = knn(points.detach(), min(self.k, points.shape[1]))
+            index = knn(points.detach(), min(self.k, points.shape[1]), method="cdist")
         b, n, c = x.shape
         k, h = index.shape[-1], self.heads
         d = c // h
@@ -222,7 +183,6 @@ class PointTransformer(nn.Module):
         k: neighbours of the kNN attention.
         global_attention: interleave global attention blocks; ``False`` makes every block kNN.
         mlp_ratio: MLP hidden width relative to ``dim``.
-        chunk: query chunk of the kNN search.
     """
 
     def __init__(
@@ -233,11 +193,9 @@ class PointTransformer(nn.Module):
         k: int = 16,
         global_attention: bool = True,
         mlp_ratio: float = 2.0,
-        chunk: int = 1024,
     ) -> None:
         super().__init__()
         self.k = k
-        self.chunk = chunk
         modes = ["global" if global_attention and i % 2 == 1 else "knn" for i in range(depth)]
         self.blocks = nn.ModuleList(
             PointTransformerBlock(dim, heads, k, mode, mlp_ratio) for mode in modes
@@ -251,7 +209,7 @@ class PointTransformer(nn.Module):
         neighbour search (positions still receive gradients through the relative encodings).
         """
         if index is None and any(block.mode == "knn" for block in self.blocks):
-            index = knn(points.detach(), min(self.k, points.shape[1]), chunk=self.chunk)
+            index = knn(points.detach(), min(self.k, points.shape[1]), method="cdist")
         for block in self.blocks:
             x = block(x, points, index)
         return self.norm(x)

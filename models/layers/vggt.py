@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.layers.backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
+from models.layers.backbones.dpt import FusionBlock
 
 __all__ = [
     "Block",
@@ -439,42 +440,6 @@ def uv_embedding(channels: int, grid: tuple[int, int], aspect: float, like: Tens
     return emb.reshape(h, w, channels).permute(2, 0, 1).to(like.dtype)
 
 
-class ResidualConvUnit(nn.Module):
-    """``relu(x) + conv2(relu(conv1(relu(x))))``.
-
-    The residual is the *rectified* input: the released DPT applies an in-place ReLU to its input
-    before the convolutions, so the skip connection adds ``relu(x)``, not ``x``.
-    """
-
-    def __init__(self, features: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(features, features, 3, padding=1)
-        self.conv2 = nn.Conv2d(features, features, 3, padding=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = F.relu(x)
-        return x + self.conv2(F.relu(self.conv1(x)))
-
-
-class FusionBlock(nn.Module):
-    """Add a refined skip, refine, upsample (bilinear, corners aligned), 1x1 conv."""
-
-    def __init__(self, features: int, has_residual: bool = True) -> None:
-        super().__init__()
-        self.out_conv = nn.Conv2d(features, features, 1)
-        self.resConfUnit1 = ResidualConvUnit(features) if has_residual else None
-        self.resConfUnit2 = ResidualConvUnit(features)
-
-    def forward(self, x: Tensor, skip: Tensor | None = None, size=None) -> Tensor:
-        if self.resConfUnit1 is not None and skip is not None:
-            x = x + self.resConfUnit1(skip)
-        x = self.resConfUnit2(x)
-        if size is None:
-            size = (x.shape[-2] * 2, x.shape[-1] * 2)
-        x = F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=True)
-        return self.out_conv(x)
-
-
 class DPTHead(nn.Module):
     """VGGT's DPT: four token layers -> projections -> x4, x2, x1, x0.5 -> fusion -> features.
 
@@ -517,10 +482,9 @@ class DPTHead(nn.Module):
         self.scratch = nn.Module()
         for i, c in enumerate(oc, start=1):
             setattr(self.scratch, f"layer{i}_rn", nn.Conv2d(c, features, 3, padding=1, bias=False))
-        self.scratch.refinenet1 = FusionBlock(features)
-        self.scratch.refinenet2 = FusionBlock(features)
-        self.scratch.refinenet3 = FusionBlock(features)
-        self.scratch.refinenet4 = FusionBlock(features, has_residual=False)
+        for i in range(1, 5):  # the released DPT's fusion: rectified residuals, corners aligned
+            block = FusionBlock(features, has_skip=i < 4, align_corners=True, rectify_input=True)
+            setattr(self.scratch, f"refinenet{i}", block)
         self.scratch.output_conv1 = nn.Conv2d(features, features // 2, 3, padding=1)
         if output_dim is not None:
             self.scratch.output_conv2 = nn.Sequential(

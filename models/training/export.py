@@ -107,7 +107,7 @@ def _training_facts(checkpoint: dict, data: str | None) -> dict[str, str]:
     facts["training data"] = (
         str(dataset) if dataset is not None else "not recorded in the checkpoint"
     )
-    resolution = _find(flat, "resolution", "image_size", "image_shape", "img_size")
+    resolution = _find(flat, "resolution", "image_size", "image_shape")
     if isinstance(resolution, (list, tuple)):
         resolution = "x".join(str(int(r)) for r in resolution)
     elif isinstance(resolution, (int, float)):
@@ -147,7 +147,7 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     kwargs = dict(hparams.get("model_config") or hparams.get("model_kwargs") or {})
     for key in INIT_ONLY_ARGS:  # the checkpoint holds every weight (ReSplat's stage-1 file
         kwargs.pop(key, None)  # may be gone)
-    try:  # the factory's rebuild: retired and unknown recorded arguments left out with a warning
+    try:  # the factory's rebuild: an argument the constructor does not take fails, named
         model = build_from_recorded(name, kwargs)
     except (TypeError, ValueError) as error:
         raise ExportError(

@@ -11,9 +11,7 @@ training uses them:
   supervises (ReSplat: every iteration, decayed);
 - ``weigh(losses)``: the weighted auxiliary terms added to the loss.
 
-The settings used to be constructor arguments (and so were published in ``config.json`` with the
-weights); each family lists them in ``retired_args``, so that weights saved by an older version
-still load (the loader leaves them out with a warning that points here).
+None of them is a constructor argument, so none is published in ``config.json`` with the weights.
 """
 
 from __future__ import annotations

@@ -21,7 +21,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from models.base import INIT_ONLY_ARGS, SplatModel, constructor_arguments
+from models.base import (
+    INIT_ONLY_ARGS,
+    SplatModel,
+    constructor_arguments,
+    describe_unknown_arguments,
+    renamed,
+)
 from models.registry import model_class, model_entrypoint
 from models.weights.hub import (
     CONFIG_NAME,
@@ -64,31 +70,19 @@ def build_from_recorded(
 ) -> nn.Module:
     """Build ``name`` with the arguments recorded with some weights (explicit overrides win).
 
-    Recorded arguments the constructor no longer takes (an option removed since the weights were
-    saved) are left out with a warning; if the option changed the architecture, the strict
-    loading that follows says so.
+    Raises:
+        PretrainedError: the weights record an argument the constructor does not take (an option
+            removed or renamed since they were saved; a renamed one is named).
     """
     accepted = _accepted_arguments(name)
-    dropped = sorted(set(recorded) - accepted) if accepted is not None else []
-    arguments = {k: v for k, v in recorded.items() if k not in dropped}
-    retired = set(getattr(model_class(name), "retired_args", ()))
-    training = [k for k in dropped if k in retired]
-    unknown = [k for k in dropped if k not in retired]
-    if training:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in training)
-        warnings.warn(
-            f"weights of {name!r} record training setting(s) that are the training recipe's now "
-            f"(models/training/recipes.py), not the model's: {shown}; left out",
-            stacklevel=4,  # create_model's caller
-        )
+    unknown = sorted(set(recorded) - accepted) if accepted is not None else []
     if unknown:
-        shown = ", ".join(f"{k}={recorded[k]!r}" for k in unknown)
-        warnings.warn(
-            f"weights of {name!r} were saved with constructor argument(s) this version does not "
-            f"have: {shown}; left out",
-            stacklevel=4,  # create_model's caller
+        shown = describe_unknown_arguments({key: recorded[key] for key in unknown})
+        raise PretrainedError(
+            f"weights of {name!r} record constructor argument(s) that {name!r} does not take: "
+            f"{shown}"
         )
-    return model_entrypoint(name)(**{**arguments, **(overrides or {})})
+    return model_entrypoint(name)(**{**recorded, **(overrides or {})})
 
 
 def source_arguments(source: WeightsSource, architecture: str) -> dict[str, Any]:
@@ -274,7 +268,7 @@ def _check_config(model: nn.Module, name: str, config: dict[str, Any], path: Pat
             )
     args = {k: v for k, v in config.items() if k != METADATA_KEY}
     accepted = _constructor_args(type(model))
-    foreign = sorted(set(args) - accepted - set(getattr(type(model), "retired_args", ())))
+    foreign = sorted(set(args) - accepted)
     if foreign:
         matches = [
             cls
@@ -288,7 +282,8 @@ def _check_config(model: nn.Module, name: str, config: dict[str, Any], path: Pat
             guess = ""
         raise PretrainedError(
             config_path,
-            f"arguments {', '.join(foreign)} are not constructor arguments of model "
+            f"arguments {', '.join(renamed(k) for k in foreign)} are not constructor arguments "
+            "of model "
             f"{_describe(model, name)}{guess}",
         )
     # Through JSON, like the folder's values (tuples become lists).

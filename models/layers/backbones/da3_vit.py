@@ -380,15 +380,17 @@ class DA3Encoder(nn.Module):
     """The DA3 ViT plus its camera-prior encoder (``vit`` and ``cam_enc``).
 
     Args:
-        size: a ``DA3_SIZES`` key; the other arguments override its entries.
+        vit_size: a ``DA3_SIZES`` key; the other arguments override its entries.
         camera_encoder: build ``cam_enc`` (the release has one, used only with a camera prior).
     """
 
-    def __init__(self, size: str = "small", *, camera_encoder: bool = True, **overrides) -> None:
+    def __init__(
+        self, vit_size: str = "small", *, camera_encoder: bool = True, **overrides
+    ) -> None:
         super().__init__()
-        if size not in DA3_SIZES:
-            raise ValueError(f"size must be one of {sorted(DA3_SIZES)}, got {size!r}")
-        spec = {**DA3_SIZES[size], **overrides}
+        if vit_size not in DA3_SIZES:
+            raise ValueError(f"vit_size must be one of {sorted(DA3_SIZES)}, got {vit_size!r}")
+        spec = {**DA3_SIZES[vit_size], **overrides}
         self.vit = DA3VisionTransformer(**spec)
         self.embed_dim = self.vit.embed_dim
         self.patch_size = self.vit.patch_size

@@ -18,6 +18,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from models.layers.backbones.dinov2 import DINOV2_SIZES, DinoV2
+from models.layers.backbones.dpt import FusionBlock
 from models.layers.backbones.unimatch import (
     ConvStem,
     CrossViewTransformer,
@@ -174,34 +175,6 @@ class CrossViewUNet(nn.Module):
 
 
 # ----------------------------------------------------------------------------- DPT
-class _ResidualConv(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1)
-        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv2(F.relu(self.conv1(F.relu(x)))) + x
-
-
-class _Fusion(nn.Module):
-    def __init__(self, dim: int, has_skip: bool) -> None:
-        super().__init__()
-        self.res1 = _ResidualConv(dim) if has_skip else None
-        self.res2 = _ResidualConv(dim)
-        self.out_conv = nn.Conv2d(dim, dim, 1)
-
-    def forward(self, x: Tensor, skip: Tensor | None, size: tuple[int, int] | None) -> Tensor:
-        if skip is not None:
-            x = x + self.res1(skip)
-        x = self.res2(x)
-        if size is None:
-            x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
-        else:
-            x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
-        return self.out_conv(x)
-
-
 class DepthSplatDPT(nn.Module):
     """Depth Anything V2's DPT with DepthSplat's extra inputs (CNN, multi-view and optionally
     coarse-depth features concatenated at 1/2, 1/4 and 1/8).
@@ -263,7 +236,9 @@ class DepthSplatDPT(nn.Module):
         self.layer_rn = nn.ModuleList(
             [nn.Conv2d(c, features, 3, padding=1, bias=False) for c in out_channels]
         )
-        self.refine = nn.ModuleList([_Fusion(features, has_skip=i < 3) for i in range(4)])
+        self.refine = nn.ModuleList(
+            [FusionBlock(features, has_skip=i < 3, align_corners=True) for i in range(4)]
+        )
         self.head = None
         if with_depth:
             self.head = nn.Sequential(
@@ -395,16 +370,16 @@ class DepthTrunk(nn.Module):
     """Multi-view depth: returns inverse-depth-derived depth and the intermediate features.
 
     Args:
-        vit: ``"vits"``, ``"vitb"`` or ``"vitl"`` (Depth Anything V2's DINOv2 size); or a
+        vit_size: ``"vits"``, ``"vitb"`` or ``"vitl"`` (Depth Anything V2's DINOv2 size); or a
             ``(dim, depth, heads)`` tuple for reduced test sizes.
         num_scales: cost-volume scales (1 or 2).
         upsample_factor: image / last-scale resolution.
         lowest_resolution: image / first-scale CNN resolution (4 or 8).
-        num_candidates: inverse-depth candidates at the first scale (``/4`` per later scale).
+        num_depth_candidates: inverse-depth candidates at the first scale (``/4`` per later scale).
         unet_dim: U-Net width at the first scale (halved per later scale).
         transformer_depth: cross-view transformer blocks.
-        mono_layers: ViT blocks feeding the DPTs (``None``: Depth Anything V2's for ``vit``).
-        dpt: ``{"depth_features", "features", "out_channels"}`` (``None``: the ``vit``'s).
+        mono_layers: ViT blocks feeding the DPTs (``None``: Depth Anything V2's for ``vit_size``).
+        dpt: ``{"depth_features", "features", "out_channels"}`` (``None``: the ``vit_size``'s).
         log_depth: candidates uniform in log depth between ``near`` and ``far`` instead of in
             inverse depth (ReSplat's depth models; one cost-volume scale only).
         max_vit_width: the ViT input is at most this wide (ReSplat: 560; ``None``: no bound).
@@ -414,12 +389,12 @@ class DepthTrunk(nn.Module):
 
     def __init__(
         self,
-        vit: str | tuple[int, int, int] = "vits",
+        vit_size: str | tuple[int, int, int] = "vits",
         *,
         num_scales: int = 1,
         upsample_factor: int = 4,
         lowest_resolution: int = 4,
-        num_candidates: int = 128,
+        num_depth_candidates: int = 128,
         unet_dim: int = 128,
         transformer_depth: int = 6,
         mono_layers: tuple[int, ...] | None = None,
@@ -434,16 +409,18 @@ class DepthTrunk(nn.Module):
         self.log_depth = log_depth
         self.max_vit_width = max_vit_width
         self.wide_attn_splits = wide_attn_splits
-        if isinstance(vit, str):
-            if vit not in DINOV2_SIZES:
-                raise ValueError(f"vit must be one of {sorted(DINOV2_SIZES)}, got {vit!r}")
-            vit_dim, vit_depth, vit_heads = DINOV2_SIZES[vit]
-            mono_layers = mono_layers or MONO_LAYERS[vit]
-            dpt = dpt or DPT_CONFIGS[vit]
+        if isinstance(vit_size, str):
+            if vit_size not in DINOV2_SIZES:
+                raise ValueError(
+                    f"vit_size must be one of {sorted(DINOV2_SIZES)}, got {vit_size!r}"
+                )
+            vit_dim, vit_depth, vit_heads = DINOV2_SIZES[vit_size]
+            mono_layers = mono_layers or MONO_LAYERS[vit_size]
+            dpt = dpt or DPT_CONFIGS[vit_size]
         else:
-            vit_dim, vit_depth, vit_heads = vit
+            vit_dim, vit_depth, vit_heads = vit_size
             if mono_layers is None or dpt is None:
-                raise ValueError("a custom vit size needs mono_layers and dpt")
+                raise ValueError("a custom vit_size needs mono_layers and dpt")
         if upsample_factor * 2 ** (num_scales - 1) != lowest_resolution:
             raise ValueError(
                 f"upsample_factor x 2^(num_scales-1) must equal lowest_resolution, got "
@@ -452,7 +429,7 @@ class DepthTrunk(nn.Module):
         self.num_scales = num_scales
         self.upsample_factor = upsample_factor
         self.lowest_resolution = lowest_resolution
-        self.num_candidates = num_candidates
+        self.num_depth_candidates = num_depth_candidates
         self.mono_layers = tuple(mono_layers)
         self.match_dim = 128
         self.cnn = ConvStem(self.match_dim, lowest_scale=lowest_resolution)
@@ -466,7 +443,7 @@ class DepthTrunk(nn.Module):
         levels, attn = 3, (4,)
         for i in range(num_scales):
             in_dim = (
-                num_candidates // 4**i
+                num_depth_candidates // 4**i
                 + (self.match_dim - 32 * i)
                 + self.match_dim // 2**i
                 + vit_dim // 2**i
@@ -474,7 +451,9 @@ class DepthTrunk(nn.Module):
             if i > 0:
                 levels, attn = levels + 1, tuple(2 * a for a in attn)
             scales.append(
-                _ScaleRegressor(in_dim, unet_dim // 2**i, num_candidates // 4**i, levels, attn)
+                _ScaleRegressor(
+                    in_dim, unet_dim // 2**i, num_depth_candidates // 4**i, levels, attn
+                )
             )
         self.scales = nn.ModuleList(scales)
         self.refiner = DepthSplatDPT(
@@ -573,7 +552,7 @@ class DepthTrunk(nn.Module):
             k = torch.cat([k[..., :2, :] / factor, k[..., 2:, :]], dim=-2)  # [B, V, 3, 3]
             feats = match_scales[s]  # [BV, C, h, w]
             c, h, w = feats.shape[1:]
-            count = self.num_candidates // 4**s
+            count = self.num_depth_candidates // 4**s
             # float32 steps cast to the input dtype, as the release computes them
             steps = torch.linspace(0, 1, count, device=images.device).to(images.dtype)
             if s == 0:
@@ -583,7 +562,7 @@ class DepthTrunk(nn.Module):
                 inv_depth = F.interpolate(
                     inv_depth, scale_factor=2, mode="bilinear", align_corners=True
                 ).detach()
-                interval = (inv_max - inv_min) / (self.num_candidates - 1) / 2**s
+                interval = (inv_max - inv_min) / (self.num_depth_candidates - 1) / 2**s
                 lo = torch.maximum(inv_depth - interval * (count // 2), inv_min)
                 hi = torch.minimum(inv_depth + interval * (count // 2 - 1), inv_max)
                 candidates = lo + steps.view(1, -1, 1, 1) * (hi - lo)  # [BV, D, h, w]

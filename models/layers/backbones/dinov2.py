@@ -47,7 +47,7 @@ class DinoV2(nn.Module):
     Args:
         embed_dim, depth, num_heads: ViT width, blocks and heads.
         patch_size: patch side in pixels.
-        img_size: side of the square training grid of ``pos_embed`` (518 for DINOv2).
+        image_size: side of the square training grid of ``pos_embed`` (518 for DINOv2).
         interpolate_offset: DINOv2's position-embedding resampling offset.
     """
 
@@ -58,14 +58,14 @@ class DinoV2(nn.Module):
         num_heads: int = 6,
         *,
         patch_size: int = 14,
-        img_size: int = 518,
+        image_size: int = 518,
         interpolate_offset: float = 0.1,
     ) -> None:
         super().__init__()
         self.embed_dim = embed_dim
         self.patch_size = patch_size
         self.interpolate_offset = interpolate_offset
-        grid = img_size // patch_size
+        grid = image_size // patch_size
         self.patch_embed = _PatchEmbed(patch_size, 3, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + grid * grid, embed_dim))

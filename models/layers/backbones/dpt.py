@@ -24,34 +24,64 @@ REASSEMBLE_FACTORS = (4.0, 2.0, 1.0, 0.5)
 
 
 class ResidualConvUnit(nn.Module):
-    """``x + conv(relu(conv(relu(x))))`` with 3x3 convolutions."""
+    """``x + conv2(relu(conv1(relu(x))))`` with 3x3 convolutions.
 
-    def __init__(self, channels: int) -> None:
+    ``rectify_input=True`` rectifies the input before the skip too,
+    ``relu(x) + conv2(relu(conv1(relu(x))))``: the released DPTs (Depth Anything, VGGT) apply an
+    in-place ReLU to the input, so their skip adds the rectified input.
+    """
+
+    def __init__(self, channels: int, rectify_input: bool = False) -> None:
         super().__init__()
+        self.rectify_input = rectify_input
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.rectify_input:
+            x = F.relu(x)
+            return x + self.conv2(F.relu(self.conv1(x)))
         return x + self.conv2(F.relu(self.conv1(F.relu(x))))
 
 
 class FusionBlock(nn.Module):
-    """Add a refined skip feature, refine, resize to ``size``, project (1x1)."""
+    """Add a refined skip feature, refine, resize to ``size``, project (1x1).
 
-    def __init__(self, channels: int, has_skip: bool) -> None:
+    The one fusion step of every DPT in the project: this head's, DepthSplat's
+    (``models.layers.backbones.depth_trunk``) and VGGT's (``models.layers.vggt``).
+
+    Args:
+        channels: width of the fusion path.
+        has_skip: build the refinement of a skip input.
+        align_corners: of the bilinear resize (the released DPTs: ``True``).
+        rectify_input: of the residual units (see ``ResidualConvUnit``).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        has_skip: bool,
+        align_corners: bool = False,
+        rectify_input: bool = False,
+    ) -> None:
         super().__init__()
-        self.skip_unit = ResidualConvUnit(channels) if has_skip else None
-        self.unit = ResidualConvUnit(channels)
+        self.align_corners = align_corners
+        self.skip_unit = ResidualConvUnit(channels, rectify_input) if has_skip else None
+        self.unit = ResidualConvUnit(channels, rectify_input)
         self.out_conv = nn.Conv2d(channels, channels, 1)
 
-    def forward(self, x: Tensor, skip: Tensor | None, size: tuple[int, int]) -> Tensor:
+    def forward(
+        self, x: Tensor, skip: Tensor | None = None, size: tuple[int, int] | None = None
+    ) -> Tensor:
+        """``x [N, C, h, w]`` (+ ``skip``, same shape) -> ``[N, C, *size]`` (``None``: ``2h, 2w``)."""
         if skip is not None:
             if self.skip_unit is None:
                 raise ValueError("this FusionBlock was built without a skip input")
             x = x + self.skip_unit(skip)
         x = self.unit(x)
-        if tuple(x.shape[-2:]) != tuple(size):
-            x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+        size = (2 * x.shape[-2], 2 * x.shape[-1]) if size is None else tuple(size)
+        if tuple(x.shape[-2:]) != size:
+            x = F.interpolate(x, size=size, mode="bilinear", align_corners=self.align_corners)
         return self.out_conv(x)
 
 

@@ -12,7 +12,7 @@ DINOv2 weights from timm load into it unchanged. On top of that, as in VGGT and 
 - optional camera conditioning: per-pixel Plücker rays (direction, moment) are patchified by a
   convolution and added to the patch tokens when poses are known.
 
-Any number of views (1..N) runs through one model; the image size may differ from ``img_size``
+Any number of views (1..N) runs through one model; the image size may differ from ``image_size``
 (the position embedding is resampled, images whose sides are not multiples of the patch size are
 resized to the nearest multiple).
 """
@@ -53,7 +53,7 @@ VIT_SIZES: dict[str, dict] = {
         depth=6,
         num_heads=4,
         patch_size=8,
-        img_size=64,
+        image_size=64,
         init_values=None,
         timm_name=None,
         timm_arch="vit_small_patch14_dinov2",
@@ -63,7 +63,7 @@ VIT_SIZES: dict[str, dict] = {
         depth=12,
         num_heads=6,
         patch_size=14,
-        img_size=252,
+        image_size=252,
         init_values=1e-5,
         timm_name="vit_small_patch14_dinov2.lvd142m",
         timm_arch="vit_small_patch14_dinov2",
@@ -73,7 +73,7 @@ VIT_SIZES: dict[str, dict] = {
         depth=12,
         num_heads=12,
         patch_size=14,
-        img_size=252,
+        image_size=252,
         init_values=1e-5,
         timm_name="vit_base_patch14_dinov2.lvd142m",
         timm_arch="vit_base_patch14_dinov2",
@@ -83,7 +83,7 @@ VIT_SIZES: dict[str, dict] = {
         depth=24,
         num_heads=16,
         patch_size=14,
-        img_size=252,
+        image_size=252,
         init_values=1e-5,
         timm_name="vit_large_patch14_dinov2.lvd142m",
         timm_arch="vit_large_patch14_dinov2",
@@ -128,8 +128,8 @@ class MultiViewTransformer(nn.Module):
     """ViT over several views with alternating frame / global attention.
 
     Args:
-        size: ``"tiny"``, ``"small"``, ``"base"`` or ``"large"`` (ViT-S/B/L are DINOv2 shapes).
-        img_size: training resolution (square int or ``[H, W]``); sets the stored position
+        vit_size: ``"tiny"``, ``"small"``, ``"base"`` or ``"large"`` (ViT-S/B/L are DINOv2 shapes).
+        image_size: training resolution (square int or ``[H, W]``); sets the stored position
             embedding grid. ``None``: the size's default.
         patch_size: ``None``: the size's default (8 for tiny, 14 otherwise).
         in_chans: image channels.
@@ -153,9 +153,9 @@ class MultiViewTransformer(nn.Module):
 
     def __init__(
         self,
-        size: str = "tiny",
+        vit_size: str = "tiny",
         *,
-        img_size: int | Sequence[int] | None = None,
+        image_size: int | Sequence[int] | None = None,
         patch_size: int | None = None,
         in_chans: int = 3,
         embed_dim: int | None = None,
@@ -171,10 +171,10 @@ class MultiViewTransformer(nn.Module):
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
-        if size not in VIT_SIZES:
-            raise ValueError(f"size must be one of {sorted(VIT_SIZES)}, got {size!r}")
-        spec = VIT_SIZES[size]
-        self.size = size
+        if vit_size not in VIT_SIZES:
+            raise ValueError(f"vit_size must be one of {sorted(VIT_SIZES)}, got {vit_size!r}")
+        spec = VIT_SIZES[vit_size]
+        self.vit_size = vit_size
         self.embed_dim = embed_dim or spec["embed_dim"]
         self.depth = depth or spec["depth"]
         self.num_heads = num_heads or spec["num_heads"]
@@ -182,16 +182,16 @@ class MultiViewTransformer(nn.Module):
         self.init_values = spec["init_values"] if init_values == "default" else init_values
         self.mlp_ratio = mlp_ratio
         self.in_chans = in_chans
-        img_size = img_size if img_size is not None else spec["img_size"]
-        img_hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.img_size: tuple[int, int] = (int(img_hw[0]), int(img_hw[1]))
+        image_size = image_size if image_size is not None else spec["image_size"]
+        img_hw = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.image_size: tuple[int, int] = (int(img_hw[0]), int(img_hw[1]))
         self.grid_size: tuple[int, int] = (
-            self.img_size[0] // self.patch_size,
-            self.img_size[1] // self.patch_size,
+            self.image_size[0] // self.patch_size,
+            self.image_size[1] // self.patch_size,
         )
         if min(self.grid_size) < 1:
             raise ValueError(
-                f"img_size {self.img_size} is smaller than patch_size {self.patch_size}"
+                f"image_size {self.image_size} is smaller than patch_size {self.patch_size}"
             )
         if self.embed_dim % self.num_heads:
             raise ValueError(
@@ -219,7 +219,7 @@ class MultiViewTransformer(nn.Module):
 
         # --- the plain-ViT part (DINOv2 names) ---
         self.patch_embed = PatchEmbed(
-            img_size=self.img_size,
+            img_size=self.image_size,  # timm's name
             patch_size=self.patch_size,
             in_chans=in_chans,
             embed_dim=self.embed_dim,
@@ -285,7 +285,7 @@ class MultiViewTransformer(nn.Module):
             num_heads=self.num_heads,
             mlp_ratio=self.mlp_ratio,
             patch_size=self.patch_size,
-            img_size=self.img_size,
+            img_size=self.image_size,
             # timm.create_model drops None-valued kwargs; 0 also means "no LayerScale" there.
             init_values=self.init_values or 0.0,
             in_chans=self.in_chans,
@@ -305,13 +305,13 @@ class MultiViewTransformer(nn.Module):
         """
         import timm
 
-        spec = VIT_SIZES[self.size]
+        spec = VIT_SIZES[self.vit_size]
         overlay = None
         if source is True:
             if spec["timm_name"] is None:
                 raise ValueError(
-                    f"size {self.size!r} has no public pretrained weights; pass a weight file "
-                    "('file:/path.safetensors') or use size='small'|'base'|'large'"
+                    f"vit_size {self.vit_size!r} has no public pretrained weights; pass a weight file "
+                    "('file:/path.safetensors') or use vit_size='small'|'base'|'large'"
                 )
             name = spec["timm_name"]
             kwargs = self.timm_kwargs()
@@ -330,7 +330,7 @@ class MultiViewTransformer(nn.Module):
             else:
                 # A named timm model: its own architecture, our grid (timm resamples pos_embed).
                 name = source.removeprefix("timm:")
-                kwargs = dict(img_size=self.img_size, num_classes=0)
+                kwargs = dict(img_size=self.image_size, num_classes=0)
         else:
             raise TypeError(f"pretrained_backbone must be a bool or a str, got {type(source)}")
         reference = timm.create_model(

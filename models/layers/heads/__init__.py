@@ -1,14 +1,12 @@
 """Heads shared by the families."""
 
 from models.layers.heads.gaussian_head import (
-    MEAN_MODES,
     AnchorOffsetPlacement,
     FreeMeanPlacement,
     GaussianHead,
     MeanPlacement,
     RayDepthPlacement,
     free_mean_activation,
-    placement_for_mode,
     raw_gaussian_dim,
 )
 
@@ -16,10 +14,8 @@ __all__ = [
     "AnchorOffsetPlacement",
     "FreeMeanPlacement",
     "GaussianHead",
-    "MEAN_MODES",
     "MeanPlacement",
     "RayDepthPlacement",
     "free_mean_activation",
-    "placement_for_mode",
     "raw_gaussian_dim",
 ]

@@ -26,9 +26,6 @@ it needs are keyword arguments of ``forward``/``decode`` named by its ``forward`
   no inputs -- ZipSplat;
 - ``AnchorOffsetPlacement``: an anchor point plus ``tanh(x) * offset_bound * offset_scale``;
   inputs ``anchors``, optional ``offset_scale`` -- SplatWeaver, pose-free pixel-aligned.
-
-The old spelling ``mean_mode="ray_depth" | "free" | "anchor_offset"`` (with ``offset_bound`` and
-``free_mean_max``) still builds the same placement.
 """
 
 from __future__ import annotations
@@ -52,8 +49,6 @@ __all__ = [
     "RayDepthPlacement",
     "FreeMeanPlacement",
     "AnchorOffsetPlacement",
-    "MEAN_MODES",
-    "placement_for_mode",
     "raw_gaussian_dim",
     "free_mean_activation",
 ]
@@ -181,24 +176,6 @@ class RayDepthPlacement(MeanPlacement):
         return f"offset_bound={self.offset_bound}"
 
 
-_PLACEMENTS: dict[str, type[MeanPlacement]] = {
-    cls.mode: cls for cls in (RayDepthPlacement, FreeMeanPlacement, AnchorOffsetPlacement)
-}
-MEAN_MODES = tuple(_PLACEMENTS)
-
-
-def placement_for_mode(
-    mean_mode: str, offset_bound: float = 1.0, free_mean_max: float = 100.0
-) -> MeanPlacement:
-    """The placement of an old ``mean_mode`` string (``offset_bound``/``free_mean_max`` as the
-    head's keywords of the same names used to set them)."""
-    if mean_mode not in _PLACEMENTS:
-        raise ValueError(f"mean_mode must be one of {MEAN_MODES}, got {mean_mode!r}")
-    if mean_mode == "free":
-        return FreeMeanPlacement(free_mean_max)
-    return _PLACEMENTS[mean_mode](offset_bound)
-
-
 class GaussianHead(nn.Module):
     """Project features to ``gaussians_per_location`` Gaussians per location and activate them.
 
@@ -206,15 +183,11 @@ class GaussianHead(nn.Module):
         in_dim: feature channels ``C``; ``None``: no projection (``decode`` only).
         placement: where the means go (``RayDepthPlacement``, ``FreeMeanPlacement``,
             ``AnchorOffsetPlacement``); its ``forward`` keywords are the head's inputs.
-        mean_mode: old spelling of ``placement`` (``"ray_depth"``, ``"free"`` or
-            ``"anchor_offset"``, with ``offset_bound`` and ``free_mean_max``); give one of the two.
         gaussians_per_location: Gaussians ``G`` decoded from each feature vector.
         sh_degree: SH degree ``d`` (0..3).
         hidden_dim: hidden width of a 2-layer MLP; ``None`` for a single linear layer.
         scale_factor: multiplier of ``softplus(x - 4)``.
         max_scale: clamp of the activated scale (before ``scale_reference``).
-        offset_bound: with ``mean_mode`` only: the placement's ``offset_bound``.
-        free_mean_max: with ``mean_mode`` only: ``FreeMeanPlacement``'s ``max_abs``.
         dc_from_color: add the pixel colour's DC coefficient to the predicted DC.
         opacity_bias: initial bias of the opacity logit.
         min_scale: floor of the final scales.
@@ -231,16 +204,13 @@ class GaussianHead(nn.Module):
     def __init__(
         self,
         in_dim: int | None,
-        placement: MeanPlacement | None = None,
+        placement: MeanPlacement,
         *,
-        mean_mode: str | None = None,
         gaussians_per_location: int = 1,
         sh_degree: int = 1,
         hidden_dim: int | None = None,
         scale_factor: float = 1.0,
         max_scale: float = 0.3,
-        offset_bound: float | None = None,
-        free_mean_max: float | None = None,
         dc_from_color: bool = True,
         opacity_bias: float = 0.0,
         min_scale: float = 1e-7,
@@ -253,16 +223,6 @@ class GaussianHead(nn.Module):
         super().__init__()
         if activation not in ("gelu", "relu"):
             raise ValueError(f"activation must be 'gelu' or 'relu', got {activation!r}")
-        if (placement is None) == (mean_mode is None):
-            raise ValueError("GaussianHead needs one of placement or mean_mode")
-        if placement is None:
-            placement = placement_for_mode(
-                mean_mode,
-                1.0 if offset_bound is None else offset_bound,
-                100.0 if free_mean_max is None else free_mean_max,
-            )
-        elif offset_bound is not None or free_mean_max is not None:
-            raise ValueError("offset_bound and free_mean_max go to the placement, not the head")
         if not isinstance(placement, MeanPlacement):
             raise ValueError(f"placement must be a MeanPlacement, got {type(placement).__name__}")
         if not 0 <= sh_degree <= 3:
@@ -361,9 +321,7 @@ class GaussianHead(nn.Module):
             )
         missing = [key for key in self.placement.required_inputs if key not in given]
         if missing:
-            raise ValueError(
-                f"{name} (mean_mode={self.placement.mode!r}) needs {', '.join(missing)}"
-            )
+            raise ValueError(f"{name} needs {', '.join(missing)}")
         return given
 
     def decode(
