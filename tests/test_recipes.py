@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from models.weights.pretrained import PretrainedError
 
 from models import create_model
 from models.base import constructor_arguments
@@ -28,6 +27,7 @@ from models.training import (
     ZipSplatRecipe,
     default_recipe,
 )
+from models.weights.hub import PretrainedError
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
