@@ -215,16 +215,24 @@ def remove_duplicates(
     count = len(sets)
     group = voxel_id * count + window  # (voxel, window)
     groups, group_id = torch.unique(group, return_inverse=True)
-    quality = torch.where(torch.isfinite(depth), depth, torch.full_like(depth, 1e12))
+    seen = torch.isfinite(depth)
     total = torch.zeros(len(groups), dtype=torch.float64, device=means.device)
-    total.index_add_(0, group_id, quality)
-    size = torch.bincount(group_id, minlength=len(groups)).double()
-    # score: mean depth, ties to the lower window index (tiny epsilon per window)
-    score = total / size + (groups % count).double() * 1e-9
-    group_voxel = groups // count
-    best = torch.full((int(group_voxel.max()) + 1,), float("inf"), dtype=torch.float64)
-    best = best.to(means.device).scatter_reduce(0, group_voxel, score, reduce="amin")
+    total.index_add_(0, group_id, torch.where(seen, depth, torch.zeros_like(depth)))
+    size = torch.zeros(len(groups), dtype=torch.float64, device=means.device)
+    size.index_add_(0, group_id, seen.double())
+    # mean depth of a window's Gaussians in a voxel, over those its cameras see (none: inf)
+    score = torch.where(size > 0, total / size.clamp_min(1), torch.full_like(total, float("inf")))
+    group_voxel, group_window = groups // count, groups % count
+    voxels = int(group_voxel.max()) + 1
+    best = torch.full((voxels,), float("inf"), dtype=torch.float64, device=means.device)
+    best = best.scatter_reduce(0, group_voxel, score, reduce="amin")
     keep_group = score <= best[group_voxel]
+    # ties: the first window
+    first = torch.full((voxels,), count, dtype=torch.long, device=means.device)
+    first = first.scatter_reduce(
+        0, group_voxel[keep_group], group_window[keep_group], reduce="amin"
+    )
+    keep_group &= group_window == first[group_voxel]
     keep = keep_group[group_id]  # [N]
     merged = Gaussians.cat([g.compact() if g.mask is not None else g for g in sets])
     if merged.mask is not None:

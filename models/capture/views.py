@@ -10,7 +10,8 @@ A :class:`ViewGraph` says how strongly each pair of photos overlaps:
   thumbnails (16 x 16, normalised cross-correlation turned into ``exp(-(1 - ncc) / m0)``).
 
 :func:`select_views` picks ``N`` overlapping views around a centre (``views=N``):
-starting from the centre, it adds the photo with the largest summed overlap with those picked.
+starting from the centre, it adds the photo with the largest summed overlap with those picked
+(the centre's counted twice, so that the views gather around it).
 :func:`cover_windows` covers the whole capture with overlapping windows of a model's view count
 (``views=all``): the first window is ``select_views`` around the centre; each next window starts
 at the uncovered photo that overlaps most with a covered one, takes that covered photo (the
@@ -233,11 +234,15 @@ def center_index(names: Sequence[str], center_view: str | None, allowed: Sequenc
 
 def select_views(graph: ViewGraph, count: int, center: int, allowed: Sequence[int]) -> list[int]:
     """``count`` overlapping views around ``center``: greedily the view with the largest summed
-    overlap with those already picked (connected ones first); returned in capture order."""
+    overlap with those already picked, the centre's counted twice (connected ones first);
+    returned in capture order."""
     allowed = [int(i) for i in allowed]
     picked = [int(center)]
     while len(picked) < min(count, len(allowed)):
-        picked.append(_best(graph, picked, [i for i in allowed if i not in picked]))
+        rest = [i for i in allowed if i not in picked]
+        # the centre's overlap counts double: the views gather around it, not drift away
+        bonus = lambda i: 1.0 + graph.affinity[i, center] / max(graph.affinity[i, picked].sum(), 1e-12)  # noqa: E731
+        picked.append(_best(graph, picked, rest, bonus=bonus))
     return sorted(picked)
 
 
