@@ -170,7 +170,7 @@ def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, devi
         model,
         views=cfg.get("views"),
         center_view=cfg.get("center_view"),
-        holdout=cfg.get("holdout"),
+        holdout=to_plain(cfg.holdout) if OmegaConf.is_list(cfg.get("holdout")) else cfg.get("holdout"),
         name=str(cfg.model),
     )
     for note in plan.notes:

@@ -470,7 +470,7 @@ def write_capture(
     )
 
 
-def print_holdout(capture: CaptureResult, file=sys.stdout) -> None:
-    """The held-out table (nothing without held-out photos)."""
+def print_holdout(capture: CaptureResult, file=None) -> None:
+    """The held-out table on ``file`` (default stdout; nothing without held-out photos)."""
     if "holdout" in capture.summary:
-        print(holdout_lib.holdout_table(capture.summary["holdout"]), file=file)
+        print(holdout_lib.holdout_table(capture.summary["holdout"]), file=file or sys.stdout)
