@@ -109,7 +109,9 @@ def run(cfg: DictConfig) -> Path:
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     if capture:
-        return _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, device, started)
+        return _run_capture(
+            cfg, model, images, knobs, folder, notes, timings, loaded, device, started
+        )
     result = inference.reconstruct(
         model,
         images,
@@ -170,7 +172,9 @@ def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, devi
         model,
         views=cfg.get("views"),
         center_view=cfg.get("center_view"),
-        holdout=to_plain(cfg.holdout) if OmegaConf.is_list(cfg.get("holdout")) else cfg.get("holdout"),
+        holdout=to_plain(cfg.holdout)
+        if OmegaConf.is_list(cfg.get("holdout"))
+        else cfg.get("holdout"),
         name=str(cfg.model),
     )
     for note in plan.notes:
@@ -179,8 +183,9 @@ def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, devi
     print(f"{cfg.output}: {estimate.line()}")
     if not estimate.fits:
         raise InferError(
-            f"views={cfg.get('views')}", f"cannot fit: {estimate.line()}; use a smaller "
-            "image_size, fewer views or another device"
+            f"views={cfg.get('views')}",
+            f"cannot fit: {estimate.line()}; use a smaller "
+            "image_size, fewer views or another device",
         )
     knobs = dict(knobs)
     capture = reconstruct_capture(

@@ -178,7 +178,11 @@ def test_window_to_capture_moves_scene_and_cameras_together() -> None:
     after = render(moved, moved_e[None], k[None], (48, 48), backend="torch").color
     assert (before - after).abs().max() < 2e-3  # SH colour, orientation and scale moved exactly
     inverse = fitted.inverse()
-    assert torch.allclose(inverse.points(fitted.points(moved_e[:, :3, 3].double())), moved_e[:, :3, 3].double(), atol=1e-6)
+    assert torch.allclose(
+        inverse.points(fitted.points(moved_e[:, :3, 3].double())),
+        moved_e[:, :3, 3].double(),
+        atol=1e-6,
+    )
 
 
 def test_capture_frame_is_normalize_scene(images) -> None:
@@ -204,11 +208,11 @@ def test_duplicates_removed_and_counted() -> None:
     assert counts["before"] == 1200 and counts["after"] == 700 and counts["removed"] == 500
     assert counts["per_window"] == [500, 200]  # ties go to the first window; its own region kept
     # the window that sees a voxel closer wins it
-    fused, counts = fusion.remove_duplicates(
-        [far, base], [(e, k), (e, k)], (32, 32), voxel=5.0
-    )
+    fused, counts = fusion.remove_duplicates([far, base], [(e, k), (e, k)], (32, 32), voxel=5.0)
     assert counts["per_window"][1] == 500 and counts["after"] < 1000
-    capped, counts = fusion.fuse_windows([window0, window1], [(e, k), (e, k)], (32, 32), max_gaussians=300)
+    capped, counts = fusion.fuse_windows(
+        [window0, window1], [(e, k), (e, k)], (32, 32), max_gaussians=300
+    )
     assert counts["final"] == 300 == int(capped.count()[0])
 
 
@@ -273,7 +277,10 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
     for name in held:
         entry = summary["holdout"]["metrics"][name]
         assert {"psnr", "ssim", "nearest_view_psnr", "nearest_view"} <= entry.keys()
-        assert Image.open(output / "renders" / "holdout" / f"{Path(name).stem}.png").size == (32, 32)
+        assert Image.open(output / "renders" / "holdout" / f"{Path(name).stem}.png").size == (
+            32,
+            32,
+        )
     assert summary["holdout"]["mean"]["psnr"] > 14  # a real scene, not noise
     assert (output / "holdout_sheet.png").is_file() and (output / "gaussians.ply").is_file()
     cameras = json.loads((output / "cameras.json").read_text())

@@ -54,7 +54,9 @@ class Similarity:
 
     @staticmethod
     def identity() -> Similarity:
-        return Similarity(1.0, torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+        return Similarity(
+            1.0, torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+        )
 
     def points(self, x: Tensor) -> Tensor:
         """``[..., 3]`` moved."""

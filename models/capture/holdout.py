@@ -103,7 +103,9 @@ def holdout_indices(spec: Any, names: Sequence[str]) -> list[int]:
         hits = [i for i, n in enumerate(names) if part in (n, Path(n).stem)]
         if not hits:
             shown = ", ".join(list(names)[:4])
-            raise HoldoutError(f"holdout={spec}: {part} is not a photo of this capture ({shown}, ...)")
+            raise HoldoutError(
+                f"holdout={spec}: {part} is not a photo of this capture ({shown}, ...)"
+            )
         out.append(hits[0])
     return sorted(set(out))
 
@@ -200,10 +202,16 @@ def score_holdout(
         else:
             with torch.inference_mode():
                 values["lpips"] = torch.stack(
-                    [metric(lpips_inputs(r[None]), lpips_inputs(t[None])) for r, t in zip(renders, target)]
+                    [
+                        metric(lpips_inputs(r[None]), lpips_inputs(t[None]))
+                        for r, t in zip(renders, target)
+                    ]
                 )
                 values["nearest_view_lpips"] = torch.stack(
-                    [metric(lpips_inputs(b[None]), lpips_inputs(t[None])) for b, t in zip(base, target)]
+                    [
+                        metric(lpips_inputs(b[None]), lpips_inputs(t[None]))
+                        for b, t in zip(base, target)
+                    ]
                 )
     metrics: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(views.names):
@@ -240,7 +248,9 @@ def holdout_table(summary: dict[str, Any]) -> str:
     """The printed table of a ``holdout`` summary: one row per photo and the mean."""
     metrics, mean = summary["metrics"], summary["mean"]
     lpips = "lpips" in mean
-    head = f"{'held-out photo':<28} {'PSNR':>7} {'SSIM':>6} {'nearest PSNR':>13} {'nearest SSIM':>13}"
+    head = (
+        f"{'held-out photo':<28} {'PSNR':>7} {'SSIM':>6} {'nearest PSNR':>13} {'nearest SSIM':>13}"
+    )
     head += f" {'LPIPS':>6}" if lpips else ""
     head += "  nearest photo"
     lines = [head, "-" * len(head)]
@@ -262,7 +272,9 @@ def holdout_table(summary: dict[str, Any]) -> str:
 def _error_image(render: Tensor, target: Tensor) -> np.ndarray:
     """``|render - photo|`` averaged over channels, x4, as a heat map ``[h, w, 3]`` uint8."""
     error = (render - target).abs().mean(0).mul(4).clamp(0, 1).numpy()  # [h, w]
-    heat = np.stack([error, np.clip(2 * error - 1, 0, 1) * 0.6, 1 - error], axis=-1) * error[..., None]
+    heat = (
+        np.stack([error, np.clip(2 * error - 1, 0, 1) * 0.6, 1 - error], axis=-1) * error[..., None]
+    )
     return (heat * 255 + 0.5).astype(np.uint8)
 
 

@@ -240,9 +240,16 @@ def select_views(graph: ViewGraph, count: int, center: int, allowed: Sequence[in
     picked = [int(center)]
     while len(picked) < min(count, len(allowed)):
         rest = [i for i in allowed if i not in picked]
-        # the centre's overlap counts double: the views gather around it, not drift away
-        bonus = lambda i: 1.0 + graph.affinity[i, center] / max(graph.affinity[i, picked].sum(), 1e-12)  # noqa: E731
-        picked.append(_best(graph, picked, rest, bonus=bonus))
+        # the centre's overlap counts twice: the views gather around it, not drift away
+        scores = [
+            (
+                bool(graph.connected[i, picked].any()),
+                float(graph.affinity[i, picked].sum() + graph.affinity[i, center]),
+                -i,
+            )
+            for i in rest
+        ]
+        picked.append(-max(scores)[2])
     return sorted(picked)
 
 

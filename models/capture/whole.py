@@ -34,7 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.errors import DataError
-from models.capture import fusion, holdout as holdout_lib, views as view_lib
+from models.capture import fusion
+from models.capture import holdout as holdout_lib
+from models.capture import views as view_lib
 
 __all__ = [
     "CaptureError",
@@ -172,7 +174,9 @@ def plan_capture(
     elif mode == "views":
         count = int(views)
         if count > len(used_pool):
-            notes.append(f"views={count}: the capture has {len(used_pool)} usable photos; using all")
+            notes.append(
+                f"views={count}: the capture has {len(used_pool)} usable photos; using all"
+            )
         windows = [view_lib.select_views(graph, count, center, used_pool)]
     else:
         windows = [sorted(used_pool)]
@@ -305,7 +309,9 @@ def reconstruct_capture(
     if images.extrinsics is not None:
         capture_e, move = fusion.capture_frame(images.extrinsics[used])  # [U, 4, 4]
     if plan.held and images.extrinsics is None:
-        raise CaptureError(f"holdout={_shown(plan.names(plan.held), 3)}: the photos have no poses to render the held-out ones at")
+        raise CaptureError(
+            f"holdout={_shown(plan.names(plan.held), 3)}: the photos have no poses to render the held-out ones at"
+        )
     window_knobs = dict(knobs)
     if len(plan.windows) == 1 and max_gaussians is not None:
         window_knobs["max_gaussians"] = max_gaussians
@@ -343,7 +349,9 @@ def reconstruct_capture(
                 step = fusion.Similarity.identity()
             else:
                 k0 = shared[0]
-                scale = _depth_ratio(sets, known[window[k0]], result.gaussians, result.extrinsics[k0])
+                scale = _depth_ratio(
+                    sets, known[window[k0]], result.gaussians, result.extrinsics[k0]
+                )
                 step = fusion.window_to_capture(
                     result.extrinsics[shared],
                     torch.stack([known[window[k]] for k in shared]),
@@ -375,12 +383,20 @@ def reconstruct_capture(
         far = [n for n, a in enumerate(angles) if view_lib.view_angle_note(a, name) is not None]
         if far:
             notes.append(
-                view_lib.view_angle_note(max(angles[n] for n in far), name, f"the views of {len(far)} window(s)")
+                view_lib.view_angle_note(
+                    max(angles[n] for n in far), name, f"the views of {len(far)} window(s)"
+                )
             )
     elif (note := view_lib.view_angle_note(angle, name)) is not None:
         notes.append(note)
-    source_label = first.poses if capture_e is not None else f"chained through shared views ({first.poses})"
-    poses = source_label if len(plan.windows) == 1 else f"{source_label}; {len(plan.windows)} windows fused in the capture frame"
+    source_label = (
+        first.poses if capture_e is not None else f"chained through shared views ({first.poses})"
+    )
+    poses = (
+        source_label
+        if len(plan.windows) == 1
+        else f"{source_label}; {len(plan.windows)} windows fused in the capture frame"
+    )
     recon = Reconstruction(
         gaussians=gaussians,
         extrinsics=all_e,
@@ -419,7 +435,11 @@ def reconstruct_capture(
     }
     if plan.held:
         held_e = move.cameras(images.extrinsics[plan.held].double()).float()
-        held_k = images.intrinsics[plan.held] if images.intrinsics is not None else all_k[:1].expand(len(plan.held), 3, 3)
+        held_k = (
+            images.intrinsics[plan.held]
+            if images.intrinsics is not None
+            else all_k[:1].expand(len(plan.held), 3, 3)
+        )
         every_e = torch.zeros(len(images.names), 4, 4)
         every_k = torch.zeros(len(images.names), 3, 3)
         every_e[used], every_k[used] = all_e, all_k
