@@ -216,6 +216,29 @@ def test_duplicates_removed_and_counted() -> None:
     assert counts["final"] == 300 == int(capped.count()[0])
 
 
+def test_floaters_other_windows_see_through_are_removed() -> None:
+    e, k = _cameras(2)
+    xs, ys = torch.meshgrid(torch.linspace(-2, 2, 40), torch.linspace(-2, 2, 40), indexing="ij")
+    count = xs.numel()
+    wall = Gaussians(  # an opaque wall at z = 3 that both windows see
+        means=torch.stack([xs.flatten(), ys.flatten(), torch.full((count,), 3.0)], -1)[None],
+        scales=torch.full((1, count, 3), 0.08),
+        rotations=torch.tensor([1.0, 0, 0, 0]).expand(1, count, 4).clone(),
+        opacities=torch.full((1, count), 0.95),
+        harmonics=torch.zeros(1, count, 3, 1),
+    )
+    floaters = _random_gaussians(30, seed=5).replace(  # in front of it, in the middle
+        means=torch.rand(1, 30, 3) * torch.tensor([0.4, 0.4, 0.5])
+        + torch.tensor([-0.2, -0.2, 1.0]),
+        harmonics=torch.zeros(1, 30, 3, 1),
+    )
+    kept, removed = fusion.remove_floaters(
+        [wall, Gaussians.cat([wall, floaters])], [(e, k), (e, k)], (32, 32), backend="torch"
+    )
+    assert removed == 30
+    assert int(kept[0].count()[0]) == count == int(kept[1].count()[0])
+
+
 # --------------------------------------------------------------------------- scoring
 
 

@@ -15,11 +15,18 @@ the centroids. Without capture poses (pose-free photos), the first window's fram
 frame and each next one is chained through the photos it shares with earlier ones.
 
 Duplicates. Where windows overlap, a surface is predicted once per window. The rule
-(:func:`remove_duplicates`): the scene is cut into voxels of side ``voxel`` (default: 4 x the
+(:func:`remove_duplicates`): the scene is cut into voxels of side ``voxel`` (default: the
 median pixel footprint, ``depth / focal`` in the nearest own camera, of all Gaussians); in every
 voxel that holds Gaussians of several windows only those of the window that sees it best are
 kept, "best" being the smallest mean depth of its Gaussians there in the nearest camera of their
 own window (the closest, sharpest view). ``max_gaussians`` then keeps the most opaque.
+
+Floaters. Before that, :func:`remove_floaters` drops the Gaussians that other windows see
+through: each window's own Gaussians give a depth map per camera (``render``'s expected depth
+over its alpha, where alpha > 0.5); a Gaussian of another window that projects into such a
+camera nearer than ``(1 - margin)`` of that depth lies in space the camera sees empty. A
+Gaussian is removed when most of the other windows' cameras that see its pixel say so. Without
+it, a wrongly placed Gaussian of one window occludes the views of all the others.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ __all__ = [
     "fuse_windows",
     "pixel_footprint",
     "remove_duplicates",
+    "remove_floaters",
     "transform_gaussians",
     "window_to_capture",
 ]
@@ -192,7 +200,7 @@ def remove_duplicates(
         sets: per window.
         cameras: per window ``(extrinsics [V, 4, 4], intrinsics [V, 3, 3])`` in the capture frame.
         shape: ``(H, W)`` of the window's images (pixel footprint).
-        voxel: voxel side in capture units (``None``: 4 x the median pixel footprint).
+        voxel: voxel side in capture units (``None``: the median pixel footprint).
 
     Returns:
         The fused set and counts (``before``, ``after``, ``removed``, ``voxel``, ``per_window``).
@@ -210,7 +218,7 @@ def remove_duplicates(
     depth, footprint = torch.cat(depth), torch.cat(footprint)
     if voxel is None:
         finite = footprint[torch.isfinite(footprint)]
-        voxel = 4.0 * float(finite.median()) if finite.numel() else 1e-2
+        voxel = float(finite.median()) if finite.numel() else 1e-2
     voxel = max(float(voxel), 1e-9)
     cell = torch.floor((means - means.min(0).values) / voxel).long()  # [N, 3]
     _, voxel_id = torch.unique(cell, dim=0, return_inverse=True)  # [N]
@@ -252,22 +260,78 @@ def remove_duplicates(
     return fused, counts
 
 
+def remove_floaters(
+    sets: Sequence[Gaussians],
+    cameras: Sequence[tuple[Tensor, Tensor]],
+    shape: tuple[int, int],
+    margin: float = 0.05,
+    backend: str = "auto",
+) -> tuple[list[Gaussians], int]:
+    """Per-window ``sets`` without the Gaussians other windows see through (module doc);
+    returns the sets and how many were removed."""
+    from models.geometry.cameras import transform_points, world_to_camera
+    from models.render.core import render
+
+    depth_maps = []
+    for g, (e, k) in zip(sets, cameras):
+        with torch.inference_mode():
+            out = render(g, e[None].to(g.means), k[None].to(g.means), shape, backend=backend)
+        alpha = out.alpha[0].float()  # [V, H, W]
+        depth = out.depth[0].float() / alpha.clamp_min(1e-6)
+        depth_maps.append(torch.where(alpha > 0.5, depth, torch.zeros_like(depth)).cpu())
+    height, width = shape
+    kept, removed = [], 0
+    for v, g in enumerate(sets):
+        means = g.means[0].detach().float().cpu()  # [N, 3]
+        seen = torch.zeros(len(means))
+        free = torch.zeros(len(means))
+        for w, (e, k) in enumerate(cameras):
+            if w == v:
+                continue
+            local = transform_points(world_to_camera(e.float().cpu()), means[None])  # [V, N, 3]
+            z = local[..., 2]
+            k = k.float().cpu()
+            u = k[:, None, 0, 0] * local[..., 0] / z.clamp_min(1e-8) + k[:, None, 0, 2]
+            y = k[:, None, 1, 1] * local[..., 1] / z.clamp_min(1e-8) + k[:, None, 1, 2]
+            col = (u * width).floor().long()
+            row = (y * height).floor().long()
+            inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+            views = torch.arange(len(e))[:, None].expand_as(col)
+            surface = depth_maps[w][views, row.clamp(0, height - 1), col.clamp(0, width - 1)]
+            looked = inside & (surface > 0)
+            seen += looked.sum(0)
+            free += (looked & (z < (1 - margin) * surface)).sum(0)
+        keep = ~((seen > 0) & (free * 2 > seen))  # [N]
+        keep = keep.to(g.means.device) & g.valid_mask()[0]
+        removed += int((g.valid_mask()[0] & ~keep).sum())
+        index = torch.nonzero(keep)[:, 0][None]
+        out = g._gather(index)
+        out.mask = None
+        kept.append(out)
+    return kept, removed
+
+
 def fuse_windows(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
     voxel: float | None = None,
     max_gaussians: int | None = None,
+    backend: str = "auto",
 ) -> tuple[Gaussians, dict]:
-    """:func:`remove_duplicates`, then ``max_gaussians`` (the most opaque); counts gain
-    ``capped`` (the final count)."""
+    """:func:`remove_floaters`, :func:`remove_duplicates`, then ``max_gaussians`` (the most
+    opaque); counts: ``predicted``, ``floaters_removed``, ``before`` / ``after`` duplicates,
+    ``final``."""
     if len(sets) == 1:
         g = sets[0].compact() if sets[0].mask is not None else sets[0]
         n = int(g.count()[0])
         fused, counts = g, {"before": n, "after": n, "removed": 0, "voxel": None}
         counts["per_window"] = [n]
     else:
+        before = sum(int(g.count()[0]) for g in sets)
+        sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
         fused, counts = remove_duplicates(sets, cameras, shape, voxel)
+        counts = {"predicted": before, "floaters_removed": floaters, **counts}
     if max_gaussians is not None and int(fused.count()[0]) > int(max_gaussians):
         fused = fused.prune(max_count=int(max_gaussians))
     counts["final"] = int(fused.count()[0])

@@ -372,7 +372,7 @@ def reconstruct_capture(
     bar.close()
     start = time.perf_counter()
     cap = max_gaussians if len(plan.windows) > 1 else None
-    gaussians, counts = fusion.fuse_windows(sets, cameras, shape, voxel, cap)
+    gaussians, counts = fusion.fuse_windows(sets, cameras, shape, voxel, cap, backend=backend)
     fuse_s = round(time.perf_counter() - start, 3)
 
     all_e = capture_e.float() if capture_e is not None else torch.stack([known[i] for i in used])
