@@ -172,7 +172,8 @@ def main(argv: list[str]) -> int:
         shown = row.get("error") or f"held-out PSNR {row['psnr']:.2f} dB in {row['seconds']:.1f} s"
         print(f"{name}: {shown}", flush=True)
     output.mkdir(parents=True, exist_ok=True)
-    title = f"{source.name}: held-out photos {', '.join(rows[0].get('held_out', [])[:6])}"
+    held = next((r["held_out"] for r in rows if r.get("held_out")), [])
+    title = f"{source.name}: {len(held)} held-out photos, {len(rows)} models"
     text = table(rows)
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     record = {"input": str(source), "settings": settings, "rows": rows, "load": load}

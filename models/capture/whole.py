@@ -319,6 +319,7 @@ def reconstruct_capture(
     placement: dict[int, str] = {}
     intrinsics: dict[int, Tensor] = {}
     first = None
+    stages: dict[str, float] = {}
     bar = _progress(plan.windows, desc="windows", unit="window")
     for number, window in enumerate(bar):
         start = time.perf_counter()
@@ -333,13 +334,15 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
+        for key, value in result.timings.items():  # inference, refine_poses: summed
+            stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
             target = capture_e[[position[i] for i in window]]
             step = fusion.window_to_capture(result.extrinsics, target)
             for i in window:
                 placement.setdefault(i, result.placement[window.index(i)])
         else:  # pose-free photos without poses: chained through the photos shared
-            if "unknown" in result.placement:
+            if "unknown" in result.placement and len(plan.windows) > 1:
                 raise CaptureError(
                     f"model={name}: views=all without camera poses needs the model's cameras "
                     f"or pose refinement (refine_poses > 0)"
@@ -409,7 +412,7 @@ def reconstruct_capture(
         family=getattr(model, "family", None),
         pose_free=pose_free,
         knobs={**first.knobs, **({"max_gaussians": max_gaussians} if max_gaussians else {})},
-        timings={"windows": round(sum(seconds), 4), "fuse": fuse_s},
+        timings={**stages, "windows": round(sum(seconds), 4), "fuse": fuse_s},
         maps=first.maps if len(plan.windows) == 1 else {},
         source=subset(images, used),
     )
