@@ -90,6 +90,21 @@ def test_select_views_around_center(images, posed_model) -> None:
     assert 0 < angle < views.max_rotation_deg(images.extrinsics)
 
 
+def test_view_angle_warning_against_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import models.registry
+
+    recipe = SimpleNamespace(max_view_angle=30.0, views=2)
+    monkeypatch.setattr(
+        models.registry, "get_pretrained_cfg", lambda name: SimpleNamespace(recipe=recipe)
+    )
+    assert views.view_angle_note(25.0, "m") is None
+    assert "45 degrees apart, more than the 30 degrees" in views.view_angle_note(45.0, "m")
+    recipe.max_view_angle = None  # not known: no warning
+    assert views.view_angle_note(80.0, "m") is None
+
+
 def test_pose_free_neighbours_by_image_similarity(images) -> None:
     graph = views.view_graph(images, pose_free=True)
     assert graph.kind == "image similarity"
@@ -308,6 +323,13 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
     assert (output / "holdout_sheet.png").is_file() and (output / "gaussians.ply").is_file()
     cameras = json.loads((output / "cameras.json").read_text())
     assert len(cameras["frames"]) == 9 and len(cameras["path"]) == 4
+    # view.py shows a fused output as saved (and says so): its knobs would re-run every window
+    import view
+
+    settings = {"model": None, "weights": None, "views": None, "image_size": None}
+    settings |= {k: None for k in view.KNOB_KEYS}
+    assert view._summary_settings(output, settings) is None
+    assert "fuses 8 windows" in capsys.readouterr().err
 
 
 def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> None:
