@@ -119,17 +119,20 @@ class MCMC:
 
     @torch.no_grad()
     def noise(self, params: GaussianParameters, lr_means: float) -> None:
-        """Move low-opacity means by noise shaped by their covariance (the SGLD term)."""
+        """Move low-opacity means by noise shaped by their covariance (the SGLD term; means
+        whose gate is below 1e-6 are left out, their noise being below 1e-6 of the others')."""
         t = params.tensors
         opacity = torch.sigmoid(t["opacities"])
         gate = torch.sigmoid(100.0 * ((1.0 - opacity) - 0.995))  # [N]
-        rotation = quaternion_to_matrix(F.normalize(t["rotations"], dim=-1))  # [N, 3, 3]
-        variances = (2.0 * t["scales"]).exp()  # [N, 3]
+        sample = torch.randn(t["means"].shape, generator=self.generator).to(t["means"].device)
+        moved = torch.nonzero(gate > 1e-6)[:, 0]
+        if not moved.numel():
+            return
+        rotation = quaternion_to_matrix(F.normalize(t["rotations"][moved], dim=-1))  # [M, 3, 3]
+        variances = (2.0 * t["scales"][moved]).exp()  # [M, 3]
         covariance = rotation @ (variances[:, :, None] * rotation.transpose(-1, -2))
-        shape = t["means"].shape
-        sample = torch.randn(shape, generator=self.generator, device=t["means"].device)
-        sample = sample * gate[:, None] * (self.settings.noise_lr * lr_means)
-        t["means"].add_(torch.einsum("nij,nj->ni", covariance, sample))
+        step = sample[moved] * gate[moved, None] * (self.settings.noise_lr * lr_means)
+        t["means"][moved] += torch.einsum("nij,nj->ni", covariance, step)
 
 
 class ADC:

@@ -32,8 +32,8 @@ from torch import Tensor
 
 from models.errors import PathError
 from models.gaussians import Gaussians
-from models.metrics import ssim_per_image
 from models.refine.densify import ADC, MCMC
+from models.refine.loss import photometric_loss
 from models.refine.params import GaussianParameters
 from models.refine.settings import DEFAULT_MAX_SIZE, RefineSettings
 from models.render import render
@@ -172,10 +172,6 @@ def _check_inputs(images: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> Non
         raise ValueError(f"intrinsics must be [{views}, 3, 3], got {tuple(intrinsics.shape)}")
     if views < 1:
         raise ValueError("refinement needs at least one photo")
-
-
-def _ssim_loss(rendered: Tensor, target: Tensor) -> Tensor:
-    return 1.0 - ssim_per_image(rendered, target).mean()
 
 
 class _Fit:
@@ -460,10 +456,7 @@ def refine_gaussians(
                 out.means2d.retain_grad()
             rendered = out.color[0]  # [1, 3, H, W]
             target = fit.images[view][None]
-            l1 = (rendered - target).abs().mean()
-            loss = (1.0 - settings.ssim_weight) * l1
-            if settings.ssim_weight > 0:
-                loss = loss + settings.ssim_weight * _ssim_loss(rendered, target)
+            loss = photometric_loss(rendered, target, settings.ssim_weight)
             if fit.rule is not None:
                 loss = loss + fit.rule.regulariser(fit.params)
             t1 = timer()
@@ -498,7 +491,8 @@ def refine_gaussians(
             fit.timings["backward"] += t2 - t1
             fit.timings["optimizer"] += t3 - t2
             fit.timings["densify"] += t4 - t3
-            window.append(loss.item())
+            value = loss.item()
+            window.append(value)
             if fit.step % curve_every == 0:
                 fit.curve.append(
                     {
@@ -509,7 +503,7 @@ def refine_gaussians(
                 )
                 window = []
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.4f}", gaussians=fit.params.count, refresh=False)
+            bar.set_postfix(loss=f"{value:.4f}", gaussians=fit.params.count, refresh=False)
             if _due_evaluation(fit, eval_every, last_progress):
                 _evaluate(fit, evaluate, fit.params.gaussians(fit.degree()).detach())
             if checkpoint is not None and fit.step % settings.checkpoint_every == 0:
