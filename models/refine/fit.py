@@ -583,5 +583,5 @@ def _densify(fit: _Fit) -> None:
         return
     if window and step % sub.every == 0:
         rule.step(fit.params, after_reset=step > sub.reset_every)
-    if window and step % sub.reset_every == 0:
+    if fit.progress() < sub.stop_fraction and step % sub.reset_every == 0:
         rule.reset_opacity(fit.params)
