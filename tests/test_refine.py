@@ -9,6 +9,7 @@ state; the memory estimate refuses in one line; the command line round-trips a `
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,3 +279,13 @@ def test_command_line_round_trip(capture, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.ply" in err[0]
     assert not (tmp_path / "o2").exists()
+
+
+def test_infer_yaml_refinement_node_holds_the_defaults():
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    config = yaml.safe_load((root / "configs" / "infer.yaml").read_text())
+    assert {"refine", "refine_time", "refine_size", "refine_init"} <= set(config)
+    settings = settings_from_config(refine=1, refinement=config["refinement"])
+    assert settings == RefineSettings(steps=1)
