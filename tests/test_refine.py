@@ -56,7 +56,13 @@ def capture():
         images = render(truth, extrinsics[None], intrinsics[None], (SIZE, SIZE)).color[0]
     start_xyz = means[::4] + 0.05 * torch.randn(100, 3, generator=generator)
     start = gaussians_from_points(start_xyz, torch.full((100, 3), 0.5), sh_degree=1)
-    return {"images": images, "extrinsics": extrinsics, "intrinsics": intrinsics, "start": start}
+    return {
+        "images": images,
+        "extrinsics": extrinsics,
+        "intrinsics": intrinsics,
+        "start": start,
+        "truth": truth,
+    }
 
 
 def _scorer(capture):
@@ -289,3 +295,32 @@ def test_infer_yaml_refinement_node_holds_the_defaults():
     assert {"refine", "refine_time", "refine_size", "refine_init"} <= set(config)
     settings = settings_from_config(refine=1, refinement=config["refinement"])
     assert settings == RefineSettings(steps=1)
+
+
+def test_optimize_cameras_reduces_the_pose_error(capture):
+    from models.pose_refinement import pose_error, se3_delta
+
+    generator = torch.Generator().manual_seed(1)
+    views = len(TRAIN)
+    delta = se3_delta(
+        0.03 * torch.randn(views, 3, generator=generator),
+        0.05 * torch.randn(views, 3, generator=generator),
+    )
+    delta[0] = torch.eye(4)
+    truth = capture["extrinsics"][TRAIN]
+    noisy = truth @ delta
+    frozen = {f"lr_{name}": 1e-5 for name in ("means", "scales", "rotations", "opacities", "sh")}
+    settings = RefineSettings(steps=160, densify="none", **frozen)
+    result = refine_gaussians(
+        capture["truth"],
+        capture["images"][TRAIN],
+        noisy,
+        capture["intrinsics"][TRAIN],
+        settings,
+        optimize_cameras=True,
+        progress=False,
+    )
+    before, _ = pose_error(noisy, truth)
+    after, _ = pose_error(result.extrinsics, truth)
+    assert torch.equal(result.extrinsics[0], noisy[0])  # view 0 stays fixed
+    assert after[1:].mean() < 0.7 * before[1:].mean()

@@ -132,7 +132,7 @@ class RefineSettings:
     lr_rotations: float = 1e-3
     lr_opacities: float = 5e-2
     lr_sh: float = 2.5e-3
-    lr_cameras: float = 1e-4
+    lr_cameras: float = 1e-3
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)
     backend: str = "auto"
     checkpoint_every: int = 500
