@@ -5,7 +5,7 @@ optimiser (Adam, the MCMC noise, schedules).
 The case: a posed capture (default: the drone frames of ``../shared/data/real/drone_colmap``,
 every 8th photo left out), started from its SfM points (``refine_init=sfm``), fitted at
 ``--size`` pixels on the long side for ``--steps`` steps per backend after ``--warmup`` untimed
-ones, with MCMC densification every 50 steps so that the densify column is not empty. It prints
+ones, with MCMC densification every 10 steps so that the densify column is not empty. It prints
 a Markdown table of milliseconds per step; the load average is printed beside it (the machine
 may be shared).
 
@@ -42,7 +42,7 @@ def time_backend(gaussians, images, extrinsics, intrinsics, backend: str, args) 
         size=args.size,
         backend=backend,
         densify="mcmc",
-        mcmc=MCMCSettings(start=0, every=50, growth=0.02),
+        mcmc=MCMCSettings(start=0, every=10, growth=0.02),
         max_gaussians=int(gaussians.num_slots * 1.2),
     )
     warm = refine_gaussians(
