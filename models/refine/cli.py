@@ -23,7 +23,7 @@ from torch import Tensor
 
 from models.errors import PathError
 
-__all__ = ["USAGE", "main", "parse_arguments"]
+__all__ = ["USAGE", "main", "parse_arguments", "plot_holdout_psnr"]
 
 PROGRAM = "models.refine"
 USAGE = """usage: python -m models.refine [GAUSSIANS.ply] PHOTOS output=DIR [key=value ...]
@@ -186,7 +186,7 @@ def _save_png(image: Tensor, path: Path) -> None:
     Image.fromarray(array).save(path)
 
 
-def _plot(evaluations: list[dict], baseline: float | None, path: Path) -> None:
+def plot_holdout_psnr(evaluations: list[dict], baseline: float | None, path: Path) -> None:
     """Held-out PSNR against steps (a PNG), with the nearest-view baseline as a line."""
     import matplotlib
 
@@ -351,7 +351,7 @@ def run(argv: list[str]) -> int:
             for stem, image in renders.items():
                 _save_png(image, staging / "renders" / "holdout" / f"{stem}.png")
             if len(result.evaluations) > 1:
-                _plot(
+                plot_holdout_psnr(
                     result.evaluations,
                     summary["holdout"]["mean"]["nearest_view_psnr"],
                     staging / "refine_psnr.png",
