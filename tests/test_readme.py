@@ -261,3 +261,19 @@ def test_documented_imports_exist(page):
                 if not hasattr(imported, n.strip())
             ]
     assert not missing, f"{page.relative_to(ROOT)}: imports of names that do not exist: {missing}"
+
+
+def test_nothing_points_at_a_design_file_outside_the_repository():
+    """The contract is docs/design.md; no file sends a reader to a copy beside the repository."""
+    files = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md", "*.yaml", "*.toml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    this = Path(__file__).relative_to(ROOT).as_posix()
+    outside = [
+        f for f in files if f != this and "shared/DESIGN" in (ROOT / f).read_text(encoding="utf-8")
+    ]
+    assert not outside, f"files pointing at a DESIGN.md outside the repository: {outside}"
