@@ -277,3 +277,9 @@ def test_nothing_points_at_a_design_file_outside_the_repository():
         f for f in files if f != this and "shared/DESIGN" in (ROOT / f).read_text(encoding="utf-8")
     ]
     assert not outside, f"files pointing at a DESIGN.md outside the repository: {outside}"
+
+
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_code_blocks_are_closed(page):
+    fences = re.findall(r"^```", page.read_text(encoding="utf-8"), re.M)
+    assert len(fences) % 2 == 0, f"{page.relative_to(ROOT)}: a code block is not closed"
