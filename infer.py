@@ -148,8 +148,10 @@ def run(cfg: DictConfig) -> Path:
         if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
     ]
     folder = inference.output_folder(output, inputs, bool(cfg.overwrite))  # checked now
+    capture = _capture_mode(cfg)  # views=N|all, center_view=, holdout= (models.capture.whole)
     for key, minimum in {**COUNTS, "iterations": 0}.items():
-        _check_count(cfg, key, minimum)
+        if not (key == "views" and str(cfg.get(key)) == "all"):
+            _check_count(cfg, key, minimum)
     device = inference.choose_device(str(cfg.device))
     inference.check_backend(str(cfg.backend), device)
     torch.manual_seed(int(cfg.seed))
@@ -171,7 +173,7 @@ def run(cfg: DictConfig) -> Path:
         size,
         model,
         name=str(cfg.model),
-        views=int(cfg.views) if cfg.views is not None else None,
+        views=_load_views(cfg, source, capture),
         cameras=cfg.cameras,
         sfm=to_plain(cfg.sfm) if cfg.get("sfm") else {},
     )
@@ -183,6 +185,10 @@ def run(cfg: DictConfig) -> Path:
     )
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
+    if capture:
+        return _run_capture(
+            cfg, model, images, knobs, folder, notes, timings, loaded, device, started
+        )
     import warnings
 
     shape, views = images.images.shape[-2:], len(images.names)
@@ -227,6 +233,92 @@ def run(cfg: DictConfig) -> Path:
         f"in {result.timings['total']:.1f} s on {device}"
     )
     return output
+
+
+def _capture_mode(cfg: DictConfig) -> bool:
+    """``views=N`` / ``views=all`` / ``center_view=`` / ``holdout=``: the photos are planned into
+    windows (``models.capture.whole``); none of them: every photo in one pass, as before."""
+    return any(cfg.get(k) not in (None, "") for k in ("views", "center_view", "holdout"))
+
+
+def _load_views(cfg: DictConfig, source: Path, capture: bool) -> int | None:
+    """Views ``load_inputs`` reads: a video's sampled frames (``views=N``; ``all``: the default
+    8); a folder: all of its photos when they are planned into windows, else at most ``views``."""
+    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
+
+    views = cfg.get("views")
+    if views is None or str(views) == "all":
+        return None
+    video = source.is_file() and source.suffix.lower() in VIDEO_EXTENSIONS
+    return int(views) if video or not capture else None
+
+
+def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, device, started):
+    """``views=N|all`` / ``center_view`` / ``holdout``: plan, estimate (refused when it cannot
+    fit), reconstruct every window, fuse, score the held-out photos and write."""
+    from models.capture.whole import (
+        estimate_capture,
+        plan_capture,
+        print_holdout,
+        reconstruct_capture,
+        write_capture,
+    )
+
+    plan = plan_capture(
+        images,
+        model,
+        views=cfg.get("views"),
+        center_view=cfg.get("center_view"),
+        holdout=to_plain(cfg.holdout)
+        if OmegaConf.is_list(cfg.get("holdout"))
+        else cfg.get("holdout"),
+        name=str(cfg.model),
+    )
+    for note in plan.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    estimate = estimate_capture(model, plan, device)
+    print(f"{cfg.output}: {estimate.line()}")
+    if not estimate.fits:
+        raise InferError(
+            f"views={cfg.get('views')}",
+            f"cannot fit: {estimate.line()}; use a smaller "
+            "image_size, fewer views or another device",
+        )
+    knobs = dict(knobs)
+    capture = reconstruct_capture(
+        model,
+        plan,
+        refine_poses=int(cfg.refine_poses),
+        backend=str(cfg.backend),
+        fov=float(cfg.fov),
+        max_gaussians=knobs.pop("max_gaussians", None),
+        **knobs,
+    )
+    later = [n for n in capture.notes if n not in plan.notes]
+    for note in later:
+        print(f"warning: {note}", file=sys.stderr)
+    result = capture.reconstruction
+    result.timings = {**timings, **result.timings}
+    write_capture(
+        capture,
+        folder,
+        frames=int(cfg.orbit_frames),
+        fps=int(cfg.fps),
+        backend=str(cfg.backend),
+        summary={
+            "weights": loaded.weights,
+            "input": str(Path(str(cfg.input)).expanduser()),
+            "warnings": notes + capture.notes,
+        },
+        started=started,
+    )
+    print_holdout(capture)
+    print(
+        f"{cfg.output}: {result.count} Gaussians from {len(result.names)} view(s) in "
+        f"{len(plan.windows)} window(s) with {cfg.model} in {result.timings['total']:.1f} s on "
+        f"{device}"
+    )
+    return Path(str(cfg.output)).expanduser()
 
 
 def run_cli(cfg: DictConfig) -> int:

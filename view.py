@@ -184,6 +184,11 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         views=int(settings["views"]) if settings["views"] is not None else None,
         cameras=settings["cameras"],
     )
+    if settings.get("view_names"):  # an infer.py views=N output: the photos it chose
+        from models.capture.whole import subset
+
+        wanted = [i for i, n in enumerate(images.names) if n in set(settings["view_names"])]
+        images = subset(images, wanted) if wanted else images
     inference.check_input(images, recipe, name, shape)
     notes = loaded.notes + more
     notes += inference.recipe_warnings(recipe, name, shape, numbers["near"], numbers["far"])
@@ -267,11 +272,21 @@ def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dic
     source = next((c for c in candidates if str(recorded) not in ("", ".") and c.exists()), None)
     if not summary.get("model") or source is None:
         return None
+    windows = (summary.get("scene") or {}).get("windows") or []
+    if len(windows) > 1:  # models.capture.whole: many forward passes fused
+        print(
+            f"note: {folder} fuses {len(windows)} windows of the whole capture: shown as saved "
+            "(knobs are not live here; run infer.py again with views=all and the knob)",
+            file=sys.stderr,
+        )
+        return None
     merged = dict(settings)
+    if windows:  # views=N (or holdout=): the photos that went into the one window
+        merged["view_names"], merged["views"] = list(windows[0]), None
     merged["model"] = settings["model"] or summary["model"]
     if settings["weights"] is None and summary.get("weights") and not settings["model"]:
         merged["weights"] = summary["weights"]
-    if settings["views"] is None and summary.get("views"):
+    if merged["views"] is None and summary.get("views") and not windows:
         merged["views"] = summary["views"]
     if settings["image_size"] is None and summary.get("image_size"):
         merged["image_size"] = ",".join(str(side) for side in summary["image_size"])

@@ -26,7 +26,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1025,6 +1025,7 @@ def write_reconstruction(
     inputs: Iterable[str | os.PathLike] = (),
     summary: Mapping[str, Any] | None = None,
     started: float | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``result``'s output folder atomically (nothing half-written, ever).
 
@@ -1044,6 +1045,8 @@ def write_reconstruction(
         summary: more ``summary.json`` entries (e.g. ``weights``, ``input``, ``warnings``).
         started: ``time.perf_counter()`` when the caller's run began (``timings_s.total``;
             default: the sum of the stages).
+        extra: called with the staging folder before ``summary.json`` is written, to add
+            files of the caller's (e.g. ``models.capture``'s held-out renders).
 
     Returns:
         The output folder.
@@ -1118,6 +1121,8 @@ def write_reconstruction(
         if sfm is not None:  # the COLMAP model, in the capture's frame (as gaussians.ply)
             sfm.export(staging / "sparse", result.names, scene_frame=False)
 
+        if extra is not None:
+            extra(staging)
         total = time.perf_counter() - started if started is not None else sum(timings.values())
         timings["total"] = round(total, 4)
         source = getattr(result.source, "source", None)

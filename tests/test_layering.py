@@ -57,6 +57,7 @@ RANKS: dict[str, float] = {
     "models": 7,  # the facade (its __init__) re-exports the factory
     "models.metrics": 8,
     "models.inference": 8,
+    "models.refine": 8,  # per-scene refinement (application layer, beside inference)
     "models.pose_refinement": 8,
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference

@@ -112,7 +112,7 @@ def test_drone_frames_register_and_model_is_readable(drone8, tmp_path: Path) -> 
         torch.testing.assert_close(rotation @ rotation.T, torch.eye(3, dtype=torch.float64))
         assert pose["fx"] == pytest.approx(result.focal_px[0])
 
-    # Scene frame (DESIGN.md): first camera the identity, largest camera distance 1.
+    # Scene frame (docs/design.md): first camera the identity, largest camera distance 1.
     extrinsics, intrinsics, scale = result.scene_frame()
     torch.testing.assert_close(extrinsics[0], torch.eye(4, dtype=torch.float64))
     centers = camera_centers(extrinsics)

@@ -41,7 +41,7 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    residuals of a sub-sampled image rather than G colours from one averaged patch.
 
 Scene frame and scale: a pose-free model cannot know the metric scale or the other cameras. The
-data convention (``DESIGN.md``) fixes both: every batch is expressed in the frame of context view 0
+data convention (``docs/design.md``) fixes both: every batch is expressed in the frame of context view 0
 (identity) with the largest context baseline scaled to 1, so Gaussians predicted in view 0's frame
 line up with the ground-truth target cameras up to what the network gets wrong about that scale
 (learned from the training distribution, where the baseline is always 1). The remaining error is

@@ -1,6 +1,6 @@
 """Camera paths for looking at a reconstruction: through the input cameras, or an orbit.
 
-Camera-to-world OpenCV extrinsics and normalised intrinsics (``../shared/DESIGN.md``).
+Camera-to-world OpenCV extrinsics and normalised intrinsics (``docs/design.md``).
 """
 
 from __future__ import annotations

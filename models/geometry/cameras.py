@@ -1,6 +1,6 @@
 """Camera helpers shared by the whole zoo.
 
-Conventions (``../shared/DESIGN.md``): extrinsics are camera-to-world 4x4 matrices with OpenCV axes
+Conventions (``docs/design.md``): extrinsics are camera-to-world 4x4 matrices with OpenCV axes
 (+x right, +y down, +z forward); intrinsics are normalised 3x3 matrices (row 0 divided by the image
 width, row 1 by the height); depth is z-depth in the camera frame. Pixel centres sit at +0.5.
 

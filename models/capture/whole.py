@@ -1,0 +1,499 @@
+"""A whole capture, or a chosen part of it, reconstructed and scored (issues 27.4 and 28).
+
+    images, notes = load_inputs("photos/", 64, model)                # every photo and its pose
+    plan = plan_capture(images, model, views="all", holdout=8)       # windows + held-out photos
+    print(estimate_capture(model, plan, device).line())              # windows, time, memory
+    capture = reconstruct_capture(model, plan)                       # windows fused, scored
+    write_capture(capture, "out/")                                   # infer.py's output folder
+
+:func:`plan_capture` decides which photos go into which forward pass: ``views=N`` one window of
+``N`` overlapping views around ``center_view`` (:func:`models.capture.views.select_views`),
+``views="all"`` overlapping windows of the model's view count covering every photo
+(:func:`~models.capture.views.cover_windows`), ``views=None`` every photo in one window (as
+before). Held-out photos (:mod:`models.capture.holdout`) never enter a window. Photos the
+structure-from-motion points do not connect to the largest group are left out with a warning (or,
+when that group holds under half the photos, refused).
+:func:`reconstruct_capture` runs ``models.inference.reconstruct`` per window (a progress bar),
+moves every window into the capture frame and fuses them (:mod:`models.capture.fusion`), then
+scores the held-out photos. :func:`write_capture` writes it with
+``models.inference.write_reconstruction`` (atomic) plus ``renders/holdout/`` and
+``holdout_sheet.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from datamodules.errors import DataError
+from models.capture import fusion
+from models.capture import holdout as holdout_lib
+from models.capture import views as view_lib
+
+__all__ = [
+    "CaptureError",
+    "CapturePlan",
+    "CaptureResult",
+    "Estimate",
+    "estimate_capture",
+    "plan_capture",
+    "reconstruct_capture",
+    "subset",
+    "window_size",
+    "write_capture",
+]
+
+
+class CaptureError(DataError):
+    """A capture or setting that cannot be reconstructed as asked (one line)."""
+
+
+def subset(images: Any, indices: list[int]) -> Any:
+    """The ``ImageSet`` of ``indices`` only (poses, sizes, names; the SfM result rides along)."""
+    pick = lambda t: None if t is None else t[indices]  # noqa: E731
+    return dataclasses.replace(
+        images,
+        images=images.images[indices],
+        names=[images.names[i] for i in indices],
+        original_sizes=[images.original_sizes[i] for i in indices],
+        extrinsics=pick(images.extrinsics),
+        intrinsics=pick(images.intrinsics),
+    )
+
+
+def window_size(model: nn.Module, name: str) -> int:
+    """Views per window for ``views=all``: the release's recipe (``recipe.views``), else its
+    pretrained config's ``views``, else 2; at least the model's ``min_views``."""
+    from models.registry import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    recipe = getattr(cfg, "recipe", None) if cfg is not None else None
+    size = getattr(recipe, "views", None) or getattr(cfg, "views", None) or 2
+    return max(int(size), int(getattr(model, "min_views", 1)))
+
+
+@dataclass
+class CapturePlan:
+    """Which photos go where.
+
+    Attributes:
+        images: every loaded photo (an ``ImageSet``).
+        graph: their overlap (:class:`~models.capture.views.ViewGraph`).
+        used: indices of the photos reconstructed (in some window), capture order.
+        held: indices of the held-out photos.
+        windows: indices per window.
+        center: the centre view's index.
+        mode: ``"all"``, ``"views"`` (``views=N``) or ``"every"`` (all photos in one window).
+        size: views per window.
+        name: the model's name.
+        notes: warnings (one line each).
+    """
+
+    images: Any
+    graph: view_lib.ViewGraph
+    used: list[int]
+    held: list[int]
+    windows: list[list[int]]
+    center: int
+    mode: str
+    size: int
+    name: str
+    notes: list[str] = field(default_factory=list)
+
+    def names(self, indices: list[int]) -> list[str]:
+        return [self.images.names[i] for i in indices]
+
+
+def _shown(names: list[str], count: int = 8) -> str:
+    more = f" and {len(names) - count} more" if len(names) > count else ""
+    return ", ".join(names[:count]) + more
+
+
+def plan_capture(
+    images: Any,
+    model: nn.Module,
+    *,
+    views: int | str | None = None,
+    center_view: str | None = None,
+    holdout: Any = None,
+    name: str | None = None,
+) -> CapturePlan:
+    """Windows and held-out photos for ``images`` (module doc).
+
+    Raises:
+        CaptureError / HoldoutError / ViewError: one line (the largest connected group is under
+        half the photos; ``holdout`` leaves fewer photos than one window needs; an unknown
+        ``center_view``; ``views`` not a count nor ``all``).
+    """
+    name = name or str(getattr(model, "registry_name", None) or type(model).__name__)
+    pose_free = bool(getattr(model, "pose_free", False))
+    names = list(images.names)
+    notes: list[str] = []
+    mode = "every" if views is None else "all" if str(views) == "all" else "views"
+    if mode == "views" and not str(views).isdigit():
+        raise CaptureError(f"views={views}: must be a whole number >= 1 or all")
+    held = holdout_lib.holdout_indices(holdout, names)
+    graph = view_lib.view_graph(images, pose_free)
+    candidates = [i for i in range(len(names)) if i not in held]
+    sfm = getattr(images, "sfm", None)
+    total = len(names) + (len(sfm.missing) if sfm is not None else 0)
+    groups = view_lib.components(graph, candidates)
+    largest = groups[0] if groups else []
+    if (sfm is not None and len(names) * 2 < total) or len(largest) * 2 < len(candidates):
+        kept = len(largest) if len(largest) * 2 < len(candidates) else len(names)
+        raise CaptureError(
+            f"{images.source}: structure-from-motion connects only {kept} of {total} photos "
+            f"into one group (under half); take more overlapping photos or check the others"
+        )
+    if len(groups) > 1:
+        rest = sorted(i for g in groups[1:] for i in g)
+        notes.append(
+            f"{images.source}: {len(rest)} photo(s) share no structure-from-motion points with "
+            f"the largest group of {len(largest)} and are left out: {_shown([names[i] for i in rest])}"
+        )
+    used_pool = largest
+    size = window_size(model, name)
+    minimum = size if mode == "all" else max(1, int(getattr(model, "min_views", 1)))
+    if len(used_pool) < minimum:
+        what = f"holdout={holdout} leaves" if held else "the capture has"
+        raise holdout_lib.HoldoutError(
+            f"{what} {len(used_pool)} photo(s) to reconstruct from; {name} needs {minimum} "
+            f"per window"
+        )
+    center = view_lib.center_index(names, center_view, used_pool)
+    if mode == "all":
+        windows = view_lib.cover_windows(graph, size, center, used_pool)
+    elif mode == "views":
+        count = int(views)
+        if count > len(used_pool):
+            notes.append(
+                f"views={count}: the capture has {len(used_pool)} usable photos; using all"
+            )
+        windows = [view_lib.select_views(graph, count, center, used_pool)]
+    else:
+        windows = [sorted(used_pool)]
+    used = sorted({i for w in windows for i in w})
+    return CapturePlan(images, graph, used, held, windows, center, mode, size, name, notes)
+
+
+# --------------------------------------------------------------------------- estimate
+
+# Seconds per (input pixel x parameter) of one forward pass, measured with pixel_aligned_tiny
+# (2 views of 64x64 in 0.2 s on one loaded CPU thread); CUDA taken as 50x faster.
+_SECONDS_PER_PIXEL_PARAM = {"cpu": 1.5e-11, "cuda": 3e-13}
+_BYTES_PER_PIXEL_ACTIVATION = 64 * 1024  # feature maps of a forward pass, per input pixel
+_FLOATS_PER_GAUSSIAN = 14 + 3 * 16  # means, scales, rotations, opacity, SH up to degree 3
+
+
+@dataclass
+class Estimate:
+    """A rough estimate before the work starts (``models.budget`` may replace it)."""
+
+    windows: int
+    seconds: float
+    peak_bytes: int
+    available_bytes: int | None
+    device: str
+
+    @property
+    def fits(self) -> bool:
+        return self.available_bytes is None or self.peak_bytes <= 0.9 * self.available_bytes
+
+    def line(self) -> str:
+        gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+        free = f" of {gib(self.available_bytes)} free" if self.available_bytes else ""
+        return (
+            f"{self.windows} window(s); estimate ~{self.seconds:.0f} s of model time, peak memory "
+            f"~{gib(self.peak_bytes)}{free} on {self.device}"
+        )
+
+
+def _available(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def estimate_capture(model: nn.Module, plan: CapturePlan, device: torch.device) -> Estimate:
+    """Time and peak memory of ``plan``'s windows: forward time from the parameter count and the
+    input pixels, memory from the weights, one window's activations and the fused Gaussians
+    (one per input pixel per window, twice while fusing)."""
+    h, w = plan.images.images.shape[-2:]
+    params = sum(p.numel() for p in model.parameters())
+    pixels = [len(window) * h * w for window in plan.windows]
+    rate = _SECONDS_PER_PIXEL_PARAM["cuda" if device.type == "cuda" else "cpu"]
+    seconds = sum(pixels) * params * rate + 0.05 * len(plan.windows)
+    gaussians = sum(pixels) * _FLOATS_PER_GAUSSIAN * 4 * 2
+    peak = params * 4 + max(pixels) * _BYTES_PER_PIXEL_ACTIVATION + gaussians
+    return Estimate(len(plan.windows), seconds, int(peak), _available(device), str(device))
+
+
+# --------------------------------------------------------------------------- reconstruct
+
+
+@dataclass
+class CaptureResult:
+    """What :func:`reconstruct_capture` returns: the fused ``reconstruction``
+    (``models.inference.Reconstruction`` in the capture frame), the plan, the held-out views and
+    their scores (or ``None``), the fusion's counts and the ``summary.json`` entries."""
+
+    reconstruction: Any
+    plan: CapturePlan
+    holdout_views: holdout_lib.HoldoutViews | None
+    holdout_scores: holdout_lib.HoldoutScores | None
+    counts: dict
+    summary: dict
+    notes: list[str] = field(default_factory=list)
+
+
+def _progress(iterable, **kwargs):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=None, leave=False, dynamic_ncols=True, **kwargs)
+
+
+def _depth_ratio(fused: list, camera: Tensor, window_g, window_camera: Tensor) -> float | None:
+    """Median depth of the fused Gaussians over that of a window's, seen from one shared photo
+    (each in its own frame): the scale of a chained window whose cameras have no spread."""
+    from models.geometry.cameras import transform_points, world_to_camera
+
+    def median_depth(g, e) -> float | None:
+        z = transform_points(world_to_camera(e.to(g.means)), g.means[0][g.valid_mask()[0]])[:, 2]
+        z = z[z > 0]
+        return float(z.median()) if z.numel() else None
+
+    ours = [d for d in (median_depth(g, camera) for g in fused) if d is not None]
+    theirs = median_depth(window_g, window_camera)
+    if not ours or theirs is None or theirs <= 0:
+        return None
+    return float(torch.tensor(ours).median()) / theirs
+
+
+def reconstruct_capture(
+    model: nn.Module,
+    plan: CapturePlan,
+    *,
+    refine_poses: int = 50,
+    backend: str = "auto",
+    fov: float = 60.0,
+    voxel: float | None = None,
+    max_gaussians: int | None = None,
+    lpips: bool = True,
+    **knobs: Any,
+) -> CaptureResult:
+    """Reconstruct every window of ``plan``, fuse them in the capture frame and score the
+    held-out photos (module doc). ``max_gaussians`` caps the fused set (for one window it is the
+    model's own knob)."""
+    from models.inference import Reconstruction, reconstruct
+
+    images, name = plan.images, plan.name
+    pose_free = bool(getattr(model, "pose_free", False))
+    used = plan.used
+    position = {index: k for k, index in enumerate(used)}
+    shape = tuple(images.images.shape[-2:])
+    capture_e = move = None
+    if images.extrinsics is not None:
+        capture_e, move = fusion.capture_frame(images.extrinsics[used])  # [U, 4, 4]
+    if plan.held and images.extrinsics is None:
+        raise CaptureError(
+            f"holdout={_shown(plan.names(plan.held), 3)}: the photos have no poses to render the held-out ones at"
+        )
+    window_knobs = dict(knobs)
+    if len(plan.windows) == 1 and max_gaussians is not None:
+        window_knobs["max_gaussians"] = max_gaussians
+    sets, cameras, known, seconds, angles, moves = [], [], {}, [], [], []
+    placement: dict[int, str] = {}
+    intrinsics: dict[int, Tensor] = {}
+    first = None
+    stages: dict[str, float] = {}
+    bar = _progress(plan.windows, desc="windows", unit="window")
+    for number, window in enumerate(bar):
+        start = time.perf_counter()
+        result = reconstruct(
+            model,
+            subset(images, window),
+            refine_poses=refine_poses,
+            backend=backend,
+            fov=fov,
+            name=name,
+            **window_knobs,
+        )
+        first = first or result
+        seconds.append(round(time.perf_counter() - start, 3))
+        for key, value in result.timings.items():  # inference, refine_poses: summed
+            stages[key] = round(stages.get(key, 0.0) + value, 4)
+        if capture_e is not None:
+            target = capture_e[[position[i] for i in window]]
+            step = fusion.window_to_capture(result.extrinsics, target)
+            for i in window:
+                placement.setdefault(i, result.placement[window.index(i)])
+        else:  # pose-free photos without poses: chained through the photos shared
+            if "unknown" in result.placement and len(plan.windows) > 1:
+                raise CaptureError(
+                    f"model={name}: views=all without camera poses needs the model's cameras "
+                    f"or pose refinement (refine_poses > 0)"
+                )
+            shared = [k for k, i in enumerate(window) if i in known]
+            if not shared:
+                step = fusion.Similarity.identity()
+            else:
+                k0 = shared[0]
+                scale = _depth_ratio(
+                    sets, known[window[k0]], result.gaussians, result.extrinsics[k0]
+                )
+                step = fusion.window_to_capture(
+                    result.extrinsics[shared],
+                    torch.stack([known[window[k]] for k in shared]),
+                    scale=scale,
+                )
+            for k, i in enumerate(window):
+                if i not in known:
+                    known[i] = step.cameras(result.extrinsics[k].double().cpu()).float()
+                    placement[i] = result.placement[k] if number == 0 else "chained"
+        for k, i in enumerate(window):
+            intrinsics.setdefault(i, result.intrinsics[k].cpu())
+        window_e = step.cameras(result.extrinsics.double().cpu()).float()
+        sets.append(fusion.transform_gaussians(result.gaussians, step))
+        cameras.append((window_e, result.intrinsics.cpu()))
+        angles.append(round(view_lib.max_rotation_deg(window_e), 2))
+        moves.append(step)
+        bar.set_postfix(gaussians=result.count)
+    bar.close()
+    start = time.perf_counter()
+    cap = max_gaussians if len(plan.windows) > 1 else None
+    gaussians, counts = fusion.fuse_windows(sets, cameras, shape, voxel, cap, backend=backend)
+    fuse_s = round(time.perf_counter() - start, 3)
+
+    all_e = capture_e.float() if capture_e is not None else torch.stack([known[i] for i in used])
+    all_k = torch.stack([intrinsics[i] for i in used])
+    notes = list(plan.notes)
+    angle = view_lib.max_rotation_deg(all_e)
+    if plan.mode == "all":
+        far = [n for n, a in enumerate(angles) if view_lib.view_angle_note(a, name) is not None]
+        if far:
+            notes.append(
+                view_lib.view_angle_note(
+                    max(angles[n] for n in far), name, f"the views of {len(far)} window(s)"
+                )
+            )
+    elif (note := view_lib.view_angle_note(angle, name)) is not None:
+        notes.append(note)
+    source_label = (
+        first.poses if capture_e is not None else f"chained through shared views ({first.poses})"
+    )
+    poses = (
+        source_label
+        if len(plan.windows) == 1
+        else f"{source_label}; {len(plan.windows)} windows fused in the capture frame"
+    )
+    recon = Reconstruction(
+        gaussians=gaussians,
+        extrinsics=all_e,
+        intrinsics=all_k,
+        placement=[placement[i] for i in used],
+        poses=poses,
+        images=images.images[used].float().cpu(),
+        names=plan.names(used),
+        model=name,
+        family=getattr(model, "family", None),
+        pose_free=pose_free,
+        knobs={**first.knobs, **({"max_gaussians": max_gaussians} if max_gaussians else {})},
+        timings={**stages, "windows": round(sum(seconds), 4), "fuse": fuse_s},
+        maps=first.maps if len(plan.windows) == 1 else {},
+        source=subset(images, used),
+    )
+    held_views = scores = None
+    summary: dict[str, Any] = {
+        "view_max_rotation_deg": round(angle, 2),
+        "center_view": images.names[plan.center],
+        "scene": {
+            "mode": plan.mode,
+            "selection": plan.graph.kind,
+            "window_views": plan.size,
+            "windows": [plan.names(w) for w in plan.windows],
+            "window_max_rotation_deg": angles,
+            "window_seconds": seconds,
+            "fusion": counts,
+            "frame": "capture frame: the capture's poses moved so that its first used photo is "
+            "the identity and the largest camera distance is 1"
+            if capture_e is not None
+            else "the first window's frame; later windows chained through shared photos",
+            "from_capture_poses": move.to_dict() if move is not None else None,
+            "window_to_frame": [m.to_dict() for m in moves],
+        },
+    }
+    if plan.held:
+        held_e = move.cameras(images.extrinsics[plan.held].double()).float()
+        held_k = (
+            images.intrinsics[plan.held]
+            if images.intrinsics is not None
+            else all_k[:1].expand(len(plan.held), 3, 3)
+        )
+        every_e = torch.zeros(len(images.names), 4, 4)
+        every_k = torch.zeros(len(images.names), 3, 3)
+        every_e[used], every_k[used] = all_e, all_k
+        every_e[plan.held], every_k[plan.held] = held_e, held_k.float()
+        held_views = holdout_lib.holdout_views(
+            images.names, images.images, every_e, every_k, plan.held, used
+        )
+        start = time.perf_counter()
+        scores = holdout_lib.score_holdout(gaussians, held_views, backend=backend, lpips=lpips)
+        recon.timings["holdout"] = round(time.perf_counter() - start, 4)
+        notes.extend(scores.notes)
+        summary["holdout"] = holdout_lib.holdout_summary(held_views, scores)
+    return CaptureResult(recon, plan, held_views, scores, counts, summary, notes)
+
+
+def write_capture(
+    capture: CaptureResult,
+    output: str | os.PathLike | Any,
+    *,
+    frames: int = 30,
+    fps: int = 15,
+    backend: str = "auto",
+    summary: dict | None = None,
+    started: float | None = None,
+) -> Path:
+    """``models.inference.write_reconstruction`` of the fused scene, plus
+    ``renders/holdout/<stem>.png`` and ``holdout_sheet.png`` when photos were held out."""
+    from models.inference import write_reconstruction
+
+    def extra(staging: Path) -> None:
+        if capture.holdout_views is not None:
+            holdout_lib.save_holdout(
+                capture.holdout_views,
+                capture.holdout_scores,
+                staging / "renders" / "holdout",
+                staging / "holdout_sheet.png",
+            )
+
+    return write_reconstruction(
+        capture.reconstruction,
+        output,
+        frames=frames,
+        fps=fps,
+        backend=backend,
+        summary={**capture.summary, **dict(summary or {})},
+        started=started,
+        extra=extra,
+    )
+
+
+def print_holdout(capture: CaptureResult, file=None) -> None:
+    """The held-out table on ``file`` (default stdout; nothing without held-out photos)."""
+    if "holdout" in capture.summary:
+        print(holdout_lib.holdout_table(capture.summary["holdout"]), file=file or sys.stdout)

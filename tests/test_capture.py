@@ -1,0 +1,356 @@
+"""Whole captures (issue 28) and view selection (27.4) on a small synthetic capture: 12 ray-cast
+64x64 photos of a room along a smooth camera path, written as an image folder with cameras.json.
+
+Covers the window cover, the fusion (frame, duplicates, counts), the held-out scoring, the
+planner's bad input and ``infer.py`` end to end (a posed and a pose-free model).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from datamodules.readers.image_folder import write_cameras_json
+from models import create_model
+from models.capture import fusion, holdout, views
+from models.capture.inputs import load_inputs
+from models.capture.whole import CaptureError, plan_capture
+from models.gaussians import Gaussians
+from models.render.core import render
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DRONE = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "drone_colmap"
+PHOTOS = 12
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 synthetic photos with their cameras (cameras.json)."""
+    from PIL import Image
+
+    from datamodules.synthetic import render_scene, sample_scene
+
+    root = tmp_path_factory.mktemp("capture")
+    spec = sample_scene(3, "room", num_views=PHOTOS)
+    pixels, _ = render_scene(spec, 64)
+    names = [f"photo_{i:02d}.png" for i in range(PHOTOS)]
+    for name, array in zip(names, pixels):
+        Image.fromarray(array).save(root / name)
+    k = torch.from_numpy(spec.intrinsics).float().expand(PHOTOS, 3, 3)
+    write_cameras_json(
+        root / "cameras.json", names, torch.from_numpy(spec.extrinsics).float(), k, (64, 64)
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def posed_model():
+    return create_model("pixel_aligned_tiny", pretrained=True).eval()
+
+
+@pytest.fixture(scope="module")
+def images(capture: Path, posed_model):
+    loaded, _ = load_inputs(capture, 32, posed_model, name="pixel_aligned_tiny")
+    return loaded
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def test_window_cover(images, posed_model) -> None:
+    plan = plan_capture(images, posed_model, views="all", holdout=4, name="pixel_aligned_tiny")
+    assert plan.held == [0, 4, 8]
+    assert plan.graph.kind == "camera distance and viewing direction"
+    rest = [i for i in range(PHOTOS) if i not in plan.held]
+    covered = set()
+    for number, window in enumerate(plan.windows):
+        assert len(window) == 2 and not set(window) & set(plan.held)
+        if number:  # every later window shares a photo with the earlier ones
+            assert set(window) & covered
+        covered |= set(window)
+    assert sorted(covered) == rest == plan.used
+    # the path is smooth: every window pairs photos at most 2 apart (3 where one is held out)
+    assert max(max(w) - min(w) for w in plan.windows) <= 2
+    assert len(plan.windows) == len(rest) - 1  # a 2-view cover of a chain is a spanning tree
+
+
+def test_select_views_around_center(images, posed_model) -> None:
+    plan = plan_capture(images, posed_model, views=3, center_view="photo_06", name="x")
+    assert plan.windows == [[5, 6, 7]] and plan.mode == "views"
+    assert plan_capture(images, posed_model, views=3, name="x").center == PHOTOS // 2
+    with pytest.raises(views.ViewError, match="center_view=nope"):
+        plan_capture(images, posed_model, views=3, center_view="nope", name="x")
+    angle = views.max_rotation_deg(images.extrinsics[[5, 6, 7]])
+    assert 0 < angle < views.max_rotation_deg(images.extrinsics)
+
+
+def test_view_angle_warning_against_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import models.registry
+
+    recipe = SimpleNamespace(max_view_angle=30.0, views=2)
+    monkeypatch.setattr(
+        models.registry, "get_pretrained_cfg", lambda name: SimpleNamespace(recipe=recipe)
+    )
+    assert views.view_angle_note(25.0, "m") is None
+    assert "45 degrees apart, more than the 30 degrees" in views.view_angle_note(45.0, "m")
+    recipe.max_view_angle = None  # not known: no warning
+    assert views.view_angle_note(80.0, "m") is None
+
+
+def test_pose_free_neighbours_by_image_similarity(images) -> None:
+    graph = views.view_graph(images, pose_free=True)
+    assert graph.kind == "image similarity"
+    nearest = graph.affinity.argmax(axis=1)
+    assert np.mean(np.abs(nearest - np.arange(PHOTOS)) == 1) >= 0.75  # thumbnails find neighbours
+    order = views.order_affinity(5)
+    assert order[2, 1] == order[2, 3] == 1.0 and order[2, 0] == 0.5
+
+
+@pytest.mark.skipif(not DRONE.is_dir(), reason="no shared drone capture")
+def test_covisibility_of_a_real_colmap_model() -> None:
+    from datamodules.readers.colmap import read_model
+
+    _, model_images, _ = read_model(DRONE / "sparse", points=False)
+    names = sorted(image.name for image in model_images.values())
+    shared = views.covisibility(DRONE / "sparse", names)
+    assert shared.shape == (len(names), len(names)) and (shared == shared.T).all()
+    # neighbouring frames share more points than frames far apart
+    assert shared[10, 11] > shared[10, 30] and shared[10, 11] >= views.MIN_SHARED_POINTS
+
+
+def test_disconnected_photos(images, posed_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    def graph_with(*cuts: int):
+        def fake(image_set, pose_free):
+            count = len(image_set.names)
+            group = np.searchsorted(np.array(cuts), np.arange(count), side="right")
+            affinity = (group[:, None] == group[None, :]).astype(float) - np.eye(count)
+            return views.ViewGraph(list(image_set.names), affinity, "test", affinity > 0)
+
+        return fake
+
+    monkeypatch.setattr(views, "view_graph", graph_with(9))
+    plan = plan_capture(images, posed_model, views="all", name="x")
+    assert plan.used == list(range(9)) and "photo_09.png" in plan.notes[0]
+    assert "3 photo(s) share no" in plan.notes[0]
+    monkeypatch.setattr(views, "view_graph", graph_with(4, 8))
+    with pytest.raises(CaptureError, match="under half"):
+        plan_capture(images, posed_model, views="all", name="x")
+
+
+def test_holdout_leaving_too_few(images, posed_model) -> None:
+    keep_one = ",".join(f"photo_{i:02d}" for i in range(1, PHOTOS))
+    with pytest.raises(holdout.HoldoutError, match="needs 2 per window"):
+        plan_capture(images, posed_model, views="all", holdout=keep_one, name="x")
+    with pytest.raises(holdout.HoldoutError, match="K >= 2"):
+        holdout.holdout_indices(1, ["a", "b"])
+    assert holdout.holdout_indices("photo_03,photo_01.png", images.names) == [1, 3]
+
+
+# --------------------------------------------------------------------------- fusion
+
+
+def _random_gaussians(count: int, seed: int = 0) -> Gaussians:
+    g = torch.Generator().manual_seed(seed)
+    rotations = torch.randn(1, count, 4, generator=g)
+    return Gaussians(
+        means=torch.randn(1, count, 3, generator=g) * 0.5 + torch.tensor([0.0, 0.0, 3.0]),
+        scales=torch.rand(1, count, 3, generator=g) * 0.05 + 0.02,
+        rotations=rotations / rotations.norm(dim=-1, keepdim=True),
+        opacities=torch.rand(1, count, generator=g) * 0.5 + 0.4,
+        harmonics=torch.randn(1, count, 3, 4, generator=g) * 0.4,
+    )
+
+
+def _cameras(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    e = torch.eye(4).repeat(count, 1, 1)
+    e[:, 0, 3] = torch.linspace(-0.3, 0.3, count)
+    k = torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]]).expand(count, 3, 3)
+    return e, k
+
+
+def test_window_to_capture_moves_scene_and_cameras_together() -> None:
+    gaussians = _random_gaussians(400)
+    e, k = _cameras(3)
+    angle = math.radians(40)
+    rotation = torch.tensor(
+        [[math.cos(angle), 0, math.sin(angle)], [0, 1, 0], [-math.sin(angle), 0, math.cos(angle)]],
+        dtype=torch.float64,
+    )
+    truth = fusion.Similarity(2.5, rotation, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
+    moved_e = truth.cameras(e.double()).float()
+    fitted = fusion.window_to_capture(e, moved_e)  # recovered from the cameras alone
+    assert abs(fitted.scale - 2.5) < 1e-6 and torch.allclose(fitted.rotation, rotation, atol=1e-6)
+    moved = fusion.transform_gaussians(gaussians, fitted)
+    before = render(gaussians, e[None], k[None], (48, 48), backend="torch").color
+    after = render(moved, moved_e[None], k[None], (48, 48), backend="torch").color
+    assert (before - after).abs().max() < 2e-3  # SH colour, orientation and scale moved exactly
+    inverse = fitted.inverse()
+    assert torch.allclose(
+        inverse.points(fitted.points(moved_e[:, :3, 3].double())),
+        moved_e[:, :3, 3].double(),
+        atol=1e-6,
+    )
+
+
+def test_capture_frame_is_normalize_scene(images) -> None:
+    from models.geometry.cameras import normalize_scene
+
+    frame, move = fusion.capture_frame(images.extrinsics)
+    expected = normalize_scene(images.extrinsics[None].double())[0][0]
+    assert torch.allclose(frame, expected, atol=1e-6)
+    assert torch.allclose(move.cameras(images.extrinsics.double()), expected, atol=1e-6)
+
+
+def test_duplicates_removed_and_counted() -> None:
+    e, k = _cameras(2)
+    base = _random_gaussians(500)
+    far = base.replace(means=base.means + torch.tensor([0.0, 0.0, 0.6]))  # seen farther
+    extra = _random_gaussians(200, seed=3).replace(
+        means=_random_gaussians(200, seed=3).means + torch.tensor([6.0, 0.0, 0.0])
+    )
+    # window 0 and window 1 predict the same surface; window 1 also sees a region of its own
+    window0 = base
+    window1 = Gaussians.cat([base, extra])
+    fused, counts = fusion.remove_duplicates([window0, window1], [(e, k), (e, k)], (32, 32))
+    assert counts["before"] == 1200 and counts["after"] == 700 and counts["removed"] == 500
+    assert counts["per_window"] == [500, 200]  # ties go to the first window; its own region kept
+    # the window that sees a voxel closer wins it
+    fused, counts = fusion.remove_duplicates([far, base], [(e, k), (e, k)], (32, 32), voxel=5.0)
+    assert counts["per_window"][1] == 500 and counts["after"] < 1000
+    capped, counts = fusion.fuse_windows(
+        [window0, window1], [(e, k), (e, k)], (32, 32), max_gaussians=300
+    )
+    assert counts["final"] == 300 == int(capped.count()[0])
+
+
+def test_floaters_other_windows_see_through_are_removed() -> None:
+    e, k = _cameras(2)
+    xs, ys = torch.meshgrid(torch.linspace(-2, 2, 40), torch.linspace(-2, 2, 40), indexing="ij")
+    count = xs.numel()
+    wall = Gaussians(  # an opaque wall at z = 3 that both windows see
+        means=torch.stack([xs.flatten(), ys.flatten(), torch.full((count,), 3.0)], -1)[None],
+        scales=torch.full((1, count, 3), 0.08),
+        rotations=torch.tensor([1.0, 0, 0, 0]).expand(1, count, 4).clone(),
+        opacities=torch.full((1, count), 0.95),
+        harmonics=torch.zeros(1, count, 3, 1),
+    )
+    floaters = _random_gaussians(30, seed=5).replace(  # in front of it, in the middle
+        means=torch.rand(1, 30, 3) * torch.tensor([0.4, 0.4, 0.5])
+        + torch.tensor([-0.2, -0.2, 1.0]),
+        harmonics=torch.zeros(1, 30, 3, 1),
+    )
+    kept, removed = fusion.remove_floaters(
+        [wall, Gaussians.cat([wall, floaters])], [(e, k), (e, k)], (32, 32), backend="torch"
+    )
+    assert removed == 30
+    assert int(kept[0].count()[0]) == count == int(kept[1].count()[0])
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def test_perfect_render_scores_high_and_baseline_is_nearest() -> None:
+    gaussians = _random_gaussians(600)
+    e, k = _cameras(4)
+    shots = render(gaussians, e[None], k[None], (32, 32), backend="torch").color[0]
+    names = [f"v{i}.png" for i in range(4)]
+    held = holdout.holdout_views(names, shots, e, k, held=[1, 2], inputs=[0, 3])
+    assert held.nearest_names == ["v0.png", "v3.png"]
+    scores = holdout.score_holdout(gaussians, held, backend="torch", lpips=False)
+    assert scores.mean["psnr"] > 40 and scores.mean["ssim"] > 0.99
+    from models.metrics import psnr_per_image
+
+    expected = float(psnr_per_image(shots[0], shots[1]))
+    assert abs(scores.metrics["v1.png"]["nearest_view_psnr"] - round(expected, 4)) < 1e-3
+    assert scores.mean["nearest_view_psnr"] < scores.mean["psnr"]
+    summary = holdout.holdout_summary(held, scores, before=scores)
+    assert summary["views"] == ["v1.png", "v2.png"] and summary["image_size"] == [32, 32]
+    assert summary["metrics"]["v2.png"]["psnr_before_refine"] == scores.metrics["v2.png"]["psnr"]
+    assert "mean" in holdout.holdout_table(summary)
+
+
+# --------------------------------------------------------------------------- infer.py
+
+
+def _infer(capsys, *args: str) -> tuple[int, str, str]:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    capsys.readouterr()
+    status = infer.run_cli(infer.compose(list(args)))
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+COMMON = ("image_size=32", "orbit_frames=4", "backend=torch", "device=cpu")
+
+
+def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
+    from PIL import Image
+
+    output = tmp_path / "out"
+    status, out, err = _infer(
+        capsys, f"input={capture}", f"output={output}", "model=pixel_aligned_tiny",
+        "views=all", "holdout=4", *COMMON,
+    )  # fmt: skip
+    assert status == 0, err
+    assert "window(s); estimate" in out and "nearest PSNR" in out
+    summary = json.loads((output / "summary.json").read_text())
+    windows = summary["scene"]["windows"]
+    held = [f"photo_{i:02d}.png" for i in (0, 4, 8)]
+    assert summary["holdout"]["views"] == held and summary["holdout"]["image_size"] == [32, 32]
+    assert sorted({n for w in windows for n in w}) == summary["view_names"]
+    assert not set(held) & set(summary["view_names"]) and len(summary["view_names"]) == 9
+    fusion_counts = summary["scene"]["fusion"]
+    assert fusion_counts["before"] > fusion_counts["after"] == summary["gaussians"]
+    for name in held:
+        entry = summary["holdout"]["metrics"][name]
+        assert {"psnr", "ssim", "nearest_view_psnr", "nearest_view"} <= entry.keys()
+        assert Image.open(output / "renders" / "holdout" / f"{Path(name).stem}.png").size == (
+            32,
+            32,
+        )
+    assert summary["holdout"]["mean"]["psnr"] > 14  # a real scene, not noise
+    assert (output / "holdout_sheet.png").is_file() and (output / "gaussians.ply").is_file()
+    cameras = json.loads((output / "cameras.json").read_text())
+    assert len(cameras["frames"]) == 9 and len(cameras["path"]) == 4
+    # view.py shows a fused output as saved (and says so): its knobs would re-run every window
+    import view
+
+    settings = {"model": None, "weights": None, "views": None, "image_size": None}
+    settings |= {k: None for k in view.KNOB_KEYS}
+    assert view._summary_settings(output, settings) is None
+    assert "fuses 8 windows" in capsys.readouterr().err
+
+
+def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> None:
+    output = tmp_path / "free"
+    status, _, err = _infer(
+        capsys, f"input={capture}", f"output={output}", "model=zipsplat_tiny",
+        "views=all", "holdout=photo_05", "max_gaussians=1500", *COMMON,
+    )  # fmt: skip
+    assert status == 0, err
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["pose_free"] and summary["scene"]["selection"] == "image similarity"
+    fused = summary["scene"]["fusion"]
+    assert fused["after"] > 1500 == fused["final"] == summary["gaussians"]
+    assert list(summary["holdout"]["metrics"]) == ["photo_05.png"]
+
+
+def test_infer_holdout_too_few_is_one_line(capture: Path, tmp_path: Path, capsys) -> None:
+    names = ",".join(f"photo_{i:02d}" for i in range(1, PHOTOS))
+    status, _, err = _infer(
+        capsys, f"input={capture}", f"output={tmp_path / 'x'}", "model=pixel_aligned_tiny",
+        "views=all", f"holdout=[{names}]", *COMMON,
+    )  # fmt: skip
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "holdout=" in err
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,326 @@
+"""Per-scene refinement (``models.refine``) on a small synthetic capture: 400 Gaussians rendered
+into 10 views at 32x32 on a ring (8 fitted, 2 held out), fitted from a sparse, miscoloured start.
+
+The fit's loss falls and the held-out PSNR rises; MCMC keeps the count at the cap and relocates
+dead Gaussians; ADC clones, splits and prunes with counts that add up; a checkpointed fit resumes
+at its step with the state of an uninterrupted one; a non-finite loss stops with the last finite
+state; the memory estimate refuses in one line; the command line round-trips a ``.ply``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.gaussians import Gaussians, rgb_to_sh
+from models.geometry.camera_paths import orbit_cameras
+from models.metrics import psnr, ssim_per_image
+from models.refine import (
+    ADCSettings,
+    MCMCSettings,
+    RefineMemoryError,
+    RefineSettings,
+    gaussians_from_points,
+    refine_gaussians,
+    settings_from_config,
+)
+from models.refine import fit as fit_module
+from models.refine.densify import relocation
+from models.refine.loss import ssim
+from models.render import render
+
+SIZE = 32
+HELD = [2, 7]
+TRAIN = [i for i in range(10) if i not in HELD]
+
+
+@pytest.fixture(scope="module")
+def capture():
+    """Ground-truth Gaussians, 10 cameras and their renders ``[10, 3, 32, 32]``."""
+    generator = torch.Generator().manual_seed(0)
+    n = 400
+    means = torch.randn(n, 3, generator=generator) * 0.5 + torch.tensor([0.0, 0.0, 3.0])
+    truth = Gaussians(
+        means=means[None],
+        scales=(torch.rand(n, 3, generator=generator) * 0.08 + 0.02)[None],
+        rotations=F.normalize(torch.randn(n, 4, generator=generator), dim=-1)[None],
+        opacities=(torch.rand(n, generator=generator) * 0.5 + 0.5)[None],
+        harmonics=rgb_to_sh(torch.rand(n, 3, generator=generator))[None, :, :, None],
+    )
+    k = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    extrinsics, intrinsics = orbit_cameras(torch.eye(4), 3.0, k, 10, 1.0)
+    with torch.no_grad():
+        images = render(truth, extrinsics[None], intrinsics[None], (SIZE, SIZE)).color[0]
+    start_xyz = means[::4] + 0.05 * torch.randn(100, 3, generator=generator)
+    start = gaussians_from_points(start_xyz, torch.full((100, 3), 0.5), sh_degree=1)
+    return {
+        "images": images,
+        "extrinsics": extrinsics,
+        "intrinsics": intrinsics,
+        "start": start,
+        "truth": truth,
+    }
+
+
+def _scorer(capture):
+    def evaluate(gaussians, _extrinsics):
+        out = render(
+            gaussians,
+            capture["extrinsics"][HELD][None],
+            capture["intrinsics"][HELD][None],
+            (SIZE, SIZE),
+        )
+        return {"psnr": psnr(out.color[0], capture["images"][HELD])}
+
+    return evaluate
+
+
+def _fit(capture, settings, start=None, **kwargs):
+    return refine_gaussians(
+        capture["start"] if start is None else start,
+        capture["images"][TRAIN],
+        capture["extrinsics"][TRAIN],
+        capture["intrinsics"][TRAIN],
+        settings,
+        progress=False,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def mcmc_fit(capture):
+    settings = RefineSettings(steps=300, max_gaussians=150, mcmc=MCMCSettings(start=50, every=50))
+    return _fit(capture, settings, evaluate=_scorer(capture), eval_every=100)
+
+
+def test_loss_falls_and_held_out_psnr_rises(mcmc_fit):
+    curve = [point["loss"] for point in mcmc_fit.curve]
+    assert sum(curve[-5:]) / 5 < 0.8 * sum(curve[:5]) / 5
+    scores = [e["psnr"] for e in mcmc_fit.evaluations]
+    assert [e["step"] for e in mcmc_fit.evaluations] == [0, 100, 200, 300]
+    assert scores[-1] > scores[0] + 1.0
+    assert mcmc_fit.stopped == "steps" and mcmc_fit.steps == 300
+    assert mcmc_fit.image_size == (SIZE, SIZE)
+    assert set(mcmc_fit.timings) == {"forward", "backward", "densify", "optimizer"}
+    assert mcmc_fit.gaussians.sh_degree == 1
+    summary = json.loads(json.dumps(mcmc_fit.summary()))
+    assert summary["count_before"] == 100 and summary["evaluations"][-1]["step"] == 300
+
+
+def test_mcmc_grows_to_the_cap_and_never_beyond(mcmc_fit):
+    assert mcmc_fit.count_after <= 150
+    assert mcmc_fit.densify["added"] == mcmc_fit.count_after - mcmc_fit.count_before > 0
+    assert max(point["count"] for point in mcmc_fit.curve) <= 150
+
+
+def test_mcmc_relocates_dead_gaussians(capture):
+    start = capture["start"]
+    dead = torch.zeros(100, dtype=torch.bool)
+    dead[::2] = True
+    opacities = torch.where(dead, torch.tensor(1e-3), start.opacities[0])[None]
+    settings = RefineSettings(
+        steps=11,
+        max_gaussians=100,
+        mcmc=MCMCSettings(start=10, every=10, stop_fraction=1.0),
+    )
+    result = _fit(capture, settings, start=start.replace(opacities=opacities))
+    assert result.densify["relocated"] >= 50 and result.densify["added"] == 0
+    assert result.count_after == 100
+    assert bool((result.gaussians.opacities > 0.005).all())
+
+
+def test_relocation_keeps_the_opacity_of_one_gaussian():
+    opacity, scale = relocation(torch.tensor([0.6]), torch.ones(1, 3), torch.tensor([1]))
+    assert torch.allclose(opacity, torch.tensor([0.6])) and torch.allclose(scale, torch.ones(1, 3))
+    opacity, _ = relocation(torch.tensor([0.75]), torch.ones(1, 3), torch.tensor([2]))
+    assert torch.allclose(1 - (1 - opacity) ** 2, torch.tensor([0.75]))  # two copies, same alpha
+
+
+def test_adc_clones_splits_and_prunes(capture):
+    start = capture["start"]
+    scales = start.scales.clone()
+    scales[0, :50] = 0.001  # small: cloned
+    scales[0, 50:] = 0.2  # large: split
+    opacities = start.opacities.clone()
+    opacities[0, 90:] = 0.001  # pruned
+    settings = RefineSettings(
+        steps=21,
+        densify="adc",
+        max_gaussians=1000,
+        adc=ADCSettings(start=20, every=20, grad_threshold=1e-7, stop_fraction=1.0),
+    )
+    result = _fit(capture, settings, start=start.replace(scales=scales, opacities=opacities))
+    counts = result.densify
+    assert counts["cloned"] > 0 and counts["split"] > 0 and counts["pruned"] >= 10
+    assert result.count_after == 100 + counts["cloned"] + counts["split"] - counts["pruned"]
+
+
+def test_adc_opacity_reset(capture):
+    settings = RefineSettings(
+        steps=11, densify="adc", adc=ADCSettings(start=100, reset_every=5, stop_fraction=1.0)
+    )
+    result = _fit(capture, settings)
+    assert result.densify["resets"] == 2
+
+
+def test_resume_from_checkpoint_continues_with_the_same_state(capture, tmp_path):
+    settings = RefineSettings(steps=30, max_gaussians=120, mcmc=MCMCSettings(start=10, every=10))
+    reference = _fit(capture, settings)
+
+    def stop_at_15(_gaussians, _extrinsics):
+        if stop_at_15.calls == 1:
+            raise KeyboardInterrupt
+        stop_at_15.calls += 1
+        return {}
+
+    stop_at_15.calls = 0
+    path = tmp_path / "fit.pt"
+    first = _fit(capture, settings, checkpoint_path=path, evaluate=stop_at_15, eval_every=15)
+    assert first.stopped == "interrupted" and first.steps == 15 and path.is_file()
+    assert torch.load(path, weights_only=False)["step"] == 15
+    resumed = _fit(capture, settings, checkpoint_path=path)
+    assert resumed.stopped == "steps" and resumed.steps == 30
+    assert resumed.count_after == reference.count_after
+    for name in ("means", "scales", "opacities", "harmonics"):
+        a, b = getattr(resumed.gaussians, name), getattr(reference.gaussians, name)
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_nan_loss_stops_with_the_last_finite_state(capture, monkeypatch):
+    real = fit_module.photometric_loss
+    calls = {"n": 0}
+
+    def poisoned(prediction, target, weight):
+        calls["n"] += 1
+        loss = real(prediction, target, weight)
+        return loss * float("nan") if calls["n"] == 6 else loss
+
+    monkeypatch.setattr(fit_module, "photometric_loss", poisoned)
+    result = _fit(capture, RefineSettings(steps=20))
+    assert result.stopped == "nan" and result.steps == 5
+    assert "not finite" in result.message
+    result.gaussians.validate()
+
+
+def test_memory_refusal_names_the_settings(capture):
+    with pytest.raises(RefineMemoryError) as error:
+        _fit(capture, RefineSettings(steps=5, memory_limit=10_000))
+    line = str(error.value)
+    assert "\n" not in line and "refine_size=" in line and "max_gaussians=" in line
+
+
+def test_settings_from_config_maps_the_infer_keys():
+    settings = settings_from_config(
+        refine=100,
+        refine_time=60,
+        refine_size=240,
+        max_gaussians=5000,
+        refinement={"densify": "adc", "adc": {"grad_threshold": 1e-3}},
+    )
+    assert (settings.steps, settings.time, settings.size, settings.max_gaussians) == (
+        100,
+        60.0,
+        240,
+        5000,
+    )
+    assert settings.densify == "adc" and settings.adc.grad_threshold == 1e-3
+    with pytest.raises(ValueError, match="refinement.mcmc.nope"):
+        settings_from_config(refine=1, refinement={"mcmc": {"nope": 1}})
+    with pytest.raises(ValueError, match="refine"):
+        settings_from_config()
+
+
+def test_ssim_loss_matches_the_metric():
+    a = torch.rand(2, 3, 24, 30)
+    b = (a + 0.1 * torch.randn_like(a)).clamp(0, 1)
+    assert torch.allclose(ssim(a, b), ssim_per_image(a, b), atol=1e-5)
+
+
+def test_sfm_start_scales_by_neighbour_distance():
+    xyz = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [5, 5, 5]])
+    g = gaussians_from_points(xyz, torch.rand(5, 3))
+    assert g.count().item() == 5 and torch.allclose(g.opacities, torch.full((1, 5), 0.1))
+    assert torch.allclose(g.scales[0, 1], torch.full((3,), ((1 + 2 + 2) / 3) ** 0.5))
+    assert g.harmonics.shape == (1, 5, 3, 16)
+
+
+def test_command_line_round_trip(capture, tmp_path, capsys):
+    from PIL import Image
+
+    from datamodules.readers.image_folder import write_cameras_json
+    from models.refine.cli import main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    names = [f"view{i:02d}.png" for i in range(10)]
+    for name, image in zip(names, capture["images"]):
+        array = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
+        Image.fromarray(array).save(photos / name)
+    write_cameras_json(
+        photos / "cameras.json",
+        names,
+        capture["extrinsics"],
+        capture["intrinsics"],
+        (SIZE, SIZE),
+    )
+    ply = tmp_path / "start.ply"
+    capture["start"].save_ply(ply)
+    out = tmp_path / "out"
+    status = main([str(ply), str(photos), f"output={out}", "refine=40", "holdout=5"])
+    assert status == 0
+    refined = Gaussians.load_ply(out / "gaussians.ply")
+    assert refined.num_slots == capture["start"].num_slots  # MCMC starts at step 100
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["refine"]["steps"] == 40
+    assert summary["holdout"]["views"] == ["view00.png", "view05.png"]
+    for entry in summary["holdout"]["metrics"].values():
+        assert {"psnr", "ssim", "nearest_view_psnr", "psnr_before_refine"} <= set(entry)
+        assert entry["psnr"] > entry["psnr_before_refine"]
+    assert (out / "renders" / "holdout" / "view05.png").is_file()
+    capsys.readouterr()
+    assert main([str(tmp_path / "missing.ply"), str(photos), f"output={tmp_path / 'o2'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.ply" in err[0]
+    assert not (tmp_path / "o2").exists()
+
+
+def test_infer_yaml_refinement_node_holds_the_defaults():
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    config = yaml.safe_load((root / "configs" / "infer.yaml").read_text())
+    assert {"refine", "refine_time", "refine_size", "refine_init"} <= set(config)
+    settings = settings_from_config(refine=1, refinement=config["refinement"])
+    assert settings == RefineSettings(steps=1)
+
+
+def test_optimize_cameras_reduces_the_pose_error(capture):
+    from models.pose_refinement import pose_error, se3_delta
+
+    generator = torch.Generator().manual_seed(1)
+    views = len(TRAIN)
+    delta = se3_delta(
+        0.03 * torch.randn(views, 3, generator=generator),
+        0.05 * torch.randn(views, 3, generator=generator),
+    )
+    delta[0] = torch.eye(4)
+    truth = capture["extrinsics"][TRAIN]
+    noisy = truth @ delta
+    frozen = {f"lr_{name}": 1e-5 for name in ("means", "scales", "rotations", "opacities", "sh")}
+    settings = RefineSettings(steps=160, densify="none", **frozen)
+    result = refine_gaussians(
+        capture["truth"],
+        capture["images"][TRAIN],
+        noisy,
+        capture["intrinsics"][TRAIN],
+        settings,
+        optimize_cameras=True,
+        progress=False,
+    )
+    before, _ = pose_error(noisy, truth)
+    after, _ = pose_error(result.extrinsics, truth)
+    assert torch.equal(result.extrinsics[0], noisy[0])  # view 0 stays fixed
+    assert after[1:].mean() < 0.7 * before[1:].mean()
