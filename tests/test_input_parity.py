@@ -1,4 +1,4 @@
-"""Input-pipeline parity with the official test loaders (issue 27 item 6), no weights needed.
+"""Input-pipeline parity with the official test loaders, no weights needed.
 
 The real drone capture (``../shared/data/real/drone_colmap``: 41 frames 848x480 + COLMAP model) is
 converted to the chunk format with ``python -m datamodules.tools.convert``; the official test

@@ -1,4 +1,4 @@
-"""The package layering (DESIGN.md, Layout): the project's import graph, built with ``ast`` over
+"""The package layering (docs/design.md, Layout): the project's import graph, built with ``ast`` over
 ``models/``, ``datamodules/``, the top-level scripts, ``tests/`` and ``bench/`` (imports inside
 functions included, ``if TYPE_CHECKING:`` blocks left out), has no cycle between files and no
 import from a lower layer to a higher one; ``import models`` loads no Lightning, Hydra or wandb."""
