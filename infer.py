@@ -181,7 +181,7 @@ def run(cfg: DictConfig) -> Path:
     inference.check_input(images, recipe, str(cfg.model), size)
     notes = loaded.notes + notes
     notes += inference.recipe_warnings(
-        recipe, str(cfg.model), views=int(cfg.views) if cfg.views is not None else None
+        recipe, str(cfg.model), views=int(cfg.views) if str(cfg.views).isdigit() else None
     )
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
