@@ -408,7 +408,6 @@ def test_infer_cameras_auto_end_to_end(drone8, tmp_path: Path, capsys) -> None:
         pose = torch.linalg.inv(colmap.image_world_to_camera(by_name[frame["file"]]))
         np.testing.assert_allclose(frame["camera_to_world"], pose.numpy(), atol=1e-5)
         assert frame["fx"] == pytest.approx(drone8.focal_px[0], rel=1e-4)
-    np.testing.assert_allclose(cameras["frames"][0]["camera_to_world"], np.eye(4), atol=1e-6)
 
     # The default for a posed model without cameras is the same estimate.
     status, stderr = _infer_here(capsys, [*common, "overwrite=true"])

@@ -208,8 +208,11 @@ def test_infer_output_folder_scene(tmp_path):
     scene = load_view_scene(out)
     assert len(scene.cameras) == 2 and scene.path.shape == (4, 4, 4)
     first = scene.cameras[0]
-    given = json.loads((EXAMPLE / "cameras.json").read_text())["frames"]  # the capture's frame
-    np.testing.assert_allclose(first.extrinsics, given[0]["camera_to_world"], atol=1e-5)
+    given = {  # the capture's frame, by photo (views=2 picks neighbours around the middle one)
+        Path(f["file"]).stem: f["camera_to_world"]
+        for f in json.loads((EXAMPLE / "cameras.json").read_text())["frames"]
+    }
+    np.testing.assert_allclose(first.extrinsics, given[Path(first.name).stem], atol=1e-5)
     assert first.image is not None and first.image.shape == (128, 128, 3)  # the input photo
     assert 0 < first.fov < math.pi
 
