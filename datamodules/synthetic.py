@@ -43,6 +43,8 @@ import io
 import json
 import logging
 import multiprocessing
+import multiprocessing.pool
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -956,6 +958,32 @@ def _task(args: tuple[str, int, SyntheticSettings]) -> dict:
     return generate_scene(*args)
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _worker_init() -> None:
+    """Give a generator worker the default SIGTERM action and let Ctrl-C reach only the parent.
+
+    A forked worker inherits the parent's handlers (``OutputFolder``'s SIGTERM-as-exit,
+    ``stopped_cleanly``'s, Lightning's SIGTERM "bypass" that only logs); with those,
+    ``Pool.terminate`` could not end a worker blocked on the task queue's lock, and the parent
+    waited on it forever.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _worker_pool(workers: int) -> multiprocessing.pool.Pool:
+    """A pool whose workers start with SIGTERM/SIGINT blocked until :func:`_worker_init` has
+    reset their handlers (no window in which an inherited handler runs in a worker)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _to_chunk_scene(scene: dict) -> dict:
     import torch
 
@@ -1034,6 +1062,7 @@ def _generate_into(
     from datamodules.readers.chunk_writer import ChunkWriter
 
     writers = {split: ChunkWriter(tmp, split, chunk_mb=chunk_mb) for split in sizes}
+    pool = _worker_pool(workers) if workers > 1 else None  # forked before tqdm starts a thread
     bar = tqdm(
         total=len(tasks),
         desc=f"synthetic {settings.kind} scenes",
@@ -1041,11 +1070,17 @@ def _generate_into(
         disable=not progress,
         dynamic_ncols=True,
     )
-    if workers > 1:
-        with multiprocessing.get_context().Pool(workers) as pool:
+    if pool is not None:
+        try:
             for scene in pool.imap(_task, tasks, chunksize=4):
                 writers[scene["key"].split("_")[1]].add(_to_chunk_scene(scene))
                 bar.update()
+            pool.close()  # workers take their end-of-work sentinel and exit by themselves
+        except BaseException:
+            pool.terminate()  # SIGTERM: the workers' default action ends them at once
+            raise
+        finally:
+            pool.join()
     else:
         for task in tasks:
             scene = _task(task)

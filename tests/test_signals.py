@@ -151,3 +151,72 @@ def test_ctrl_c_is_one_line(tmp_path: Path, script: str) -> None:
     assert status == 130, lines
     assert lines == [f"{script}: stopped by Ctrl-C\n"], lines
     assert not (tmp_path / "out").exists()
+
+
+_GENERATE = """
+import signal, sys
+from datamodules.synthetic import SyntheticSettings, generate_dataset
+from models.command_line import stopped_cleanly
+signal.signal(signal.SIGTERM, lambda *_: None)  # like Lightning's SIGTERM "bypass": only returns
+settings = SyntheticSettings(scenes=int(sys.argv[2]), resolution=16, views=4, supersample=1)
+with stopped_cleanly("gen"):
+    for i in range(int(sys.argv[3])):
+        generate_dataset(f"{sys.argv[1]}/d{i}", settings, workers=2, progress=False)
+        print("done", i, flush=True)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_generator_pool_ends_under_inherited_handlers(tmp_path: Path) -> None:
+    """Workers forked under handlers that turn SIGTERM into an exception (or ignore it) still end:
+    the pool closes by itself, and never waits on a worker that a handler kept alive."""
+    result = subprocess.run(
+        [sys.executable, "-c", _GENERATE, str(tmp_path), "6", "5"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n").count("done 4") == 1
+
+
+def test_sigterm_to_generator_ends_its_workers(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _GENERATE.replace("lambda *_: None", "signal.SIG_DFL"),
+            str(tmp_path),
+            "400",
+            "1",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = _children(process.pid)
+    assert len(workers) == 2
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 143
+    assert err.strip().splitlines() == ["gen: stopped by SIGTERM"]
+    for pid in workers:
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
