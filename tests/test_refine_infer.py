@@ -150,7 +150,8 @@ def test_ctrl_c_writes_the_output_then_a_rerun_resumes(capture, tmp_path) -> Non
     assert summary["refine"]["stopped"] == "interrupted" and 10 <= stopped_at < 100000
     assert summary["refine"]["checkpoint"] == str(checkpoint.resolve())
     assert "psnr_before_refine" in summary["holdout"]["mean"]
-    assert (output / "gaussians.ply").is_file() and not list(output.glob(".*"))
+    hidden = [p.name for p in output.glob(".*")]
+    assert (output / "gaussians.ply").is_file() and hidden == [".splatzoo-output.json"]
     assert checkpoint.is_file()  # beside the output, never inside it
 
     # the rerun (same output, overwrite=true) continues from the checkpoint's step
