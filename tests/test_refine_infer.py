@@ -62,7 +62,7 @@ def test_views_all_holdout_refine_scores_before_and_after(capture, tmp_path, cap
     output = tmp_path / "out"
     status, out, err = _infer(
         capsys, f"input={capture}", f"output={output}", "views=all", "holdout=4", "refine=150",
-        "refine_size=48", *COMMON,
+        "refine_size=48", "image_size=32", *COMMON,
     )  # fmt: skip
     assert status == 0, err
     assert "before refinement ->" in out and "nearest view" in out
@@ -185,3 +185,21 @@ def test_view_refine_builds_a_scene(capture, capsys) -> None:
     assert "re-runs the feed-forward pass only" in capsys.readouterr().err
     assert refined.gaussians.count()[0] == plain.gaussians.count()[0]
     assert not torch.equal(refined.gaussians.means, plain.gaussians.means)
+
+
+def test_gpu_check_refine_timing_runs_on_the_cpu_backend() -> None:
+    """bench/gpu_check.py imports and parses its arguments without a GPU, and its refinement
+    timing works (the CPU backend row; CUDA rows run on a lent GPU)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "gpu_check.py"), "--refine-steps", "-1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--refine-steps must be >= 0" in done.stderr
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    rows, failures = gpu_check.refine_timing(["cpu"], steps=12, count=2000, views=3)
+    assert failures == 0 and rows[0]["ok"] == "yes", rows
+    assert {"forward ms", "backward ms", "densify ms", "optimizer ms"} <= rows[0].keys()
