@@ -203,3 +203,23 @@ def test_gpu_check_refine_timing_runs_on_the_cpu_backend() -> None:
     rows, failures = gpu_check.refine_timing(["cpu"], steps=12, count=2000, views=3)
     assert failures == 0 and rows[0]["ok"] == "yes", rows
     assert {"forward ms", "backward ms", "densify ms", "optimizer ms"} <= rows[0].keys()
+
+
+def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, capsys) -> None:
+    """A pose-free model that predicts no cameras, photos without poses, no pose refinement:
+    refinement has no camera to fit the photos at (one line, exit status 2, nothing written)."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for path in sorted(capture.glob("photo_0[0-3].png")):
+        shutil.copy(path, photos / path.name)
+    output = tmp_path / "free"
+    status, _, err = _infer(
+        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "refine_poses=0",
+        "refine=5", "image_size=32", "orbit_frames=2", "backend=torch", "device=cpu",
+    )  # fmt: skip
+    assert status == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: refine:") and "predicts no cameras" in last, err
+    assert not output.exists()
