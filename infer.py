@@ -148,6 +148,7 @@ def run(cfg: DictConfig) -> Path:
         if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
     ]
     folder = inference.output_folder(output, inputs, bool(cfg.overwrite))  # checked now
+    refine = _refine_settings(cfg)  # None: no refinement (refine=0, no refine_time)
     capture = _capture_mode(cfg)  # views=N|all, center_view=, holdout= (models.capture.whole)
     for key, minimum in {**COUNTS, "iterations": 0}.items():
         if not (key == "views" and str(cfg.get(key)) == "all"):
@@ -185,10 +186,14 @@ def run(cfg: DictConfig) -> Path:
     )
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
+    points = None
+    if refine is not None and str(cfg.refine_init) == "sfm":  # before the forward pass
+        points = _sfm_points(images, cfg)
     if capture:
         return _run_capture(
-            cfg, model, images, knobs, folder, notes, timings, loaded, device, started
-        )
+            cfg, model, images, knobs, folder, notes, timings, loaded, device, started,
+            refine, points,
+        )  # fmt: skip
     import warnings
 
     shape, views = images.images.shape[-2:], len(images.names)
@@ -219,20 +224,172 @@ def run(cfg: DictConfig) -> Path:
                 warning.message, warning.category, warning.filename, warning.lineno
             )
     result.timings = {**timings, **result.timings}
+    more: dict = {}
+    fitted = None
+    if refine is not None:  # per-scene refinement on every input photo
+        photos, k, full = _refine_photos(cfg, model, images, refine, result.names)
+        if not full and not all(p in ("given", "sfm") for p in result.placement):
+            k = None  # predicted / placed cameras: the model's intrinsics, its crop
+        start_set = None
+        if points is not None:
+            start_set = _points_start(points, result.frame.to_scene_points)
+        result, fitted = inference.refine_reconstruction(
+            result,
+            photos,
+            refine,
+            intrinsics=k,
+            start=start_set,
+            checkpoint_path=_checkpoint(cfg, output),
+        )
+        more["refine"] = _refine_record(cfg, refine, fitted, output)
+        print(fitted.message, file=sys.stderr)
     inference.write_reconstruction(
         result,
         folder,
         frames=int(cfg.orbit_frames),
         fps=int(cfg.fps),
         backend=str(cfg.backend),
-        summary={"weights": loaded.weights, "input": str(source), "warnings": notes},
+        summary={"weights": loaded.weights, "input": str(source), "warnings": notes, **more},
         started=started,
     )
     print(
         f"{output}: {result.count} Gaussians from {len(result.names)} view(s) with {cfg.model} "
         f"in {result.timings['total']:.1f} s on {device}"
     )
+    _after_refine(cfg, output, fitted)
     return output
+
+
+class RefineInterrupted(Exception):
+    """Ctrl-C during the refinement: the output holds what the fit had (exit status 130)."""
+
+
+def _refine_settings(cfg: DictConfig):
+    """``models.refine.RefineSettings`` from ``refine=`` / ``refine_time=`` / ``refine_size=`` /
+    ``max_gaussians=`` / ``refinement.*``, or ``None`` when neither budget is set."""
+    steps, seconds = cfg.get("refine"), cfg.get("refine_time")
+    if not steps and seconds in (None, "", 0):
+        return None
+    from models.refine import settings_from_config
+
+    init = str(cfg.get("refine_init") or "feed_forward")
+    if init not in ("feed_forward", "sfm"):
+        raise InferError(f"refine_init={init}", "must be feed_forward or sfm")
+    settings = settings_from_config(
+        refine=steps,
+        refine_time=seconds,
+        refine_size=cfg.get("refine_size"),
+        max_gaussians=cfg.get("max_gaussians"),
+        refinement=to_plain(cfg.refinement) if cfg.get("refinement") else {},
+        backend=str(cfg.backend),
+        seed=int(cfg.seed),
+    )
+    every = cfg.get("refine_checkpoint_every")
+    if every is not None:
+        if isinstance(every, bool) or not str(every).isdigit() or int(every) < 1:
+            raise InferError(f"refine_checkpoint_every={every}", "must be a whole number >= 1")
+        settings.checkpoint_every = int(every)
+    return settings
+
+
+def _sfm_points(images, cfg: DictConfig):
+    """``(xyz, rgb)`` of the capture's COLMAP / structure-from-motion points (its own frame) for
+    ``refine_init=sfm``; none: one line (exit status 2)."""
+    from models.refine import read_colmap_points
+
+    sfm = getattr(images, "sfm", None)
+    cameras = cfg.get("cameras")
+    if sfm is not None:
+        where = Path(sfm.model_dir)
+    elif cameras not in (None, "", "auto") and Path(str(cameras)).expanduser().is_dir():
+        where = Path(str(cameras)).expanduser()
+    else:
+        where = Path(str(images.source))
+    if images.extrinsics is None:
+        raise InferError(where, "refine_init=sfm needs posed photos with their SfM points")
+    return read_colmap_points(where)
+
+
+def _points_start(points, move):
+    """3DGS's start from SfM points ``(xyz, rgb)`` moved into the reconstruction's frame by
+    ``move`` (``[N, 3] -> [N, 3]``)."""
+    from models.refine import gaussians_from_points
+
+    xyz, rgb = points
+    return gaussians_from_points(move(xyz.double()).float(), rgb, sh_degree=3)
+
+
+def _refine_photos(cfg: DictConfig, model, images, settings, names: list[str]):
+    """The photos of ``names`` loaded again at the refinement's size, ``(photos, intrinsics,
+    full)``: with the capture's own intrinsics (``full``) the whole photo at its aspect ratio and
+    ``refine_size`` on the long side (default: its size, at most 320), else the model's crop
+    at that size (``intrinsics`` then ``None``: the reconstruction's hold)."""
+    import warnings
+
+    from models.capture.inputs import load_inputs
+    from models.refine import fit_shape
+
+    full = images.intrinsics is not None and images.extrinsics is not None
+    aspect = images.original_sizes[0] if full else tuple(images.images.shape[-2:])
+    shape = fit_shape(tuple(int(v) for v in aspect), settings.size)
+    source = Path(str(cfg.input)).expanduser()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        photos, _ = load_inputs(
+            source,
+            shape,
+            model,
+            name=str(cfg.model),
+            views=_load_views(cfg, source, _capture_mode(cfg)),
+            cameras=cfg.cameras,
+            sfm=to_plain(cfg.sfm) if cfg.get("sfm") else {},
+        )
+    index = {n: i for i, n in enumerate(photos.names)}
+    missing = [n for n in names if n not in index]
+    if missing:
+        raise InferError(source, f"{missing[0]} not found again at refine_size={settings.size}")
+    pick = [index[n] for n in names]
+    k = photos.intrinsics[pick].float() if full else None
+    return photos.images[pick].float(), k, full
+
+
+def _checkpoint(cfg: DictConfig, output: Path) -> Path | None:
+    """``.<output name>.refine-checkpoint.pt`` beside the output (``refine_checkpoint_every``),
+    never inside it: a rerun with the same output (``overwrite=true``) resumes from it; a
+    finished fit removes it."""
+    if cfg.get("refine_checkpoint_every") is None:
+        return None
+    out = output.expanduser().resolve()
+    return out.with_name(f".{out.name}.refine-checkpoint.pt")
+
+
+def _refine_record(cfg: DictConfig, settings, fitted, output: Path) -> dict:
+    """``summary.json``'s ``refine``."""
+    checkpoint = _checkpoint(cfg, output)
+    return {
+        **fitted.summary(),
+        "init": str(cfg.refine_init),
+        "checkpoint": str(checkpoint)
+        if checkpoint is not None and fitted.stopped == "interrupted"
+        else None,
+        "settings": settings.to_dict(),
+    }
+
+
+def _after_refine(cfg: DictConfig, output: Path, fitted) -> None:
+    """A finished fit removes its checkpoint; an interrupted one keeps it and raises
+    :class:`RefineInterrupted` (the output is written: exit status 130)."""
+    if fitted is None:
+        return
+    checkpoint = _checkpoint(cfg, output)
+    if fitted.stopped == "interrupted":
+        where = f"; rerun with overwrite=true to resume from {checkpoint}" if checkpoint else ""
+        raise RefineInterrupted(
+            f"{output}: refinement interrupted by Ctrl-C at step {fitted.steps}; wrote what it "
+            f"had{where}"
+        )
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
 
 
 def _capture_mode(cfg: DictConfig) -> bool:
@@ -253,7 +410,9 @@ def _load_views(cfg: DictConfig, source: Path, capture: bool) -> int | None:
     return int(views) if video or not capture else None
 
 
-def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, device, started):
+def _run_capture(
+    cfg, model, images, knobs, folder, notes, timings, loaded, device, started, refine, points
+):
     """``views=N|all`` / ``center_view`` / ``holdout``: plan, estimate (refused when it cannot
     fit), reconstruct every window, fuse, score the held-out photos and write."""
     from models.capture.whole import (
@@ -297,6 +456,10 @@ def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, devi
     later = [n for n in capture.notes if n not in plan.notes]
     for note in later:
         print(f"warning: {note}", file=sys.stderr)
+    output = Path(str(cfg.output)).expanduser()
+    fitted = plot = None
+    if refine is not None:
+        capture, fitted, plot = _refine_capture(cfg, model, images, capture, refine, points)
     result = capture.reconstruction
     result.timings = {**timings, **result.timings}
     write_capture(
@@ -311,14 +474,103 @@ def _run_capture(cfg, model, images, knobs, folder, notes, timings, loaded, devi
             "warnings": notes + capture.notes,
         },
         started=started,
+        extra=plot,
     )
     print_holdout(capture)
+    if fitted is not None and "holdout" in capture.summary:
+        mean, size = capture.summary["holdout"]["mean"], capture.summary["holdout"]["image_size"]
+        print(
+            f"held-out PSNR {mean['psnr_before_refine']:.2f} dB before refinement -> "
+            f"{mean['psnr']:.2f} dB after {fitted.steps} steps ({fitted.seconds / 60:.1f} min); "
+            f"nearest view {mean['nearest_view_psnr']:.2f} dB; scored at {size[1]}x{size[0]}"
+        )
     print(
         f"{cfg.output}: {result.count} Gaussians from {len(result.names)} view(s) in "
         f"{len(plan.windows)} window(s) with {cfg.model} in {result.timings['total']:.1f} s on "
         f"{device}"
     )
-    return Path(str(cfg.output)).expanduser()
+    _after_refine(cfg, output, fitted)
+    return output
+
+
+def _refine_capture(cfg, model, images, capture, settings, points):
+    """The fused scene refined on its non-held-out photos; the held-out photos scored before and
+    after at the refinement's size (``holdout.image_size``, the nearest-view baseline too).
+    Returns ``(capture, RefineResult, extra)``; ``extra(staging)`` writes ``refine_psnr.png``."""
+    import dataclasses
+
+    import torch
+
+    from models import inference
+    from models.capture import fusion
+    from models.capture import holdout as holdout_lib
+    from models.refine import plot_holdout_psnr
+
+    recon = capture.reconstruction
+    plan = capture.plan
+    held_names = list(capture.holdout_views.names) if capture.holdout_views is not None else []
+    photos, k, full = _refine_photos(cfg, model, images, settings, recon.names + held_names)
+    used = len(recon.names)
+    train_k = k[:used] if full else None
+    views = None
+    if held_names:
+        hv = capture.holdout_views
+        every_e = torch.cat([recon.extrinsics.float(), hv.extrinsics.float()])
+        every_k = k if full else torch.cat([recon.intrinsics.float(), hv.intrinsics.float()])
+        count = len(recon.names) + len(held_names)
+        views = holdout_lib.holdout_views(
+            recon.names + held_names,
+            photos,
+            every_e,
+            every_k,
+            list(range(used, count)),
+            list(range(used)),
+        )
+    start = None
+    if points is not None:
+        _, move = fusion.capture_frame(images.extrinsics[plan.used])
+        start = _points_start(points, move.points)
+    backend = str(cfg.backend)
+    before = None
+    if views is not None:
+        before = holdout_lib.score_holdout(recon.gaussians, views, backend=backend)
+    refined, fitted = inference.refine_reconstruction(
+        recon,
+        photos[:used],
+        settings,
+        intrinsics=train_k,
+        holdout=views,
+        start=start,
+        checkpoint_path=_checkpoint(cfg, Path(str(cfg.output)).expanduser()),
+    )
+    print(fitted.message, file=sys.stderr)
+    summary = dict(capture.summary)
+    record = _refine_record(cfg, settings, fitted, Path(str(cfg.output)).expanduser())
+    scores = None
+    if views is not None:
+        scores = holdout_lib.score_holdout(refined.gaussians, views, backend=backend)
+        if "holdout" in summary:  # the feed-forward scores at the model's input size
+            record["holdout_mean_at_input_size"] = summary["holdout"]["mean"]
+        table = holdout_lib.holdout_summary(views, scores, before=before)
+        for name, entry in table["metrics"].items():
+            entry["ssim_before_refine"] = before.metrics[name]["ssim"]
+        table["mean"]["ssim_before_refine"] = before.mean["ssim"]
+        table["scored_at"] = (
+            "the refinement's size: before (feed-forward), after (refined) and the nearest view"
+        )
+        summary["holdout"] = table
+    summary["refine"] = record
+    capture = dataclasses.replace(
+        capture, reconstruction=refined, holdout_views=views, holdout_scores=scores,
+        summary=summary,
+    )  # fmt: skip
+    baseline = summary["holdout"]["mean"]["nearest_view_psnr"] if views is not None else None
+
+    def extra(staging: Path) -> None:
+        if fitted.evaluations:
+            plot_holdout_psnr(fitted.evaluations, baseline, staging / "refine_psnr.png")
+
+    return capture, fitted, extra
 
 
 def run_cli(cfg: DictConfig) -> int:
@@ -328,6 +580,9 @@ def run_cli(cfg: DictConfig) -> int:
     except (PathError, DataError) as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
+    except RefineInterrupted as stopped:
+        print(str(stopped), file=sys.stderr)
+        return 130
     if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
         from view import serve_cli
 

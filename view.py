@@ -3,7 +3,7 @@
     python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] [save=FILE.ply]
         [device=auto] [live=auto] [compression=R] [iterations=K] [gaussians_per_pixel=G]
         [max_gaussians=N] [views=N] [image_size=H,W|S] [near=N] [far=F] [scene_scale=S]
-        [cameras=PATH] [fov=60]
+        [cameras=PATH] [fov=60] [refine=N] [refine_time=S] [refine_size=PX]
 
 ``PATH`` is a ``.ply`` (INRIA 3DGS layout), an ``infer.py`` output folder (``gaussians.ply``,
 ``cameras.json``, ``renders/``, ``summary.json``), or a folder of photos, a video or an image with
@@ -12,7 +12,10 @@ frustums with their images, the rendered camera path, and a panel with the model
 knobs: moving one re-runs the reconstruction (reusing what the knob does not change) and updates
 the scene and the Gaussian count. An ``infer.py`` folder is reconstructed again from its
 ``summary.json`` (model, weights, input) when the input is still there (``live=false``: show the
-saved files only; ``max_gaussians`` then prunes the saved set).
+saved files only; ``max_gaussians`` then prunes the saved set). ``refine=N`` / ``refine_time=S``
+(photos reconstructed here) refine the Gaussians on the input photos before serving
+(``models.inference.refine_reconstruction``); a knob moved later re-runs the feed-forward pass
+only, not the refinement.
 
 It binds to 127.0.0.1 (``host=`` to change, with a warning when not loopback) on a free port
 (``port=0``) or the one given, prints the URL, and stops cleanly on Ctrl-C. Bad input (not a 3DGS
@@ -65,6 +68,9 @@ SETTINGS: dict[str, Any] = {
     "cameras": None,
     "fov": "60.0",
     "backend": "auto",
+    "refine": None,
+    "refine_time": None,
+    "refine_size": None,
     **dict.fromkeys(KNOB_KEYS),
 }
 
@@ -248,11 +254,40 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         images=images.images,
         names=images.names,
         model=name,
+        pose_free=pose_free,
     )
     path_e, _, _ = inference.camera_path(placed, 30)
     path = frame.to_capture_extrinsics(path_e).numpy()
+    if settings.get("refine") or settings.get("refine_time"):
+        gaussians = _refined(placed, images, settings, known, frame)
     scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
     return scene, runner, initial
+
+
+def _refined(placed, images, settings: dict[str, Any], known: list[int], frame):
+    """``refine=N`` / ``refine_time=S``: the Gaussians refined (``models.inference.
+    refine_reconstruction``) on the input photos at the model's input size and crop, in the
+    capture's frame. A knob moved later re-runs the feed-forward pass only (the refinement is
+    not repeated; say ``refine=`` again to refine that)."""
+    from models.inference import InferenceError, refine_reconstruction
+    from models.refine import settings_from_config
+
+    try:
+        refine = settings_from_config(
+            refine=int(settings["refine"]) if settings.get("refine") else None,
+            refine_time=float(settings["refine_time"]) if settings.get("refine_time") else None,
+            refine_size=int(settings["refine_size"]) if settings.get("refine_size") else None,
+            backend=str(settings["backend"]),
+        )
+    except ValueError as error:
+        raise InferenceError("refine", f"refine=, refine_time=, refine_size=: {error}") from None
+    placed.placement = [p if i in known else "unknown" for i, p in enumerate(placed.placement)]
+    refined, fitted = refine_reconstruction(placed, images.images.float(), refine)
+    print(
+        f"{fitted.message}; a knob change re-runs the feed-forward pass only (not the refinement)",
+        file=sys.stderr,
+    )
+    return frame.to_capture_gaussians(refined.gaussians)
 
 
 def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dict] | None:

@@ -10,12 +10,18 @@ wheel first). It
    their differences (colour, depth, alpha, radii) and the agreement of their gradients;
 3. times forward and forward+backward of both backends;
 4. times ``create_model(name)`` + ``render`` for the models named with ``--models`` (the hook
-   :func:`reconstruction_timing`, for per-family reconstruction timing).
+   :func:`reconstruction_timing`, for per-family reconstruction timing);
+5. times a per-scene refinement step (``models.refine.refine_gaussians``, issue 29) with
+   ``backend="gsplat"`` and ``backend="torch"`` on CUDA and the compiled ``"cpu"`` backend on the
+   CPU (:func:`refine_timing`: 50k Gaussians, 8 photos at 240x136, MCMC densification), split
+   into forward / backward / densify / optimizer. A backend that fails or whose loss does not
+   fall counts as a failed check (exit status 1), never silently.
 
 Everything prints Markdown tables. The run is sized for a few minutes of one GPU, most of it
 gsplat's first build.
 
     python bench/gpu_check.py [--garden PATH] [--models NAME ...] [--quick]
+        [--refine-steps N] [--refine-backends gsplat torch cpu]
 """
 
 from __future__ import annotations
@@ -277,6 +283,87 @@ def time_backends(
     return row
 
 
+# ------------------------------------------------------------------------------------ refine
+def refine_capture(
+    count: int = 50_000, views: int = 8, shape: tuple[int, int] = (136, 240), seed: int = 0
+) -> tuple[Gaussians, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A synthetic capture for the refinement timing (CPU tensors): ``count`` Gaussians in front
+    of ``views`` orbit cameras, their renders ``[V, 3, H, W]`` (torch backend) as the photos, and
+    a start: the same means jittered, grey, half as many."""
+    from models.geometry.camera_paths import orbit_cameras
+    from models.refine import gaussians_from_points
+
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(count, 3, generator=g) * 0.6 + torch.tensor([0.0, 0.0, 3.0])
+    truth = Gaussians(
+        means=means[None],
+        scales=(torch.rand(count, 3, generator=g) * 0.03 + 0.005)[None],
+        rotations=torch.nn.functional.normalize(torch.randn(count, 4, generator=g), dim=-1)[None],
+        opacities=(torch.rand(count, generator=g) * 0.5 + 0.5)[None],
+        harmonics=rgb_to_sh(torch.rand(count, 3, generator=g))[None, :, :, None],
+    )
+    k = torch.tensor([[1.0, 0.0, 0.5], [0.0, 16 / 9, 0.5], [0.0, 0.0, 1.0]])
+    extrinsics, intrinsics = orbit_cameras(torch.eye(4), 3.0, k, views, 1.0)
+    with torch.no_grad():
+        photos = render(truth, extrinsics[None], intrinsics[None], shape, backend="torch").color[0]
+    half = means[::2] + 0.02 * torch.randn(count // 2 + count % 2, 3, generator=g)
+    start = gaussians_from_points(half, torch.full_like(half, 0.5), sh_degree=1)
+    return start, photos.clamp(0, 1), extrinsics, intrinsics
+
+
+def refine_timing(
+    backends: list[str], steps: int = 60, count: int = 50_000, views: int = 8
+) -> tuple[list[dict[str, object]], int]:
+    """Rows of the refinement step timing per backend (``"gsplat"``/``"torch"`` on CUDA,
+    ``"cpu"`` on the CPU) and the number of failed checks: a backend that raises, or whose loss
+    does not fall over ``steps`` steps, fails (reported in its row with the error)."""
+    from models.refine import RefineSettings, refine_gaussians
+
+    start, photos, extrinsics, intrinsics = refine_capture(count, views)
+    rows: list[dict[str, object]] = []
+    failures = 0
+    for backend in backends:
+        device = torch.device("cpu" if backend == "cpu" else "cuda")
+        settings = RefineSettings(steps=steps, size=photos.shape[-1], backend=backend)
+        settings.mcmc.start = settings.mcmc.every = max(1, steps // 3)
+        try:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            begin = time.perf_counter()
+            result = refine_gaussians(
+                start.to(device),
+                photos.to(device),
+                extrinsics.to(device),
+                intrinsics.to(device),
+                settings,
+                progress=False,
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - begin
+            first, last = result.curve[0]["loss"], result.curve[-1]["loss"]
+            ok = result.steps == steps and result.stopped == "steps" and last < first
+            split = {k: f"{1000 * v / steps:.1f}" for k, v in result.timings.items()}
+            rows.append({
+                "backend": backend, "device": device.type, "steps": result.steps,
+                "ms/step": f"{1000 * wall / steps:.1f}",
+                **{f"{k} ms": v for k, v in split.items()},
+                "Gaussians": f"{result.count_before}->{result.count_after}",
+                "loss": f"{first:.4f}->{last:.4f}",
+                "peak GB": f"{torch.cuda.max_memory_allocated() / 2**30:.2f}"
+                if device.type == "cuda" else "-",
+                "ok": "yes" if ok else "NO",
+            })  # fmt: skip
+            failures += not ok
+        except Exception as error:  # a failed backend is a failed check, shown in its row
+            traceback.print_exc()
+            rows.append({"backend": backend, "device": device.type,
+                         "ms/step": f"error: {error}"[:100], "ok": "NO"})  # fmt: skip
+            failures += 1
+    return rows, failures
+
+
 # ------------------------------------------------------------------------------------ hook
 def reconstruction_timing(
     model_names: list[str],
@@ -364,7 +451,19 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer scenes and repeats")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--refine-steps", type=int, default=60, help="refinement steps timed per backend (0: none)"
+    )
+    parser.add_argument(
+        "--refine-backends",
+        nargs="*",
+        default=["gsplat", "torch", "cpu"],
+        choices=["gsplat", "torch", "cpu"],
+        help="backends of the refinement step timing",
+    )
     args = parser.parse_args()
+    if args.refine_steps < 0:
+        parser.error("--refine-steps must be >= 0")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
         return 2
@@ -434,6 +533,17 @@ def main() -> int:
     if args.models:
         print_table("reconstruction: create_model(name) forward + render",
                     reconstruction_timing(args.models, device))  # fmt: skip
+
+    # -- per-scene refinement step (issue 29)
+    if args.refine_steps:
+        steps = max(10, args.refine_steps // 2) if args.quick else args.refine_steps
+        rows, failed = refine_timing(args.refine_backends, steps)
+        print_table(
+            f"refinement: {steps} steps of refine_gaussians, 50k Gaussians, 8 photos 240x136, "
+            "MCMC (ms per step; forward = render + loss)",
+            rows,
+        )
+        failures += failed
 
     print(f"\ntotal {time.perf_counter() - start:.0f} s, {failures} failed check(s)")
     return 1 if failures else 0

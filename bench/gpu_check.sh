@@ -5,7 +5,8 @@
 #
 # Installs the gsplat wheel carried in .whl/ (when present) into /tmp/site, builds gsplat's CUDA
 # extension for Hopper (TORCH_CUDA_ARCH_LIST=9.0, MAX_JOBS=16), runs the gpu-marked renderer tests
-# (torch backend vs gsplat in classic and antialiased rasterize modes) and then bench/gpu_check.py.
+# (torch backend vs gsplat in classic and antialiased rasterize modes) and then bench/gpu_check.py
+# (parity, render timing, per-family reconstruction and the refinement step: gsplat / torch / cpu).
 # The whole script is bounded to 8 minutes; the report is printed and also written to
 # $OUT/gpu_check.md when $OUT is set.
 set -uo pipefail

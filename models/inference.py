@@ -22,6 +22,7 @@ taken by duck typing); this module imports no Lightning, Hydra or wandb, and no 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -74,6 +75,7 @@ __all__ = [
     "prepare_context",
     "recipe_warnings",
     "reconstruct",
+    "refine_reconstruction",
     "render_views",
     "scene_scale",
     "write_reconstruction",
@@ -132,6 +134,12 @@ class SceneFrame:
         out = invert_extrinsics(self.reference.double()) @ extrinsics.double().cpu()
         out[..., :3, 3] = out[..., :3, 3] / self.scale
         return out
+
+    def to_scene_points(self, points: Tensor) -> Tensor:
+        """Capture points ``[N, 3]`` → the scene frame (float64): ``R0^T (p - t0) / scale``."""
+        reference = self.reference.double()
+        moved = (points.double().cpu() - reference[:3, 3]) @ reference[:3, :3]
+        return moved / self.scale
 
     def to_capture_gaussians(self, gaussians: Gaussians) -> Gaussians:
         """The Gaussians moved into the capture's frame and scale: means rotated, scaled and
@@ -1012,6 +1020,101 @@ def _input_cameras(result: Reconstruction, render_names: list[str]) -> list[dict
         }
         for i in result.known
     ]
+
+
+def refine_reconstruction(
+    result: Reconstruction,
+    photos: Tensor,
+    settings: Any,
+    *,
+    intrinsics: Tensor | None = None,
+    holdout: Any = None,
+    start: Gaussians | None = None,
+    optimize_cameras: bool | None = None,
+    checkpoint_path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> tuple[Reconstruction, Any]:
+    """Per-scene refinement after the feed-forward pass (``models.refine``, docs/refine.md).
+
+    The Gaussians are optimised against the input photos at their cameras (posed: the given /
+    structure-from-motion ones; pose-free: the predicted or placed ones, refined jointly), in
+    the reconstruction's frame.
+
+    Args:
+        result: what :func:`reconstruct` (or ``models.capture.whole``) returned.
+        photos: ``[V, 3, H, W]`` the photos of ``result.names``, in that order, at any size
+            (fitted at ``settings.size`` on the long side); never a held-out photo.
+        settings: a ``models.refine.RefineSettings``.
+        intrinsics: ``[V, 3, 3]`` normalised for ``photos`` (``None``: ``result.intrinsics``,
+            which hold only for photos cropped as the model's input).
+        holdout: held-out views (``models.capture.holdout.HoldoutViews``: ``images``,
+            ``extrinsics``, ``intrinsics`` in the result's frame) scored along the fit for the
+            curve (``RefineResult.evaluations``), at their own size.
+        start: the Gaussians to start from in the result's frame (``None``: the feed-forward
+            ones; e.g. ``models.refine.gaussians_from_points`` of the SfM points).
+        optimize_cameras: refine the cameras jointly (``None``: for a pose-free model).
+        checkpoint_path: the fit's state file (saved every ``settings.checkpoint_every`` steps;
+            a rerun resumes from it).
+        progress: show the fit's progress bar.
+
+    Returns:
+        ``(refined, refine_result)``: the reconstruction with the refined Gaussians (and
+        cameras) and the ``models.refine.RefineResult`` (``summary()`` is ``summary.json``'s
+        ``refine``; ``stopped == "interrupted"`` after Ctrl-C).
+
+    Raises:
+        InferenceError: a view without a camera (one line).
+        models.refine.RefineMemoryError / RefineSettingsError: one line naming the setting.
+    """
+    from models.refine import holdout_evaluator, refine_gaussians
+
+    unknown = [n for n, kind in zip(result.names, result.placement) if kind == "unknown"]
+    if unknown:
+        shown = ", ".join(unknown[:4]) + (
+            f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
+        )
+        raise InferenceError(
+            "refine",
+            f"model {result.model} predicts no cameras and {shown} have none: refinement fits "
+            "the photos at their cameras (give cameras=, or refine_poses= > 0)",
+        )
+    if len(photos) != len(result.names):
+        raise ValueError(f"photos: {len(photos)} for {len(result.names)} views")
+    gaussians = result.gaussians if start is None else start
+    device = result.gaussians.means.device
+    camera_k = result.intrinsics if intrinsics is None else intrinsics
+    evaluate = None
+    if holdout is not None and len(holdout.images):
+        evaluate, _ = holdout_evaluator(
+            holdout.images.to(device),
+            holdout.extrinsics,
+            holdout.intrinsics,
+            tuple(holdout.images.shape[-2:]),
+            settings.backend,
+        )
+    joint = bool(result.pose_free) if optimize_cameras is None else bool(optimize_cameras)
+    fitted = refine_gaussians(
+        gaussians.to(device),
+        photos.to(device),
+        result.extrinsics.to(device),
+        camera_k.to(device),
+        settings,
+        optimize_cameras=joint,
+        evaluate=evaluate,
+        checkpoint_path=checkpoint_path,
+        progress=progress,
+    )
+    placement = list(result.placement)
+    if joint:  # view 0 stays where it was; the others moved with the fit
+        placement = placement[:1] + ["refined"] * (len(placement) - 1)
+    refined = dataclasses.replace(
+        result,
+        gaussians=fitted.gaussians,
+        extrinsics=fitted.extrinsics.detach().float().cpu(),
+        placement=placement,
+        timings={**result.timings, "refine": round(fitted.seconds, 4)},
+    )
+    return refined, fitted
 
 
 def write_reconstruction(

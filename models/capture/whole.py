@@ -467,12 +467,18 @@ def write_capture(
     backend: str = "auto",
     summary: dict | None = None,
     started: float | None = None,
+    extra: Any = None,
 ) -> Path:
     """``models.inference.write_reconstruction`` of the fused scene, plus
-    ``renders/holdout/<stem>.png`` and ``holdout_sheet.png`` when photos were held out."""
+    ``renders/holdout/<stem>.png`` and ``holdout_sheet.png`` when photos were held out (and
+    ``extra(staging)``'s files, e.g. the refinement's plot)."""
     from models.inference import write_reconstruction
 
+    more = extra
+
     def extra(staging: Path) -> None:
+        if more is not None:
+            more(staging)
         if capture.holdout_views is not None:
             holdout_lib.save_holdout(
                 capture.holdout_views,

@@ -10,6 +10,7 @@ from models.refine.fit import (
     refine_gaussians,
     scene_extent,
 )
+from models.refine.report import holdout_evaluator, plot_holdout_psnr
 from models.refine.settings import (
     DEFAULT_MAX_SIZE,
     ADCSettings,
@@ -31,6 +32,8 @@ __all__ = [
     "estimate_memory",
     "fit_shape",
     "gaussians_from_points",
+    "holdout_evaluator",
+    "plot_holdout_psnr",
     "read_colmap_points",
     "refine_gaussians",
     "scene_extent",

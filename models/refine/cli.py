@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models.errors import PathError
+from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments", "plot_holdout_psnr"]
 
@@ -165,47 +166,11 @@ def _scores(rendered: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return psnr_per_image(rendered, target), ssim_per_image(rendered, target)
 
 
-def _holdout_scorer(images: Tensor, extrinsics: Tensor, intrinsics: Tensor, shape, backend: str):
-    """``evaluate(gaussians, train_extrinsics)``: mean held-out PSNR at ``shape``."""
-    from models.render import render
-
-    target = F.interpolate(images, size=shape, mode="area")
-
-    def evaluate(gaussians, _train_extrinsics) -> dict[str, float]:
-        out = render(gaussians, extrinsics[None], intrinsics[None], shape, backend=backend)
-        psnr, _ = _scores(out.color[0], target)
-        return {"psnr": float(psnr.mean())}
-
-    return evaluate, target
-
-
 def _save_png(image: Tensor, path: Path) -> None:
     from PIL import Image
 
     array = (image.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
     Image.fromarray(array).save(path)
-
-
-def plot_holdout_psnr(evaluations: list[dict], baseline: float | None, path: Path) -> None:
-    """Held-out PSNR against steps (a PNG), with the nearest-view baseline as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(5, 3.2), dpi=100)
-    axis.plot(
-        [e["step"] for e in evaluations], [e["psnr"] for e in evaluations], "o-", label="refined"
-    )
-    if baseline is not None:
-        axis.axhline(baseline, color="grey", linestyle="--", label="nearest view")
-    axis.set_xlabel("step")
-    axis.set_ylabel("held-out PSNR (dB)")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
 
 
 def run(argv: list[str]) -> int:
@@ -249,7 +214,7 @@ def run(argv: list[str]) -> int:
     shape = fit_shape(tuple(photos.images.shape[-2:]), settings.size)
     evaluate, held_images = None, None
     if held:
-        evaluate, held_images = _holdout_scorer(
+        evaluate, held_images = holdout_evaluator(
             photos.images[held].to(device),
             photos.extrinsics[held].to(device),
             photos.intrinsics[held].to(device),
