@@ -326,8 +326,9 @@ def remove_floaters(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
-    margin: float = 0.05,
+    margin: float = 0.1,
     backend: str = "auto",
+    vote: float = 0.5,
 ) -> tuple[list[Gaussians], int]:
     """Per-window ``sets`` without the Gaussians other windows see through (module doc);
     returns the sets and how many were removed."""
@@ -363,7 +364,7 @@ def remove_floaters(
             looked = inside & (surface > 0)
             seen += looked.sum(0)
             free += (looked & (z < (1 - margin) * surface)).sum(0)
-        keep = ~((seen > 0) & (free * 2 > seen))  # [N]
+        keep = ~((seen > 0) & (free > vote * seen))  # [N]
         keep = keep.to(g.means.device) & g.valid_mask()[0]
         removed += int((g.valid_mask()[0] & ~keep).sum())
         index = torch.nonzero(keep)[:, 0][None]
