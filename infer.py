@@ -188,8 +188,19 @@ def run(cfg: DictConfig) -> Path:
         print(f"warning: {note}", file=sys.stderr)
     if capture:
         return _run_capture(
-            cfg, model, images, knobs, folder, notes, timings, loaded, device, started,
-            near=near, far=far, scene_scale=scale,
+            cfg,
+            model,
+            images,
+            knobs,
+            folder,
+            notes,
+            timings,
+            loaded,
+            device,
+            started,
+            near=near,
+            far=far,
+            scene_scale=scale,
         )
     import warnings
 

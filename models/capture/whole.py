@@ -194,8 +194,12 @@ def capture_estimate(model: nn.Module, plan: CapturePlan, device: torch.device |
 
     shape = tuple(plan.images.images.shape[-2:])
     one = budget.forward_estimate(
-        model, plan.size if plan.mode == "all" else len(plan.windows[0]), shape,
-        setting="image_size", device=str(device), name=plan.name,
+        model,
+        plan.size if plan.mode == "all" else len(plan.windows[0]),
+        shape,
+        setting="image_size",
+        device=str(device),
+        name=plan.name,
     )
     windows = len(plan.windows)
     return dataclasses.replace(
