@@ -181,8 +181,9 @@ def run(cfg: DictConfig) -> Path:
     timings["load_inputs"] = round(time.perf_counter() - start, 4)
     inference.check_input(images, recipe, str(cfg.model), size)
     notes = loaded.notes + notes
+    views = cfg.get("views")  # views=all: each window has the recipe's count
     notes += inference.recipe_warnings(
-        recipe, str(cfg.model), views=int(cfg.views) if str(cfg.views).isdigit() else None
+        recipe, str(cfg.model), views=int(views) if str(views).isdigit() else None
     )
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
@@ -192,7 +193,7 @@ def run(cfg: DictConfig) -> Path:
     if capture:
         return _run_capture(
             cfg, model, images, knobs, folder, notes, timings, loaded, device, started,
-            refine, points,
+            refine, points, near=near, far=far, scene_scale=scale,
         )  # fmt: skip
     import warnings
 
@@ -411,12 +412,26 @@ def _load_views(cfg: DictConfig, source: Path, capture: bool) -> int | None:
 
 
 def _run_capture(
-    cfg, model, images, knobs, folder, notes, timings, loaded, device, started, refine, points
+    cfg,
+    model,
+    images,
+    knobs,
+    folder,
+    notes,
+    timings,
+    loaded,
+    device,
+    started,
+    refine,
+    points,
+    **overrides,
 ):
     """``views=N|all`` / ``center_view`` / ``holdout``: plan, estimate (refused when it cannot
-    fit), reconstruct every window, fuse, score the held-out photos and write."""
+    fit), reconstruct every window, fuse, score the held-out photos and write; ``overrides``:
+    ``near``, ``far``, ``scene_scale`` for every window."""
+    from models import budget
     from models.capture.whole import (
-        estimate_capture,
+        capture_estimate,
         plan_capture,
         print_holdout,
         reconstruct_capture,
@@ -435,14 +450,9 @@ def _run_capture(
     )
     for note in plan.notes:
         print(f"warning: {note}", file=sys.stderr)
-    estimate = estimate_capture(model, plan, device)
-    print(f"{cfg.output}: {estimate.line()}")
-    if not estimate.fits:
-        raise InferError(
-            f"views={cfg.get('views')}",
-            f"cannot fit: {estimate.line()}; use a smaller "
-            "image_size, fewer views or another device",
-        )
+    estimate = capture_estimate(model, plan, device)
+    budget.check(estimate)  # one line naming image_size when one window cannot fit
+    budget.announce(estimate, force=len(plan.windows) > 1)
     knobs = dict(knobs)
     capture = reconstruct_capture(
         model,
@@ -451,6 +461,7 @@ def _run_capture(
         backend=str(cfg.backend),
         fov=float(cfg.fov),
         max_gaussians=knobs.pop("max_gaussians", None),
+        **overrides,
         **knobs,
     )
     later = [n for n in capture.notes if n not in plan.notes]

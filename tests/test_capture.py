@@ -303,7 +303,7 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
         "views=all", "holdout=4", *COMMON,
     )  # fmt: skip
     assert status == 0, err
-    assert "window(s); estimate" in out and "nearest PSNR" in out
+    assert "window(s) of 2 view(s)" in err and "about" in err and "nearest PSNR" in out
     summary = json.loads((output / "summary.json").read_text())
     windows = summary["scene"]["windows"]
     held = [f"photo_{i:02d}.png" for i in (0, 4, 8)]

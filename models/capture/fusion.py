@@ -43,6 +43,10 @@ from models.geometry.cameras import camera_centers, normalize_scene
 __all__ = [
     "Similarity",
     "capture_frame",
+    "compose",
+    "depth_ratio",
+    "frame_similarity",
+    "scale_about",
     "fuse_windows",
     "pixel_footprint",
     "remove_duplicates",
@@ -89,6 +93,64 @@ class Similarity:
             "rotation": [[round(float(v), 6) for v in row] for row in self.rotation],
             "translation": [round(float(v), 6) for v in self.translation],
         }
+
+
+def compose(outer: Similarity, inner: Similarity) -> Similarity:
+    """``outer(inner(x))`` as one similarity."""
+    r, t = outer.rotation.double().cpu(), outer.translation.double().cpu()
+    return Similarity(
+        outer.scale * inner.scale,
+        r @ inner.rotation.double().cpu(),
+        outer.scale * r @ inner.translation.double().cpu() + t,
+    )
+
+
+def frame_similarity(frame) -> Similarity:
+    """A ``models.inference.SceneFrame`` (scene frame -> the capture's own frame) as a
+    similarity: ``p = R0 @ (scale * q) + t0``."""
+    reference = frame.reference.double().cpu()
+    return Similarity(float(frame.scale), reference[:3, :3], reference[:3, 3])
+
+
+def scale_about(centre: Tensor, factor: float) -> Similarity:
+    """Scaling by ``factor`` about the point ``centre`` ``[3]``."""
+    c = centre.double().cpu()
+    return Similarity(float(factor), torch.eye(3, dtype=torch.float64), c - float(factor) * c)
+
+
+def depth_ratio(
+    gaussians: Gaussians,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    points: Tensor,
+    backend: str = "auto",
+    min_points: int = 20,
+) -> tuple[float, int] | None:
+    """How far a window's Gaussians are from the structure-from-motion surface in depth: the
+    median, over the sparse ``points [P, 3]`` that project into its views, of the points' z-depth
+    over the depth its Gaussians render there (expected depth over alpha, where alpha > 0.5).
+    All in one frame. Returns ``(ratio, points used)``, or ``None`` under ``min_points``."""
+    from models.geometry.cameras import project
+    from models.render.core import render
+
+    e = extrinsics.to(gaussians.means)  # [V, 4, 4]
+    k = intrinsics.to(gaussians.means)  # [V, 3, 3]
+    with torch.inference_mode():
+        out = render(gaussians, e[None], k[None], shape, backend=backend)
+    height, width = shape
+    xy, z = project(points.to(gaussians.means)[None].expand(len(e), -1, -1), e, k)  # [V, P, *]
+    inside = (z > 1e-8) & (xy >= 0).all(-1) & (xy < 1).all(-1)  # [V, P]
+    view, index = torch.nonzero(inside, as_tuple=True)
+    col = (xy[view, index, 0] * width).long().clamp(0, width - 1)
+    row = (xy[view, index, 1] * height).long().clamp(0, height - 1)
+    alpha = out.alpha[0][view, row, col].float()
+    rendered = out.depth[0][view, row, col].float() / alpha.clamp_min(1e-6)
+    good = (alpha > 0.5) & (rendered > 0)
+    if int(good.sum()) < min_points:
+        return None
+    ratio = z[view, index][good].double() / rendered[good].double()
+    return float(ratio.median()), int(good.sum())
 
 
 def capture_frame(extrinsics: Tensor) -> tuple[Tensor, Similarity]:
@@ -264,8 +326,9 @@ def remove_floaters(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
-    margin: float = 0.05,
+    margin: float = 0.1,
     backend: str = "auto",
+    vote: float = 0.5,
 ) -> tuple[list[Gaussians], int]:
     """Per-window ``sets`` without the Gaussians other windows see through (module doc);
     returns the sets and how many were removed."""
@@ -301,7 +364,7 @@ def remove_floaters(
             looked = inside & (surface > 0)
             seen += looked.sum(0)
             free += (looked & (z < (1 - margin) * surface)).sum(0)
-        keep = ~((seen > 0) & (free * 2 > seen))  # [N]
+        keep = ~((seen > 0) & (free > vote * seen))  # [N]
         keep = keep.to(g.means.device) & g.valid_mask()[0]
         removed += int((g.valid_mask()[0] & ~keep).sum())
         index = torch.nonzero(keep)[:, 0][None]

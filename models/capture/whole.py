@@ -2,7 +2,7 @@
 
     images, notes = load_inputs("photos/", 64, model)                # every photo and its pose
     plan = plan_capture(images, model, views="all", holdout=8)       # windows + held-out photos
-    print(estimate_capture(model, plan, device).line())              # windows, time, memory
+    print(capture_estimate(model, plan, device).line())              # windows, time, memory
     capture = reconstruct_capture(model, plan)                       # windows fused, scored
     write_capture(capture, "out/")                                   # infer.py's output folder
 
@@ -42,8 +42,7 @@ __all__ = [
     "CaptureError",
     "CapturePlan",
     "CaptureResult",
-    "Estimate",
-    "estimate_capture",
+    "capture_estimate",
     "plan_capture",
     "reconstruct_capture",
     "subset",
@@ -186,60 +185,26 @@ def plan_capture(
 
 # --------------------------------------------------------------------------- estimate
 
-# Seconds per (input pixel x parameter) of one forward pass, measured with pixel_aligned_tiny
-# (2 views of 64x64 in 0.2 s on one loaded CPU thread); CUDA taken as 50x faster.
-_SECONDS_PER_PIXEL_PARAM = {"cpu": 1.5e-11, "cuda": 3e-13}
-_BYTES_PER_PIXEL_ACTIVATION = 64 * 1024  # feature maps of a forward pass, per input pixel
-_FLOATS_PER_GAUSSIAN = 14 + 3 * 16  # means, scales, rotations, opacity, SH up to degree 3
 
+def capture_estimate(model: nn.Module, plan: CapturePlan, device: torch.device | str) -> Any:
+    """``models.budget``'s estimate of ``plan``: one window's forward pass
+    (:func:`models.budget.forward_estimate`, its peak memory) times the number of windows (the
+    time). ``budget.check`` refuses it naming ``image_size``."""
+    from models import budget
 
-@dataclass
-class Estimate:
-    """A rough estimate before the work starts (``models.budget`` may replace it)."""
-
-    windows: int
-    seconds: float
-    peak_bytes: int
-    available_bytes: int | None
-    device: str
-
-    @property
-    def fits(self) -> bool:
-        return self.available_bytes is None or self.peak_bytes <= 0.9 * self.available_bytes
-
-    def line(self) -> str:
-        gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
-        free = f" of {gib(self.available_bytes)} free" if self.available_bytes else ""
-        return (
-            f"{self.windows} window(s); estimate ~{self.seconds:.0f} s of model time, peak memory "
-            f"~{gib(self.peak_bytes)}{free} on {self.device}"
-        )
-
-
-def _available(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def estimate_capture(model: nn.Module, plan: CapturePlan, device: torch.device) -> Estimate:
-    """Time and peak memory of ``plan``'s windows: forward time from the parameter count and the
-    input pixels, memory from the weights, one window's activations and the fused Gaussians
-    (one per input pixel per window, twice while fusing)."""
-    h, w = plan.images.images.shape[-2:]
-    params = sum(p.numel() for p in model.parameters())
-    pixels = [len(window) * h * w for window in plan.windows]
-    rate = _SECONDS_PER_PIXEL_PARAM["cuda" if device.type == "cuda" else "cpu"]
-    seconds = sum(pixels) * params * rate + 0.05 * len(plan.windows)
-    gaussians = sum(pixels) * _FLOATS_PER_GAUSSIAN * 4 * 2
-    peak = params * 4 + max(pixels) * _BYTES_PER_PIXEL_ACTIVATION + gaussians
-    return Estimate(len(plan.windows), seconds, int(peak), _available(device), str(device))
+    shape = tuple(plan.images.images.shape[-2:])
+    one = budget.forward_estimate(
+        model,
+        plan.size if plan.mode == "all" else len(plan.windows[0]),
+        shape,
+        setting="image_size",
+        device=str(device),
+        name=plan.name,
+    )
+    windows = len(plan.windows)
+    return dataclasses.replace(
+        one * windows, what=f"{windows} window(s) of {one.what.split(', ', 1)[-1]} ({plan.name})"
+    )
 
 
 # --------------------------------------------------------------------------- reconstruct
@@ -283,6 +248,28 @@ def _depth_ratio(fused: list, camera: Tensor, window_g, window_camera: Tensor) -
     return float(torch.tensor(ours).median()) / theirs
 
 
+def _capture_scene_frame(move: fusion.Similarity | None, first: Any) -> Any:
+    """The fused scene's :class:`~models.inference.SceneFrame`: the capture frame (``move`` of
+    the capture's own poses) mapped back to the capture's own frame and scale; without capture
+    poses, the first window's frame (chained windows share it)."""
+    from models.inference import SceneFrame
+
+    if move is None:
+        return first
+    back = move.inverse()
+    reference = torch.eye(4, dtype=torch.float64)
+    reference[:3, :3] = back.rotation.double()
+    reference[:3, 3] = back.translation.double()
+    return SceneFrame(
+        reference=reference,
+        scale=float(back.scale),
+        rule="whole capture: fused with the first used photo the identity and the largest "
+        f"camera distance 1; each window by its own rule ({first.rule})",
+        near=first.near,
+        far=first.far,
+    )
+
+
 def reconstruct_capture(
     model: nn.Module,
     plan: CapturePlan,
@@ -293,11 +280,16 @@ def reconstruct_capture(
     voxel: float | None = None,
     max_gaussians: int | None = None,
     lpips: bool = True,
+    near: float | None = None,
+    far: float | None = None,
+    scene_scale: float | None = None,
+    depth_align: bool = True,
     **knobs: Any,
 ) -> CaptureResult:
     """Reconstruct every window of ``plan``, fuse them in the capture frame and score the
     held-out photos (module doc). ``max_gaussians`` caps the fused set (for one window it is the
-    model's own knob)."""
+    model's own knob); ``near``, ``far``, ``scene_scale`` override the recipe's for every window;
+    ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
     from models.inference import Reconstruction, reconstruct
 
     images, name = plan.images, plan.name
@@ -316,6 +308,12 @@ def reconstruct_capture(
     if len(plan.windows) == 1 and max_gaussians is not None:
         window_knobs["max_gaussians"] = max_gaussians
     sets, cameras, known, seconds, angles, moves = [], [], {}, [], [], []
+    ratios: list[float | None] = []
+    points = getattr(images, "points", None)  # [P, 3] sparse points, the capture's own frame
+    if points is not None and move is not None and len(points):
+        points = move.points(points.double()).float()  # into the capture frame
+    else:
+        points = None
     placement: dict[int, str] = {}
     intrinsics: dict[int, Tensor] = {}
     first = None
@@ -330,6 +328,9 @@ def reconstruct_capture(
             backend=backend,
             fov=fov,
             name=name,
+            near=near,
+            far=far,
+            scene_scale=scene_scale,
             **window_knobs,
         )
         first = first or result
@@ -338,7 +339,11 @@ def reconstruct_capture(
             stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
             target = capture_e[[position[i] for i in window]]
-            step = fusion.window_to_capture(result.extrinsics, target)
+            if "predicted" in result.placement or "refined" in result.placement:
+                # a pose-free model's own cameras: the similarity onto the SfM cameras
+                step = fusion.window_to_capture(result.extrinsics, target)
+            else:  # the recipe's scene frame, back in the capture's (the single-window rule)
+                step = fusion.compose(move, fusion.frame_similarity(result.frame))
             for i in window:
                 placement.setdefault(i, result.placement[window.index(i)])
         else:  # pose-free photos without poses: chained through the photos shared
@@ -367,7 +372,21 @@ def reconstruct_capture(
         for k, i in enumerate(window):
             intrinsics.setdefault(i, result.intrinsics[k].cpu())
         window_e = step.cameras(result.extrinsics.double().cpu()).float()
-        sets.append(fusion.transform_gaussians(result.gaussians, step))
+        if capture_e is not None:
+            window_e = capture_e[[position[i] for i in window]].float()
+        moved = fusion.transform_gaussians(result.gaussians, step)
+        ratio = None
+        if depth_align and points is not None:
+            found = fusion.depth_ratio(
+                moved, window_e, result.intrinsics.cpu(), shape, points, backend
+            )
+            if found is not None:
+                ratio = found[0]
+                centre = window_e[:, :3, 3].double().mean(0)
+                moved = fusion.transform_gaussians(moved, fusion.scale_about(centre, ratio))
+                step = fusion.compose(fusion.scale_about(centre, ratio), step)
+        ratios.append(None if ratio is None else round(ratio, 4))
+        sets.append(moved)
         cameras.append((window_e, result.intrinsics.cpu()))
         angles.append(round(view_lib.max_rotation_deg(window_e), 2))
         moves.append(step)
@@ -415,6 +434,8 @@ def reconstruct_capture(
         timings={**stages, "windows": round(sum(seconds), 4), "fuse": fuse_s},
         maps=first.maps if len(plan.windows) == 1 else {},
         source=subset(images, used),
+        frame=_capture_scene_frame(move, first.frame),
+        recipe=first.recipe,
     )
     held_views = scores = None
     summary: dict[str, Any] = {
@@ -428,10 +449,11 @@ def reconstruct_capture(
             "window_max_rotation_deg": angles,
             "window_seconds": seconds,
             "fusion": counts,
-            "frame": "capture frame: the capture's poses moved so that its first used photo is "
-            "the identity and the largest camera distance is 1"
+            "frame": "written in the capture's own frame and scale; fused in its poses moved "
+            "so that the first used photo is the identity and the largest camera distance is 1"
             if capture_e is not None
             else "the first window's frame; later windows chained through shared photos",
+            "depth_ratio": ratios,
             "from_capture_poses": move.to_dict() if move is not None else None,
             "window_to_frame": [m.to_dict() for m in moves],
         },
