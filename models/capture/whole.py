@@ -411,9 +411,8 @@ def reconstruct_capture(
             )
     elif (note := view_lib.view_angle_note(angle, name)) is not None:
         notes.append(note)
-    source_label = (
-        first.poses if capture_e is not None else f"chained through shared views ({first.poses})"
-    )
+    chained = capture_e is None and len(plan.windows) > 1  # one window needs no chaining
+    source_label = f"chained through shared views ({first.poses})" if chained else first.poses
     poses = (
         source_label
         if len(plan.windows) == 1
