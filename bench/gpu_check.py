@@ -11,7 +11,7 @@ wheel first). It
 3. times forward and forward+backward of both backends;
 4. times ``create_model(name)`` + ``render`` for the models named with ``--models`` (the hook
    :func:`reconstruction_timing`, for per-family reconstruction timing);
-5. times a per-scene refinement step (``models.refine.refine_gaussians``, issue 29) with
+5. times a per-scene refinement step (``models.refine.refine_gaussians``) with
    ``backend="gsplat"`` and ``backend="torch"`` on CUDA and the compiled ``"cpu"`` backend on the
    CPU (:func:`refine_timing`: 50k Gaussians, 8 photos at 240x136, MCMC densification), split
    into forward / backward / densify / optimizer. A backend that fails or whose loss does not
@@ -534,7 +534,7 @@ def main() -> int:
         print_table("reconstruction: create_model(name) forward + render",
                     reconstruction_timing(args.models, device))  # fmt: skip
 
-    # -- per-scene refinement step (issue 29)
+    # -- per-scene refinement step
     if args.refine_steps:
         steps = max(10, args.refine_steps // 2) if args.quick else args.refine_steps
         rows, failed = refine_timing(args.refine_backends, steps)

@@ -1,4 +1,4 @@
-"""Whole captures (issue 28) and view selection (27.4) on a small synthetic capture: 12 ray-cast
+"""Whole captures and view selection on a small synthetic capture: 12 ray-cast
 64x64 photos of a room along a smooth camera path, written as an image folder with cameras.json.
 
 Covers the window cover, the fusion (frame, duplicates, counts), the held-out scoring, the

@@ -162,7 +162,7 @@ def test_drone_frames(weights, tmp_path: Path, capsys) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     summary = check_outputs(output, 6)
     assert summary["model"] == name and summary["views"] == 4
-    # views=4 of a pose-free model: the 4 most similar photos around the middle one (27.4)
+    # views=4 of a pose-free model: the 4 most similar photos around the middle one
     names = summary["view_names"]
     assert len(names) == 4 and "frame_04.jpg" in names and names == sorted(names)
     assert summary["center_view"] == "frame_04.jpg" and summary["scene"]["windows"] == [names]

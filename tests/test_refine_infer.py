@@ -1,4 +1,4 @@
-"""``infer.py ... refine=N`` (issue 29) on a small synthetic capture: 12 ray-cast 64x64 photos of a
+"""``infer.py ... refine=N`` on a small synthetic capture: 12 ray-cast 64x64 photos of a
 room with cameras.json, every 4th held out. The refined output holds held-out scores before and
 after refinement (at one size, with the nearest-view baseline), the ``refine`` summary and the
 plot; refinement raises the held-out PSNR; ``refine_init=sfm`` without points is one line; Ctrl-C

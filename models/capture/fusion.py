@@ -1,4 +1,4 @@
-"""Windows of a capture fused into one Gaussian set in the capture's frame (issue 28.1).
+"""Windows of a capture fused into one Gaussian set in the capture's frame.
 
 Frames. The **capture frame** is the frame every whole-capture output is written in: the
 capture's own poses (SfM, COLMAP or ``cameras.json``) moved by :func:`capture_frame`, the same

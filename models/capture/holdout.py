@@ -1,4 +1,4 @@
-"""The user's own photos as a test set (issue 28.2).
+"""The user's own photos as a test set.
 
 ``holdout=K`` keeps every K-th photo out, starting with the first (indices 0, K, 2K, ...: the
 LLFF / Mip-NeRF 360 convention), ``holdout=NAME,NAME`` the named ones (file names or stems).

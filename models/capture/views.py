@@ -1,4 +1,4 @@
-"""Which photos of a capture go together into one forward pass (issue 27.4 and 28.1).
+"""Which photos of a capture go together into one forward pass.
 
 A :class:`ViewGraph` says how strongly each pair of photos overlaps:
 
