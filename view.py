@@ -417,8 +417,14 @@ def serve_cli(argv: list[str]) -> int:
     except errors as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    print(f"splatzoo viewer: {viewer.url} ({viewer.count:,} Gaussians; Ctrl-C to stop)", flush=True)
-    viewer.serve_forever()
+    try:
+        print(
+            f"splatzoo viewer: {viewer.url} ({viewer.count:,} Gaussians; Ctrl-C to stop)",
+            flush=True,
+        )
+        viewer.serve_forever()
+    except KeyboardInterrupt:  # Ctrl-C before the serving loop took over: the same normal stop
+        viewer.stop()
     print("viewer stopped", flush=True)
     return 0
 
