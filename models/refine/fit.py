@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from models.budget import available_memory
 from models.errors import PathError
 from models.gaussians import Gaussians
 from models.refine.densify import ADC, MCMC
@@ -146,20 +147,6 @@ def estimate_memory(
     if backend == "torch":
         working += 4 * 24 * (1 << 20)
     return int(count * per_gaussian + views * 3 * pixels * 4 + working)
-
-
-def _available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def _check_inputs(images: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> None:
@@ -385,7 +372,7 @@ def refine_gaussians(
     cap = int(settings.max_gaussians) if settings.max_gaussians else max(2 * start_count, 1)
     backend = settings.backend
     need = estimate_memory(cap, images.shape[0], shape, degree, backend)
-    limit = settings.memory_limit or _available_memory(device)
+    limit = settings.memory_limit or available_memory(str(device))
     if need > limit:
         raise RefineMemoryError(
             "refine_size=",
