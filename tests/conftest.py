@@ -46,3 +46,26 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic capture: 12 ray-cast 64x64 photos of one room with their cameras
+    (``cameras.json``), for the whole-capture and refinement tests."""
+    from PIL import Image
+
+    from datamodules.readers.image_folder import write_cameras_json
+    from datamodules.synthetic import render_scene, sample_scene
+
+    photos = 12
+    root = tmp_path_factory.mktemp("capture")
+    spec = sample_scene(3, "room", num_views=photos)
+    pixels, _ = render_scene(spec, 64)
+    names = [f"photo_{i:02d}.png" for i in range(photos)]
+    for name, array in zip(names, pixels):
+        Image.fromarray(array).save(root / name)
+    k = torch.from_numpy(spec.intrinsics).float().expand(photos, 3, 3)
+    write_cameras_json(
+        root / "cameras.json", names, torch.from_numpy(spec.extrinsics).float(), k, (64, 64)
+    )
+    return root

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.readers.image_folder import write_cameras_json
 from models import create_model
 from models.capture import fusion, holdout, views
 from models.capture.inputs import load_inputs
@@ -27,26 +26,6 @@ from models.render.core import render
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRONE = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "drone_colmap"
 PHOTOS = 12
-
-
-@pytest.fixture(scope="module")
-def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """12 synthetic photos with their cameras (cameras.json)."""
-    from PIL import Image
-
-    from datamodules.synthetic import render_scene, sample_scene
-
-    root = tmp_path_factory.mktemp("capture")
-    spec = sample_scene(3, "room", num_views=PHOTOS)
-    pixels, _ = render_scene(spec, 64)
-    names = [f"photo_{i:02d}.png" for i in range(PHOTOS)]
-    for name, array in zip(names, pixels):
-        Image.fromarray(array).save(root / name)
-    k = torch.from_numpy(spec.intrinsics).float().expand(PHOTOS, 3, 3)
-    write_cameras_json(
-        root / "cameras.json", names, torch.from_numpy(spec.extrinsics).float(), k, (64, 64)
-    )
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -15,34 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
-
-from datamodules.readers.image_folder import write_cameras_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = 12
 COMMON = ("model=pixel_aligned_tiny", "orbit_frames=2", "backend=torch", "device=cpu")
-
-
-@pytest.fixture(scope="module")
-def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """12 synthetic photos with their cameras (cameras.json)."""
-    from PIL import Image
-
-    from datamodules.synthetic import render_scene, sample_scene
-
-    root = tmp_path_factory.mktemp("capture")
-    spec = sample_scene(3, "room", num_views=PHOTOS)
-    pixels, _ = render_scene(spec, 64)
-    names = [f"photo_{i:02d}.png" for i in range(PHOTOS)]
-    for name, array in zip(names, pixels):
-        Image.fromarray(array).save(root / name)
-    k = torch.from_numpy(spec.intrinsics).float().expand(PHOTOS, 3, 3)
-    write_cameras_json(
-        root / "cameras.json", names, torch.from_numpy(spec.extrinsics).float(), k, (64, 64)
-    )
-    return root
 
 
 def _infer(capsys, *args: str) -> tuple[int, str, str]:
