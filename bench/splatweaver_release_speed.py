@@ -95,7 +95,7 @@ def stats(name: str, size: int, threads: int) -> None:
     config = "tiny" if name.endswith("_tiny") else "released"
     model = create_model(name).eval()
     model.load_state_dict(checkpoint_filter_fn(deterministic_state(load_manifest(config)), model))
-    frames = load_images(DRONE, image_shape=(size, size))
+    frames = load_images(DRONE, image_size=(size, size))
     images = frames.images[None]  # [1, V, 3, S, S]
     print(
         f"\n{name} with DETERMINISTIC TEST WEIGHTS (not the released weights): "

@@ -5,7 +5,7 @@
     from datamodules.readers.image_folder import load_images
 
     model = create_model("zipsplat_tiny", pretrained=True).eval()
-    images = load_images("photos/", image_shape=(64, 64))    # or a [V, 3, H, W] tensor
+    images = load_images("photos/", image_size=(64, 64))    # or a [V, 3, H, W] tensor
     result = reconstruct(model, images, compression=0.5)     # knobs: models.knobs declarations
     write_reconstruction(result, "out/")                     # gaussians.ply, cameras.json, ...
 
@@ -422,20 +422,18 @@ def load_for_inference(
 
 
 def _recorded_size(model: nn.Module) -> tuple[int, int] | None:
-    """``(H, W)`` the model's constructor recorded (``image_size`` or ``img_size``), or None."""
+    """``(H, W)`` the model's constructor recorded as ``image_size``, or None."""
     config = getattr(model, "_hub_mixin_config", None) or {}
-    for key in ("image_size", "img_size"):
-        value = config.get(key, getattr(model, key, None))
-        if value is None or isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)):
-            return int(value), int(value)
-        try:
-            height, width = (int(v) for v in value)
-        except (TypeError, ValueError):
-            continue
-        return height, width
-    return None
+    value = config.get("image_size", getattr(model, "image_size", None))
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value), int(value)
+    try:
+        height, width = (int(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    return height, width
 
 
 def model_recipe(model: nn.Module | str) -> InputRecipe:

@@ -194,7 +194,7 @@ def parse_image_size(value: Any) -> tuple[int, int] | int | None:
     return sides[0] if len(sides) == 1 else (sides[0], sides[1])
 
 
-# The shipped tiny models: configs/data/synthetic.yaml (image_shape 64x64, near 0.25, far 50,
+# The shipped tiny models: configs/data/synthetic.yaml (image_size 64x64, near 0.25, far 50,
 # 2 context views 8-20 frames apart) and datamodules.training.chunk_dataset (poses by
 # models.geometry.cameras.normalize_scene: largest context-camera distance 1).
 def shipped_recipe(pose_free: bool = False) -> InputRecipe:
@@ -211,7 +211,7 @@ def shipped_recipe(pose_free: bool = False) -> InputRecipe:
         reference_depth=None,
         max_view_angle=None,
         source=(
-            "this project: configs/data/synthetic.yaml (image_shape [64, 64], near 0.25, far 50, "
+            "this project: configs/data/synthetic.yaml (image_size [64, 64], near 0.25, far 50, "
             "num_context_views 2) and datamodules/training/chunk_dataset.py (normalize_scene: "
             "largest context-camera distance 1)"
         ),

@@ -342,7 +342,7 @@ def test_convert_corrupt_colmap_binary(tmp_path: Path, capsys, case: str) -> Non
 
 def test_good_binary_model_still_converts_and_loads(tmp_path: Path) -> None:
     scene = _binary_scene(tmp_path / "scene", _good_images())
-    loaded = load_images(scene, image_shape=(32, 32))
+    loaded = load_images(scene, image_size=(32, 32))
     assert loaded.pose_source == "colmap" and loaded.names == ["a.png", "b.png"]
     assert loaded.extrinsics[1, 0, 3] == pytest.approx(1.0)  # camera centre of t = (-1, 0, 0)
 
@@ -406,7 +406,7 @@ def test_cameras_json_bad_frame(tmp_path: Path, bad: dict, expected: str) -> Non
     if bad["file"] == "b.png":
         assert "frame 1 (b.png)" in message
     with pytest.raises(DataError, match="frame 1"):
-        load_images(folder, image_shape=(32, 32))
+        load_images(folder, image_size=(32, 32))
 
 
 def test_cameras_json_rigid_poses_pass(tmp_path: Path) -> None:
@@ -416,7 +416,7 @@ def test_cameras_json_rigid_poses_pass(tmp_path: Path) -> None:
     pose = [[float(c), 0.0, float(s), 0.5], [0.0, 1.0, 0.0, 0], [float(-s), 0, float(c), 0],
             [0, 0, 0, 1.0]]  # fmt: skip
     folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png", pose)])
-    loaded = load_images(folder, image_shape=(32, 32))
+    loaded = load_images(folder, image_size=(32, 32))
     assert loaded.pose_source == "cameras.json" and len(loaded) == 2
     # A byte-order mark (Windows editors) is accepted.
     path = folder / "cameras.json"
@@ -428,7 +428,7 @@ def test_cameras_json_listing_only_missing_files(tmp_path: Path) -> None:
     frames = [_frame(f"frame_{i:02d}.jpg", _translated(i)) for i in range(3)]
     folder = _posed_folder(tmp_path / "photos", frames)
     with pytest.raises(DataError) as caught:
-        load_images(folder, image_shape=(32, 32))
+        load_images(folder, image_size=(32, 32))
     message = str(caught.value)
     assert message.startswith(f"{folder / 'cameras.json'}: none of the 3 files it lists exists")
     assert "frame_00.jpg, frame_01.jpg and 1 more" in message
@@ -443,30 +443,30 @@ def test_cameras_json_paths_relative_to_the_input(tmp_path: Path) -> None:
         root / "images", [_frame("images/a.png"), _frame("./images/b.png", _translated(1.0))]
     )
     (root / "images" / "cameras.json").rename(root / "cameras.json")
-    loaded = load_images(root, image_shape=(32, 32))
+    loaded = load_images(root, image_size=(32, 32))
     assert loaded.names == ["a.png", "b.png"] and loaded.pose_source == "cameras.json"
 
 
 def test_pose_files_without_frames(tmp_path: Path) -> None:
     folder = _posed_folder(tmp_path / "photos", [])
     with pytest.raises(DataError, match="cameras.json: lists no frames"):
-        load_images(folder, image_shape=(32, 32))
+        load_images(folder, image_size=(32, 32))
     (folder / "cameras.json").unlink()
     _binary_scene(tmp_path / "scene", _binary_file())
     with pytest.raises(DataError, match="sparse/0: has no registered images"):
-        load_images(tmp_path / "scene", image_shape=(32, 32))
+        load_images(tmp_path / "scene", image_size=(32, 32))
 
 
 def test_identical_cameras_warn(tmp_path: Path) -> None:
     folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), _frame("b.png")])
     with pytest.warns(UserWarning, match="all 2 views have identical cameras") as caught:
-        load_images(folder, image_shape=(32, 32))
+        load_images(folder, image_size=(32, 32))
     assert any(str(folder / "cameras.json") in str(w.message) for w in caught)
     # Same centre, different rotation (a panorama): no baseline either.
     turned = _rotation_with(r00=0.0, r02=1.0, r20=-1.0, r22=0.0)
     _posed_folder(folder, [_frame("a.png"), _frame("b.png", turned)])
     with pytest.warns(UserWarning, match="cameras at the same position"):
-        load_images(folder, image_shape=(32, 32))
+        load_images(folder, image_size=(32, 32))
 
 
 def test_infer_identical_cameras_warning_and_bad_rotation(
@@ -501,7 +501,7 @@ def test_tiny_and_strip_images_warn(tmp_path: Path) -> None:
     for name, size in sizes.items():
         PILImage.new("RGB", size, (120, 50, 10)).save(folder / name)
     with pytest.warns(UserWarning) as caught:
-        loaded = load_images(folder, image_shape=(32, 32))
+        loaded = load_images(folder, image_size=(32, 32))
     assert len(loaded) == 6 and tuple(loaded.images.shape[-2:]) == (32, 32)
     messages = sorted(str(w.message) for w in caught)
     assert messages == [
@@ -515,7 +515,7 @@ def test_tiny_and_strip_images_warn(tmp_path: Path) -> None:
     # The aspect ratio is judged against the model input's: 4000x50 suits a 16x1280 input.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_images(folder / "strip.png", image_shape=(16, 1280))
+        load_images(folder / "strip.png", image_size=(16, 1280))
     assert not caught, [str(w.message) for w in caught]
 
 

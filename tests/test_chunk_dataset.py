@@ -62,7 +62,7 @@ def merged(example: dict) -> dict:
 
 
 def test_example_format(root: Path) -> None:
-    dataset = ChunkDataset(root, "train", sampler(), image_shape=(RES, RES), near=0.25, far=50.0)
+    dataset = ChunkDataset(root, "train", sampler(), image_size=(RES, RES), near=0.25, far=50.0)
     examples = list(dataset)
     assert len(examples) == dataset.num_scenes == 4 and not dataset.skipped
     example = examples[0]
@@ -115,7 +115,7 @@ def test_scene_frame_and_consistency_with_read_scene(root: Path) -> None:
 
 def test_resize_crop_keeps_geometry_consistent(root: Path) -> None:
     shape = (20, 36)  # other aspect ratio: resize to cover, then centre-crop
-    dataset = ChunkDataset(root, "test", sampler(), image_shape=shape)
+    dataset = ChunkDataset(root, "test", sampler(), image_size=shape)
     example = next(iter(dataset))
     views = merged(example)
     assert example["context"]["image"].shape[-2:] == shape and views["depth"].shape[-2:] == shape
@@ -330,7 +330,7 @@ def test_real_images_and_colmap_poses_through_the_chunk_format(
         json.dumps({"drone": {"context": [0, 5], "target": [2, 3]}})
     )
     dataset = ChunkDataset(
-        tmp_path, "test", EvaluationViewSampler(tmp_path / "index.json"), image_shape=(256, 256)
+        tmp_path, "test", EvaluationViewSampler(tmp_path / "index.json"), image_size=(256, 256)
     )
     example = next(iter(dataset))
     assert (

@@ -24,7 +24,7 @@ GENERATOR = {"scenes": 6, "resolution": 32, "views": 24, "seed": 1, "test_fracti
 
 def make(root: Path, **kwargs) -> SplatDataModule:
     settings = {
-        "image_shape": (32, 32),
+        "image_size": (32, 32),
         "num_target_views": 3,
         "min_context_gap": 8,
         "max_context_gap": 20,
@@ -162,7 +162,7 @@ def test_hydra_configs(tmp_path: Path, name, shape, context, near) -> None:
         cfg = compose(overrides=[f"+data={name}", "+paths=default", f"paths.data_dir={tmp_path}"])
     dm = instantiate(cfg.data)
     assert isinstance(dm, SplatDataModule)
-    assert dm.image_shape == shape and dm.num_context_views == context and dm.near == near
+    assert dm.image_size == shape and dm.num_context_views == context and dm.near == near
     assert dm.root.parent == tmp_path and dm.eval_index is not None
     if name == "synthetic":
         assert dm.root.name == "synthetic_64" and dm.generate_if_missing

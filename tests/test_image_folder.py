@@ -27,7 +27,7 @@ def save(path: Path, array: np.ndarray, **kwargs) -> Path:
 
 def test_drone_frames(shared_data: Path) -> None:
     images = load_images(
-        shared_data / "examples" / "drone_frames", image_shape=(64, 96), num_views=4
+        shared_data / "examples" / "drone_frames", image_size=(64, 96), num_views=4
     )
     assert images.images.shape == (4, 3, 64, 96) and images.images.dtype == torch.float32
     assert images.names == ["frame_00.jpg", "frame_02.jpg", "frame_05.jpg", "frame_07.jpg"]
@@ -43,7 +43,7 @@ def test_drone_frames(shared_data: Path) -> None:
 
 
 def test_drone_video(shared_data: Path) -> None:
-    video = load_images(shared_data / "examples" / "drone.mp4", image_shape=(48, 48), num_views=3)
+    video = load_images(shared_data / "examples" / "drone.mp4", image_size=(48, 48), num_views=3)
     assert video.images.shape == (3, 3, 48, 48)
     assert video.names == ["drone_frame00000", "drone_frame00326", "drone_frame00651"]
     assert video.original_sizes == [(480, 848)] * 3
@@ -129,7 +129,7 @@ def test_cameras_json_round_trip(shared_data: Path, tmp_path: Path) -> None:
     write_cameras_json(folder / "cameras.json", names, poses, k, (480, 848))
     table = read_cameras_json(folder / "cameras.json")
     assert table["frame_03.jpg"]["fx"] == pytest.approx(0.7 * 848)
-    loaded = load_images(folder, image_shape=(240, 424))  # exact half size: intrinsics unchanged
+    loaded = load_images(folder, image_size=(240, 424))  # exact half size: intrinsics unchanged
     assert loaded.pose_source == "cameras.json" and len(loaded) == len(names)
     assert torch.allclose(loaded.extrinsics, poses, atol=1e-6)
     assert torch.allclose(loaded.intrinsics, k, atol=1e-6)
@@ -147,7 +147,7 @@ def test_colmap_poses_reproject_points(shared_data: Path) -> None:
     from datamodules.readers import colmap
 
     scene = shared_data / "real" / "drone_colmap"
-    loaded = load_images(scene, image_shape=(240, 424), num_views=5)
+    loaded = load_images(scene, image_size=(240, 424), num_views=5)
     assert loaded.pose_source == "colmap" and loaded.images.shape == (5, 3, 240, 424)
     rotation = loaded.extrinsics[:, :3, :3]
     assert torch.allclose(rotation @ rotation.mT, torch.eye(3).expand(5, 3, 3), atol=1e-5)

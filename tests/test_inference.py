@@ -41,7 +41,7 @@ def views() -> dict[str, torch.Tensor]:
     """Two 64x64 views of the shipped example room with two cameras in an arbitrary world frame."""
     from datamodules.readers.image_folder import load_images
 
-    images = load_images(EXAMPLE, image_shape=(64, 64), num_views=2)
+    images = load_images(EXAMPLE, image_size=(64, 64), num_views=2)
     extrinsics = torch.stack([_turn(0.1, 2.0), _turn(-0.2, 2.7)])  # not the scene frame
     return {"image": images.images, "extrinsics": extrinsics, "intrinsics": images.intrinsics}
 

@@ -110,7 +110,7 @@ def test_the_comparison_can_fail(converted: Path, tmp_path: Path) -> None:
     index_path = tmp_path / "index.json"
     index_path.write_text(json.dumps(info["index"]))
     settings = recipe_data_settings(get_pretrained_cfg(meta["tag"]).recipe)
-    settings.update(pose_scale="max_baseline_1", image_shape=[256, 320])
+    settings.update(pose_scale="max_baseline_1", image_size=[256, 320])
     module = SplatDataModule(converted, eval_index=index_path, num_workers=0, **settings)
     module.setup("test")
     (example,) = list(module.test_dataloader().dataset)
@@ -180,7 +180,7 @@ def test_eval_release_route_applies_the_recipe(converted: Path, tmp_path: Path) 
     assert metrics["recipe"]["image_size"] == [256, 256]
     assert (metrics["recipe"]["near"], metrics["recipe"]["far"]) == (0.5, 100.0)
     data = metrics["data"]
-    assert data["image_shape"] == [256, 256] and (data["near"], data["far"]) == (0.5, 100.0)
+    assert data["image_size"] == [256, 256] and (data["near"], data["far"]) == (0.5, 100.0)
     assert data["pose_scale"] == "dataset" and data["num_context_views"] == 2
     assert metrics["eval_index"] == str(index_dir / "evaluation_index_re10k.json")
     assert 0.0 < summary["psnr"] < 60.0 and 0.0 <= summary["ssim"] <= 1.0

@@ -93,7 +93,7 @@ def reference_render(
     gaussians: Gaussians,
     extrinsics: torch.Tensor,
     intrinsics: torch.Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     background: torch.Tensor | None = None,
     near: float = 0.01,
     far: float = 1e10,
@@ -106,7 +106,7 @@ def reference_render(
     """
     from gsplat.cuda._torch_impl import _spherical_harmonics
 
-    height, width = image_shape
+    height, width = image_size
     batch, views = extrinsics.shape[:2]
     dtype = gaussians.means.dtype
     ys, xs = torch.meshgrid(
@@ -600,7 +600,7 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
             "gaussians": g,
             "extrinsics": extrinsics,
             "intrinsics": intrinsics,
-            "image_shape": shape,
+            "image_size": shape,
             "backend": "torch",
         }
         args.update(changes)
@@ -623,8 +623,8 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
     pixel_k[..., 0, :] *= 640
     pixel_k[..., 1, :] *= 480
     bad("intrinsics", intrinsics=pixel_k)
-    bad("image_shape", image_shape=(16,))
-    bad("image_shape", image_shape=(0, 16))
+    bad("image_size", image_size=(16,))
+    bad("image_size", image_size=(0, 16))
     bad("background", background=torch.zeros(4))
     bad("background", background=torch.zeros(3, 3))
     bad("backend", backend="opengl")

@@ -359,7 +359,7 @@ def test_few_steps_lower_the_loss(data_root):
 
     dm = SplatDataModule(
         root=str(data_root),
-        image_shape=[64, 64],
+        image_size=[64, 64],
         num_context_views=2,
         num_target_views=2,
         batch_size=2,
@@ -391,7 +391,7 @@ def test_nan_loss_step_is_skipped(data_root):
 
     dm = SplatDataModule(
         root=str(data_root),
-        image_shape=[64, 64],
+        image_size=[64, 64],
         num_context_views=2,
         num_target_views=2,
         batch_size=1,

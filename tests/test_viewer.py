@@ -59,7 +59,7 @@ def _random_gaussians(n: int = 500, seed: int = 0) -> Gaussians:
 def context() -> dict[str, torch.Tensor]:
     from datamodules.readers.image_folder import load_images
 
-    images = load_images(EXAMPLE, image_shape=(64, 64), num_views=2, poses="auto")
+    images = load_images(EXAMPLE, image_size=(64, 64), num_views=2, poses="auto")
     return images.context()
 
 

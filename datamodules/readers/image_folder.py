@@ -9,7 +9,7 @@
 - a video file (mp4, mov, avi, mkv, webm, m4v), sampled to ``num_views`` evenly spaced frames;
 - a single image file.
 
-Images are resized to cover ``image_shape`` and centre-cropped (intrinsics adjusted). When more
+Images are resized to cover ``image_size`` and centre-cropped (intrinsics adjusted). When more
 images than ``num_views`` are found, ``num_views`` evenly spaced ones (in natural name order) are
 used.
 
@@ -33,8 +33,8 @@ determinant +1) and focal lengths positive; a frame that is not is an error nami
 that all share one camera centre get a warning (posed models need a baseline).
 ``write_cameras_json`` writes the same format.
 
-Images are never squashed: the aspect-preserving resize covers ``image_shape`` and the centre crop
-cuts the rest (the intrinsics follow both). Images far smaller than ``image_shape`` (shorter side
+Images are never squashed: the aspect-preserving resize covers ``image_size`` and the centre crop
+cuts the rest (the intrinsics follow both). Images far smaller than ``image_size`` (shorter side
 under half of it), of an aspect ratio more than 4:1 away from it, or whose centre crop keeps less
 than ``CROP_WARNING`` (70%) of them (a portrait photo into a landscape shape) are used with a
 warning naming the file and the share kept.
@@ -437,11 +437,11 @@ def _warn_no_baseline(poses: list[Tensor], pose_file: Path | None) -> None:
 
 
 def _size_warnings(
-    labels: list[str], sizes: list[tuple[int, int]], image_shape: tuple[int, int]
+    labels: list[str], sizes: list[tuple[int, int]], image_size: tuple[int, int]
 ) -> None:
     """Warn (one line per kind and size) about inputs far smaller than the model's input
     (shorter side under half of it) or of an aspect ratio over 4x away from it."""
-    height, width = image_shape
+    height, width = image_size
     groups: dict[tuple[str, int, int], list[str]] = {}
     for label, (w, h) in zip(labels, sizes):
         if min(w, h) < 0.5 * min(height, width):
@@ -449,7 +449,7 @@ def _size_warnings(
         mismatch = (w / h) / (width / height)
         if max(mismatch, 1 / mismatch) > 4:
             groups.setdefault(("aspect", w, h), []).append(label)
-        elif crop_fraction((h, w), image_shape) < CROP_WARNING:
+        elif crop_fraction((h, w), image_size) < CROP_WARNING:
             groups.setdefault(("crop", w, h), []).append(label)
     for (kind, w, h), names in groups.items():
         who = _some(list(dict.fromkeys(names)), 3)
@@ -460,7 +460,7 @@ def _size_warnings(
                 f"(upsampled {scale:.3g}x; expect a blurry result)"
             )
         elif kind == "crop":
-            kept = crop_fraction((h, w), image_shape)
+            kept = crop_fraction((h, w), image_size)
             orientation = "portrait" if h > w else "landscape" if w > h else "square"
             target = "portrait" if height > width else "landscape" if width > height else "square"
             message = (
@@ -469,7 +469,7 @@ def _size_warnings(
                 f"(image_size={height},{width}; set image_size= to keep more)"
             )
         else:
-            kept = crop_fraction((h, w), image_shape)
+            kept = crop_fraction((h, w), image_size)
             message = (
                 f"{who}: {w}x{h} has an extreme aspect ratio ({max(w, h) / min(w, h):.3g}:1); the "
                 f"centre crop to the model's {width}x{height} input keeps {kept:.0%} of it"
@@ -509,7 +509,7 @@ def _image_files(folder: Path) -> list[Path]:
 
 def load_image_folder(
     path: str | Path,
-    image_shape: tuple[int, int] | None = None,
+    image_size: tuple[int, int] | None = None,
     num_views: int | None = None,
     min_views: int = 1,
     background: str | tuple[int, int, int] = "white",
@@ -519,7 +519,7 @@ def load_image_folder(
 
     Args:
         path: the folder (or a scene folder with an ``images/`` subfolder).
-        image_shape: output ``(H, W)``; None keeps the size (all images must then agree).
+        image_size: output ``(H, W)``; None keeps the size (all images must then agree).
         num_views: use at most this many evenly spaced images.
         min_views: fewer usable images than this is an error.
         background: colour behind transparent pixels: ``"white"``, ``"black"`` or ``(r, g, b)``.
@@ -614,7 +614,7 @@ def load_image_folder(
         loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
 
     result = _assemble(
-        [(f.name, im) for f, im in loaded], image_shape, root, labels=[str(f) for f, _ in loaded]
+        [(f.name, im) for f, im in loaded], image_size, root, labels=[str(f) for f, _ in loaded]
     )
     if pose_table is not None:
         _warn_no_baseline([entries[f]["camera_to_world"] for f, _ in loaded], pose_file)
@@ -645,24 +645,24 @@ def load_image_folder(
 
 def _assemble(
     named: list[tuple[str, Image.Image]],
-    image_shape: tuple[int, int] | None,
+    image_size: tuple[int, int] | None,
     source: Path,
     labels: list[str] | None = None,
 ) -> dict:
     """Resize/crop images and stack them; returns ImageSet fields plus the crop transforms.
 
-    ``labels`` name the images in warnings about sizes far from ``image_shape`` (default: the
+    ``labels`` name the images in warnings about sizes far from ``image_size`` (default: the
     source).
     """
-    if image_shape is None and len({im.size for _, im in named}) > 1:
+    if image_size is None and len({im.size for _, im in named}) > 1:
         raise DataError(f"{source}: images differ in size; set an image shape to resize them")
-    if image_shape is not None:
+    if image_size is not None:
         _size_warnings(
-            labels or [str(source)] * len(named), [im.size for _, im in named], tuple(image_shape)
+            labels or [str(source)] * len(named), [im.size for _, im in named], tuple(image_size)
         )
     images, crops = [], []
     for _, image in named:
-        tensor, crop = resize_crop_image(image, tuple(image_shape) if image_shape else None)
+        tensor, crop = resize_crop_image(image, tuple(image_size) if image_size else None)
         images.append(tensor)
         crops.append(crop)
     return {
@@ -677,7 +677,7 @@ def _assemble(
 def load_video(
     path: str | Path,
     num_views: int = 8,
-    image_shape: tuple[int, int] | None = None,
+    image_size: tuple[int, int] | None = None,
     min_views: int = 1,
 ) -> ImageSet:
     """Sample ``num_views`` evenly spaced frames (first and last included) from a video.
@@ -714,14 +714,14 @@ def load_video(
     if len(frames) != len(wanted):
         raise DataError(f"{path}: decoded {len(frames)} of the {len(wanted)} requested frames")
     named = [(f"{path.stem}_frame{i:05d}", Image.fromarray(f)) for i, f in zip(wanted, frames)]
-    result = _assemble(named, image_shape, path)
+    result = _assemble(named, image_size, path)
     result.pop("crops")
     return ImageSet(**result)
 
 
 def load_images(
     path: str | Path,
-    image_shape: tuple[int, int] | None = None,
+    image_size: tuple[int, int] | None = None,
     num_views: int | None = None,
     min_views: int = 1,
     background: str | tuple[int, int, int] = "white",
@@ -731,7 +731,7 @@ def load_images(
 
     Args:
         path: folder, video file or image file.
-        image_shape: output ``(H, W)``.
+        image_size: output ``(H, W)``.
         num_views: images to use (evenly spaced); for a video, frames to sample (default 8).
         min_views: fewer usable views is an error.
         background: colour behind transparent pixels.
@@ -741,10 +741,10 @@ def load_images(
     if not path.exists():
         raise DataError(f"{path}: input not found")
     if path.is_dir():
-        return load_image_folder(path, image_shape, num_views, min_views, background, poses)
+        return load_image_folder(path, image_size, num_views, min_views, background, poses)
     suffix = path.suffix.lower()
     if suffix in VIDEO_EXTENSIONS:
-        return load_video(path, num_views or 8, image_shape, min_views)
+        return load_video(path, num_views or 8, image_size, min_views)
     if suffix in IMAGE_EXTENSIONS:
         if min_views > 1:
             raise DataError(f"{path}: a single image, at least {min_views} needed")
@@ -752,7 +752,7 @@ def load_images(
             image = open_image(path, background)
         except ValueError as error:
             raise DataError(f"{path}: {error}") from error
-        result = _assemble([(path.name, image)], image_shape, path)
+        result = _assemble([(path.name, image)], image_size, path)
         result.pop("crops")
         return ImageSet(**result)
     raise DataError(

@@ -724,7 +724,7 @@ def _video_frames(video: Path, num_views: int, root: Path) -> Path:
     folder = root / "frames" / f"{video.stem}-{digest.hexdigest()[:16]}-{num_views}"
     if folder.is_dir() and image_files(folder):
         return folder
-    frames = load_video(video, num_views=num_views, image_shape=None, min_views=1)
+    frames = load_video(video, num_views=num_views, image_size=None, min_views=1)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:

@@ -56,7 +56,7 @@ class ChunkDataset(IterableDataset):
         split: split folder name.
         view_sampler: chooses context/target frames; if it has ``keys`` (an evaluation index),
             only those scenes are read.
-        image_shape: output ``(H, W)``; images are resized to cover it and centre-cropped, with the
+        image_size: output ``(H, W)``; images are resized to cover it and centre-cropped, with the
             intrinsics adjusted. None keeps the stored size.
         near: near plane given to every view (scene-frame units).
         far: far plane given to every view.
@@ -79,7 +79,7 @@ class ChunkDataset(IterableDataset):
         root: str | Path,
         split: str,
         view_sampler: ViewSampler,
-        image_shape: tuple[int, int] | None = None,
+        image_size: tuple[int, int] | None = None,
         near: float = 1.0,
         far: float = 100.0,
         max_fov: float = 100.0,
@@ -98,7 +98,7 @@ class ChunkDataset(IterableDataset):
         self.root = Path(root)
         self.split = split
         self.view_sampler = view_sampler
-        self.image_shape = tuple(int(s) for s in image_shape) if image_shape is not None else None
+        self.image_size = tuple(int(s) for s in image_size) if image_size is not None else None
         self.near, self.far = float(near), float(far)
         self.max_fov = float(max_fov)
         self.augment = augment
@@ -287,11 +287,11 @@ class ChunkDataset(IterableDataset):
         decoded: dict[int, tuple[Tensor, Tensor, Tensor | None]] = {}
         for i in torch.cat([indices.context, indices.target]).unique().tolist():
             try:
-                image, crop = resize_crop_image(decode_image(images[i]), self.image_shape)
+                image, crop = resize_crop_image(decode_image(images[i]), self.image_size)
                 depth = None
                 if has_depth:
                     depth = decode_depth(scene["depths"][i], float(scene["depth_scale"]))
-                    depth = resize_crop_depth(depth, self.image_shape)
+                    depth = resize_crop_depth(depth, self.image_size)
             except (ValueError, IndexError) as error:
                 self._skip("corrupt_image", f"{where} view {i}: {error}")
                 return None

@@ -45,13 +45,13 @@ log = logging.getLogger(__name__)
 
 def recipe_data_settings(recipe: Any) -> dict[str, Any]:
     """The data settings an input recipe (``models.input_recipe.InputRecipe``) fixes at test time:
-    ``image_shape`` (resize to cover, centre crop, intrinsics updated), ``near``, ``far``,
+    ``image_size`` (resize to cover, centre crop, intrinsics updated), ``near``, ``far``,
     ``pose_scale`` and ``num_context_views``. ``eval.py`` applies them over ``data=`` for a
     release tag, as the release's own test loader does."""
     if recipe.resize != "resize_crop":
         raise ValueError(f"recipe resize {recipe.resize!r}: the chunk loader only resizes+crops")
     return {
-        "image_shape": [int(recipe.image_size[0]), int(recipe.image_size[1])],
+        "image_size": [int(recipe.image_size[0]), int(recipe.image_size[1])],
         "near": float(recipe.near),
         "far": float(recipe.far),
         "pose_scale": "dataset" if recipe.pose_scale == "dataset" else "max_baseline_1",
@@ -64,7 +64,7 @@ class SplatDataModule(L.LightningDataModule):
 
     Args:
         root: dataset root with ``train/`` and ``test/`` chunk splits.
-        image_shape: ``(H, W)`` the images are resized and centre-cropped to.
+        image_size: ``(H, W)`` the images are resized and centre-cropped to.
         num_context_views: context views per example.
         num_target_views: target views per training example.
         sampler: training view sampler, ``bounded`` or ``all``.
@@ -101,7 +101,7 @@ class SplatDataModule(L.LightningDataModule):
     def __init__(
         self,
         root: str | Path,
-        image_shape: tuple[int, int] | list[int] = (256, 256),
+        image_size: tuple[int, int] | list[int] = (256, 256),
         num_context_views: int = 2,
         num_target_views: int = 4,
         sampler: str = "bounded",
@@ -137,7 +137,7 @@ class SplatDataModule(L.LightningDataModule):
         if sampler not in ("bounded", "all"):
             raise ValueError(f"training sampler must be 'bounded' or 'all', got {sampler!r}")
         self.root = Path(str(root))
-        self.image_shape = (int(image_shape[0]), int(image_shape[1]))
+        self.image_size = (int(image_size[0]), int(image_size[1]))
         self.num_context_views = int(num_context_views)
         self.num_target_views = int(num_target_views)
         self.sampler_name = sampler
@@ -233,7 +233,7 @@ class SplatDataModule(L.LightningDataModule):
             self.root,
             split,
             sampler,
-            image_shape=self.image_shape,
+            image_size=self.image_size,
             near=self.near,
             far=self.far,
             max_fov=self.max_fov,

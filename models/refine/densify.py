@@ -64,7 +64,7 @@ class MCMC:
     def load_state_dict(self, state: dict) -> None:
         self.relocated, self.added = int(state["relocated"]), int(state["added"])
 
-    def observe(self, out, image_shape) -> None:  # noqa: ARG002  (no statistics needed)
+    def observe(self, out, image_size) -> None:  # noqa: ARG002  (no statistics needed)
         """MCMC needs no view-space statistics."""
 
     def regulariser(self, params: GaussianParameters) -> Tensor:
@@ -164,12 +164,12 @@ class ADC:
     def regulariser(self, params: GaussianParameters) -> Tensor:  # noqa: ARG002
         return torch.zeros(())
 
-    def observe(self, out, image_shape: tuple[int, int]) -> None:
+    def observe(self, out, image_size: tuple[int, int]) -> None:
         """Accumulate the NDC-space gradient norm of each projected mean seen by this view."""
         grad = out.means2d.grad
         if grad is None:
             return
-        height, width = image_shape
+        height, width = image_size
         grad = grad.detach().reshape(-1, grad.shape[-2], 2)  # [I, N, 2]
         scale = torch.tensor([width / 2.0, height / 2.0], dtype=grad.dtype, device=grad.device)
         norm = (grad * scale).norm(dim=-1)  # [I, N]

@@ -108,10 +108,10 @@ class RefineResult:
         }
 
 
-def fit_shape(image_shape: tuple[int, int], size: int | None) -> tuple[int, int]:
+def fit_shape(image_size: tuple[int, int], size: int | None) -> tuple[int, int]:
     """``(H, W)`` with the long side ``size`` (``None``: the photo's, capped at
     :data:`~models.refine.settings.DEFAULT_MAX_SIZE`), the aspect ratio kept."""
-    height, width = image_shape
+    height, width = image_size
     long_side = max(height, width)
     target = min(long_side, DEFAULT_MAX_SIZE) if size is None else int(size)
     scale = target / long_side

@@ -177,7 +177,7 @@ def render(
     gaussians: Gaussians,
     extrinsics: Tensor,
     intrinsics: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     background: Tensor | None = None,
     backend: str = "auto",
     near: float | Tensor = 0.01,
@@ -195,7 +195,7 @@ def render(
         gaussians: a batch of ``B`` Gaussian sets (masked-out entries never render).
         extrinsics: ``[B, V, 4, 4]`` camera-to-world, OpenCV axes.
         intrinsics: ``[B, V, 3, 3]`` normalised (row 0 divided by the width, row 1 by the height).
-        image_shape: ``(H, W)`` in pixels.
+        image_size: ``(H, W)`` in pixels.
         background: ``[3]``, ``[B, 3]`` or ``[B, V, 3]``; black when ``None``.
         backend: ``"torch"`` (tiled PyTorch rasteriser, any device), ``"gsplat"`` (CUDA, float32),
             ``"cpu"`` (the compiled CPU rasteriser of :mod:`models.render.cpu`, float32/64) or
@@ -240,12 +240,12 @@ def render(
     views = extrinsics.shape[1]
     _check_camera("intrinsics", intrinsics, batch, views, 3)
     if (
-        not isinstance(image_shape, (tuple, list))
-        or len(image_shape) != 2
-        or not all(isinstance(s, int) and s > 0 for s in image_shape)
+        not isinstance(image_size, (tuple, list))
+        or len(image_size) != 2
+        or not all(isinstance(s, int) and s > 0 for s in image_size)
     ):
-        raise ValueError(f"image_shape must be (H, W) with positive ints, got {image_shape!r}")
-    image_shape = (int(image_shape[0]), int(image_shape[1]))
+        raise ValueError(f"image_size must be (H, W) with positive ints, got {image_size!r}")
+    image_size = (int(image_size[0]), int(image_size[1]))
     focal = intrinsics[..., [0, 1], [0, 1]]  # [B, V, 2]
     centre = intrinsics[..., [0, 1], [2, 2]]
     if (focal <= 0).any() or (focal > MAX_NORMALISED_FOCAL).any():
@@ -289,7 +289,7 @@ def render(
                 gaussians,
                 extrinsics,
                 intrinsics,
-                image_shape,
+                image_size,
                 background,
                 near,
                 far,
@@ -308,7 +308,7 @@ def render(
             gaussians,
             extrinsics,
             intrinsics,
-            image_shape,
+            image_size,
             background,
             near,
             far,
@@ -320,7 +320,7 @@ def render(
         gaussians,
         extrinsics,
         intrinsics,
-        image_shape,
+        image_size,
         background,
         near,
         far,

@@ -189,7 +189,7 @@ def rasterize_cpu(
     opacities: Tensor,
     depths: Tensor,
     radii: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     tile_size: int = 16,
 ) -> Tensor:
     """Composite projected Gaussians into each image (differentiable in the float inputs).
@@ -201,7 +201,7 @@ def rasterize_cpu(
         opacities: ``[I, N]`` (after any compensation).
         depths: ``[I, N]`` camera z.
         radii: ``[I, N, 2]`` integer bounding-box half-sizes, 0 for culled Gaussians.
-        image_shape: ``(H, W)``.
+        image_size: ``(H, W)``.
         tile_size: tile side in pixels.
 
     Returns:
@@ -210,7 +210,7 @@ def rasterize_cpu(
     error = cpu_rasterizer_error(means2d.dtype)
     if error is not None:
         raise CpuRasterizerUnavailable(f"backend='cpu' is not available: {error}")
-    height, width = image_shape
+    height, width = image_size
     return _Rasterize.apply(
         means2d, conics, colors, opacities, depths, radii, int(height), int(width), int(tile_size)
     )
@@ -220,7 +220,7 @@ def render_cpu(
     gaussians,
     extrinsics: Tensor,
     intrinsics: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     background: Tensor,
     near: float | Tensor,
     far: float | Tensor,
@@ -240,7 +240,7 @@ def render_cpu(
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
     projection, valid = project_views(
-        gaussians, extrinsics, intrinsics, image_shape, near, far, rasterize_mode, eps2d
+        gaussians, extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d
     )  # valid: [B, V, N]
     radii = projection.radii * valid[..., None]  # [B, V, N, 2]
     centres = extrinsics[..., :3, 3]  # [B, V, 3]
@@ -258,9 +258,9 @@ def render_cpu(
         opacities.reshape(images, num),
         projection.depths.reshape(images, num),
         radii.reshape(images, num, 2),
-        image_shape,
+        image_size,
         tile_size,
-    ).reshape(batch, views, 5, *image_shape)
+    ).reshape(batch, views, 5, *image_size)
     alpha = out[:, :, 4]
     color = out[:, :, :3] + background[..., None, None] * (1.0 - alpha[:, :, None])
     return RenderOutput(

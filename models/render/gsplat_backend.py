@@ -28,7 +28,7 @@ def _render_gsplat(
     gaussians: Gaussians,
     extrinsics: Tensor,
     intrinsics: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     background: Tensor,
     near: float | Tensor,
     far: float | Tensor,
@@ -38,7 +38,7 @@ def _render_gsplat(
     """``gsplat.rasterization`` (CUDA, float32), imported here and nowhere else."""
     from gsplat import rasterization
 
-    height, width = image_shape
+    height, width = image_size
     near_value, far_value = _scalar_plane(near), _scalar_plane(far)
     if near_value is None or far_value is None:
         # Per-view planes: gsplat takes one plane per call, so render view by view.
@@ -47,7 +47,7 @@ def _render_gsplat(
                 gaussians,
                 extrinsics[:, v : v + 1],
                 intrinsics[:, v : v + 1],
-                image_shape,
+                image_size,
                 background[:, v : v + 1],
                 near[:, v : v + 1] if isinstance(near, Tensor) else near,
                 far[:, v : v + 1] if isinstance(far, Tensor) else far,
@@ -72,7 +72,7 @@ def _render_gsplat(
         opacities=opacities,
         colors=gaussians.harmonics.transpose(-1, -2).contiguous(),  # [B, N, K, 3]
         viewmats=world_to_camera(extrinsics),
-        Ks=intrinsics_to_pixels(intrinsics, image_shape),
+        Ks=intrinsics_to_pixels(intrinsics, image_size),
         width=width,
         height=height,
         near_plane=near_value,

@@ -104,7 +104,7 @@ def project_gaussians(
     rotations: Tensor,
     view_matrices: Tensor,
     intrinsics_px: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     opacities: Tensor | None = None,
     near: float | Tensor = 0.01,
     far: float | Tensor = 1e10,
@@ -119,7 +119,7 @@ def project_gaussians(
         rotations: ``[B, N, 4]`` wxyz quaternions (normalised here).
         view_matrices: ``[B, V, 4, 4]`` world-to-camera.
         intrinsics_px: ``[B, V, 3, 3]`` intrinsics in pixels.
-        image_shape: ``(H, W)``.
+        image_size: ``(H, W)``.
         opacities: ``[B, N]``; when given, the bounding box is gsplat's opacity-aware one and
             Gaussians below ``1/255`` are culled, otherwise the box extends 3.33 sigma (the
             behaviour of ``gsplat.cuda._torch_impl._fully_fused_projection``).
@@ -133,7 +133,7 @@ def project_gaussians(
     Returns:
         A :class:`Projection`.
     """
-    height, width = image_shape
+    height, width = image_size
     rotation_w2c = view_matrices[..., :3, :3]  # [B, V, 3, 3]
     translation = view_matrices[..., :3, 3]  # [B, V, 3]
     means_cam = torch.einsum("bvij,bnj->bvni", rotation_w2c, means) + translation[:, :, None]
@@ -203,7 +203,7 @@ def project_views(
     gaussians: Gaussians,
     extrinsics: Tensor,
     intrinsics: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     near: float | Tensor,
     far: float | Tensor,
     rasterize_mode: str = "classic",
@@ -218,8 +218,8 @@ def project_views(
         gaussians.scales,
         gaussians.rotations,
         world_to_camera(extrinsics),
-        intrinsics_to_pixels(intrinsics, image_shape),
-        image_shape,
+        intrinsics_to_pixels(intrinsics, image_size),
+        image_size,
         opacities=gaussians.opacities,
         near=near,
         far=far,

@@ -64,7 +64,7 @@ def _bin_tiles(
     radii: Tensor,
     image_ids: Tensor,
     num_images: int,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     tile_size: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Tile/Gaussian intersections sorted by tile, then by depth.
@@ -80,14 +80,14 @@ def _bin_tiles(
         radii: ``[P, 2]`` bounding-box half-sizes.
         image_ids: ``[P]`` flat image index of each pair.
         num_images: number of images ``I``.
-        image_shape: ``(H, W)``.
+        image_size: ``(H, W)``.
         tile_size: tile side in pixels.
 
     Returns:
         ``pair_ids [M]`` (intersections sorted by tile, then depth), ``tile_start [T]`` and
         ``tile_end [T]`` offsets into them per flat tile id (``T = I * tiles_y * tiles_x``).
     """
-    height, width = image_shape
+    height, width = image_size
     tiles_y, tiles_x = math.ceil(height / tile_size), math.ceil(width / tile_size)
     num_pairs = means2d.shape[0]
     # gsplat's tile range of the bounding box (float32, like its kernel).
@@ -196,7 +196,7 @@ def _composite_tiles(
     pair_ids: Tensor,
     tile_start: Tensor,
     tile_end: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     tile_size: int,
     chunk: int,
     max_elements: int,
@@ -218,7 +218,7 @@ def _composite_tiles(
         pair_ids: ``[M]`` intersections sorted by tile, then depth.
         tile_start: ``[T]`` first intersection of each flat tile.
         tile_end: ``[T]`` one past its last.
-        image_shape: ``(H, W)``.
+        image_size: ``(H, W)``.
         tile_size: tile side in pixels.
         chunk: Gaussians per tile per round (at least).
         max_elements: bound on the entries of one step, ``tiles * Gaussians * tile_size^2``.
@@ -229,7 +229,7 @@ def _composite_tiles(
     Returns:
         ``[T, tile_size^2, 5]`` accumulated ``r, g, b, depth, alpha`` per tile pixel.
     """
-    height, width = image_shape
+    height, width = image_size
     tiles_y, tiles_x = math.ceil(height / tile_size), math.ceil(width / tile_size)
     device, dtype = features.device, features.dtype
     num_tiles = tile_start.shape[0]
@@ -294,7 +294,7 @@ def _render_torch(
     gaussians: Gaussians,
     extrinsics: Tensor,
     intrinsics: Tensor,
-    image_shape: tuple[int, int],
+    image_size: tuple[int, int],
     background: Tensor,
     near: float | Tensor,
     far: float | Tensor,
@@ -306,11 +306,11 @@ def _render_torch(
     eps2d: float = EPS2D,
 ) -> RenderOutput:
     """The tiled PyTorch rasteriser (any device, differentiable through autograd)."""
-    height, width = image_shape
+    height, width = image_size
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
     projection, valid = project_views(
-        gaussians, extrinsics, intrinsics, image_shape, near, far, rasterize_mode, eps2d
+        gaussians, extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d
     )  # valid: [B, V, N]
     radii = projection.radii * valid[..., None]
 
@@ -351,7 +351,7 @@ def _render_torch(
         pair_radii,
         image_ids,
         batch * views,
-        image_shape,
+        image_size,
         tile_size,
     )
     tiles_y, tiles_x = math.ceil(height / tile_size), math.ceil(width / tile_size)
@@ -360,7 +360,7 @@ def _render_torch(
         pair_ids,
         tile_start,
         tile_end,
-        image_shape,
+        image_size,
         tile_size,
         chunk,
         max_elements,
