@@ -35,8 +35,13 @@ from models.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import pixel_grid
 from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS
-from models.layers.backbones.depth_trunk import DPT_CONFIGS, DepthSplatDPT, DepthTrunk
-from models.layers.backbones.dinov2 import DINOV2_SIZES
+from models.layers.backbones.depth_trunk import (
+    DepthTrunk,
+    depth_trunk_size,
+    depthsplat_dpt,
+    depthsplat_dpt_extras,
+)
+from models.layers.backbones.dpt import release_dpt_key
 from models.layers.heads import GaussianHead, RayDepthPlacement
 from models.registry import register_model
 from models.weights.builder import check_mapped_state
@@ -112,23 +117,11 @@ class DepthSplat(SplatModel):
         super().__init__()
         if not 0 < near < far:
             raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
-        if vit_size == "custom":
-            needed = dict(vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
-                          mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
-                          dpt_features=dpt_features, dpt_out_channels=dpt_out_channels)  # fmt: skip
-            missing = [k for k, value in needed.items() if value is None]
-            if missing:
-                raise ValueError(f"vit_size='custom' needs {', '.join(missing)}")
-            vit_spec: str | tuple = (vit_dim, vit_depth, vit_heads)
-            dpt = {"depth_features": dpt_depth_features, "features": dpt_features,
-                   "out_channels": tuple(dpt_out_channels)}  # fmt: skip
-            embed = vit_dim
-        elif vit_size in DINOV2_SIZES:
-            vit_spec, dpt, embed = vit_size, DPT_CONFIGS[vit_size], DINOV2_SIZES[vit_size][0]
-        else:
-            raise ValueError(
-                f"vit_size must be 'vits', 'vitb', 'vitl' or 'custom', got {vit_size!r}"
-            )
+        vit_spec, dpt, embed = depth_trunk_size(
+            vit_size, vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
+            mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
+            dpt_features=dpt_features, dpt_out_channels=dpt_out_channels,
+        )  # fmt: skip
         self.near, self.far = near, far
         self.local_mv_match = local_mv_match
         self.depth = DepthTrunk(
@@ -143,13 +136,8 @@ class DepthSplat(SplatModel):
             dpt=dpt,
         )
         features = dpt["features"]
-        self.feature_dpt = DepthSplatDPT(
-            embed,
-            features,
-            tuple(dpt["out_channels"]),
-            upsample_factor=upsample_factor,
-            num_scales=num_scales,
-            with_depth=False,
+        self.feature_dpt = depthsplat_dpt(
+            embed, features, dpt["out_channels"], self.depth.layout, with_depth=False
         )
         # [image, depth, match confidence, features] -> regressor
         self.regressor = nn.Sequential(
@@ -215,7 +203,8 @@ class DepthSplat(SplatModel):
         near, far = self._depth_range(context, b, v, images)
         trunk = self.depth(images, intrinsics, extrinsics, near, far, self._neighbours(extrinsics))
         depth = trunk["depth"]  # [B, V, H, W]
-        features = self.feature_dpt(trunk["mono"], trunk["cnn"], trunk["match"])  # [BV, F, H, W]
+        extras = depthsplat_dpt_extras(self.depth.layout, trunk["cnn"], trunk["match"])
+        features = self.feature_dpt.fuse_maps(trunk["mono"], extras)  # [BV, F, H, W]
         confidence = trunk["match_prob"].amax(dim=1, keepdim=True)
         confidence = F.interpolate(confidence, size=(h, w), mode="nearest")  # [BV, 1, H, W]
         flat_images = images.flatten(0, 1)
@@ -277,7 +266,8 @@ _RULES: list[tuple[str, str]] = [
     (r"^depth_predictor\.regressor\.(\d+)\.4\.", r"depth.scales.\1.proj_out."),
     (r"^depth_predictor\.regressor_residual\.(\d+)\.", r"depth.scales.\1.shortcut."),
     (r"^depth_predictor\.depth_head\.(\d+)\.", r"depth.scales.\1.depth_head."),
-    # DPTs
+    # DPTs (models.layers.backbones.dpt.release_dpt_key maps the rest), the refiner's own head
+    (r"^depth_predictor\.upsampler\.scratch\.output_conv\.", "depth.refiner_head."),
     (r"^depth_predictor\.upsampler\.", "depth.refiner."),
     (r"^feature_upsampler\.", "feature_dpt."),
     (r"^gaussian_regressor\.", "regressor."),
@@ -303,17 +293,8 @@ _INNER: list[tuple[str, str]] = [
     (r"\.in_layers\.0\.", ".norm1."), (r"\.in_layers\.2\.", ".conv1."),
     (r"\.out_layers\.0\.", ".norm2."), (r"\.out_layers\.3\.", ".conv2."),
     (r"\.skip_connection\.", ".skip."), (r"\.attn\.proj_out\.", ".attn.proj."),
-    # DPT
-    (r"(refiner|feature_dpt)\.concat_projects\.", r"\1.fuse."),
-    (r"(refiner|feature_dpt)\.projects\.", r"\1.proj."),
-    (r"(refiner|feature_dpt)\.resize_layers\.", r"\1.resample."),
-    (r"(refiner|feature_dpt)\.scratch\.layer(\d)_rn\.",
-     lambda m: f"{m.group(1)}.layer_rn.{int(m.group(2)) - 1}."),
-    (r"(refiner|feature_dpt)\.scratch\.refinenet(\d)\.",
-     lambda m: f"{m.group(1)}.refine.{int(m.group(2)) - 1}."),
-    (r"\.resConfUnit1\.", ".skip_unit."), (r"\.resConfUnit2\.", ".unit."),
-    (r"(refiner)\.scratch\.output_conv\.", r"\1.head."),
 ]  # fmt: skip
+_DPT_HEADS = ("depth.refiner.", "feature_dpt.")  # DPTHead modules, named by release_dpt_key
 _RULES_RE = [(re.compile(a), b) for a, b in _RULES]
 _INNER_RE = [(re.compile(a), b) for a, b in _INNER]
 
@@ -326,6 +307,10 @@ def official_key_to_ours(key: str) -> str | None:
             break
     else:
         return None
+    for head in _DPT_HEADS:
+        if key.startswith(head):
+            name = release_dpt_key(key[len(head) :])
+            return None if name is None else head + name
     for pattern, repl in _INNER_RE:
         key = pattern.sub(repl, key)
     return key

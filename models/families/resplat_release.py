@@ -51,8 +51,7 @@ from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.da3_vit import Mlp
-from models.layers.backbones.depth_trunk import DepthTrunk
-from models.layers.backbones.dinov2 import DINOV2_SIZES
+from models.layers.backbones.depth_trunk import DepthTrunk, depth_trunk_size
 from models.layers.knn import knn
 from models.registry import register_model
 from models.render import render
@@ -358,23 +357,11 @@ class ReSplatRelease(SplatModel):
             raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
         if iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {iterations}")
-        if vit_size == "custom":
-            needed = dict(vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
-                          mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
-                          dpt_features=dpt_features, dpt_out_channels=dpt_out_channels)  # fmt: skip
-            missing = [k for k, value in needed.items() if value is None]
-            if missing:
-                raise ValueError(f"vit_size='custom' needs {', '.join(missing)}")
-            vit_spec: str | tuple = (vit_dim, vit_depth, vit_heads)
-            dpt = {"depth_features": dpt_depth_features, "features": dpt_features,
-                   "out_channels": tuple(dpt_out_channels)}  # fmt: skip
-            embed = vit_dim
-        elif vit_size in DINOV2_SIZES:
-            vit_spec, dpt, embed = vit_size, None, DINOV2_SIZES[vit_size][0]
-        else:
-            raise ValueError(
-                f"vit_size must be 'vits', 'vitb', 'vitl' or 'custom', got {vit_size!r}"
-            )
+        vit_spec, dpt, embed = depth_trunk_size(
+            vit_size, vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
+            mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
+            dpt_features=dpt_features, dpt_out_channels=dpt_out_channels,
+        )  # fmt: skip
         self.latent_downsample = latent_downsample
         self.gaussians_per_latent = gaussians_per_latent
         self.lowest_resolution = lowest_resolution

@@ -12,13 +12,15 @@ code does (views of one scene share intrinsics in its training data).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
 from models.layers.backbones.dinov2 import DINOV2_SIZES, DinoV2
-from models.layers.backbones.dpt import FusionBlock
+from models.layers.backbones.dpt import DPTHead
 from models.layers.backbones.unimatch import (
     ConvStem,
     CrossViewTransformer,
@@ -27,7 +29,16 @@ from models.layers.backbones.unimatch import (
 )
 from models.layers.depth_head import DepthSoftmaxHead
 
-__all__ = ["DepthTrunk", "DepthSplatDPT", "CrossViewUNet", "DPT_CONFIGS", "MONO_LAYERS"]
+__all__ = [
+    "DepthTrunk",
+    "CrossViewUNet",
+    "DPT_CONFIGS",
+    "DPT_EXTRAS",
+    "MONO_LAYERS",
+    "depthsplat_dpt",
+    "depthsplat_dpt_extras",
+    "depth_trunk_size",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -175,125 +186,114 @@ class CrossViewUNet(nn.Module):
 
 
 # ----------------------------------------------------------------------------- DPT
-class DepthSplatDPT(nn.Module):
-    """Depth Anything V2's DPT with DepthSplat's extra inputs (CNN, multi-view and optionally
-    coarse-depth features concatenated at 1/2, 1/4 and 1/8).
+# Per (upsample_factor, num_scales) layout of the release, the maps concatenated before and after
+# each of the three finest reassembled layers (the order of its fuse convolutions' input
+# channels): the CNN stages (highest resolution first), the transformer features per scale
+# (highest resolution first) and, in the depth refiner, the coarse inverse depth.
+DPT_EXTRAS: dict[tuple[int, int], tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {
+    (4, 1): ((("cnn0", "cnn1"), ()), (("cnn2",), ("match0", "depth")), ((), ())),
+    (2, 2): ((("cnn0", "cnn1", "match0", "depth"), ()), (("cnn2",), ("match1",)), ((), ())),
+    (4, 2): ((("cnn0",), ()), (("cnn1",), ("match0", "depth")), (("cnn2",), ("match1",))),
+    (8, 1): ((("cnn0",), ()), (("cnn1",), ()), (("cnn2",), ("match0", "depth"))),
+}
 
-    Which features join which level depends on ``(upsample_factor, num_scales)`` -- the four
-    released layouts: (4, 1), (2, 2), (4, 2) and (8, 1).
+
+def depthsplat_dpt(
+    vit_dim: int,
+    features: int,
+    out_channels: Sequence[int],
+    layout: tuple[int, int],
+    *,
+    with_depth: bool,
+    cnn_dims: tuple[int, int, int] = (64, 96, 128),
+    match_dim: int = 128,
+) -> DPTHead:
+    """Depth Anything V2's DPT with DepthSplat's extra maps (``DPT_EXTRAS``), as a ``DPTHead``.
 
     Args:
         vit_dim: ViT token channels.
         features: fusion width.
         out_channels: the four projected widths.
-        upsample_factor: resolution of the last cost volume relative to the image.
-        num_scales: cost-volume scales.
-        with_depth: concatenate the coarse inverse depth and end in a one-channel head (the
-            depth refiner); else return ``features``-channel maps (the feature upsampler).
+        layout: ``(upsample_factor, num_scales)``, one of ``DPT_EXTRAS``.
+        with_depth: the coarse inverse depth joins (the depth refiner).
         cnn_dims, match_dim: channels of the CNN stages and of the transformer output.
+
+    Returns:
+        A head without output stage: ``fuse_maps`` gives ``features`` channels at full
+        resolution from the four ViT maps at 1/8.
     """
+    if layout not in DPT_EXTRAS:
+        raise ValueError(f"unsupported (upsample_factor, num_scales) = {layout}")
+    dims = {"cnn0": cnn_dims[0], "cnn1": cnn_dims[1], "cnn2": cnn_dims[2],
+            "match0": match_dim if layout[1] == 1 else match_dim // 2, "match1": match_dim,
+            "depth": 1 if with_depth else 0}  # fmt: skip
+    extra_dims = [sum(dims[n] for n in before + after) for before, after in DPT_EXTRAS[layout]]
+    return DPTHead(
+        vit_dim,
+        layer_dims=out_channels,
+        features=features,
+        align_corners=True,
+        upsample_last=True,
+        extra_dims=extra_dims,
+        head_dim=0,
+        out_dim=0,
+        shallow_dim=0,
+    )
 
-    def __init__(
-        self,
-        vit_dim: int,
-        features: int,
-        out_channels: tuple[int, int, int, int],
-        *,
-        upsample_factor: int,
-        num_scales: int,
-        with_depth: bool,
-        cnn_dims: tuple[int, int, int] = (64, 96, 128),
-        match_dim: int = 128,
-    ) -> None:
-        super().__init__()
-        layout = (upsample_factor, num_scales)
-        if layout not in ((4, 1), (2, 2), (4, 2), (8, 1)):
-            raise ValueError(f"unsupported (upsample_factor, num_scales) = {layout}")
-        self.layout = layout
-        self.with_depth = with_depth
-        d = 1 if with_depth else 0
-        c0, c1, c2 = cnn_dims
-        o0, o1, o2, o3 = out_channels
-        half = match_dim // 2
-        fuse_in = {
-            (4, 1): (c0 + c1 + o0, c2 + o1 + match_dim + d, o2),
-            (2, 2): (c0 + c1 + o0 + half + d, c2 + o1 + match_dim, o2),
-            (4, 2): (c0 + o0, c1 + o1 + half + d, c2 + o2 + match_dim),
-            (8, 1): (c0 + o0, c1 + o1, c2 + o2 + match_dim + d),
-        }[layout]
-        self.fuse = nn.ModuleList(
-            [nn.Conv2d(cin, cout, 1) for cin, cout in zip(fuse_in, out_channels[:3])]
-        )
-        self.proj = nn.ModuleList([nn.Conv2d(vit_dim, c, 1) for c in out_channels])
-        self.resample = nn.ModuleList(
-            [
-                nn.ConvTranspose2d(o0, o0, 4, stride=4),
-                nn.ConvTranspose2d(o1, o1, 2, stride=2),
-                nn.Identity(),
-                nn.Conv2d(o3, o3, 3, stride=2, padding=1),
-            ]
-        )
-        self.layer_rn = nn.ModuleList(
-            [nn.Conv2d(c, features, 3, padding=1, bias=False) for c in out_channels]
-        )
-        self.refine = nn.ModuleList(
-            [FusionBlock(features, has_skip=i < 3, align_corners=True) for i in range(4)]
-        )
-        self.head = None
-        if with_depth:
-            self.head = nn.Sequential(
-                nn.Conv2d(features, features // 2, 3, padding=1, padding_mode="replicate"),
-                nn.GELU(),
-                nn.Conv2d(features // 2, 16, 3, padding=1, padding_mode="replicate"),
-                nn.GELU(),
-                nn.Conv2d(16, 1, 1),
-            )
-            nn.init.zeros_(self.head[-1].weight)
-            nn.init.zeros_(self.head[-1].bias)
 
-    def forward(
-        self,
-        mono: list[Tensor],
-        cnn: list[Tensor],
-        match: list[Tensor],
-        depth: Tensor | None = None,
-    ) -> Tensor:
-        """Fuse to full resolution.
-
-        Args:
-            mono: four ViT maps ``[BV, C, H/8, W/8]``.
-            cnn: CNN stages, highest resolution first.
-            match: transformer features per scale, highest resolution first.
-            depth: coarse inverse depth at the last cost-volume resolution (``with_depth``).
-        """
-        l1, l2, l3, l4 = [rs(pj(x)) for x, pj, rs in zip(mono, self.proj, self.resample)]
-        extra = [depth] if self.with_depth else []
-        if self.layout == (4, 1):
-            cat1 = [cnn[0], cnn[1], l1]
-            cat2 = [cnn[2], l2, match[0], *extra]
-            cat3 = [l3]
-        elif self.layout == (2, 2):
-            cat1 = [cnn[0], cnn[1], match[0], *extra, l1]
-            cat2 = [cnn[2], l2, match[1]]
-            cat3 = [l3]
-        elif self.layout == (4, 2):
-            cat1 = [cnn[0], l1]
-            cat2 = [cnn[1], l2, match[0], *extra]
-            cat3 = [cnn[2], l3, match[1]]
-        else:
-            cat1 = [cnn[0], l1]
-            cat2 = [cnn[1], l2]
-            cat3 = [cnn[2], l3, match[0], *extra]
-        levels = [f(torch.cat(c, dim=1)) for f, c in zip(self.fuse, (cat1, cat2, cat3))] + [l4]
-        rn = [conv(x) for conv, x in zip(self.layer_rn, levels)]
-        path = self.refine[3](rn[3], None, rn[2].shape[-2:])
-        path = self.refine[2](path, rn[2], rn[1].shape[-2:])
-        path = self.refine[1](path, rn[1], rn[0].shape[-2:])
-        path = self.refine[0](path, rn[0], None)
-        return path if self.head is None else self.head(path)
+def depthsplat_dpt_extras(
+    layout: tuple[int, int], cnn: list[Tensor], match: list[Tensor], depth: Tensor | None = None
+) -> list[tuple[list[Tensor], list[Tensor]]]:
+    """``DPTHead.fuse_maps``'s ``extras`` of a ``depthsplat_dpt``: the CNN stages ``cnn`` and
+    transformer features ``match`` (highest resolution first) and, for the refiner, the coarse
+    inverse depth ``depth [BV, 1, h, w]`` at the last cost-volume resolution."""
+    maps = {"cnn0": cnn[0], "cnn1": cnn[1], "cnn2": cnn[2], "match0": match[0]}
+    if len(match) > 1:
+        maps["match1"] = match[1]
+    if depth is not None:
+        maps["depth"] = depth
+    return [
+        ([maps[n] for n in before if n in maps], [maps[n] for n in after if n in maps])
+        for before, after in DPT_EXTRAS[layout]
+    ]
 
 
 # ----------------------------------------------------------------------------- the trunk
+def depth_trunk_size(
+    vit_size: str,
+    *,
+    vit_dim: int | None = None,
+    vit_depth: int | None = None,
+    vit_heads: int | None = None,
+    mono_layers: Sequence[int] | None = None,
+    dpt_depth_features: int | None = None,
+    dpt_features: int | None = None,
+    dpt_out_channels: Sequence[int] | None = None,
+) -> tuple[str | tuple[int, int, int], dict, int]:
+    """A family's size arguments -> ``DepthTrunk``'s ``vit_size`` and ``dpt``, and the ViT width.
+
+    ``vit_size`` is ``"vits"``, ``"vitb"``, ``"vitl"`` (Depth Anything V2's DPT widths), or
+    ``"custom"`` with every other argument but ``mono_layers``, which the trunk needs too (the
+    families' reduced test sizes).
+
+    Raises:
+        ValueError: an unknown size, or a custom one with arguments missing (named).
+    """
+    if vit_size == "custom":
+        needed = dict(vit_dim=vit_dim, vit_depth=vit_depth, vit_heads=vit_heads,
+                      mono_layers=mono_layers, dpt_depth_features=dpt_depth_features,
+                      dpt_features=dpt_features, dpt_out_channels=dpt_out_channels)  # fmt: skip
+        missing = [k for k, value in needed.items() if value is None]
+        if missing:
+            raise ValueError(f"vit_size='custom' needs {', '.join(missing)}")
+        dpt = {"depth_features": dpt_depth_features, "features": dpt_features,
+               "out_channels": tuple(dpt_out_channels)}  # fmt: skip
+        return (vit_dim, vit_depth, vit_heads), dpt, vit_dim
+    if vit_size in DINOV2_SIZES:
+        return vit_size, DPT_CONFIGS[vit_size], DINOV2_SIZES[vit_size][0]
+    raise ValueError(f"vit_size must be 'vits', 'vitb', 'vitl' or 'custom', got {vit_size!r}")
+
+
 class _Pyramid(nn.Module):
     """SimpleFeaturePyramid: scale 1 as is, scale 2 by a transposed conv (half the channels)."""
 
@@ -456,14 +456,20 @@ class DepthTrunk(nn.Module):
                 )
             )
         self.scales = nn.ModuleList(scales)
-        self.refiner = DepthSplatDPT(
-            vit_dim,
-            dpt["depth_features"],
-            tuple(dpt["out_channels"]),
-            upsample_factor=upsample_factor,
-            num_scales=num_scales,
-            with_depth=True,
+        self.layout = (upsample_factor, num_scales)
+        self.refiner = depthsplat_dpt(
+            vit_dim, dpt["depth_features"], dpt["out_channels"], self.layout, with_depth=True
         )
+        f = dpt["depth_features"]  # the refiner's output layers: a residual on the inverse depth
+        self.refiner_head = nn.Sequential(
+            nn.Conv2d(f, f // 2, 3, padding=1, padding_mode="replicate"),
+            nn.GELU(),
+            nn.Conv2d(f // 2, 16, 3, padding=1, padding_mode="replicate"),
+            nn.GELU(),
+            nn.Conv2d(16, 1, 1),
+        )
+        nn.init.zeros_(self.refiner_head[-1].weight)
+        nn.init.zeros_(self.refiner_head[-1].bias)
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(3, 1, 1), persistent=False)
 
@@ -582,7 +588,8 @@ class DepthTrunk(nn.Module):
             prob = self.scales[s](inputs, v)
             inv_depth = (prob * candidates).sum(1, keepdim=True)  # [BV, 1, h, w]
 
-        residual = self.refiner(mono, cnn, match_scales[::-1], inv_depth)
+        extras = depthsplat_dpt_extras(self.layout, cnn, match_scales[::-1], inv_depth)
+        residual = self.refiner_head(self.refiner.fuse_maps(mono, extras))  # [BV, 1, H, W]
         inv_depth = F.interpolate(
             inv_depth, scale_factor=self.upsample_factor, mode="bilinear", align_corners=True
         )
