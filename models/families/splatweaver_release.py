@@ -63,15 +63,11 @@ from models.gaussians import Gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.rotations import quaternion_multiply
 from models.input_recipe import InputRecipe
+from models.layers.backbones.dpt import DPTHead, add_uv_embedding, release_dpt_key
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.knn import knn
-from models.layers.vggt import (
-    AlternatingAggregator,
-    CameraHead,
-    DPTHead,
-    pose_encoding_to_cameras,
-)
+from models.layers.vggt import AlternatingAggregator, CameraHead, pose_encoding_to_cameras
 from models.layers.wavelet import WAVELETS
 from models.registry import register_model
 from models.sh import eval_sh_bases
@@ -269,6 +265,26 @@ def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the model
+def _vggt_dpt(dim: int, features: int, channels: Sequence[int], out_dim: int) -> DPTHead:
+    """VGGT's DPT on ``dim``-channel tokens: ``features`` fusion width, ``channels`` projection
+    widths, ``head_in`` halving the width, ``out_dim`` channels out of a 32-channel ``head_out``
+    (0: none)."""
+    return DPTHead(
+        dim,
+        layer_dims=channels,
+        features=features,
+        token_norm=True,
+        uv_embedding=True,
+        align_corners=True,
+        rectify=True,
+        upsample_last=True,
+        head_dim=features // 2,
+        out_dim=out_dim,
+        out_hidden=32,
+        shallow_dim=0,
+    )
+
+
 class SplatWeaverRelease(SplatModel):
     """SplatWeaver as released (VGGT trunk, wavelet-guided cardinality experts, kNN refiner).
 
@@ -358,10 +374,10 @@ class SplatWeaverRelease(SplatModel):
             pos_grid=pos_grid,
         )
         self.camera_head = CameraHead(2 * embed_dim, camera_depth, camera_heads)
-        self.depth_head = DPTHead(
-            2 * embed_dim, patch_size, depth_features, depth_channels, output_dim=2
-        )
-        self.feature_head = DPTHead(2 * embed_dim, patch_size, gaussian_features, gaussian_channels)
+        # VGGT's DPTs: the depth head ends in a 32-channel output_conv2 (depth, confidence); the
+        # Gaussian-feature head stops after head_in (its output layers are this model's)
+        self.depth_head = _vggt_dpt(2 * embed_dim, depth_features, depth_channels, out_dim=2)
+        self.feature_head = _vggt_dpt(2 * embed_dim, gaussian_features, gaussian_channels, 0)
         self.image_encoder = nn.Sequential(
             nn.Conv2d(3, 32, 7, padding=3), nn.ReLU(), nn.Conv2d(32, width, 5, padding=2), nn.ReLU()
         )
@@ -506,7 +522,9 @@ class SplatWeaverRelease(SplatModel):
         # --- cameras and depth ---
         encoding = self.camera_head(by_layer[self.aggregator.depth - 1])[-1]  # [B, V, 9]
         w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
-        raw_depth = self.depth_head(layers, start, (h, w))  # [B, V, 2, H, W]
+        grid = (h // p, w // p)
+        raw_depth = self.depth_head(layers, grid, (h, w), prefix_tokens=start)
+        raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
         depth = torch.exp(raw_depth[:, :, 0])
         depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
         points = self._unproject(depth, w2c, pixel_k)  # [B, V, H, W, 3]
@@ -518,9 +536,10 @@ class SplatWeaverRelease(SplatModel):
 
         # --- per-pixel features, wavelet guidance and routing ---
         flat_images = images.reshape(b * v, 3, h, w)
-        fused = self.feature_head.forward_features(layers, start, (h, w))
+        maps = self.feature_head.token_maps(layers, grid, start)
+        fused = self.feature_head.fuse_maps(maps)  # [BV, C, 8h, 8w]
         fused = F.interpolate(fused, size=(h, w), mode="bilinear", align_corners=True)
-        fused = DPTHead.add_uv_embedding(fused + self.image_encoder(flat_images), (h, w))
+        fused = add_uv_embedding(fused + self.image_encoder(flat_images))
         features = self.feature_conv(fused)  # [BV, C, H, W]
         logits = self.router(features + fused * self.prior(flat_images))  # [BV, M + 1, H, W]
         noise = frozen_gumbel_noise(logits, v) if routing == "frozen_gumbel" else None
@@ -667,7 +686,7 @@ _HEAD_RENAMES = (  # release prefix under encoder.gaussian_param_head. -> ours
     ("gs_moe.gs_predictor.pt_block.", "refiner."),
     ("gs_moe.gs_predictor.input.", "refiner.input."),
     ("gs_moe.gs_predictor.head.0.", "refiner.head."),
-    ("", "feature_head."),  # the DPT part keeps its names
+    ("", "feature_head."),  # the DPT part (release_dpt_key names it)
 )
 # Release keys with no counterpart here, and why.
 DROPPED_KEYS = {
@@ -679,10 +698,11 @@ DROPPED_KEYS = {
 def _map_key(key: str) -> str | None:
     """Our parameter name of a release key (``None``: not a key of this release)."""
     ours = _map_prefix(key)
-    if ours is None:
-        return None
-    # the DPTs' fusion blocks (models.layers.backbones.dpt.FusionBlock) name their units
-    return ours.replace(".resConfUnit1.", ".skip_unit.").replace(".resConfUnit2.", ".unit.")
+    for head in ("depth_head.", "feature_head."):  # the DPTs (DPTHead's names)
+        if ours is not None and ours.startswith(head):
+            name = release_dpt_key(ours[len(head) :])
+            return None if name is None else head + name
+    return ours
 
 
 def _map_prefix(key: str) -> str | None:

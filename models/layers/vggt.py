@@ -16,8 +16,10 @@ Pieces:
   intermediate outputs are ``[frame tokens || global tokens]`` (``2C`` channels);
 - ``CameraHead``: adaptive-LayerNorm trunk on the camera tokens refining a 9-number pose encoding
   (translation, quaternion xyzw, two fields of view) over a few iterations;
-- ``pose_encoding_to_cameras``: that encoding to world-to-camera ``[R|t]`` and pixel intrinsics;
-- ``DPTHead``: VGGT's DPT (projections, resampling, fusion) with a sine-cosine UV embedding.
+- ``pose_encoding_to_cameras``: that encoding to world-to-camera ``[R|t]`` and pixel intrinsics.
+
+VGGT's DPT heads are the project's ``models.layers.backbones.dpt.DPTHead`` with its VGGT options
+(token LayerNorm, UV embedding, rectified residual units, aligned corners).
 """
 
 from __future__ import annotations
@@ -29,18 +31,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.layers.backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
-from models.layers.backbones.dpt import FusionBlock
 
 __all__ = [
     "Block",
     "DinoPatchEncoder",
     "AlternatingAggregator",
     "CameraHead",
-    "DPTHead",
     "RotaryEmbedding2D",
     "pose_encoding_to_cameras",
     "quaternion_xyzw_to_matrix",
-    "uv_embedding",
 ]
 
 RESNET_MEAN = (0.485, 0.456, 0.406)
@@ -409,131 +408,3 @@ def pose_encoding_to_cameras(encoding: Tensor, size: tuple[int, int]) -> tuple[T
     intrinsics[..., 1, 2] = h / 2
     intrinsics[..., 2, 2] = 1.0
     return extrinsics, intrinsics
-
-
-# ----------------------------------------------------------------------------- DPT
-def uv_embedding(channels: int, grid: tuple[int, int], aspect: float, like: Tensor) -> Tensor:
-    """Sine-cosine embedding ``[channels, h, w]`` of a UV grid spanning the image diagonal.
-
-    x and y each get ``channels / 2`` channels (sines then cosines, frequencies
-    ``100^(-i / (channels / 4))``); the grid spans ``±aspect/diag`` by ``±1/diag`` (pixel-centred).
-    """
-    h, w = grid
-    diag = (aspect**2 + 1.0) ** 0.5
-    span_x, span_y = aspect / diag, 1.0 / diag
-    xs = torch.linspace(
-        -span_x * (w - 1) / w, span_x * (w - 1) / w, w, dtype=like.dtype, device=like.device
-    )
-    ys = torch.linspace(
-        -span_y * (h - 1) / h, span_y * (h - 1) / h, h, dtype=like.dtype, device=like.device
-    )
-    uu, vv = torch.meshgrid(xs, ys, indexing="xy")  # [h, w]
-    quarter = channels // 4
-    omega = torch.arange(quarter, dtype=torch.float64, device=like.device) / (channels / 4.0)
-    omega = 1.0 / 100.0**omega
-
-    def embed(pos: Tensor) -> Tensor:
-        angles = pos.reshape(-1).double()[:, None] * omega  # [hw, C/4]
-        return torch.cat([angles.sin(), angles.cos()], dim=1).float()
-
-    emb = torch.cat([embed(uu), embed(vv)], dim=-1)  # [hw, C]
-    return emb.reshape(h, w, channels).permute(2, 0, 1).to(like.dtype)
-
-
-class DPTHead(nn.Module):
-    """VGGT's DPT: four token layers -> projections -> x4, x2, x1, x0.5 -> fusion -> features.
-
-    ``forward_features`` returns the fused map (``features // 2`` channels, at 8x the patch
-    grid, after ``scratch.output_conv1``); subclasses add their own output layers. The plain
-    ``DPTHead`` with ``output_dim`` is VGGT's dense head: upsample to the patch-aligned size, add
-    the UV embedding, ``output_conv2`` (conv, ReLU, 1x1 conv).
-
-    Args:
-        dim_in: token channels (``2C`` of the aggregator).
-        patch_size: pixels per patch.
-        features: fusion width.
-        out_channels: projection widths of the four layers.
-        output_dim: channels of ``output_conv2`` (``None``: no dense output layers).
-        output_hidden: hidden channels of ``output_conv2``.
-    """
-
-    def __init__(
-        self,
-        dim_in: int,
-        patch_size: int = 14,
-        features: int = 256,
-        out_channels: Sequence[int] = (256, 512, 1024, 1024),
-        output_dim: int | None = None,
-        output_hidden: int = 32,
-    ) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        oc = list(out_channels)
-        self.norm = nn.LayerNorm(dim_in)
-        self.projects = nn.ModuleList(nn.Conv2d(dim_in, c, 1) for c in oc)
-        self.resize_layers = nn.ModuleList(
-            [
-                nn.ConvTranspose2d(oc[0], oc[0], kernel_size=4, stride=4),
-                nn.ConvTranspose2d(oc[1], oc[1], kernel_size=2, stride=2),
-                nn.Identity(),
-                nn.Conv2d(oc[3], oc[3], kernel_size=3, stride=2, padding=1),
-            ]
-        )
-        self.scratch = nn.Module()
-        for i, c in enumerate(oc, start=1):
-            setattr(self.scratch, f"layer{i}_rn", nn.Conv2d(c, features, 3, padding=1, bias=False))
-        for i in range(1, 5):  # the released DPT's fusion: rectified residuals, corners aligned
-            block = FusionBlock(features, has_skip=i < 4, align_corners=True, rectify_input=True)
-            setattr(self.scratch, f"refinenet{i}", block)
-        self.scratch.output_conv1 = nn.Conv2d(features, features // 2, 3, padding=1)
-        if output_dim is not None:
-            self.scratch.output_conv2 = nn.Sequential(
-                nn.Conv2d(features // 2, output_hidden, 3, padding=1),
-                nn.ReLU(),
-                nn.Conv2d(output_hidden, output_dim, 1),
-            )
-
-    @staticmethod
-    def add_uv_embedding(x: Tensor, size: tuple[int, int], ratio: float = 0.1) -> Tensor:
-        """``x [N, C, h, w]`` plus ``ratio`` times the UV embedding of an image of ``size``."""
-        height, width = size
-        emb = uv_embedding(x.shape[1], x.shape[-2:], width / height, x)
-        return x + ratio * emb[None]
-
-    def forward_features(
-        self, layers: Sequence[Tensor], patch_start_idx: int, size: tuple[int, int]
-    ) -> Tensor:
-        """``layers``: four ``[B, S, P, dim_in]`` token tensors; ``size`` ``(H, W)`` of the images.
-
-        Returns:
-            ``[B*S, features // 2, 8h, 8w]`` fused features (``h x w`` the patch grid).
-        """
-        height, width = size
-        h, w = height // self.patch_size, width // self.patch_size
-        maps = []
-        for i, tokens in enumerate(layers):
-            x = tokens[:, :, patch_start_idx:]
-            x = self.norm(x.reshape(-1, x.shape[-2], x.shape[-1]))  # [BS, hw, dim_in]
-            x = x.permute(0, 2, 1).reshape(x.shape[0], -1, h, w)
-            x = self.add_uv_embedding(self.projects[i](x), size)
-            maps.append(self.resize_layers[i](x))
-        s = self.scratch
-        l1, l2, l3, l4 = (getattr(s, f"layer{i + 1}_rn")(m) for i, m in enumerate(maps))
-        out = s.refinenet4(l4, size=l3.shape[2:])
-        out = s.refinenet3(out, l3, size=l2.shape[2:])
-        out = s.refinenet2(out, l2, size=l1.shape[2:])
-        out = s.refinenet1(out, l1)
-        return s.output_conv1(out)
-
-    def forward(
-        self, layers: Sequence[Tensor], patch_start_idx: int, size: tuple[int, int]
-    ) -> Tensor:
-        """Dense output ``[B, S, output_dim, h*p, w*p]`` (before any activation)."""
-        b, s = layers[0].shape[:2]
-        x = self.forward_features(layers, patch_start_idx, size)
-        h, w = size[0] // self.patch_size, size[1] // self.patch_size
-        x = F.interpolate(
-            x, size=(h * self.patch_size, w * self.patch_size), mode="bilinear", align_corners=True
-        )
-        x = self.scratch.output_conv2(self.add_uv_embedding(x, size))
-        return x.reshape(b, s, *x.shape[1:])

@@ -35,6 +35,7 @@ __all__ = [
     "ResidualConvUnit",
     "FusionBlock",
     "REASSEMBLE_FACTORS",
+    "add_uv_embedding",
     "release_dpt_key",
     "uv_embedding",
 ]
