@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from models.layers.backbones import DPTHead, MultiViewTransformer, default_out_layers
+from models.layers.backbones.dpt import release_dpt_key
 from models.layers.backbones.multiview_vit import VIT_SIZES
 
 # A small but non-trivial configuration: 3 blocks (frame, global, frame), all three returned.
@@ -251,3 +252,51 @@ def test_dpt_shallow_features_carry_full_resolution_detail() -> None:
         head(tokens, (4, 4), (32, 32))
     head_no_cnn = DPTHead(16, num_layers=2, features=8, out_dim=4, shallow_dim=0)
     assert head_no_cnn(tokens, (4, 4), (32, 32)).shape == (1, 4, 32, 32)
+
+
+def test_dpt_release_options_shapes_and_names() -> None:
+    """The released wirings: prefix tokens skipped, the fused map at 8x the grid with
+    ``upsample_last``, extra maps merged by ``fuse``, no output stage with ``head_dim=0``; the
+    released DPT names land on this head's parameters, one to one."""
+    vggt = DPTHead(
+        16, layer_dims=[8, 8, 16, 16], features=16, token_norm=True, uv_embed=True,
+        align_corners=True, rectify=True, upsample_last=True, out_dim=2, out_hidden=4,
+        shallow_dim=0,
+    )  # fmt: skip
+    tokens = [torch.randn(1, 2, 3 + 12, 16) for _ in range(4)]  # 3 prefix tokens, a 3 x 4 grid
+    assert vggt(tokens, (3, 4), (42, 56), prefix_tokens=3).shape == (2, 2, 42, 56)
+    assert vggt.fuse_maps(vggt.token_maps(tokens, (3, 4), 3)).shape == (2, 8, 24, 32)
+    with pytest.raises(ValueError, match="token layers"):
+        vggt(tokens[:3], (3, 4), (42, 56), prefix_tokens=3)
+
+    fused = DPTHead(
+        16, layer_dims=[8, 8, 16, 16], features=16, align_corners=True, upsample_last=True,
+        extra_dims=[5, 0], head_dim=0, out_dim=0, shallow_dim=0,
+    )  # fmt: skip
+    maps = [torch.randn(2, 16, 3, 4) for _ in range(4)]
+    extras = [([torch.randn(2, 2, 12, 16)], [torch.randn(2, 3, 12, 16)]), ([], [])]
+    assert fused.fuse_maps(maps, extras).shape == (2, 16, 24, 32)
+    with pytest.raises(ValueError, match="extra maps"):
+        fused.fuse_maps(maps)
+    with pytest.raises(ValueError, match="without an output stage"):
+        fused.output_stage(torch.randn(2, 16, 24, 32), (24, 32))
+    with pytest.raises(ValueError, match="head_dim=0"):
+        DPTHead(16, head_dim=0, out_dim=4, shallow_dim=0)
+
+    released = [
+        "norm.weight", "projects.0.weight", "projects.2.bias", "resize_layers.3.weight",
+        "concat_projects.1.weight", "scratch.layer4_rn.weight",
+        "scratch.refinenet1.resConfUnit1.conv2.bias", "scratch.refinenet4.resConfUnit2.conv1.weight",
+        "scratch.refinenet2.out_conv.weight", "scratch.output_conv1.bias",
+        "scratch.output_conv2.2.weight",
+    ]  # fmt: skip
+    ours = [release_dpt_key(name) for name in released]
+    assert ours == [
+        "norm.weight", "reassemble.0.0.weight", "reassemble.2.bias", "reassemble.3.1.weight",
+        "fuse.1.weight", "layer_rn.3.weight", "fusion.0.skip_unit.conv2.bias",
+        "fusion.3.unit.conv1.weight", "fusion.1.out_conv.weight", "head_in.bias",
+        "head_out.2.weight",
+    ]  # fmt: skip
+    both = {**vggt.state_dict(), **fused.state_dict()}
+    assert all(name in both for name in ours)
+    assert release_dpt_key("scratch.output_conv.0.weight") is None  # DepthSplat's refiner head

@@ -274,7 +274,7 @@ def _vggt_dpt(dim: int, features: int, channels: Sequence[int], out_dim: int) ->
         layer_dims=channels,
         features=features,
         token_norm=True,
-        uv_embedding=True,
+        uv_embed=True,
         align_corners=True,
         rectify=True,
         upsample_last=True,

@@ -17,7 +17,7 @@ through ``release_dpt_key``):
   aligned, the last fusion upsampling too (``upsample_last``), no output stage (``head_dim=0``);
 - VGGT (SplatWeaver's release): a LayerNorm on the tokens (``token_norm``), prefix tokens
   skipped, a sine-cosine UV embedding after each projection and before ``head_out``
-  (``uv_embedding``, which replaces the ReLU there), rectified residual units (``rectify``).
+  (``uv_embed``, which replaces the ReLU there), rectified residual units (``rectify``).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class DPTHead(nn.Module):
             ``features * (1/2, 1, 2, 4)``, each capped at ``in_dim``.
         features: width of the fusion path.
         token_norm: LayerNorm the tokens first (VGGT).
-        uv_embedding: add the UV embedding after each projection and, instead of the ReLU, after
+        uv_embed: add the UV embedding after each projection and, instead of the ReLU, after
             the output resize (VGGT).
         align_corners: of every bilinear resize (the released DPTs: ``True``).
         rectify: rectified residual units (see ``ResidualConvUnit``; VGGT).
@@ -192,7 +192,7 @@ class DPTHead(nn.Module):
         layer_dims: Sequence[int] | None = None,
         features: int = 64,
         token_norm: bool = False,
-        uv_embedding: bool = False,
+        uv_embed: bool = False,
         align_corners: bool = False,
         rectify: bool = False,
         upsample_last: bool = False,
@@ -223,7 +223,7 @@ class DPTHead(nn.Module):
         self.num_layers = num_layers
         self.out_dim = out_dim
         self.shallow_dim = shallow_dim
-        self.uv_embedding = uv_embedding
+        self.uv_embed = uv_embed
         self.align_corners = align_corners
         self.upsample_last = upsample_last
         self.norm = nn.LayerNorm(in_dim) if token_norm else None
@@ -334,7 +334,7 @@ class DPTHead(nn.Module):
             # [project, resample] (a layer kept at the grid: the projection alone)
             project, resample = stage if isinstance(stage, nn.Sequential) else (stage, None)
             x = project(fmap)
-            if self.uv_embedding:
+            if self.uv_embed:
                 x = add_uv_embedding(x)
             if resample is not None:
                 x = resample(x)
@@ -360,7 +360,7 @@ class DPTHead(nn.Module):
         self, x: Tensor, out_size: tuple[int, int], image: Tensor | None = None
     ) -> Tensor:
         """``fuse_maps``'s output -> resize to ``out_size``, ReLU (UV embedding with
-        ``uv_embedding``), concatenate the shallow CNN feature of ``image``, ``head_out``.
+        ``uv_embed``), concatenate the shallow CNN feature of ``image``, ``head_out``.
 
         Returns:
             ``[N, out_dim, H, W]`` (``head_dim`` channels without ``head_out``).
@@ -370,7 +370,7 @@ class DPTHead(nn.Module):
         x = F.interpolate(
             x, size=tuple(out_size), mode="bilinear", align_corners=self.align_corners
         )
-        x = add_uv_embedding(x) if self.uv_embedding else F.relu(x)
+        x = add_uv_embedding(x) if self.uv_embed else F.relu(x)
         if self.shallow is not None:
             if image is None:
                 raise ValueError("DPTHead with shallow_dim > 0 needs the raw image")
