@@ -63,11 +63,16 @@ from models.gaussians import Gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.rotations import quaternion_multiply
 from models.input_recipe import InputRecipe
-from models.layers.backbones.dpt import DPTHead, add_uv_embedding, release_dpt_key
+from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.knn import knn
-from models.layers.vggt import AlternatingAggregator, CameraHead, pose_encoding_to_cameras
+from models.layers.vggt import (
+    AlternatingAggregator,
+    CameraHead,
+    pose_encoding_to_cameras,
+    vggt_dpt,
+)
 from models.layers.wavelet import WAVELETS
 from models.registry import register_model
 from models.sh import eval_sh_bases
@@ -265,26 +270,6 @@ def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- the model
-def _vggt_dpt(dim: int, features: int, channels: Sequence[int], out_dim: int) -> DPTHead:
-    """VGGT's DPT on ``dim``-channel tokens: ``features`` fusion width, ``channels`` projection
-    widths, ``head_in`` halving the width, ``out_dim`` channels out of a 32-channel ``head_out``
-    (0: none)."""
-    return DPTHead(
-        dim,
-        layer_dims=channels,
-        features=features,
-        token_norm=True,
-        uv_embed=True,
-        align_corners=True,
-        rectify=True,
-        upsample_last=True,
-        head_dim=features // 2,
-        out_dim=out_dim,
-        out_hidden=32,
-        shallow_dim=0,
-    )
-
-
 class SplatWeaverRelease(SplatModel):
     """SplatWeaver as released (VGGT trunk, wavelet-guided cardinality experts, kNN refiner).
 
@@ -376,8 +361,8 @@ class SplatWeaverRelease(SplatModel):
         self.camera_head = CameraHead(2 * embed_dim, camera_depth, camera_heads)
         # VGGT's DPTs: the depth head ends in a 32-channel output_conv2 (depth, confidence); the
         # Gaussian-feature head stops after head_in (its output layers are this model's)
-        self.depth_head = _vggt_dpt(2 * embed_dim, depth_features, depth_channels, out_dim=2)
-        self.feature_head = _vggt_dpt(2 * embed_dim, gaussian_features, gaussian_channels, 0)
+        self.depth_head = vggt_dpt(2 * embed_dim, depth_features, depth_channels, out_dim=2)
+        self.feature_head = vggt_dpt(2 * embed_dim, gaussian_features, gaussian_channels, 0)
         self.image_encoder = nn.Sequential(
             nn.Conv2d(3, 32, 7, padding=3), nn.ReLU(), nn.Conv2d(32, width, 5, padding=2), nn.ReLU()
         )
@@ -698,10 +683,12 @@ DROPPED_KEYS = {
 def _map_key(key: str) -> str | None:
     """Our parameter name of a release key (``None``: not a key of this release)."""
     ours = _map_prefix(key)
-    for head in ("depth_head.", "feature_head."):  # the DPTs (DPTHead's names)
-        if ours is not None and ours.startswith(head):
-            name = release_dpt_key(ours[len(head) :])
-            return None if name is None else head + name
+    if ours is None:
+        return None
+    head, _, rest = ours.partition(".")
+    if head in ("depth_head", "feature_head"):  # the DPTs: DPTHead's names
+        rest = release_dpt_key(rest)
+        return None if rest is None else f"{head}.{rest}"
     return ours
 
 

@@ -4,7 +4,8 @@ aggregator with camera and register tokens, an iterative camera head and VGGT's 
 This is this project's implementation of the architecture described in VGGT (Wang et al., CVPR
 2025) as AnySplat and SplatWeaver use it; parameter names follow the module tree of those releases
 so that their checkpoints map onto it key by key (the families' ``checkpoint_filter_fn`` do the
-renaming and checking).
+renaming and checking); the DPT heads have the project's one layout, which
+``models.layers.backbones.dpt.release_dpt_key`` maps the release's names onto.
 
 Pieces:
 
@@ -16,10 +17,9 @@ Pieces:
   intermediate outputs are ``[frame tokens || global tokens]`` (``2C`` channels);
 - ``CameraHead``: adaptive-LayerNorm trunk on the camera tokens refining a 9-number pose encoding
   (translation, quaternion xyzw, two fields of view) over a few iterations;
-- ``pose_encoding_to_cameras``: that encoding to world-to-camera ``[R|t]`` and pixel intrinsics.
-
-VGGT's DPT heads are the project's ``models.layers.backbones.dpt.DPTHead`` with its VGGT options
-(token LayerNorm, UV embedding, rectified residual units, aligned corners).
+- ``pose_encoding_to_cameras``: that encoding to world-to-camera ``[R|t]`` and pixel intrinsics;
+- ``vggt_dpt``: VGGT's DPT head, the project's ``DPTHead`` (``models.layers.backbones.dpt``) with
+  its VGGT options (token LayerNorm, UV embedding, rectified residual units, aligned corners).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.layers.backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
+from models.layers.backbones.dpt import DPTHead
 
 __all__ = [
     "Block",
@@ -40,6 +41,7 @@ __all__ = [
     "RotaryEmbedding2D",
     "pose_encoding_to_cameras",
     "quaternion_xyzw_to_matrix",
+    "vggt_dpt",
 ]
 
 RESNET_MEAN = (0.485, 0.456, 0.406)
@@ -408,3 +410,29 @@ def pose_encoding_to_cameras(encoding: Tensor, size: tuple[int, int]) -> tuple[T
     intrinsics[..., 1, 2] = h / 2
     intrinsics[..., 2, 2] = 1.0
     return extrinsics, intrinsics
+
+
+# ----------------------------------------------------------------------------- DPT
+def vggt_dpt(dim: int, features: int, channels: Sequence[int], out_dim: int) -> DPTHead:
+    """VGGT's DPT on ``dim``-channel aggregator tokens (``2C``).
+
+    ``features`` fusion width, ``channels`` the four projection widths; ``head_in`` (the
+    release's ``output_conv1``) halves the width at 8x the patch grid; ``head_out`` (its
+    ``output_conv2``: 3x3 conv to 32 channels, ReLU, 1x1 conv) gives ``out_dim`` channels (0: no
+    ``head_out``, for a model with output layers of its own). Call it with the aggregator's
+    ``patch_start_idx`` as ``prefix_tokens``.
+    """
+    return DPTHead(
+        dim,
+        layer_dims=channels,
+        features=features,
+        token_norm=True,
+        uv_embed=True,
+        align_corners=True,
+        rectify=True,
+        upsample_last=True,
+        head_dim=features // 2,
+        out_dim=out_dim,
+        out_hidden=32,
+        shallow_dim=0,
+    )
