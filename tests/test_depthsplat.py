@@ -297,8 +297,10 @@ def test_tiny_bad_input() -> None:
         model({k: t[:, :1] for k, t in context.items()})
     with pytest.raises(ValueError, match="extrinsics"):
         model({"image": context["image"], "intrinsics": context["intrinsics"]})
-    with pytest.raises(ValueError, match="custom"):
+    with pytest.raises(ValueError, match="'custom' needs vit_dim, vit_depth"):
         DepthSplat(vit_size="custom")
+    with pytest.raises(ValueError, match="vit_size must be 'vits', 'vitb', 'vitl' or 'custom'"):
+        DepthSplat(vit_size="vitg")
     with pytest.raises(ValueError, match="lowest_resolution"):
         create_model("depthsplat_tiny", upsample_factor=2)
 
