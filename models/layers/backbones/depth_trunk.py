@@ -187,9 +187,10 @@ class CrossViewUNet(nn.Module):
 
 # ----------------------------------------------------------------------------- DPT
 # Per (upsample_factor, num_scales) layout of the release, the maps concatenated before and after
-# each of the three finest reassembled layers (the order of its fuse convolutions' input
-# channels): the CNN stages (highest resolution first), the transformer features per scale
-# (highest resolution first) and, in the depth refiner, the coarse inverse depth.
+# each of the three finest reassembled layers (at 1/2, 1/4 and 1/8 of the image; the order of the
+# release's fuse convolutions' input channels): the CNN stages (highest resolution first), the
+# transformer features per scale (highest resolution first) and, in the depth refiner, the
+# coarse inverse depth (at the last cost-volume resolution).
 DPT_EXTRAS: dict[tuple[int, int], tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {
     (4, 1): ((("cnn0", "cnn1"), ()), (("cnn2",), ("match0", "depth")), ((), ())),
     (2, 2): ((("cnn0", "cnn1", "match0", "depth"), ()), (("cnn2",), ("match1",)), ((), ())),
