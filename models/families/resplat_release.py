@@ -33,7 +33,12 @@ Recurrent update, for ``i = 0 .. iterations - 1`` (weights shared):
    error]))`` (4 blocks of kNN attention, k=8, around the current means);
 4. an MLP maps the state to additive deltas of those raw parameters.
 
-The kNN is the project's exact one (``models.layers.knn``), any device.
+The point transformers and the view attentions are the project's own
+(``models.layers.point_transformer`` with ``RELEASE_POINT_OPTIONS``: single-head bias-free kNN
+attention over ``attn_proj_dim``-wide projections without position encoding, in the release's
+matmul arithmetic, MLP ratio 4, no final norm); ``checkpoint_filter_fn`` renames the release's
+keys into that layout and splits each fused kNN ``qkv`` projection into ``q`` and ``kv``. The
+kNN is the project's exact one (``models.layers.knn``), any device.
 """
 
 from __future__ import annotations
@@ -223,7 +228,7 @@ class ReSplatRelease(SplatModel):
         near, far: depth range when the context has none (the release's 0.01 / 100; DL3DV 200).
         local_mv_match: with more than 3 views each view matches its this many nearest views.
         iterations: refinement iterations when the forward is not told (the release's eval: 2).
-        knn_method: ``models.layers.knn`` method.
+        knn_method: ``models.layers.knn`` method of both point transformers.
         render_backend: ``models.render`` backend of the update's renders.
         memory_budget_gb: refuse a context whose kNN/attention would need more (see
             ``max_views``).
