@@ -144,18 +144,18 @@ class KNNAttention(nn.Module):
             bias = None if self.q.bias is None else torch.cat([self.q.bias, self.kv.bias])
             qkv = F.linear(x.reshape(b * n, -1), weight, bias)  # [B*N, 3P]
             q, key, value = qkv.chunk(3, dim=-1)  # [B*N, P] each
-            attend = self._attend_matmul
         else:
             q = self.q(x).reshape(b * n, -1)  # [B*N, P]
             kv = self.kv(x).reshape(b * n, -1)  # [B*N, 2P]
-            key, value = kv, None
-            attend = self._attend_elementwise
         step = self.chunk or b * n
         out = []
         for start in range(0, b * n, step):
             stop = start + step
             pos = self._relative(flat_points, rows[start:stop], start)
-            out.append(attend(q[start:stop], key, value, rows[start:stop], pos))
+            if self.matmul:
+                out.append(self._attend_matmul(q[start:stop], key, value, rows[start:stop], pos))
+            else:
+                out.append(self._attend_elementwise(q[start:stop], kv, rows[start:stop], pos))
         out = out[0] if len(out) == 1 else torch.cat(out, dim=0)  # [B*N, P]
         return self.out(out.reshape(b, n, -1))
 
@@ -172,7 +172,7 @@ class KNNAttention(nn.Module):
         return self.pos(torch.cat([rel / radius, dist / radius], dim=-1))  # [m, k, P]
 
     def _attend_elementwise(
-        self, q: Tensor, kv: Tensor, _: None, rows: Tensor, pos: Tensor | None
+        self, q: Tensor, kv: Tensor, rows: Tensor, pos: Tensor | None
     ) -> Tensor:
         """``q [m, P]``, ``kv [B*N, 2P]``, ``rows [m, k]``, ``pos [m, k, P]`` -> ``[m, P]``."""
         m, k = rows.shape
