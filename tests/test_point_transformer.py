@@ -10,6 +10,7 @@ from models.layers.point_transformer import (
     GlobalAttention,
     KNNAttention,
     PointTransformer,
+    ViewGridAttention,
     gather_neighbors,
 )
 
@@ -116,7 +117,7 @@ def test_global_attention_mask_hides_keys() -> None:
 def test_point_transformer_forward_backward() -> None:
     model = PointTransformer(32, depth=3, heads=4, k=16)
     assert [b.mode for b in model.blocks] == ["knn", "global", "knn"]
-    only_knn = PointTransformer(32, depth=2, global_attention=False)
+    only_knn = PointTransformer(32, depth=2, global_attention=None)
     assert [b.mode for b in only_knn.blocks] == ["knn", "knn"]
     x = torch.randn(2, 12, 32, requires_grad=True)  # fewer points than k: k is clipped
     points = torch.randn(2, 12, 3, requires_grad=True)
@@ -127,3 +128,72 @@ def test_point_transformer_forward_backward() -> None:
     assert points.grad is not None and torch.isfinite(points.grad).all()
     for name, param in model.named_parameters():
         assert param.grad is not None and torch.isfinite(param.grad).all(), name
+
+
+def _copy(source: KNNAttention, **options) -> KNNAttention:
+    attention = KNNAttention(source.dim, source.heads, source.k, **options)
+    attention.load_state_dict(source.state_dict())
+    return attention.double().eval()
+
+
+@pytest.mark.parametrize("relative_position", [True, False])
+def test_knn_attention_arithmetics_and_chunks_agree(relative_position: bool) -> None:
+    """The matmul arithmetic and any chunking compute the elementwise attention (float64: only
+    rounding differs), with an inner width other than ``dim`` and no biases."""
+    torch.manual_seed(0)
+    options = dict(inner_dim=24, qkv_bias=False, relative_position=relative_position)
+    reference = KNNAttention(16, heads=3, k=8, **options)
+    points = torch.randn(2, 50, 3, dtype=torch.float64)
+    x = torch.randn(2, 50, 16, dtype=torch.float64)
+    out = _copy(reference, **options)(x, points)
+    assert out.shape == (2, 50, 16)
+    assert reference.q.bias is None and (reference.pos is None) != relative_position
+    for variant in (dict(matmul=True), dict(chunk=7), dict(matmul=True, chunk=33)):
+        got = _copy(reference, **options, **variant)(x, points)
+        torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12, msg=str(variant))
+
+
+def test_knn_attention_without_positions_sees_only_features() -> None:
+    """Without the relative-position encoding, moving the points while keeping every neighbour
+    set changes nothing."""
+    attention = KNNAttention(16, heads=2, k=6, relative_position=False).double().eval()
+    points = torch.randn(1, 40, 3, dtype=torch.float64)
+    x = torch.randn(1, 40, 16, dtype=torch.float64)
+    index = knn(points, 6)
+    torch.testing.assert_close(attention(x, points * 2.0 + 1.0, index), attention(x, points))
+    with pytest.raises(ValueError, match="not divisible by heads 3"):
+        KNNAttention(16, heads=3)
+
+
+def test_view_grid_attention_is_global_across_views() -> None:
+    """Every token of every view sees a change in one cell of another view; the output keeps the
+    input's shape."""
+    torch.manual_seed(0)
+    attention = ViewGridAttention(16, heads=2, down=2).eval()
+    v, h, w = 3, 4, 6
+    x = torch.randn(2, v * h * w, 16)
+    out = attention(x, (v, h, w))
+    assert out.shape == x.shape
+    changed = x.clone()
+    changed[:, -1] += 1.0  # the last cell of the last view
+    moved = (attention(changed, (v, h, w)) - out).abs().amax(dim=-1)  # [B, V*h*w]
+    assert bool((moved[:, : h * w] > 0).all()), "the first view must see the last one"
+
+
+def test_point_transformer_view_attention_and_no_final_norm() -> None:
+    """``global_attention="views"`` interleaves ViewGridAttention, needs the grid, and without
+    ``final_norm`` the output is not normalised; bad kinds are refused in one line."""
+    torch.manual_seed(0)
+    model = PointTransformer(16, depth=4, heads=1, k=4, global_attention="views",
+                             global_heads=2, view_down=2, final_norm=False)  # fmt: skip
+    kinds = [type(block).__name__ for block in model.blocks]
+    assert kinds == ["PointTransformerBlock", "ViewGridAttention"] * 2 and model.norm is None
+    assert not any(k.startswith("norm.") for k in model.state_dict())
+    x, points = torch.randn(1, 2 * 4 * 4, 16) * 5, torch.randn(1, 2 * 4 * 4, 3)
+    out = model(x, points, grid=(2, 4, 4))
+    assert out.shape == x.shape and out.std() > 2  # residual stream, not LayerNorm'd
+    with pytest.raises(ValueError, match="needs the views' grid"):
+        model(x, points)
+    with pytest.raises(ValueError, match="global_attention must be one of") as info:
+        PointTransformer(16, global_attention=True)
+    assert "\n" not in str(info.value)

@@ -18,9 +18,11 @@ from models.families.resplat_release import (
     ReSplatRelease,
     checkpoint_filter_fn,
     official_key_to_ours,
+    split_fused_qkv,
 )
 from models.knobs import inference_knobs
 from models.layers.knn import knn
+from models.layers.point_transformer import KNNAttention
 from models.weights.hub import PretrainedError
 
 CONFIGS = fx.list_configs()
@@ -70,18 +72,27 @@ def test_every_released_file_is_a_tag() -> None:
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_manifest_fully_consumed(config: str) -> None:
-    """Every official key maps to a distinct tensor of ours with its shape, and every tensor of
-    ours is filled (meta tensors: no memory)."""
+    """Every official key maps to distinct tensors of ours with its shape (a kNN attention's
+    fused qkv projection to our q and kv rows), and every tensor of ours is filled exactly once
+    (meta tensors: no memory)."""
     model = _meta_model(config)
     checkpoint = _meta_checkpoint(config)
     official = checkpoint["state_dict"]
     mapped = checkpoint_filter_fn(checkpoint, model)
     ours = model.state_dict()
     assert set(mapped) == set(ours)
-    assert len(mapped) == len(official) == fx.load_manifest(config)["num_keys"]
+    assert len(official) == fx.load_manifest(config)["num_keys"]
+    filled = []
     for key, value in official.items():
-        target = official_key_to_ours(key[len("encoder.") :])
-        assert tuple(mapped[target].shape) == tuple(value.shape) == tuple(ours[target].shape)
+        parts = split_fused_qkv(official_key_to_ours(key[len("encoder.") :]), value)
+        for name, part in parts.items():
+            assert tuple(mapped[name].shape) == tuple(part.shape) == tuple(ours[name].shape)
+        rows = sum(part.shape[0] for part in parts.values()) if value.dim() else 0
+        assert rows == (value.shape[0] if value.dim() else 0), key
+        filled += parts
+    assert len(filled) == len(set(filled)) == len(ours)
+    knn_layers = sum(isinstance(m, KNNAttention) for m in model.modules())
+    assert knn_layers > 0 and len(filled) - len(official) == knn_layers  # one split per layer
     floats = sum(math.prod(t.shape) for t in ours.values() if t.dtype.is_floating_point)
     assert floats == fx.load_manifest(config)["num_parameters"]
 
@@ -164,9 +175,16 @@ def small_file(tmp_path_factory) -> Path:
 
 def test_create_model_from_official_file(small_file: Path) -> None:
     model = create_model("resplat_small", pretrained=str(small_file))
-    reference = checkpoint_filter_fn(_weights("small_dl3dv_256x448_view8"), model)
-    for key, value in model.state_dict().items():
+    official = _weights("small_dl3dv_256x448_view8")["state_dict"]
+    reference = checkpoint_filter_fn({"state_dict": official}, model)
+    state = model.state_dict()
+    for key, value in state.items():
         assert torch.equal(value, reference[key]), key
+    # the fused kNN projection's rows: queries, then keys and values
+    for fused in ("pt.blocks.2", "update_module.1.blocks.3"):
+        qkv = official[f"encoder.{fused.replace('pt.blocks.2', 'pt.blocks.1')}.attn.qkv.weight"]
+        rows = torch.cat([state[f"{fused}.attn.q.weight"], state[f"{fused}.attn.kv.weight"]])
+        assert torch.equal(rows, qkv), fused
     assert not model.training
 
 

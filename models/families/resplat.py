@@ -293,7 +293,11 @@ class RecurrentUpdate(nn.Module):
         self.error_norm = nn.LayerNorm(dim)
         self.input = nn.Sequential(nn.Linear(self.raw_dim + 2 * dim, dim), nn.LayerNorm(dim))
         self.points = PointTransformer(
-            dim, depth=blocks, heads=heads, k=knn_k, global_attention=global_attention
+            dim,
+            depth=blocks,
+            heads=heads,
+            k=knn_k,
+            global_attention="points" if global_attention else None,
         )
         self.delta = nn.Sequential(
             nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, self.raw_dim)

@@ -33,15 +33,21 @@ Recurrent update, for ``i = 0 .. iterations - 1`` (weights shared):
    error]))`` (4 blocks of kNN attention, k=8, around the current means);
 4. an MLP maps the state to additive deltas of those raw parameters.
 
-The kNN is the project's exact one (``models.layers.knn``), any device.
+The point transformers and the view attentions are the project's own
+(``models.layers.point_transformer`` with ``RELEASE_POINT_OPTIONS``: single-head bias-free kNN
+attention over ``attn_proj_dim``-wide projections without position encoding, in the release's
+matmul arithmetic, MLP ratio 4, no final norm); ``checkpoint_filter_fn`` renames the release's
+keys into that layout and splits each fused kNN ``qkv`` projection into ``q`` and ``kv``. The
+kNN is the project's exact one (``models.layers.knn``), any device.
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
@@ -50,9 +56,8 @@ from models.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
-from models.layers.backbones.da3_vit import Mlp
 from models.layers.backbones.depth_trunk import DepthTrunk, depth_trunk_size
-from models.layers.knn import knn
+from models.layers.point_transformer import PointTransformer, ViewGridAttention
 from models.registry import register_model
 from models.render import render
 from models.weights.builder import check_mapped_state
@@ -84,101 +89,26 @@ RELEASE_EPS2D = 0.1
 
 
 # ----------------------------------------------------------------------------- point layers
-class KNNAttention(nn.Module):
-    """Single-head attention of each point over its k nearest points (query projected to
-    ``proj_dim``; the point itself is one of its neighbours)."""
-
-    def __init__(self, dim: int, proj_dim: int) -> None:
-        super().__init__()
-        self.proj_dim = proj_dim
-        self.qkv = nn.Linear(dim, 3 * proj_dim, bias=False)
-        self.proj = nn.Linear(proj_dim, dim)
-
-    def forward(self, x: Tensor, index: Tensor, chunk: int = 1 << 16) -> Tensor:
-        """``x [M, C]``, ``index [M, K]`` (rows of ``x``) -> ``[M, C]``."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [M, P] each
-        scale = self.proj_dim**-0.5
-        out = []
-        for start in range(0, x.shape[0], chunk):
-            idx = index[start : start + chunk]
-            keys, values = k[idx], v[idx]  # [m, K, P]
-            scores = torch.matmul(q[start : start + chunk, None], keys.transpose(1, 2)) * scale
-            out.append(torch.matmul(torch.softmax(scores, dim=2), values)[:, 0])
-        return self.proj(torch.cat(out, dim=0))
+# The release's point transformers are models.layers.point_transformer's with these options:
+# single-head kNN attention over projections of width attn_proj_dim, bias-free, no relative
+# position encoding, its matmul arithmetic, chunks of 2^16 queries; pre-norm blocks with MLPs of
+# ratio 4; no final norm.
+RELEASE_POINT_OPTIONS = dict(
+    heads=1,
+    relative_position=False,
+    qkv_bias=False,
+    mlp_ratio=4.0,
+    final_norm=False,
+    matmul=True,
+    chunk=1 << 16,
+)
 
 
-class KNNBlock(nn.Module):
-    """Pre-norm transformer block with kNN attention."""
-
-    def __init__(self, dim: int, proj_dim: int) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = KNNAttention(dim, proj_dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, 4 * dim)
-
-    def forward(self, x: Tensor, index: Tensor) -> Tensor:
-        x = x + self.attn(self.norm1(x), index)
-        return x + self.mlp(self.norm2(x))
-
-
-class LowResViewAttention(nn.Module):
-    """Global attention over all views at 1/4 of a grid: pixel-unshuffle 4x4, project, a plain
-    ViT block over the tokens of every view, project back, pixel-shuffle, a 3x3 conv, residual."""
-
-    def __init__(self, dim: int, down: int = 4) -> None:
-        super().__init__()
-        self.down = down
-        self.proj1 = nn.Linear(dim * down**2, dim)
-        self.norm1 = nn.LayerNorm(dim)
-        self.proj2 = nn.Linear(dim, dim * down**2)
-        self.norm2 = nn.LayerNorm(dim * down**2)
-        self.conv = nn.Conv2d(dim, dim, 3, padding=1)
-        heads = 4
-        if dim % 32 != 0 and dim % 16 == 0:
-            heads = 2
-        if dim in (3, 48):
-            heads = 1
-        self.attn = Block(dim, heads, qkv_bias=False)
-
-    def forward(self, x: Tensor, views: int, h: int, w: int) -> Tensor:
-        """``x [B, V*h*w, C]`` -> same."""
-        residual = x
-        y = rearrange(x, "b (v h w) c -> (b v) c h w", v=views, h=h, w=w)
-        y = F.pixel_unshuffle(y, self.down)
-        y = rearrange(y, "(b v) c h w -> b (v h w) c", v=views)
-        y = self.attn(self.norm1(self.proj1(y)))
-        y = self.norm2(self.proj2(y))
-        y = rearrange(y, "b (v h w) c -> (b v) c h w", v=views, h=h // self.down, w=w // self.down)
-        y = self.conv(F.pixel_shuffle(y, self.down))
-        return rearrange(y, "(b v) c h w -> b (v h w) c", v=views) + residual
-
-
-class PointTransformer(nn.Module):
-    """kNN-attention blocks over a point cloud, optionally each followed by a global
-    low-resolution attention over all views (the initial model's)."""
-
-    def __init__(self, dim: int, k: int, blocks: int, proj_dim: int, with_views: bool) -> None:
-        super().__init__()
-        self.k = k
-        self.blocks = nn.ModuleList([KNNBlock(dim, proj_dim) for _ in range(blocks)])
-        self.mv_blocks = (
-            nn.ModuleList([LowResViewAttention(dim) for _ in range(blocks)]) if with_views else None
-        )
-
-    def forward(
-        self, points: Tensor, x: Tensor, grid: tuple[int, int, int] | None, knn_method: str
-    ) -> Tensor:
-        """``points [B, N, 3]``, ``x [B*N, C]``; ``grid = (V, h, w)`` of the global attention."""
-        b, n = points.shape[:2]
-        index = knn(points, self.k, method=knn_method)  # [B, N, k]
-        index = (index + n * torch.arange(b, device=index.device).view(b, 1, 1)).flatten(0, 1)
-        for i, block in enumerate(self.blocks):
-            x = block(x, index)
-            if self.mv_blocks is not None:
-                v, h, w = grid
-                x = self.mv_blocks[i](x.view(b, n, -1), v, h, w).flatten(0, 1)
-        return x
+def _view_heads(dim: int) -> int:
+    """Heads of the release's low-resolution view attention at width ``dim``."""
+    if dim in (3, 48):
+        return 1
+    return 2 if dim % 32 != 0 and dim % 16 == 0 else 4
 
 
 class FrozenResNet18(nn.Module):
@@ -297,7 +227,7 @@ class ReSplatRelease(SplatModel):
         near, far: depth range when the context has none (the release's 0.01 / 100; DL3DV 200).
         local_mv_match: with more than 3 views each view matches its this many nearest views.
         iterations: refinement iterations when the forward is not told (the release's eval: 2).
-        knn_method: ``models.layers.knn`` method.
+        knn_method: ``models.layers.knn`` method of both point transformers.
         render_backend: ``models.render`` backend of the update's renders.
         memory_budget_gb: refuse a context whose kNN/attention would need more (see
             ``max_views``).
@@ -370,7 +300,6 @@ class ReSplatRelease(SplatModel):
         self.near, self.far = near, far
         self.local_mv_match = local_mv_match
         self.iterations = iterations
-        self.knn_method = knn_method
         self.render_backend = render_backend
         self.memory_budget_gb = memory_budget_gb
         self.refine = refine
@@ -413,7 +342,17 @@ class ReSplatRelease(SplatModel):
             nn.Conv2d(c, c, 3, padding=1),
         )
         self.proj = nn.Linear(c + image_dim + features + 1, c)
-        self.pt = PointTransformer(c, knn_k, init_blocks, attn_proj_dim, with_views=True)
+        # init_blocks kNN blocks, each followed by a low-resolution view attention
+        self.pt = PointTransformer(
+            c,
+            2 * init_blocks,
+            k=knn_k,
+            global_attention="views",
+            global_heads=_view_heads(c),
+            inner_dim=attn_proj_dim,
+            knn_method=knn_method,
+            **RELEASE_POINT_OPTIONS,
+        )
         out = RAW_DIM * gaussians_per_latent
         self.gaussian_head = nn.Sequential(nn.Linear(c, out), nn.GELU(), nn.Linear(out, out))
         # the release's initialisation: only the quaternions start random
@@ -427,7 +366,15 @@ class ReSplatRelease(SplatModel):
             )
             self.update_module = nn.Sequential(
                 _PointLinear(STATE_PARAMS + state_dim + RESNET_DIM, state_dim),
-                PointTransformer(state_dim, refine_k, refine_blocks, attn_proj_dim, False),
+                PointTransformer(
+                    state_dim,
+                    refine_blocks,
+                    k=refine_k,
+                    global_attention=None,
+                    inner_dim=attn_proj_dim,
+                    knn_method=knn_method,
+                    **RELEASE_POINT_OPTIONS,
+                ),
             )
             layers: list[nn.Module] = []
             for _ in range(3):
@@ -437,7 +384,10 @@ class ReSplatRelease(SplatModel):
             nn.init.zeros_(self.update_head[-1].bias)
             self.update_feature = FrozenResNet18()
             self.update_error_attn = nn.ModuleList(
-                [LowResViewAttention(RESNET_DIM) for _ in range(error_attn_blocks)]
+                [
+                    ViewGridAttention(RESNET_DIM, _view_heads(RESNET_DIM))
+                    for _ in range(error_attn_blocks)
+                ]
             )
         self.register_buffer("rgb_mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), False)
         self.register_buffer("rgb_std", torch.tensor(IMAGENET_STD).view(3, 1, 1), False)
@@ -574,7 +524,8 @@ class ReSplatRelease(SplatModel):
         tokens = self.proj(rearrange(x, "bv c h w -> (bv h w) c"))  # [B*N, C]
         xy = _grid(h, w, images.device, images.dtype).expand(b, v, h * w, 2)
         points = _lift(xy, latent_depth.flatten(2), extrinsics, intrinsics).reshape(b, -1, 3)
-        tokens = tokens + self.pt(points, tokens, (v, h, w), self.knn_method)
+        refined = self.pt(tokens.view(b, v * h * w, -1), points, grid=(v, h, w))  # [B, N, C]
+        tokens = tokens + refined.flatten(0, 1)
         condition = rearrange(tokens, "(bv h w) c -> bv c h w", h=h, w=w)
         raw = self.gaussian_head(tokens).view(b, v, h * w, -1)
         quat, scale, opacity, offset, sh = raw.split([4 * m, 3 * m, m, 2 * m, 3 * D_SH * m], -1)
@@ -682,12 +633,12 @@ class ReSplatRelease(SplatModel):
             rgb = rearrange(rgb, "(b v) c h w -> b (v h w) c", b=b)
             error = error + self.update_rgb_error_proj(rgb)
             for block in self.update_error_attn:
-                error = block(error, v, gh, gw)
+                error = block(error, (v, gh, gw))
             previous = current.flat().detach()  # [B, N, 59]
             x = torch.cat([previous.flatten(0, 1), hidden, error.flatten(0, 1)], dim=-1)
             x = self.update_module[0](x)
             means = current.means.detach()
-            hidden = self.update_module[1](means, x, None, self.knn_method) + hidden
+            hidden = self.update_module[1](x.view(b, -1, x.shape[-1]), means).flatten(0, 1) + hidden
             delta = self.update_head(hidden).view(b, -1, STATE_PARAMS)
             dm, ds, dq, do, dsh = delta.split([3, 3, 4, 1, 3 * D_SH], dim=-1)
             current = RawState(
@@ -778,13 +729,60 @@ _OWN_PREFIXES = ("gaussian_regressor.", "proj.", "pt.", "gaussian_head.", "updat
                  "update_error_attn.")  # fmt: skip
 
 
+# the release's point-layer names -> models.layers.point_transformer's (first match wins)
+_KNN_BLOCK_NAMES = {"attn.proj.": "attn.out.", "mlp.fc1.": "mlp.0.", "mlp.fc2.": "mlp.2."}
+_VIEW_ATTENTION_NAMES = {
+    "attn.attn.proj.": "block.attn.out.",
+    "attn.attn.": "block.attn.",
+    "attn.norm": "block.norm",
+    "attn.mlp.fc1.": "block.mlp.0.",
+    "attn.mlp.fc2.": "block.mlp.2.",
+}
+# a kNN attention's fused projection: our q and kv rows (checkpoint_filter_fn splits it)
+_FUSED_QKV = re.compile(r"(pt|update_module\.1)\.blocks\.\d+\.attn\.qkv\.weight")
+
+
+def _rename(rest: str, names: dict[str, str]) -> str:
+    for old, new in names.items():
+        if rest.startswith(old):
+            return new + rest[len(old) :]
+    return rest
+
+
+def _point_layer_key(key: str) -> str:
+    """The release's point-transformer keys in the unified layout: the initial transformer's
+    ``blocks.i`` (kNN) and ``mv_blocks.i`` (view attention) interleave as ``blocks.2i`` and
+    ``blocks.2i+1``; other keys are unchanged."""
+    if match := re.fullmatch(r"(pt|update_module\.1)\.blocks\.(\d+)\.(.+)", key):
+        prefix, i, rest = match.groups()
+        i = 2 * int(i) if prefix == "pt" else int(i)
+        return f"{prefix}.blocks.{i}.{_rename(rest, _KNN_BLOCK_NAMES)}"
+    if match := re.fullmatch(r"pt\.mv_blocks\.(\d+)\.(.+)", key):
+        return f"pt.blocks.{2 * int(match[1]) + 1}.{_rename(match[2], _VIEW_ATTENTION_NAMES)}"
+    if match := re.fullmatch(r"update_error_attn\.(\d+)\.(.+)", key):
+        return f"update_error_attn.{match[1]}.{_rename(match[2], _VIEW_ATTENTION_NAMES)}"
+    return key
+
+
+def split_fused_qkv(key: str, value: Tensor) -> dict[str, Tensor]:
+    """Our tensors of one mapped key: a kNN attention's fused ``attn.qkv.weight [3P, C]`` is our
+    ``attn.q.weight [P, C]`` and ``attn.kv.weight [2P, C]``; any other key is itself."""
+    if not _FUSED_QKV.fullmatch(key):
+        return {key: value}
+    p = value.shape[0] // 3
+    base = key[: -len("qkv.weight")]
+    return {base + "q.weight": value[:p], base + "kv.weight": value[p:]}
+
+
 def official_key_to_ours(key: str) -> str | None:
-    """One official key (without ``encoder.``) -> this module's name, ``None`` if unknown."""
+    """One official key (without ``encoder.``) -> this module's name, ``None`` if unknown; a kNN
+    attention's fused ``….attn.qkv.weight`` keeps that name and ``split_fused_qkv`` makes it ours.
+    """
     if key.startswith("depth_predictor."):
         ours = depthsplat_key(key)
         return None if ours is None else "depth_predictor." + ours[len("depth.") :]
     if key.startswith(_OWN_PREFIXES):
-        return key
+        return _point_layer_key(key)
     return None
 
 
@@ -833,10 +831,11 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
     unknown = []
     for key, value in bare.items():
         ours = official_key_to_ours(key)
-        if ours is None or ours not in target:
+        tensors = {} if ours is None else split_fused_qkv(ours, value)
+        if not tensors or any(name not in target for name in tensors):
             unknown.append("encoder." + key)
             continue
-        mapped[ours] = value
+        mapped.update(tensors)
     return check_mapped_state(mapped, unknown, target, "ReSplat", "resplat_* tag")
 
 
