@@ -44,7 +44,7 @@ from models.layers.backbones.depth_trunk import (
 from models.layers.backbones.dpt import release_dpt_key
 from models.layers.heads import GaussianHead, RayDepthPlacement
 from models.registry import register_model
-from models.weights.builder import check_mapped_state
+from models.weights.builder import check_mapped_state, encoder_state_dict
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -328,32 +328,18 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
         ValueError: one line saying what is wrong (not a DepthSplat file, unknown keys, or a
             file of another size: the first mismatching shapes are named).
     """
-    if not isinstance(checkpoint, dict):
-        raise ValueError(f"expected a dict checkpoint, got {type(checkpoint).__name__}")
-    state = checkpoint.get("state_dict", checkpoint)
-    if not isinstance(state, dict) or not state:
-        raise ValueError("no state dict in the checkpoint (expected {'state_dict': {...}})")
-    if not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError("the state dict holds non-tensor values: not a DepthSplat checkpoint")
-    prefixed = [k for k in state if k.startswith("encoder.")]
-    if prefixed and len(prefixed) != len(state):
-        others = sorted(k for k in state if not k.startswith("encoder."))
-        raise ValueError(
-            f"{len(others)} key(s) outside 'encoder.' (e.g. {others[0]!r}): "
-            "not a DepthSplat release file"
-        )
-    if not any(k.startswith(("encoder.depth_predictor.", "depth_predictor.")) for k in state):
+    bare = encoder_state_dict(checkpoint, "DepthSplat")
+    if not any(k.startswith("depth_predictor.") for k in bare):
         raise ValueError("no 'encoder.depth_predictor.*' keys: not a DepthSplat checkpoint")
-    if not any(k.startswith(("encoder.gaussian_head.", "gaussian_head.")) for k in state):
+    if not any(k.startswith("gaussian_head.") for k in bare):
         raise ValueError(
             "no 'encoder.gaussian_head.*' keys: a depth-only DepthSplat file, not a Gaussian one"
         )
     target = model.state_dict()
     mapped: dict[str, Tensor] = {}
     unknown = []
-    for key, value in state.items():
-        bare = key[len("encoder.") :] if key.startswith("encoder.") else key
-        ours = official_key_to_ours(bare)
+    for key, value in bare.items():
+        ours = official_key_to_ours(key)
         if ours is None or ours not in target:
             unknown.append(key)
             continue

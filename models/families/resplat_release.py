@@ -60,7 +60,7 @@ from models.layers.backbones.depth_trunk import DepthTrunk, depth_trunk_size
 from models.layers.point_transformer import PointTransformer, ViewGridAttention
 from models.registry import register_model
 from models.render import render
-from models.weights.builder import check_mapped_state
+from models.weights.builder import check_mapped_state, encoder_state_dict
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -797,21 +797,7 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
     Raises:
         ValueError: one line (not a ReSplat file, unknown keys, missing keys, other size).
     """
-    if not isinstance(checkpoint, dict):
-        raise ValueError(f"expected a dict checkpoint, got {type(checkpoint).__name__}")
-    state = checkpoint.get("state_dict", checkpoint)
-    if not isinstance(state, dict) or not state:
-        raise ValueError("no state dict in the checkpoint (expected {'state_dict': {...}})")
-    if not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError("the state dict holds non-tensor values: not a ReSplat checkpoint")
-    prefixed = [k for k in state if k.startswith("encoder.")]
-    if prefixed and len(prefixed) != len(state):
-        others = sorted(k for k in state if not k.startswith("encoder."))
-        raise ValueError(
-            f"{len(others)} key(s) outside 'encoder.' (e.g. {others[0]!r}): "
-            "not a ReSplat release file"
-        )
-    bare = {k[len("encoder.") :] if k.startswith("encoder.") else k: v for k, v in state.items()}
+    bare = encoder_state_dict(checkpoint, "ReSplat")
     if not any(k.startswith("depth_predictor.") for k in bare) or "proj.weight" not in bare:
         raise ValueError(
             "no 'encoder.depth_predictor.*' and 'encoder.proj.*' keys: not a ReSplat "

@@ -351,6 +351,35 @@ def load_state_dict_strict(
 # --------------------------------------------------------------------------- for checkpoint_filter_fn
 
 
+def encoder_state_dict(checkpoint: object, release: str) -> dict[str, Tensor]:
+    """The encoder's weights of a pixelSplat-lineage release file (DepthSplat, ReSplat), keys
+    without the ``encoder.`` prefix.
+
+    Accepts ``{'state_dict': {'encoder.…': …}}`` (a Lightning checkpoint's state dict), the inner
+    dict, or the encoder's own state dict without the prefix.
+
+    Raises:
+        ValueError: one line (not a dict of tensors, or keys outside ``encoder.``), naming
+            ``release``.
+    """
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"expected a dict checkpoint, got {type(checkpoint).__name__}")
+    state = checkpoint.get("state_dict", checkpoint)
+    if not isinstance(state, dict) or not state:
+        raise ValueError("no state dict in the checkpoint (expected {'state_dict': {...}})")
+    if not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"the state dict holds non-tensor values: not a {release} checkpoint")
+    prefix = "encoder."
+    prefixed = [k for k in state if k.startswith(prefix)]
+    if prefixed and len(prefixed) != len(state):
+        others = sorted(k for k in state if not k.startswith(prefix))
+        raise ValueError(
+            f"{len(others)} key(s) outside 'encoder.' (e.g. {others[0]!r}): "
+            f"not a {release} release file"
+        )
+    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
 def check_mapped_state(
     mapped: dict[str, Tensor],
     unknown: list[str],
