@@ -1169,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.quiet,
             overwrite=args.overwrite,
         )
-    except (InputError, OSError) as error:
+    except (ValueError, OSError) as error:  # an InputError, or the chunk writer's chunk_mb
         print(f"error: {error}", file=sys.stderr)
         return 2
     sizes = settings.split_sizes()
