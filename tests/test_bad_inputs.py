@@ -1,7 +1,7 @@
 """Corrupt and degenerate inputs: COLMAP binary and text models, cameras.json, tiny and strip images.
 
 Every case is made here (random bytes, crafted headers, hand-written lines) and must end in one
-line naming the file (``ColmapError``/``InputError`` from the readers; exit status 2 and one
+line naming the file (an ``InputError`` from the readers, e.g. ``ColmapError``; exit status 2 and one
 ``error:`` line from ``infer.py`` and ``datamodules.tools.convert``), or, for inputs that still work but
 will give a poor result, in one ``warning:`` line naming the file.
 """
