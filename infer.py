@@ -30,7 +30,7 @@ import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from datamodules.errors import DataError  # noqa: E402
+from datamodules.errors import InputError  # noqa: E402
 from models.command_line import (  # noqa: E402
     check_settings,
     config_help,
@@ -38,7 +38,6 @@ from models.command_line import (  # noqa: E402
     quote_path_arguments,
     stopped_cleanly,
 )
-from models.errors import PathError  # noqa: E402
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
 from models.inference import InferenceError as InferError  # noqa: E402
 from models.registry import to_plain  # noqa: E402
@@ -129,8 +128,8 @@ def forward_kwargs(model, cfg: DictConfig) -> dict:
 
 
 def run(cfg: DictConfig) -> Path:
-    """Run inference as configured; returns the output folder (bad input: ``PathError`` or
-    ``DataError``, one line)."""
+    """Run inference as configured; returns the output folder (bad input: an ``InputError``,
+    one line)."""
     import torch
 
     from models import budget, inference
@@ -588,7 +587,7 @@ def run_cli(cfg: DictConfig) -> int:
     """``run`` with bad input reported as one line on stderr; returns the exit status (0 or 2)."""
     try:
         output = run(cfg)
-    except (PathError, DataError) as error:
+    except InputError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     except RefineInterrupted as stopped:
@@ -638,7 +637,7 @@ if __name__ == "__main__":
     with stopped_cleanly("infer.py"):
         try:
             sys.argv[1:] = arguments(sys.argv[1:])
-        except PathError as error:
+        except InputError as error:
             print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
             sys.exit(2)
         main()

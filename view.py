@@ -403,18 +403,15 @@ def _save_path(save: str | None) -> Path:
 
 def serve_cli(argv: list[str]) -> int:
     """Parse, build and serve until Ctrl-C; bad input → one line on stderr, 2."""
-    from datamodules.errors import DataError
-    from models.errors import PathError
-    from models.viewer import ViewerError
+    from datamodules.errors import InputError
 
-    errors = (ViewerError, DataError, PathError)
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0
     try:
         path, settings = parse_args(argv)
         viewer = build(path, settings)
-    except errors as error:
+    except InputError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     try:

@@ -29,8 +29,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from datamodules.errors import DataError  # noqa: E402
-from models.errors import PathError  # noqa: E402
+from datamodules.errors import InputError  # noqa: E402
 
 DEFAULTS = {
     "input": None,
@@ -163,8 +162,8 @@ def main(argv: list[str]) -> int:
     for name in [m.strip() for m in settings["models"].split(",") if m.strip()]:
         try:
             rows.append(run_model(name, settings, cache, first_plan))
-        except (PathError, DataError, RuntimeError, ValueError) as error:
-            if isinstance(error, DataError) and not first_plan and "holdout" in str(error):
+        except (RuntimeError, ValueError) as error:  # InputError is a ValueError
+            if isinstance(error, InputError) and not first_plan and "holdout" in str(error):
                 print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
                 return 2
             rows.append({"model": name, "error": " ".join(str(error).split())[:160]})

@@ -1,8 +1,9 @@
 """splatzoo data stack: chunk datasets (RE10K/ACID/DL3DV format), the synthetic scene generator,
 view samplers, image-folder/video input and the LightningDataModule.
 
-Importing this package is light (torch, NumPy, Pillow): the Lightning data module, the chunk
-dataset and the generator are imported on first access.
+Importing this package loads only its error class (``InputError``, which ``models`` derives its
+own from): the readers, the Lightning data module, the chunk dataset and the generator are
+imported on first access.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from datamodules.errors import DataError
-from datamodules.readers.chunks import cameras_to_matrices, load_chunk, load_index, read_scene
+from datamodules.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from datamodules.readers.chunks import cameras_to_matrices, load_chunk, load_index, read_scene
     from datamodules.readers.image_folder import ImageSet, load_images
     from datamodules.synthetic import SyntheticSettings, generate_dataset
     from datamodules.training.chunk_dataset import ChunkDataset
@@ -27,6 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover
     )
 
 _LAZY = {
+    "cameras_to_matrices": "readers.chunks",
+    "load_chunk": "readers.chunks",
+    "load_index": "readers.chunks",
+    "read_scene": "readers.chunks",
     "ChunkDataset": "training.chunk_dataset",
     "SplatDataModule": "training.datamodule",
     "ImageSet": "readers.image_folder",
@@ -41,7 +46,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "DataError",
+    "InputError",
     "cameras_to_matrices",
     "load_chunk",
     "load_index",

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from datamodules.readers.chunks import encode_depths
 from models.output_folder import OutputFolder, OutputFolderError
 
@@ -104,15 +104,15 @@ class SyntheticSettings:
         return {"train": self.scenes - test, "test": test}
 
     def validate(self) -> None:
-        """Raise ``ValueError`` for settings that cannot be generated."""
+        """Raise ``InputError`` for settings that cannot be generated."""
         if self.kind not in ("room", "object"):
-            raise ValueError(f"kind must be 'room' or 'object', got {self.kind!r}")
+            raise InputError(f"kind must be 'room' or 'object', got {self.kind!r}")
         if self.resolution < 8 or self.views < 2 or self.supersample < 1:
-            raise ValueError("need resolution >= 8, views >= 2, supersample >= 1")
+            raise InputError("need resolution >= 8, views >= 2, supersample >= 1")
         if not 0 <= self.test_fraction < 1:
-            raise ValueError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
+            raise InputError(f"test_fraction must be in [0, 1), got {self.test_fraction}")
         if self.split_sizes()["train"] < 1:
-            raise ValueError(f"{self.scenes} scenes leave no training scene")
+            raise InputError(f"{self.scenes} scenes leave no training scene")
 
 
 # ----------------------------------------------------------------------------- textures
@@ -1032,19 +1032,16 @@ def generate_dataset(
     settings = settings or SyntheticSettings()
     settings.validate()
     out = Path(out)
-    try:
-        folder = OutputFolder(out, "datamodules.synthetic", overwrite=overwrite)
-    except OutputFolderError as error:
-        raise DataError(str(error)) from None
+    folder = OutputFolder(out, "datamodules.synthetic", overwrite=overwrite)
     sizes = settings.split_sizes()
     tasks = [(split, i, settings) for split in ("train", "test") for i in range(sizes[split])]
     try:
         with folder as tmp:
             _generate_into(tmp, settings, sizes, tasks, workers, chunk_mb, progress)
-    except OutputFolderError as error:
+    except OutputFolderError:
         if not overwrite and is_complete(out):  # another process finished first
             return out
-        raise DataError(str(error)) from None
+        raise
     return out
 
 
@@ -1110,12 +1107,12 @@ def ensure_synthetic(
         try:
             stored = json.loads((root / "metadata.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as error:
-            raise DataError(f"{root / 'metadata.json'}: unreadable ({error})") from error
+            raise InputError(f"{root / 'metadata.json'}: unreadable ({error})") from error
         wanted = asdict(settings)
         different = {k: (stored.get(k), v) for k, v in wanted.items() if stored.get(k) != v}
         essential = {"kind", "resolution", "views", "seed", "supersample", "version"}
         if essential & set(different):
-            raise DataError(
+            raise InputError(
                 f"{root}: holds synthetic data generated with other settings "
                 f"(stored, requested: {different}); choose another root"
             )
@@ -1172,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.quiet,
             overwrite=args.overwrite,
         )
-    except (DataError, ValueError, OSError) as error:
+    except (ValueError, OSError) as error:  # an InputError, or the chunk writer's chunk_mb
         print(f"error: {error}", file=sys.stderr)
         return 2
     sizes = settings.split_sizes()

@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from models.errors import PathError
+from datamodules.errors import InputError
 
 __all__ = [
     "BIG_SECONDS",
@@ -69,7 +69,7 @@ BIG_SECONDS = 5.0
 BIG_MEMORY_SHARE = 0.25
 
 
-class BudgetError(PathError):
+class BudgetError(InputError):
     """The work cannot fit this machine's memory (one line naming the setting to change)."""
 
 

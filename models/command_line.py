@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from models.errors import PathError
+from datamodules.errors import InputError
 
 __all__ = [
     "PATH_KEYS",
@@ -97,7 +97,7 @@ def quote_path_arguments(argv: list[str], keys: frozenset[str] = PATH_KEYS) -> l
     return out
 
 
-class SettingError(PathError):
+class SettingError(InputError):
     """A ``key=value`` setting that does not exist or has a value of the wrong kind."""
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.errors import PathError
+from datamodules.errors import InputError
 from models.gaussians import Gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import (
@@ -90,7 +90,7 @@ PLACEMENTS = ("given", "sfm", "identity", "predicted", "refined", "unknown")
 CARDINALITY_COLOURS = ((0, 0, 255), (0, 255, 0), (255, 255, 0), (255, 0, 0))  # 0, 1, 2, 3+
 
 
-class InferenceError(PathError):
+class InferenceError(InputError):
     """Unusable input or settings for inference; one line naming ``path``."""
 
 

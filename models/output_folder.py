@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from models.errors import PathError
+from datamodules.errors import InputError
 
 __all__ = [
     "MARKER_NAME",
@@ -54,7 +54,7 @@ MARKER_NAME = ".splatzoo-output.json"
 _STAGING_MARKER = ".splatzoo-staging"
 
 
-class OutputFolderError(PathError):
+class OutputFolderError(InputError):
     """The output folder may not be written or replaced (one line naming it)."""
 
 

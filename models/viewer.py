@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.errors import PathError
+from datamodules.errors import InputError
 from models.gaussians import SH_C0, Gaussians
 from models.geometry import rotations
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-class ViewerError(PathError):
+class ViewerError(InputError):
     """Unusable input or settings; one line naming the file or setting."""
 
 

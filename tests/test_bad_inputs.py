@@ -1,7 +1,7 @@
 """Corrupt and degenerate inputs: COLMAP binary and text models, cameras.json, tiny and strip images.
 
 Every case is made here (random bytes, crafted headers, hand-written lines) and must end in one
-line naming the file (``ColmapError``/``DataError`` from the readers; exit status 2 and one
+line naming the file (an ``InputError`` from the readers, e.g. ``ColmapError``; exit status 2 and one
 ``error:`` line from ``infer.py`` and ``datamodules.tools.convert``), or, for inputs that still work but
 will give a poor result, in one ``warning:`` line naming the file.
 """
@@ -21,7 +21,7 @@ import pytest
 from PIL import Image as PILImage
 from test_infer import Result, infer_here  # what `python infer.py ARGS` runs, in-process
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from datamodules.readers.colmap import (
     ColmapError,
     UnsupportedCameraError,
@@ -399,13 +399,13 @@ def _rotation_with(**entries: float) -> list[list[float]]:
 def test_cameras_json_bad_frame(tmp_path: Path, bad: dict, expected: str) -> None:
     folder = _posed_folder(tmp_path / "photos", [_frame("a.png"), bad])
     path = folder / "cameras.json"
-    with pytest.raises(DataError) as caught:
+    with pytest.raises(InputError) as caught:
         read_cameras_json(path)
     message = str(caught.value)
     assert message.startswith(f"{path}: frame 1") and expected in message, message
     if bad["file"] == "b.png":
         assert "frame 1 (b.png)" in message
-    with pytest.raises(DataError, match="frame 1"):
+    with pytest.raises(InputError, match="frame 1"):
         load_images(folder, image_size=(32, 32))
 
 
@@ -427,7 +427,7 @@ def test_cameras_json_rigid_poses_pass(tmp_path: Path) -> None:
 def test_cameras_json_listing_only_missing_files(tmp_path: Path) -> None:
     frames = [_frame(f"frame_{i:02d}.jpg", _translated(i)) for i in range(3)]
     folder = _posed_folder(tmp_path / "photos", frames)
-    with pytest.raises(DataError) as caught:
+    with pytest.raises(InputError) as caught:
         load_images(folder, image_size=(32, 32))
     message = str(caught.value)
     assert message.startswith(f"{folder / 'cameras.json'}: none of the 3 files it lists exists")
@@ -449,11 +449,11 @@ def test_cameras_json_paths_relative_to_the_input(tmp_path: Path) -> None:
 
 def test_pose_files_without_frames(tmp_path: Path) -> None:
     folder = _posed_folder(tmp_path / "photos", [])
-    with pytest.raises(DataError, match="cameras.json: lists no frames"):
+    with pytest.raises(InputError, match="cameras.json: lists no frames"):
         load_images(folder, image_size=(32, 32))
     (folder / "cameras.json").unlink()
     _binary_scene(tmp_path / "scene", _binary_file())
-    with pytest.raises(DataError, match="sparse/0: has no registered images"):
+    with pytest.raises(InputError, match="sparse/0: has no registered images"):
         load_images(tmp_path / "scene", image_size=(32, 32))
 
 

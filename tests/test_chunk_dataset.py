@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from datamodules import DataError, read_scene
+from datamodules import InputError, read_scene
 from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
 from datamodules.readers.chunks import load_chunk, load_index
 from datamodules.synthetic import SyntheticSettings, generate_dataset
@@ -220,7 +220,7 @@ def test_evaluation_index(root: Path, tmp_path: Path) -> None:
             }
         )
     )
-    with pytest.raises(DataError, match=r"2 of 4 scenes are missing") as error:
+    with pytest.raises(InputError, match=r"2 of 4 scenes are missing") as error:
         ChunkDataset(root, "test", EvaluationViewSampler(bad))
     assert str(bad) in str(error.value)
     kept = ChunkDataset(root, "test", EvaluationViewSampler(bad), allow_missing_scenes=True)
@@ -228,14 +228,14 @@ def test_evaluation_index(root: Path, tmp_path: Path) -> None:
 
 
 def test_missing_root_index_and_empty_split(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="dataset root not found") as error:
+    with pytest.raises(InputError, match="dataset root not found") as error:
         ChunkDataset(tmp_path / "nowhere", "train", sampler())
     assert str(tmp_path / "nowhere") in str(error.value)
-    with pytest.raises(DataError, match="missing index.json"):
+    with pytest.raises(InputError, match="missing index.json"):
         ChunkDataset(tmp_path, "train", sampler())
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "index.json").write_text("{}")
-    with pytest.raises(DataError, match="is empty") as error:
+    with pytest.raises(InputError, match="is empty") as error:
         ChunkDataset(tmp_path, "train", sampler())
     assert len(str(error.value).splitlines()) == 1
 
@@ -272,7 +272,7 @@ def test_bad_scenes_are_skipped_and_counted(root: Path, tmp_path: Path, caplog) 
 
 def test_wide_field_of_view_is_skipped(root: Path) -> None:
     dataset = ChunkDataset(root, "train", sampler(), max_fov=30.0)
-    with pytest.raises(DataError, match="no usable scene"):
+    with pytest.raises(InputError, match="no usable scene"):
         list(dataset)
     assert dataset.skipped["fov"] == 4
 
@@ -291,7 +291,7 @@ def test_unsafe_chunk_is_refused(root: Path, tmp_path: Path) -> None:
     marker = tmp_path / "executed"
     copy = copy_split(root, tmp_path, lambda scene: {**scene, "url": _Payload(marker)})
     dataset = ChunkDataset(copy, "train", sampler())
-    with pytest.raises(DataError, match="refused to load chunk") as error:
+    with pytest.raises(InputError, match="refused to load chunk") as error:
         list(dataset)
     assert ".torch" in str(error.value) and len(str(error.value).splitlines()) == 1
     assert not marker.exists()

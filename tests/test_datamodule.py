@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from datamodules import DataError
+from datamodules import InputError
 from datamodules.readers.chunks import load_chunk
 from datamodules.training.chunk_dataset import ChunkDataset
 from datamodules.training.datamodule import SplatDataModule
@@ -54,7 +54,7 @@ def test_generates_on_first_use_once(root: Path) -> None:
     stamp = (root / "metadata.json").stat().st_mtime_ns
     make(root).prepare_data()
     assert (root / "metadata.json").stat().st_mtime_ns == stamp  # not regenerated
-    with pytest.raises(DataError, match="other settings") as error:
+    with pytest.raises(InputError, match="other settings") as error:
         make(root, generator={**GENERATOR, "kind": "object"}).prepare_data()
     assert str(root) in str(error.value)
 
@@ -137,7 +137,7 @@ def test_worker_errors_keep_their_one_line_message(root: Path, tmp_path: Path) -
     chunk = next((copy / "train").glob("*.torch"))
     torch.save([{**s, "url": _Payload(tmp_path / "x")} for s in load_chunk(chunk)], chunk)
     dataset = ChunkDataset(copy, "train", BoundedViewSampler(2, 1, 8, 20))
-    with pytest.raises(DataError) as error:
+    with pytest.raises(InputError) as error:
         list(DataLoader(dataset, batch_size=None, num_workers=1))
     message = str(error.value)
     assert (
@@ -174,6 +174,6 @@ def test_hydra_configs(tmp_path: Path, name, shape, context, near) -> None:
         assert dm.gaps["initial_min_gap"] >= 6
     else:
         assert not dm.generate_if_missing
-        with pytest.raises(DataError, match="dataset root not found") as error:
+        with pytest.raises(InputError, match="dataset root not found") as error:
             dm.setup("fit")
         assert str(tmp_path / name) in str(error.value)

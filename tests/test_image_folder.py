@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules import DataError
+from datamodules import InputError
 from datamodules.readers.image_folder import (
     load_images,
     open_image,
@@ -37,7 +37,7 @@ def test_drone_frames(shared_data: Path) -> None:
     assert context["image"].shape == (1, 4, 3, 64, 96) and "extrinsics" not in context
     assert context["intrinsics"][0, 0, 0, 0].item() == pytest.approx(0.5 / np.tan(np.deg2rad(30)))
     assert torch.equal(context["near"], torch.full((1, 4), 0.5))
-    with pytest.raises(DataError, match="only 8 readable image") as error:
+    with pytest.raises(InputError, match="only 8 readable image") as error:
         load_images(shared_data / "examples" / "drone_frames", min_views=9)
     assert "drone_frames" in str(error.value) and len(str(error.value).splitlines()) == 1
 
@@ -51,20 +51,20 @@ def test_drone_video(shared_data: Path) -> None:
 
 
 def test_bad_inputs(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="input not found"):
+    with pytest.raises(InputError, match="input not found"):
         load_images(tmp_path / "missing")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(DataError, match="no images found") as error:
+    with pytest.raises(InputError, match="no images found") as error:
         load_images(empty)
     assert str(empty) in str(error.value)
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"not a video at all")
-    with pytest.raises(DataError, match="broken.mp4"):
+    with pytest.raises(InputError, match="broken.mp4"):
         load_images(broken)
     notes = tmp_path / "notes.txt"
     notes.write_text("x")
-    with pytest.raises(DataError, match="unsupported input"):
+    with pytest.raises(InputError, match="unsupported input"):
         load_images(notes)
 
 
@@ -139,7 +139,7 @@ def test_cameras_json_round_trip(shared_data: Path, tmp_path: Path) -> None:
     assert torch.cdist(centers, centers).max().item() == pytest.approx(1.0, abs=1e-5)
 
     (folder / "cameras.json").write_text('{"frames": [{"file": "frame_00.jpg"}]}')
-    with pytest.raises(DataError, match="cameras.json: frame 0 is malformed"):
+    with pytest.raises(InputError, match="cameras.json: frame 0 is malformed"):
         load_images(folder)
 
 

@@ -28,18 +28,18 @@ SCRIPT_FOLDERS = ("tests", "bench")
 # the factory (create_model, load_model) and the release converter above them. Fractional ranks
 # order that line inside layer 5.
 RANKS: dict[str, float] = {
-    # utilities every layer may use (no project imports of their own above rank 0)
+    # utilities every layer may use (no project imports of their own above rank 0); the one
+    # bad-input error class sits at the bottom of the data package, which never imports models
+    "datamodules.errors": 0,
     "models._timm_import": 0,
-    "models.errors": 0,
     "models.output_folder": 0,
     "models.command_line": 0,
-    "models.budget": 0,  # time/memory estimates of big work (imports only models.errors)
-    "datamodules.errors": 0,
+    "models.budget": 0,  # time/memory estimates of big work (imports only datamodules.errors)
     "models.geometry": 1,
     "models.gaussians": 2,
     "models.sh": 2,
     "models.render": 3,
-    "datamodules": 3,  # the facade (its __init__) imports readers only (the rest lazily)
+    "datamodules": 3,  # the facade (its __init__) imports errors only (the rest lazily)
     "datamodules.readers": 3,
     "datamodules.transforms": 3,  # image resizing shared by the readers and the training data
     "models.layers": 4,
@@ -261,6 +261,29 @@ def test_import_models_loads_no_training_stack() -> None:
         "import importlib.util\n"
         "if importlib.util.find_spec('wandb') is not None:\n"
         "    import wandb\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok")
+
+
+def test_import_datamodules_loads_no_models() -> None:
+    """``import datamodules`` (and its error class, which every ``models`` error derives from)
+    loads nothing of ``models``, whose package initialiser imports every family, nor torch: the
+    data package's facade imports its readers on first use."""
+    code = (
+        "import sys\n"
+        "import datamodules\n"
+        "from datamodules import InputError\n"
+        "from datamodules.errors import InputError as same\n"
+        "assert InputError is same and issubclass(InputError, ValueError)\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('models', 'torch'))\n"
+        "assert not loaded, loaded\n"
+        "from datamodules import load_index\n"
+        "assert 'datamodules.readers.chunks' in sys.modules\n"
         "print('ok')\n"
     )
     result = subprocess.run(

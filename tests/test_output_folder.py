@@ -308,14 +308,14 @@ def test_export_refuses_a_foreign_folder(tmp_path) -> None:
 
 
 def test_synthetic_refuses_a_foreign_folder(tmp_path) -> None:
-    from datamodules.errors import DataError
+    from datamodules.errors import InputError
     from datamodules.synthetic import SyntheticSettings, generate_dataset
 
     out = tmp_path / "data"
     out.mkdir()
     (out / "notes.txt").write_text("keep")
     settings = SyntheticSettings(scenes=2, resolution=16, views=2, test_fraction=0.5)
-    with pytest.raises(DataError, match="not an output of datamodules.synthetic"):
+    with pytest.raises(InputError, match="not an output of datamodules.synthetic"):
         generate_dataset(out, settings, progress=False, overwrite=True)
     assert (out / "notes.txt").read_text() == "keep"
     # Its own output is replaced with overwrite.

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from datamodules import DataError
+from datamodules import InputError
 from datamodules.training.samplers import (
     AllViewSampler,
     BoundedViewSampler,
@@ -138,17 +138,17 @@ def test_evaluation_index_real_files(shared_data: Path, name, keys, usable, cont
 
 def test_evaluation_index_errors(shared_data: Path, tmp_path: Path) -> None:
     re10k = shared_data / "evaluation_index" / "evaluation_index_re10k.json"
-    with pytest.raises(DataError, match=r"\[2\] context views, configured 3"):
+    with pytest.raises(InputError, match=r"\[2\] context views, configured 3"):
         EvaluationViewSampler(re10k, num_context_views=3)
-    with pytest.raises(DataError, match="not found") as error:
+    with pytest.raises(InputError, match="not found") as error:
         EvaluationViewSampler(tmp_path / "missing.json")
     assert str(tmp_path / "missing.json") in str(error.value)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"a": {"context": [0, 1]}}))
-    with pytest.raises(DataError, match="'a' needs integer lists"):
+    with pytest.raises(InputError, match="'a' needs integer lists"):
         EvaluationViewSampler(bad)
     bad.write_text("{not json")
-    with pytest.raises(DataError, match="unreadable"):
+    with pytest.raises(InputError, match="unreadable"):
         EvaluationViewSampler(bad)
 
 

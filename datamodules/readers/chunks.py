@@ -13,7 +13,7 @@ Layout: ``ROOT/{train,test}/NNNNNN.torch``, each a ``torch.save``d list of scene
   is ``png_value * depth_scale``; the value 0 means "no depth" (decoded as 0).
 
 Chunks are read with ``torch.load(..., weights_only=True)``: a file that needs arbitrary
-unpickling is refused with a ``DataError`` and never executed.
+unpickling is refused with a ``InputError`` and never executed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 
 __all__ = [
     "CHUNK_SUFFIX",
@@ -51,7 +51,7 @@ def split_dir(root: str | Path, split: str) -> Path:
     """``ROOT/split``, checking that the root exists."""
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"{root}: dataset root not found")
+        raise InputError(f"{root}: dataset root not found")
     return root / split
 
 
@@ -59,20 +59,20 @@ def load_index(root: str | Path, split: str) -> dict[str, str]:
     """Read ``ROOT/split/index.json`` (scene key -> chunk file name).
 
     Raises:
-        DataError: missing root or index, malformed JSON, or an empty split.
+        InputError: missing root or index, malformed JSON, or an empty split.
     """
     path = split_dir(root, split) / "index.json"
     if not path.is_file():
-        raise DataError(f"{path}: missing index.json (not a chunk dataset split)")
+        raise InputError(f"{path}: missing index.json (not a chunk dataset split)")
     try:
         with open(path, encoding="utf-8") as handle:
             index = json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{path}: unreadable index.json ({error})") from error
+        raise InputError(f"{path}: unreadable index.json ({error})") from error
     if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
-        raise DataError(f"{path}: index.json must map scene keys to chunk file names")
+        raise InputError(f"{path}: index.json must map scene keys to chunk file names")
     if not index:
-        raise DataError(f"{path}: split '{split}' is empty (index.json lists no scenes)")
+        raise InputError(f"{path}: split '{split}' is empty (index.json lists no scenes)")
     return index
 
 
@@ -80,24 +80,24 @@ def load_chunk(path: str | Path) -> list[dict]:
     """Load one chunk file safely (``weights_only=True``).
 
     Raises:
-        DataError: the file is missing, corrupt, needs arbitrary unpickling, or is not a list of
+        InputError: the file is missing, corrupt, needs arbitrary unpickling, or is not a list of
             scene dicts.
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: chunk file not found")
+        raise InputError(f"{path}: chunk file not found")
     try:
         chunk = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else "unpickling error"
         if "weights_only" in str(error) or "Unsupported global" in str(error):
             reason = "it needs arbitrary unpickling, which weights_only=True forbids"
-        raise DataError(f"{path}: refused to load chunk: {reason}") from error
+        raise InputError(f"{path}: refused to load chunk: {reason}") from error
     except (RuntimeError, OSError, EOFError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DataError(f"{path}: corrupt chunk file ({first})") from error
+        raise InputError(f"{path}: corrupt chunk file ({first})") from error
     if not isinstance(chunk, list) or not all(isinstance(s, dict) and "key" in s for s in chunk):
-        raise DataError(f"{path}: not a chunk (expected a list of scene dicts with a 'key')")
+        raise InputError(f"{path}: not a chunk (expected a list of scene dicts with a 'key')")
     return chunk
 
 
@@ -186,16 +186,16 @@ def find_scene(root: str | Path, split: str, key: str) -> tuple[Path, dict]:
     """Locate and load one scene dict through ``index.json``.
 
     Raises:
-        DataError: the key is not in the index or not in its chunk.
+        InputError: the key is not in the index or not in its chunk.
     """
     index = load_index(root, split)
     if key not in index:
-        raise DataError(f"{Path(root) / split / 'index.json'}: no scene with key {key!r}")
+        raise InputError(f"{Path(root) / split / 'index.json'}: no scene with key {key!r}")
     path = Path(root) / split / index[key]
     for scene in load_chunk(path):
         if scene["key"] == key:
             return path, scene
-    raise DataError(f"{path}: scene {key!r} listed in index.json is not in the chunk")
+    raise InputError(f"{path}: scene {key!r} listed in index.json is not in the chunk")
 
 
 def read_scene(root: str | Path, split: str, key: str) -> dict:
@@ -212,7 +212,7 @@ def read_scene(root: str | Path, split: str, key: str) -> dict:
         ``key`` and ``url``.
 
     Raises:
-        DataError: missing files, unknown key, or an undecodable image (naming the chunk).
+        InputError: missing files, unknown key, or an undecodable image (naming the chunk).
     """
     path, scene = find_scene(root, split, key)
     extrinsics, intrinsics = cameras_to_matrices(scene["cameras"])
@@ -221,7 +221,7 @@ def read_scene(root: str | Path, split: str, key: str) -> dict:
         try:
             image = decode_image(data)
         except ValueError as error:
-            raise DataError(f"{path}: scene {key!r} view {i}: {error}") from error
+            raise InputError(f"{path}: scene {key!r} view {i}: {error}") from error
         images.append(torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1))
     out = {
         "image": torch.stack(images).float() / 255.0,  # [V, 3, H, W]
@@ -237,5 +237,5 @@ def read_scene(root: str | Path, split: str, key: str) -> dict:
                 [decode_depth(d, float(scene["depth_scale"])) for d in scene["depths"]]
             )
         except ValueError as error:
-            raise DataError(f"{path}: scene {key!r}: {error}") from error
+            raise InputError(f"{path}: scene {key!r}: {error}") from error
     return out

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from datamodules.errors import InputError
 from models.geometry.cameras import intrinsics_to_normalized
 
 __all__ = [
@@ -84,7 +85,7 @@ CAMERA_MODEL_IDS: dict[int, str] = {model_id: name for name, (model_id, _) in CA
 SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV")
 
 
-class ColmapError(ValueError):
+class ColmapError(InputError):
     """A COLMAP model is missing, malformed or inconsistent."""
 
 

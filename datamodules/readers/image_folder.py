@@ -55,7 +55,7 @@ import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from datamodules.transforms import resize_crop_image
 from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
 
@@ -267,7 +267,7 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
         ``width``, ``height``.
 
     Raises:
-        DataError: malformed file, a pose that is not a rigid transform (rotation orthonormal to
+        InputError: malformed file, a pose that is not a rigid transform (rotation orthonormal to
             1e-3, determinant +1), a non-positive or non-finite focal length, a non-finite
             principal point, or a file listed twice (one line naming the file and the frame).
     """
@@ -275,10 +275,10 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is allowed
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{path}: unreadable cameras.json ({error})") from error
+        raise InputError(f"{path}: unreadable cameras.json ({error})") from error
     frames = data.get("frames") if isinstance(data, dict) else None
     if not isinstance(frames, list):
-        raise DataError(f"{path}: cameras.json needs a 'frames' list")
+        raise InputError(f"{path}: cameras.json needs a 'frames' list")
     out: dict[str, dict] = {}
     for i, frame in enumerate(frames):
         try:
@@ -292,14 +292,14 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
                     entry[k] = int(frame[k])
             name = str(frame["file"])
         except (KeyError, TypeError, ValueError) as error:
-            raise DataError(f"{path}: frame {i} is malformed ({error!r})") from error
+            raise InputError(f"{path}: frame {i} is malformed ({error!r})") from error
         if matrix.shape != (4, 4) or not torch.isfinite(matrix).all():
-            raise DataError(f"{path}: frame {i} ({name}) needs a finite 4x4 camera_to_world")
+            raise InputError(f"{path}: frame {i} ({name}) needs a finite 4x4 camera_to_world")
         problem = _pose_problem(matrix) or _intrinsics_problem(entry)
         if problem:
-            raise DataError(f"{path}: frame {i} ({name}): {problem}")
+            raise InputError(f"{path}: frame {i} ({name}): {problem}")
         if name in out:
-            raise DataError(f"{path}: frame {i} lists {name} a second time")
+            raise InputError(f"{path}: frame {i} lists {name} a second time")
         out[name] = entry
     return out
 
@@ -349,17 +349,17 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     try:
         cameras, images, _ = colmap.read_model(model, points=False)
     except colmap.ColmapError as error:  # its message names the file already
-        raise DataError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
+        raise InputError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
     out: dict[str, dict] = {}
     for image in images.values():
         camera = cameras.get(image.camera_id)
         if camera is None:
-            raise DataError(f"{model}: image {image.name} uses unknown camera {image.camera_id}")
+            raise InputError(f"{model}: image {image.name} uses unknown camera {image.camera_id}")
         try:
             fx, fy, cx, cy = colmap.camera_pinhole(camera)
             distortion = colmap.camera_distortion(camera)
         except colmap.UnsupportedCameraError as error:
-            raise DataError(f"{model}: {error}") from error
+            raise InputError(f"{model}: {error}") from error
         if np.abs(distortion).max() > 1e-6:
             warnings.warn(
                 f"{model}: camera {camera.id} ({camera.model}) has lens distortion, which is "
@@ -528,11 +528,11 @@ def load_image_folder(
             model folder.
 
     Raises:
-        DataError: no images, too few images, or bad pose files (one line naming the path).
+        InputError: no images, too few images, or bad pose files (one line naming the path).
     """
     root = Path(path)
     if not root.is_dir():
-        raise DataError(f"{root}: not a folder")
+        raise InputError(f"{root}: not a folder")
     folder = root
     if (root / "images").is_dir() and not any(
         p.suffix.lower() in IMAGE_EXTENSIONS for p in root.iterdir() if p.is_file()
@@ -544,7 +544,7 @@ def load_image_folder(
         pose_file = Path(poses)  # a COLMAP model folder elsewhere (sparse/0, sparse or itself)
         pose_table, pose_source = _colmap_poses(pose_file), "colmap"
         if pose_table is None:
-            raise DataError(f"{pose_file}: no COLMAP model (cameras, images) found in this folder")
+            raise InputError(f"{pose_file}: no COLMAP model (cameras, images) found in this folder")
     elif poses not in ("auto", "none", "cameras.json", "colmap"):
         pose_file = Path(poses)
         pose_table, pose_source = read_cameras_json(pose_file), "cameras.json"
@@ -555,24 +555,24 @@ def load_image_folder(
                 pose_table, pose_source = read_cameras_json(candidate), "cameras.json"
                 break
         if pose_table is None and poses == "cameras.json":
-            raise DataError(f"{root}: no cameras.json found")
+            raise InputError(f"{root}: no cameras.json found")
     if pose_table is None and poses in ("auto", "colmap"):
         pose_table = _colmap_poses(root)
         pose_source = "colmap" if pose_table is not None else None
         pose_file = _colmap_model_dir(root) if pose_table is not None else None
         if pose_table is None and poses == "colmap":
-            raise DataError(f"{root}: no COLMAP model (sparse/0, sparse or the folder) found")
+            raise InputError(f"{root}: no COLMAP model (sparse/0, sparse or the folder) found")
 
     files = _image_files(folder)
     entries: dict[Path, dict] = {}
     if pose_table is not None:
         if not pose_table:
             empty = "has no registered images" if pose_source == "colmap" else "lists no frames"
-            raise DataError(f"{pose_file}: {empty}")
+            raise InputError(f"{pose_file}: {empty}")
         entries = _match_poses(files, pose_table, root)
         if files and not entries:
             listed = list(pose_table)
-            raise DataError(
+            raise InputError(
                 f"{pose_file}: none of the {len(listed)} files it lists exists in {folder} "
                 f"(looked for {_some(listed)}; the folder has {_some([f.name for f in files])})"
             )
@@ -585,7 +585,7 @@ def load_image_folder(
             )
             files = [f for f in files if f in entries]
     if not files:
-        raise DataError(f"{folder}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
+        raise InputError(f"{folder}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
 
     loaded: list[tuple[Path, Image.Image]] = []
     for file in files:
@@ -597,19 +597,19 @@ def load_image_folder(
                 if image.size != expected:
                     raw = open_image(file, background, exif=False)
                     if raw.size != expected:
-                        raise DataError(
+                        raise InputError(
                             f"{file}: image is {image.size[0]}x{image.size[1]}, "
                             f"{pose_source} says {expected[0]}x{expected[1]}"
                         )
                     image = raw  # the poses refer to the stored (not EXIF-rotated) pixels
             loaded.append((file, image))
         except ValueError as error:
-            if isinstance(error, DataError):
+            if isinstance(error, InputError):
                 raise
             warnings.warn(f"{file}: {error} (skipped)", stacklevel=2)
     if len(loaded) < max(min_views, 1):
         what = "no readable images" if not loaded else f"only {len(loaded)} readable image(s)"
-        raise DataError(f"{folder}: {what}, at least {max(min_views, 1)} needed")
+        raise InputError(f"{folder}: {what}, at least {max(min_views, 1)} needed")
     if num_views is not None and len(loaded) > num_views:
         loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
 
@@ -655,7 +655,7 @@ def _assemble(
     source).
     """
     if image_size is None and len({im.size for _, im in named}) > 1:
-        raise DataError(f"{source}: images differ in size; set an image shape to resize them")
+        raise InputError(f"{source}: images differ in size; set an image shape to resize them")
     if image_size is not None:
         _size_warnings(
             labels or [str(source)] * len(named), [im.size for _, im in named], tuple(image_size)
@@ -683,21 +683,21 @@ def load_video(
     """Sample ``num_views`` evenly spaced frames (first and last included) from a video.
 
     Raises:
-        DataError: unreadable video or fewer frames than ``min_views``.
+        InputError: unreadable video or fewer frames than ``min_views``.
     """
     import imageio_ffmpeg
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: video not found")
+        raise InputError(f"{path}: video not found")
     try:
         total, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
     except (RuntimeError, OSError, ValueError, IndexError) as error:
-        raise DataError(
+        raise InputError(
             f"{path}: unreadable video ({str(error).strip().splitlines()[0]})"
         ) from error
     if total < max(min_views, 1):
-        raise DataError(f"{path}: {total} frame(s), at least {max(min_views, 1)} needed")
+        raise InputError(f"{path}: {total} frame(s), at least {max(min_views, 1)} needed")
     wanted = _spread(min(num_views, total), total)
     select = "+".join(f"eq(n\\,{i})" for i in wanted)
     try:
@@ -708,11 +708,11 @@ def load_video(
         width, height = meta["size"]
         frames = [np.frombuffer(raw, np.uint8).reshape(height, width, 3) for raw in reader]
     except (RuntimeError, OSError, ValueError, StopIteration) as error:
-        raise DataError(
+        raise InputError(
             f"{path}: unreadable video ({str(error).strip().splitlines()[0]})"
         ) from error
     if len(frames) != len(wanted):
-        raise DataError(f"{path}: decoded {len(frames)} of the {len(wanted)} requested frames")
+        raise InputError(f"{path}: decoded {len(frames)} of the {len(wanted)} requested frames")
     named = [(f"{path.stem}_frame{i:05d}", Image.fromarray(f)) for i, f in zip(wanted, frames)]
     result = _assemble(named, image_size, path)
     result.pop("crops")
@@ -739,7 +739,7 @@ def load_images(
     """
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: input not found")
+        raise InputError(f"{path}: input not found")
     if path.is_dir():
         return load_image_folder(path, image_size, num_views, min_views, background, poses)
     suffix = path.suffix.lower()
@@ -747,15 +747,15 @@ def load_images(
         return load_video(path, num_views or 8, image_size, min_views)
     if suffix in IMAGE_EXTENSIONS:
         if min_views > 1:
-            raise DataError(f"{path}: a single image, at least {min_views} needed")
+            raise InputError(f"{path}: a single image, at least {min_views} needed")
         try:
             image = open_image(path, background)
         except ValueError as error:
-            raise DataError(f"{path}: {error}") from error
+            raise InputError(f"{path}: {error}") from error
         result = _assemble([(path.name, image)], image_size, path)
         result.pop("crops")
         return ImageSet(**result)
-    raise DataError(
+    raise InputError(
         f"{path}: unsupported input (a folder, a video {', '.join(VIDEO_EXTENSIONS)} "
         f"or an image {', '.join(IMAGE_EXTENSIONS)})"
     )

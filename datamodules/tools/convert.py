@@ -81,7 +81,7 @@ from models.geometry.cameras import (
     intrinsics_to_pixels,
     invert_extrinsics,
 )
-from models.output_folder import OutputFolderError, check_output_folder, write_marker
+from models.output_folder import check_output_folder, write_marker
 
 __all__ = [
     "SceneError",
@@ -102,7 +102,7 @@ _MAX_DEPTH = 3
 _OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
 
 
-class SceneError(ValueError):
+class SceneError(InputError):
     """One scene cannot be converted; the message is the reason in the report."""
 
 
@@ -743,11 +743,9 @@ def convert(
     out = Path(out)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", split) or split in (".", ".."):
         raise InputError(f"invalid split name {split!r}")
-    try:  # convert adds to a dataset root; it never deletes, and writes only into its own roots
-        inputs = [Path(source)] + ([Path(frames)] if frames else [])
-        check_output_folder(out, PROGRAM, inputs=inputs, replace=False)
-    except OutputFolderError as error:
-        raise InputError(str(error)) from None
+    # convert adds to a dataset root; it never deletes, and writes only into its own roots
+    inputs = [Path(source)] + ([Path(frames)] if frames else [])
+    check_output_folder(out, PROGRAM, inputs=inputs, replace=False)
     if chunk_mb <= 0:
         raise InputError(f"--chunk-mb must be positive, got {chunk_mb}")
     if not 1 <= quality <= 100:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from datamodules.errors import InputError
+
 __all__ = ["scene_lengths", "sample_entry", "make_index", "main"]
 
 
@@ -33,12 +35,12 @@ def scene_lengths(root: str | Path, split: str) -> dict[str, int]:
     """Number of views of every scene of ``root/split``, in index order.
 
     Raises:
-        ValueError: missing index or chunk, or a key the chunk does not hold.
+        InputError: missing index or chunk, or a key the chunk does not hold.
     """
     directory = Path(root) / split
     index_path = directory / "index.json"
     if not index_path.is_file():
-        raise ValueError(f"{index_path}: not found (is {root} a chunk dataset?)")
+        raise InputError(f"{index_path}: not found (is {root} a chunk dataset?)")
     with open(index_path, encoding="utf-8") as handle:
         index: dict[str, str] = json.load(handle)
     lengths: dict[str, int] = {}
@@ -49,7 +51,7 @@ def scene_lengths(root: str | Path, split: str) -> dict[str, int]:
     for chunk, keys in by_chunk.items():
         path = directory / chunk
         if not path.is_file():
-            raise ValueError(f"{path}: chunk listed in index.json is missing")
+            raise InputError(f"{path}: chunk listed in index.json is missing")
         wanted = set(keys)
         try:  # memory-map: only the timestamps are needed, not the images
             examples = torch.load(path, weights_only=True, mmap=True)
@@ -60,7 +62,7 @@ def scene_lengths(root: str | Path, split: str) -> dict[str, int]:
                 found[example["key"]] = int(example["timestamps"].shape[0])
         absent = wanted - found.keys()
         if absent:
-            raise ValueError(f"{path}: does not hold scene {sorted(absent)[0]!r} from index.json")
+            raise InputError(f"{path}: does not hold scene {sorted(absent)[0]!r} from index.json")
     for key in index:
         lengths[key] = found[key]
     return lengths
@@ -112,9 +114,9 @@ def make_index(
 ) -> dict[str, dict[str, list[int]] | None]:
     """Evaluation index of every scene of ``root/split`` (see the module docstring)."""
     if context < 1 or targets < 1:
-        raise ValueError("--context and --targets must be at least 1")
+        raise InputError("--context and --targets must be at least 1")
     if gap[0] < 0 or gap[0] > gap[1]:
-        raise ValueError(f"--gap needs 0 <= MIN <= MAX, got {gap[0]} {gap[1]}")
+        raise InputError(f"--gap needs 0 <= MIN <= MAX, got {gap[0]} {gap[1]}")
     index = {}
     for key, num_views in scene_lengths(root, split).items():
         rng = random.Random(f"{seed}:{key}")
@@ -147,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.split,
             args.exclude_context,
         )
-    except (ValueError, OSError, RuntimeError) as error:
+    except (ValueError, OSError, RuntimeError) as error:  # an InputError, or unreadable JSON/chunk
         print(f"error: {error}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)

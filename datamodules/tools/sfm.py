@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from datamodules.readers import colmap
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from models.geometry.cameras import normalize_scene
@@ -73,7 +73,7 @@ def _cleanup() -> None:  # pragma: no cover - runs at interpreter exit
         shutil.rmtree(_REMOVE_AT_EXIT.pop(), ignore_errors=True)
 
 
-class SfmError(DataError):
+class SfmError(InputError):
     """Structure-from-motion could not pose the images (one-line message).
 
     Attributes:

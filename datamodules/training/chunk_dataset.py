@@ -13,7 +13,7 @@ scenes instead, with every shard yielding the same number of examples, so that n
 waits for one that ran out of data. Bad scenes are skipped and counted in ``skipped`` (per process): non-finite or
 malformed cameras, a field of view above ``max_fov``, too few views for the sampler, a context
 baseline below ``baseline_epsilon``, an undecodable image or depth map, an unreadable chunk file.
-A chunk that needs arbitrary unpickling is refused (``DataError``), never executed.
+A chunk that needs arbitrary unpickling is refused (``InputError``), never executed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset, get_worker_info
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from datamodules.readers.chunks import (
     cameras_to_matrices,
     decode_depth,
@@ -93,7 +93,7 @@ class ChunkDataset(IterableDataset):
     ) -> None:
         super().__init__()
         if pose_scale not in POSE_SCALES:
-            raise DataError(f"pose_scale={pose_scale!r}: must be one of {', '.join(POSE_SCALES)}")
+            raise InputError(f"pose_scale={pose_scale!r}: must be one of {', '.join(POSE_SCALES)}")
         self.pose_scale = pose_scale
         self.root = Path(root)
         self.split = split
@@ -116,13 +116,13 @@ class ChunkDataset(IterableDataset):
             missing = [k for k in keys if k not in index]
             if missing and not allow_missing_scenes:
                 source = getattr(view_sampler, "path", "the evaluation index")
-                raise DataError(
+                raise InputError(
                     f"{source}: {len(missing)} of {len(keys)} scenes are missing from "
                     f"{self.root / split / 'index.json'} (first: {', '.join(missing[:3])})"
                 )
             keys = [k for k in keys if k in index]
             if not keys:
-                raise DataError(f"{self.root / split}: none of the requested scenes is present")
+                raise InputError(f"{self.root / split}: none of the requested scenes is present")
         else:
             keys = list(index)
         self.keys = keys
@@ -133,7 +133,7 @@ class ChunkDataset(IterableDataset):
         self.chunks = sorted(wanted)
         for name in self.chunks:
             if not (self.root / split / name).is_file():
-                raise DataError(
+                raise InputError(
                     f"{self.root / split / name}: chunk listed in index.json is missing"
                 )
 
@@ -196,7 +196,7 @@ class ChunkDataset(IterableDataset):
             path = self.root / self.split / name
             try:
                 chunk = load_chunk(path)
-            except DataError as error:
+            except InputError as error:
                 if "refused" in str(error):
                     raise
                 self._skip("corrupt_chunk", str(error))
@@ -209,7 +209,7 @@ class ChunkDataset(IterableDataset):
 
     def _check_yielded(self, chunks: list[str], yielded: int) -> None:
         if chunks and yielded == 0 and self.skipped:
-            raise DataError(
+            raise InputError(
                 f"{self.root / self.split}: no usable scene in {len(chunks)} chunk(s) "
                 f"(skipped: {dict(self.skipped)})"
             )

@@ -28,7 +28,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from datamodules.training.chunk_dataset import ChunkDataset
 from datamodules.training.samplers import (
     AllViewSampler,
@@ -183,7 +183,7 @@ class SplatDataModule(L.LightningDataModule):
         try:
             ensure_synthetic(self.root, settings, workers=self.generator_workers)
         except TypeError as error:  # unknown generator keys
-            raise DataError(f"{self.root}: bad generator settings ({error})") from error
+            raise InputError(f"{self.root}: bad generator settings ({error})") from error
 
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets a stage needs (validating the files)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 
 __all__ = [
     "StepTracker",
@@ -174,18 +174,18 @@ def load_evaluation_index(path: str | Path) -> dict[str, dict[str, list[int]] | 
     """Read an evaluation index JSON ``{key: {"context": [...], "target": [...]} | null}``.
 
     Raises:
-        DataError: missing or malformed file.
+        InputError: missing or malformed file.
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: evaluation index not found")
+        raise InputError(f"{path}: evaluation index not found")
     try:
         with open(path, encoding="utf-8") as handle:
             index = json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{path}: unreadable evaluation index ({error})") from error
+        raise InputError(f"{path}: unreadable evaluation index ({error})") from error
     if not isinstance(index, dict):
-        raise DataError(f"{path}: evaluation index must be a JSON object keyed by scene")
+        raise InputError(f"{path}: evaluation index must be a JSON object keyed by scene")
     for key, entry in index.items():
         if entry is None:
             continue
@@ -195,7 +195,7 @@ def load_evaluation_index(path: str | Path) -> dict[str, dict[str, list[int]] | 
             or not isinstance(entry.get("target"), list)
             or not all(isinstance(i, int) for i in entry["context"] + entry["target"])
         ):
-            raise DataError(f"{path}: entry {key!r} needs integer lists 'context' and 'target'")
+            raise InputError(f"{path}: entry {key!r} needs integer lists 'context' and 'target'")
     return index
 
 
@@ -221,7 +221,7 @@ class EvaluationViewSampler(ViewSampler):
         if num_context_views is not None:
             counts = {len(v["context"]) for v in self.entries.values()}
             if counts and counts != {num_context_views}:
-                raise DataError(
+                raise InputError(
                     f"{self.path}: entries have {sorted(counts)} context views, "
                     f"configured {num_context_views}"
                 )

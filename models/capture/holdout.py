@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from models.gaussians import Gaussians
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-class HoldoutError(DataError):
+class HoldoutError(InputError):
     """A ``holdout`` setting that does not fit the capture (one line)."""
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from datamodules.errors import DataError, InputError
+from datamodules.errors import InputError
 
 __all__ = ["load_inputs", "without_poses"]
 
@@ -78,8 +78,8 @@ def load_inputs(
         sfm: ``SfmSettings`` fields plus ``cache`` (structure-from-motion settings).
 
     Raises:
-        DataError: one line naming the input (``InputError`` for poses a posed model lacks or
-        a cameras path not found), with the skipped files when too few views remain.
+        InputError: one line naming the input (poses a posed model lacks, a cameras path not
+        found, too few views: then with the skipped files).
     """
     from datamodules.readers.image_folder import VIDEO_EXTENSIONS, load_images
 
@@ -103,12 +103,12 @@ def load_inputs(
         warnings.simplefilter("always")
         try:
             images = load_images(source, shape, views, min_views, poses=poses)
-        except DataError as error:
+        except InputError as error:
             skipped = [m for m in _notes(caught) if "(skipped)" in m]
             if skipped:
                 names = ", ".join(Path(m.split(":", 1)[0]).name for m in skipped[:5])
                 more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-                raise DataError(f"{error} (skipped unreadable: {names}{more})") from error
+                raise InputError(f"{error} (skipped unreadable: {names}{more})") from error
             raise
     if not pose_free and images.extrinsics is None:
         raise _needs_poses(source, name, "no cameras.json or COLMAP sparse/ model found")

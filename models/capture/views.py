@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 
 __all__ = [
     "MIN_SHARED_POINTS",
@@ -54,7 +54,7 @@ __all__ = [
 MIN_SHARED_POINTS = 15
 
 
-class ViewError(DataError):
+class ViewError(InputError):
     """A view setting that does not fit the capture (one line naming the setting)."""
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from datamodules.errors import DataError
+from datamodules.errors import InputError
 from models.capture import fusion
 from models.capture import holdout as holdout_lib
 from models.capture import views as view_lib
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-class CaptureError(DataError):
+class CaptureError(InputError):
     """A capture or setting that cannot be reconstructed as asked (one line)."""
 
 

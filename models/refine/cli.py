@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.errors import PathError
+from datamodules.errors import InputError
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments", "plot_holdout_psnr"]
@@ -65,7 +65,7 @@ _TOP = {
 DEFAULT_STEPS = 1000
 
 
-class RefineCommandError(PathError):
+class RefineCommandError(InputError):
     """Bad command-line input (one line naming the argument)."""
 
 
@@ -114,7 +114,6 @@ def _holdout_indices(names: list[str], every: Any) -> list[int]:
 
 def _load(positional: list[str], top: dict[str, Any]):
     """The start Gaussians and the photos (an ``ImageSet``)."""
-    from datamodules.errors import DataError
     from datamodules.readers.image_folder import load_images
     from models.gaussians import Gaussians
     from models.refine.start import gaussians_from_points, read_colmap_points
@@ -133,10 +132,7 @@ def _load(positional: list[str], top: dict[str, Any]):
         raise RefineCommandError(photos, "not a folder of posed photos")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
-            images = load_images(photos, None, poses="auto")
-        except DataError as error:
-            raise RefineCommandError(str(error)) from error
+        images = load_images(photos, None, poses="auto")
     for note in caught:
         if issubclass(note.category, UserWarning):
             print(f"warning: {' '.join(str(note.message).split())}", file=sys.stderr)
@@ -174,7 +170,7 @@ def _save_png(image: Tensor, path: Path) -> None:
 
 
 def run(argv: list[str]) -> int:
-    """The command; returns the exit status (bad input raises a ``PathError``/``DataError``)."""
+    """The command; returns the exit status (bad input raises an ``InputError``)."""
     from models.inference import check_backend, choose_device
     from models.metrics import nearest_view_baseline
     from models.output_folder import OutputFolder
@@ -330,12 +326,10 @@ def run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: bad input is one line on stderr and exit status 2."""
-    from datamodules.errors import DataError
-
     argv = sys.argv[1:] if argv is None else argv
     try:
         return run(argv)
-    except (PathError, DataError) as error:
+    except InputError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

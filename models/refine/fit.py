@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from datamodules.errors import InputError
 from models.budget import available_memory
-from models.errors import PathError
 from models.gaussians import Gaussians
 from models.refine.densify import ADC, MCMC
 from models.refine.loss import photometric_loss
@@ -51,7 +51,7 @@ __all__ = [
 Evaluate = Callable[[Gaussians, Tensor], dict[str, float]]
 
 
-class RefineMemoryError(PathError):
+class RefineMemoryError(InputError):
     """The fit would not fit in memory (one line naming ``refine_size=`` / ``max_gaussians=``)."""
 
 
@@ -397,7 +397,7 @@ def refine_gaussians(
             state = torch.load(checkpoint, map_location=device, weights_only=False)
             fit.load_state_dict(state)
         except (OSError, RuntimeError, KeyError, ValueError) as error:
-            raise PathError(checkpoint, f"not a usable refinement checkpoint ({error})") from error
+            raise InputError(checkpoint, f"not a usable refinement checkpoint ({error})") from error
     background = torch.tensor(settings.background, dtype=torch.float32, device=device)
     if fit.step == 0:
         _evaluate(fit, evaluate, fit.params.gaussians(fit.degree()).detach())

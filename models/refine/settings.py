@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.errors import PathError
+from datamodules.errors import InputError
 
 __all__ = [
     "ADCSettings",
@@ -33,7 +33,7 @@ DEFAULT_MAX_SIZE = 320
 DENSIFY_RULES = ("mcmc", "adc", "none")
 
 
-class RefineSettingsError(PathError):
+class RefineSettingsError(InputError):
     """A refinement setting out of range (one line naming the ``key=``)."""
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.errors import PathError
+from datamodules.errors import InputError
 from models.gaussians import Gaussians, rgb_to_sh
 
 __all__ = ["gaussians_from_points", "read_colmap_points"]
@@ -68,23 +68,23 @@ def read_colmap_points(path: str | os.PathLike) -> tuple[Tensor, Tensor]:
         ``xyz [N, 3]`` float32 and ``rgb [N, 3]`` float32 in [0, 1].
 
     Raises:
-        PathError: no model, a malformed one, or fewer than 2 points (one line naming it).
+        InputError: no model, a malformed one, or fewer than 2 points (one line naming it).
     """
     from datamodules.readers import colmap
 
     folder = colmap.find_model_dir(path)
     if folder is None:
-        raise PathError(
+        raise InputError(
             path, "no COLMAP model (sparse/0, sparse or the folder) for refine_init=sfm"
         )
     try:
         _, _, points = colmap.read_model(folder, points=True)
     except colmap.ColmapError as error:
-        raise PathError(folder, str(error)) from error
+        raise InputError(folder, str(error)) from error
     if len(points) < 2:
         names = [p.name for p in Path(folder).iterdir() if p.name.lower().startswith("points3d")]
         what = "has fewer than 2 points" if names else "has no points3D file"
-        raise PathError(folder, f"{what}: refine_init=sfm needs the SfM points")
+        raise InputError(folder, f"{what}: refine_init=sfm needs the SfM points")
     xyz = np.stack([p.xyz for p in points.values()]).astype(np.float32)
     rgb = np.stack([p.rgb for p in points.values()]).astype(np.float32) / 255.0
     return torch.from_numpy(xyz), torch.from_numpy(rgb)

@@ -24,7 +24,7 @@ from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
-from models.errors import PathError
+from datamodules.errors import InputError
 
 __all__ = [
     "UserError",
@@ -43,18 +43,24 @@ __all__ = [
 ]
 
 
-class UserError(PathError):
-    """Bad input from the user: reported as one line on stderr, exit status 2."""
+class UserError(InputError):
+    """Bad input to ``train.py``/``eval.py`` (a setting, a checkpoint, an evaluation index)."""
+
+
+# Bad input: every ``InputError``, and the ``ValueError`` a model or data constructor that Hydra
+# instantiates raises for a setting it refuses; a missing file.
+_BAD_INPUT = (InputError, ValueError, FileNotFoundError)
 
 
 def exit_on_user_error(fn: Callable) -> Callable:
-    """Turn ``UserError``/``ValueError``/``FileNotFoundError`` into one line and exit status 2."""
+    """Turn bad input (``InputError``, ``ValueError``, ``FileNotFoundError``) into one line and
+    exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (UserError, ValueError, FileNotFoundError) as error:
+        except _BAD_INPUT as error:
             print(f"error: {_first_line(error)}", file=sys.stderr)
             sys.exit(2)
         except MissingMandatoryValue as error:
@@ -63,7 +69,7 @@ def exit_on_user_error(fn: Callable) -> Callable:
             sys.exit(2)
         except hydra.errors.InstantiationException as error:
             cause = error.__cause__ or error
-            if isinstance(cause, (UserError, ValueError, FileNotFoundError)):
+            if isinstance(cause, _BAD_INPUT):
                 print(f"error: {_first_line(cause)}", file=sys.stderr)
                 sys.exit(2)
             raise

@@ -25,12 +25,12 @@ from typing import Any
 
 from torch import nn
 
+from datamodules.errors import InputError
 from models.base import INIT_ONLY_ARGS
 from models.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import (
     ExportError,
-    PretrainedError,
     load_checkpoint_state_dict,
     model_card,
     push_folder,
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if repo_id:
             url = push_folder(out, repo_id, private=_truthy(args.get("private")))
             print(f"pushed {out} -> {url}")
-    except (ExportError, PretrainedError) as error:
+    except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

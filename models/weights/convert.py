@@ -29,12 +29,12 @@ from pathlib import Path
 
 from torch import nn
 
+from datamodules.errors import InputError
 from models.output_folder import OutputFolder, OutputFolderError
 from models.registry import is_model
 from models.weights.builder import build_model, is_release_format
 from models.weights.hub import (
     ExportError,
-    PretrainedError,
     WeightsSource,
     model_card,
     push_folder,
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if repo_id:
             url = push_folder(out, repo_id, private=_truthy(args.get("private")))
             print(f"pushed {out} -> {url}")
-    except (ExportError, PretrainedError) as error:
+    except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from datamodules.errors import InputError
 from models.base import INIT_ONLY_ARGS, constructor_arguments
-from models.errors import PathError
 from models.output_folder import MARKER_NAME
 from models.registry import get_pretrained_cfg, is_model, to_plain
 from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
@@ -85,7 +85,7 @@ METADATA_KEY = "splatzoo"
 HUB_WEIGHTS: dict[str, str] = {}
 
 
-class PretrainedError(PathError):
+class PretrainedError(InputError):
     """Weights cannot be found, read, or loaded into the requested model.
 
     Attributes:
@@ -93,7 +93,7 @@ class PretrainedError(PathError):
     """
 
 
-class ExportError(PathError):
+class ExportError(InputError):
     """An export or a conversion cannot proceed (its output folder, the push to the Hub);
     ``path`` names the file or location at fault."""
 
