@@ -248,7 +248,7 @@ def _lightning_command(script: str, root: Path, run: Path, *args: str) -> Comman
     return Command([script, *common, *args], {"PROJECT_ROOT": str(REPO_ROOT)})
 
 
-def _wait_until(found, what: str, command: Command, timeout: float = 60.0) -> None:
+def _wait_until(found, what: str, command: Command, timeout: float = 120.0) -> None:
     end = time.monotonic() + timeout
     while not found():
         if command.process.poll() is not None or time.monotonic() > end:
@@ -266,28 +266,67 @@ def _assert_stopped(status: int, lines: list[str], script: str, signum: int) -> 
     assert said == lines[-1:] and not [line for line in lines if "Traceback" in line], lines
 
 
-def test_train_sigterm_mid_run(synthetic_root: Path, tmp_path: Path) -> None:
-    """SIGTERM once a checkpoint is written: one line, exit 143, the checkpoints whole."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_train_sigterm_mid_run(synthetic_root: Path, tmp_path: Path, workers: int) -> None:
+    """SIGTERM once a checkpoint is written: one line, exit 143, the checkpoints whole. With
+    loader workers it goes to the whole process group (as ``timeout`` or a scheduler sends it):
+    the workers end quietly, and the parent does not report them as killed."""
     run = tmp_path / "run"
     command = _lightning_command(
         "train.py", synthetic_root, run, "model=pixel_aligned", "data.image_size=[32,32]",
         "data.batch_size=1", "data.num_target_views=2", "data.val_scenes=1",
-        "trainer.max_steps=1000000", "trainer.val_check_interval=5", "trainer.limit_val_batches=1",
-        "callbacks.model_checkpoint.every_n_train_steps=5", "callbacks.model_summary=null",
+        f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
+        "trainer.max_steps=1000000", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+        "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_summary=null",
         "logger=csv",
     )  # fmt: skip
     last = run / "checkpoints" / "last.ckpt"
     _wait_until(last.is_file, "checkpoint", command)
     time.sleep(1.0)  # training on
-    status, seconds, after = command.signal(signal.SIGTERM)
+    children = _children(command.process.pid)
+    assert len(children) >= 2 * workers  # persistent train and validation workers
+    status, seconds, after = command.signal(signal.SIGTERM, group=workers > 0)
     _assert_stopped(status, command.seen + after, "train.py", signal.SIGTERM)
     assert seconds < 20, seconds
     from models.training.cli import resume_safely
 
     with resume_safely():
         state = __import__("torch").load(last, map_location="cpu", weights_only=True)
-    assert state["global_step"] >= 5  # the last checkpoint is whole and loads
+    assert state["global_step"] >= 2  # the last checkpoint is whole and loads
     assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+
+
+class _HandlerProbe:
+    """A dataset whose items say which SIGINT / SIGTERM handlers its worker runs."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> tuple[bool, bool]:
+        interrupt, term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        return interrupt is signal.default_int_handler, term is not _parent_handler
+
+
+def _parent_handler(signum, frame) -> None:  # noqa: ARG001
+    print("the parent's handler ran", file=sys.stderr)
+
+
+def test_loader_workers_do_not_run_the_parents_handlers(monkeypatch) -> None:
+    """The data module's loaders start workers with Ctrl-C as PyTorch's worker loop expects and
+    their own SIGTERM handling, not the handlers of the process that forked them."""
+    from datamodules.training.datamodule import SplatDataModule
+
+    module = SplatDataModule.__new__(SplatDataModule)
+    module.num_workers, module.persistent_workers, module.pin_memory = 1, False, False
+    previous = {s: signal.signal(s, _parent_handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        loader = module._loader(_HandlerProbe(), batch_size=1, train=False)
+        seen = [tuple(bool(v) for v in batch) for batch in loader]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert seen == [(True, True), (True, True)]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
