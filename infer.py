@@ -271,17 +271,21 @@ def _warn(notes: list[str]) -> list[str]:
 def _preflight_estimate(cfg: DictConfig, model, preflight, size, capture: bool, device):
     """The forward pass's estimate before structure-from-motion, from the photos it will pose:
     every photo in one pass, or one window (``views=N``: N of them, ``views=all``: the recipe's
-    count, ``holdout=``: less the held-out photos, whose setting is checked against the folder's
-    photo names here). After SfM the posed photos are estimated again."""
+    count, ``holdout=``: less the held-out photos). ``holdout=`` and ``center_view=`` are checked
+    against the folder's photo names here. After SfM the posed photos are estimated again."""
     from models import budget
     from models.capture.holdout import holdout_indices
+    from models.capture.views import center_index
     from models.capture.whole import window_size
 
-    count, views = preflight.count, cfg.get("views")
+    count, views, names = preflight.count, cfg.get("views"), preflight.names
     if capture:
-        held = cfg.get("holdout")
-        held = to_plain(held) if OmegaConf.is_list(held) else held
-        count -= len(holdout_indices(held, preflight.names)) if preflight.names else 0
+        if names:  # a folder (a video's frames are not extracted yet)
+            held = cfg.get("holdout")
+            held = holdout_indices(to_plain(held) if OmegaConf.is_list(held) else held, names)
+            count -= len(held)
+            rest = [i for i in range(len(names)) if i not in held] or [0]
+            center_index(names, cfg.get("center_view"), rest)
         if str(views) == "all":
             count = window_size(model, str(cfg.model))
         elif views is not None:

@@ -781,6 +781,8 @@ def fake_sfm(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> 
         ([], ("image_size:", "needs about", "lower image_size")),  # forward pass over memory
         (["holdout=1"], ("holdout=1: every K-th photo needs K >= 2",)),
         (["holdout=nope.png"], ("holdout",)),
+        (["center_view=nope.png"], ("center_view=nope.png: not a photo of this capture",)),
+        (["holdout=photo_1", "center_view=photo_1"], ("center_view=photo_1: that photo is held",)),
         (["sfm.matching=sideways"], ("sfm",)),
     ],
 )
