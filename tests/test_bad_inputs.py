@@ -815,3 +815,23 @@ def test_infer_sfm_cache_warning_comes_before_sfm(
     (before,) = fake_sfm
     assert [line for line in before.splitlines() if "cache cannot be written" in line]
     assert_one_error_line(result, "fake structure-from-motion: stopped here")
+
+
+VIDEO = DRONE.parent / "drone.mp4"
+
+
+@pytest.mark.skipif(not VIDEO.is_file(), reason=f"no drone video at {VIDEO}")
+def test_infer_video_refused_before_structure_from_motion(
+    weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
+) -> None:
+    """A video's sampled frames (``views=N``) are counted before any frame is extracted."""
+    from models import budget
+
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
+    out = tmp_path / "out"
+    result = infer_here(
+        capsys, f"input={VIDEO}", f"output={out}", f"model={POSED}", f"weights={weights}",
+        "views=6",
+    )  # fmt: skip
+    assert_one_error_line(result, "image_size:", "6 view(s)")
+    assert fake_sfm == [] and not out.exists()
