@@ -835,3 +835,21 @@ def test_infer_video_refused_before_structure_from_motion(
     )  # fmt: skip
     assert_one_error_line(result, "image_size:", "6 view(s)")
     assert fake_sfm == [] and not out.exists()
+
+
+def test_view_refuses_before_structure_from_motion(
+    weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
+) -> None:
+    """``view.py PHOTOS``: the forward pass's memory is checked before SfM, as in infer.py."""
+    from models import budget
+
+    sys.path.insert(0, str(REPO_ROOT))
+    import view
+
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
+    photos = _unposed_photos(tmp_path / "photos")
+    capsys.readouterr()
+    status = view.serve_cli([str(photos), f"model={POSED}", f"weights={weights}", "port=0"])
+    err = capsys.readouterr().err
+    assert status == 2 and fake_sfm == [], err
+    assert len(err.strip().splitlines()) == 1 and "lower image_size" in err, err
