@@ -20,7 +20,13 @@ import csv
 import json
 import math
 import os
+import shutil
+import signal
 import sys
+import tempfile
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("eval.py: stopped by Ctrl-C", file=sys.stderr), os._exit(130)))  # fmt: skip  # noqa: E501
 
 import hydra
 import lightning as L
@@ -28,7 +34,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from models import create_model
-from models.command_line import quote_path_arguments
+from models.command_line import quote_path_arguments, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
@@ -36,6 +42,7 @@ from models.training.cli import (
     exit_on_user_error,
     instantiate_group,
     quiet_third_party,
+    stopped_by_signal,
 )
 
 
@@ -46,26 +53,44 @@ def summarise(records: list[dict]) -> dict[str, float]:
 
 
 def write_outputs(folder: str, records: list[dict], samples: list[dict], meta: dict) -> dict:
+    """Write ``scenes.csv``, ``renders/`` and ``metrics.json`` into ``folder``: each complete or
+    not at all. They are written into a hidden staging folder there (removed on any error, Ctrl-C
+    and SIGTERM; a killed run's by the next one), then moved into place, ``metrics.json`` last:
+    when it is there, the others are whole."""
     from torchvision.utils import save_image
+
+    from models.output_folder import mark_staging, remove_stale_folders
 
     summary = summarise(records)
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "metrics.json"), "w") as handle:
-        json.dump({**meta, "scenes": len(records), "metrics": summary}, handle, indent=2)
-    with open(os.path.join(folder, "scenes.csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
-    render_dir = os.path.join(folder, "renders")
-    os.makedirs(render_dir, exist_ok=True)
-    for i, sample in enumerate(samples):
-        # one row per target: context views | target | render
-        rows = []
-        for target, rendered in zip(sample["target"], sample["render"]):
-            rows.append(torch.cat([*sample["context"], target, rendered.clamp(0, 1)], dim=-1))
-        save_image(
-            torch.cat(rows, dim=-2), os.path.join(render_dir, f"{i:02d}_{sample['scene']}.png")
-        )
+    remove_stale_folders(folder, (".eval.tmp-*",))
+    staging = tempfile.mkdtemp(prefix=".eval.tmp-", dir=folder)
+    mark_staging(staging)
+    try:
+        with open(os.path.join(staging, "scenes.csv"), "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+        render_dir = os.path.join(staging, "renders")
+        os.makedirs(render_dir)
+        for i, sample in enumerate(samples):
+            # one row per target: context views | target | render
+            rows = []
+            for target, rendered in zip(sample["target"], sample["render"]):
+                rows.append(torch.cat([*sample["context"], target, rendered.clamp(0, 1)], dim=-1))
+            name = f"{i:02d}_{sample['scene']}.png"
+            save_image(torch.cat(rows, dim=-2), os.path.join(render_dir, name))
+        with open(os.path.join(staging, "metrics.json"), "w") as handle:
+            json.dump({**meta, "scenes": len(records), "metrics": summary}, handle, indent=2)
+        if os.path.exists(os.path.join(folder, "metrics.json")):  # an older set: not whole now
+            os.remove(os.path.join(folder, "metrics.json"))
+        for name in ("scenes.csv", "renders", "metrics.json"):
+            target = os.path.join(folder, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            os.replace(os.path.join(staging, name), target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 
@@ -201,7 +226,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = hydra.utils.instantiate(
         cfg.trainer, logger=loggers or False, callbacks=callbacks
     )
-    trainer.test(module, datamodule=datamodule)
+    with stopped_by_signal(trainer):
+        trainer.test(module, datamodule=datamodule)
     if not module.test_records:
         raise UserError(
             "the test split produced no scenes (check data.root and the evaluation index)"
@@ -237,4 +263,5 @@ if __name__ == "__main__":
     os.environ.setdefault("PROJECT_ROOT", os.path.dirname(os.path.abspath(__file__)))
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
-    main()
+    with stopped_cleanly("eval.py"):
+        main()

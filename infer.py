@@ -133,7 +133,7 @@ def run(cfg: DictConfig) -> Path:
     import torch
 
     from models import budget, inference
-    from models.capture.inputs import load_inputs
+    from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
 
     started = time.perf_counter()
     if any(OmegaConf.is_missing(cfg, k) or not cfg[k] for k in ("input", "output")):
@@ -167,15 +167,16 @@ def run(cfg: DictConfig) -> Path:
         image_size = OmegaConf.to_container(image_size)
     size = inference.input_size(model, image_size, recipe)
     near, far, scale = (_positive(cfg, k) for k in ("near", "far", "scene_scale"))
+    shown = _warn(loaded.notes)  # the weights' notes now, not after the inputs load
+    sfm = to_plain(cfg.sfm) if cfg.get("sfm") else {}
+    load_views = _load_views(cfg, source, capture)
+    if needs_sfm(source, model, cfg.cameras):  # minutes of SfM: every other check first
+        preflight = sfm_preflight(source, load_views, sfm)
+        shown += _warn(preflight.notes)
+        budget.check(_preflight_estimate(cfg, model, preflight, size, capture, device))
     start = time.perf_counter()
     images, notes = load_inputs(
-        source,
-        size,
-        model,
-        name=str(cfg.model),
-        views=_load_views(cfg, source, capture),
-        cameras=cfg.cameras,
-        sfm=to_plain(cfg.sfm) if cfg.get("sfm") else {},
+        source, size, model, name=str(cfg.model), views=load_views, cameras=cfg.cameras, sfm=sfm
     )
     timings["load_inputs"] = round(time.perf_counter() - start, 4)
     inference.check_input(images, recipe, str(cfg.model), size)
@@ -184,8 +185,7 @@ def run(cfg: DictConfig) -> Path:
     notes += inference.recipe_warnings(
         recipe, str(cfg.model), views=int(views) if str(views).isdigit() else None
     )
-    for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
+    _warn([note for note in notes if note not in shown])
     points = None
     if refine is not None and str(cfg.refine_init) == "sfm":  # before the forward pass
         points = _sfm_points(images, cfg)
@@ -258,6 +258,39 @@ def run(cfg: DictConfig) -> Path:
     )
     _after_refine(cfg, output, fitted)
     return output
+
+
+def _warn(notes: list[str]) -> list[str]:
+    """Print ``notes`` as warnings on stderr; returns them."""
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return list(notes)
+
+
+def _preflight_estimate(cfg: DictConfig, model, preflight, size, capture: bool, device):
+    """The forward pass's estimate before structure-from-motion, from the photos it will pose:
+    every photo in one pass, or one window (``views=N``: N of them, ``views=all``: the recipe's
+    count, ``holdout=``: less the held-out photos). ``holdout=`` and ``center_view=`` are checked
+    against the folder's photo names here. After SfM the posed photos are estimated again."""
+    from models import budget
+    from models.capture.holdout import holdout_indices
+    from models.capture.views import center_index
+    from models.capture.whole import window_size
+
+    count, views, names = preflight.count, cfg.get("views"), preflight.names
+    if capture:
+        if names:  # a folder (a video's frames are not extracted yet)
+            held = cfg.get("holdout")
+            held = holdout_indices(to_plain(held) if OmegaConf.is_list(held) else held, names)
+            count -= len(held)
+            rest = [i for i in range(len(names)) if i not in held] or [0]
+            center_index(names, cfg.get("center_view"), rest)
+        if str(views) == "all":
+            count = window_size(model, str(cfg.model))
+        elif views is not None:
+            count = min(int(views), count)
+    name = str(cfg.model)
+    return budget.forward_estimate(model, max(count, 1), size, device=str(device), name=name)
 
 
 class RefineInterrupted(Exception):

@@ -33,6 +33,7 @@ from models.training.cli import (
     quiet_third_party,
     resolve_ckpt_path,
     resume_safely,
+    stopped_by_signal,
 )
 
 
@@ -66,17 +67,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         logger.log_hyperparams(to_plain(cfg))
     metrics: dict[str, float] = {}
     if cfg.get("train", True):
-        with resume_safely():  # nothing in a checkpoint is unpickled as code
-            try:
-                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-            except SystemExit:
-                if trainer.interrupted:  # Lightning's Ctrl-C exit(1): our one line and 130
-                    raise KeyboardInterrupt from None
-                raise
+        with resume_safely(), stopped_by_signal(trainer):  # no checkpoint is unpickled as code
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     if cfg.get("test", False):
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
-        trainer.test(module, datamodule=datamodule, ckpt_path=best)
+        with stopped_by_signal(trainer):
+            trainer.test(module, datamodule=datamodule, ckpt_path=best)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     return metrics
 

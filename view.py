@@ -166,7 +166,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     ``models.inference`` and ``models.capture.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
     from models import budget, inference
-    from models.capture.inputs import load_inputs
+    from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
     from models.knobs import KnobRunner
     from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
 
@@ -182,13 +182,17 @@ def reconstruct(source: Path, settings: dict[str, Any]):
             numbers[key] = None if settings[key] is None else float(settings[key])
         except (TypeError, ValueError):
             raise inference.InferenceError(f"{key}={settings[key]}", "must be a number") from None
+    views = int(settings["views"]) if settings["views"] is not None else None
+    shown = []
+    if needs_sfm(source, model, settings["cameras"]):  # minutes of SfM: its checks first
+        preflight = sfm_preflight(source, views, {})
+        shown = preflight.notes
+        for note in shown:
+            print(f"warning: {note}", file=sys.stderr)
+        count = preflight.count if views is None else min(views, preflight.count)
+        budget.check(budget.forward_estimate(model, count, shape, device=str(device), name=name))
     images, more = load_inputs(
-        source,
-        shape,
-        model,
-        name=name,
-        views=int(settings["views"]) if settings["views"] is not None else None,
-        cameras=settings["cameras"],
+        source, shape, model, name=name, views=views, cameras=settings["cameras"]
     )
     if settings.get("view_names"):  # an infer.py views=N output: the photos it chose
         from models.capture.whole import subset
@@ -199,7 +203,8 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     notes = loaded.notes + more
     notes += inference.recipe_warnings(recipe, name, shape, numbers["near"], numbers["far"])
     for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
+        if note not in shown:
+            print(f"warning: {note}", file=sys.stderr)
     pose_free = bool(getattr(model, "pose_free", False))
     fov = float(settings["fov"])
     prepared = inference.prepare_context(  # the recipe's near/far and scale, as infer.py

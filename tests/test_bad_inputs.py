@@ -744,3 +744,112 @@ def test_sfm_skips_bad_photos_and_survives_its_cache(tmp_path: Path, monkeypatch
     again = estimate_poses(photos, cache=cache, verbose=0)
     assert not again.cached and again.registered == first.registered
     assert estimate_poses(photos, cache=cache, verbose=0).cached
+
+
+# --------------------------------------------------------------------------- checks before SfM
+
+
+def _unposed_photos(root: Path, count: int = 3) -> Path:
+    """A folder of photos without cameras: ``infer.py`` poses it by structure-from-motion."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for i in range(count):
+        pixels = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+        PILImage.fromarray(pixels).save(root / f"photo_{i}.png")
+    return root
+
+
+@pytest.fixture
+def fake_sfm(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> list[str]:
+    """Structure-from-motion replaced by a stand-in that records the stderr printed before it
+    started (one entry per call) and stops the run with a one-line SfM error."""
+    from datamodules.tools import sfm
+
+    calls: list[str] = []
+
+    def poses_for_input(*args, **kwargs):
+        calls.append(capsys.readouterr().err)
+        raise sfm.SfmError("fake structure-from-motion: stopped here")
+
+    monkeypatch.setattr(sfm, "poses_for_input", poses_for_input)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], ("image_size:", "needs about", "lower image_size")),  # forward pass over memory
+        (["holdout=1"], ("holdout=1: every K-th photo needs K >= 2",)),
+        (["holdout=nope.png"], ("holdout",)),
+        (["center_view=nope.png"], ("center_view=nope.png: not a photo of this capture",)),
+        (["holdout=photo_1", "center_view=photo_1"], ("center_view=photo_1: that photo is held",)),
+        (["sfm.matching=sideways"], ("sfm",)),
+    ],
+)
+def test_infer_refuses_before_structure_from_motion(
+    weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str], args, expected
+) -> None:
+    """What does not need the poses is refused before SfM's minutes, not after them."""
+    from models import budget
+
+    if not args:  # the forward pass of 3 photos cannot fit 1 MB; SfM's own estimate is later
+        monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
+    photos = _unposed_photos(tmp_path / "photos")
+    out = tmp_path / "out"
+    result = infer_here(
+        capsys, f"input={photos}", f"output={out}", f"model={POSED}", f"weights={weights}", *args
+    )
+    assert_one_error_line(result, *expected)
+    assert fake_sfm == [] and not out.exists()
+
+
+def test_infer_sfm_cache_warning_comes_before_sfm(
+    weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
+) -> None:
+    monkeypatch.setenv("SPLATZOO_SFM_CACHE", "/proc/splatzoo-sfm-cache")
+    photos = _unposed_photos(tmp_path / "photos")
+    result = infer_here(
+        capsys, f"input={photos}", f"output={tmp_path / 'out'}", f"model={POSED}",
+        f"weights={weights}",
+    )  # fmt: skip
+    (before,) = fake_sfm
+    assert [line for line in before.splitlines() if "cache cannot be written" in line]
+    assert_one_error_line(result, "fake structure-from-motion: stopped here")
+
+
+VIDEO = DRONE.parent / "drone.mp4"
+
+
+@pytest.mark.skipif(not VIDEO.is_file(), reason=f"no drone video at {VIDEO}")
+def test_infer_video_refused_before_structure_from_motion(
+    weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
+) -> None:
+    """A video's sampled frames (``views=N``) are counted before any frame is extracted."""
+    from models import budget
+
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
+    out = tmp_path / "out"
+    result = infer_here(
+        capsys, f"input={VIDEO}", f"output={out}", f"model={POSED}", f"weights={weights}",
+        "views=6",
+    )  # fmt: skip
+    assert_one_error_line(result, "image_size:", "6 view(s)")
+    assert fake_sfm == [] and not out.exists()
+
+
+def test_view_refuses_before_structure_from_motion(
+    weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
+) -> None:
+    """``view.py PHOTOS``: the forward pass's memory is checked before SfM, as in infer.py."""
+    from models import budget
+
+    sys.path.insert(0, str(REPO_ROOT))
+    import view
+
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
+    photos = _unposed_photos(tmp_path / "photos")
+    capsys.readouterr()
+    status = view.serve_cli([str(photos), f"model={POSED}", f"weights={weights}", "port=0"])
+    err = capsys.readouterr().err
+    assert status == 2 and fake_sfm == [], err
+    assert len(err.strip().splitlines()) == 1 and "lower image_size" in err, err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from models.gaussians import Gaussians
 from models.render.core import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DRONE = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "drone_colmap"
+SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+DRONE = SHARED_DATA / "real" / "drone_colmap"
 PHOTOS = 12
 
 
@@ -333,3 +335,105 @@ def test_infer_holdout_too_few_is_one_line(capture: Path, tmp_path: Path, capsys
     )  # fmt: skip
     assert status == 2 and len(err.strip().splitlines()) == 1 and "holdout=" in err
     assert not (tmp_path / "x").exists()
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _similar_capture(images, truth: fusion.Similarity):
+    """``images`` with its poses (and sparse points) in another frame: ``truth`` of its own."""
+    import dataclasses
+
+    points = images.points
+    return dataclasses.replace(
+        images,
+        extrinsics=truth.cameras(images.extrinsics.double()).float(),
+        points=None if points is None else truth.points(points.double()).float(),
+    )
+
+
+def _assert_same_gaussians(a: Gaussians, b: Gaussians, scale: float = 1.0) -> None:
+    size = max(float(a.means.abs().max()), 1.0)
+    assert torch.allclose(a.means, b.means, atol=2e-5 * size), (a.means - b.means).abs().max()
+    assert torch.allclose(a.scales, b.scales, rtol=1e-4, atol=1e-7 * scale)
+    dots = (a.rotations * b.rotations).sum(-1).abs()  # q and -q: one rotation
+    assert float(dots.min()) > 1 - 1e-5, float(dots.min())
+    assert torch.allclose(a.opacities, b.opacities, atol=1e-5)
+    assert torch.allclose(a.harmonics, b.harmonics, atol=2e-4)
+
+
+@pytest.mark.parametrize("model_name", ["pixel_aligned_tiny", "zipsplat_tiny"])
+def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) -> None:
+    """A capture whose poses (and points) are a known similarity of another's, reconstructed
+    window by window: each window's Gaussians as they enter the fusion are the same in the
+    capture frame, the similarity's image of the other's in the capture's own frame (what is
+    written), and render alike from each capture's own cameras; so does the fused set."""
+    from models.capture.whole import reconstruct_capture
+
+    model = create_model(model_name, pretrained=True).eval()
+    angle = math.radians(70)
+    c, s = math.cos(angle), math.sin(angle)
+    rotation = torch.tensor([[c, -s, 0], [s * 0.6, c * 0.6, -0.8], [s * 0.8, c * 0.8, 0.6]])
+    truth = fusion.Similarity(3.7, rotation.double(), torch.tensor([4.0, -1.5, 2.0]).double())
+    other = _similar_capture(images, truth)
+    fuse = fusion.fuse_windows
+    entered: list[list[Gaussians]] = []
+
+    def recording(sets, *args, **kwargs):
+        entered.append(list(sets))
+        return fuse(sets, *args, **kwargs)
+
+    monkeypatch.setattr(fusion, "fuse_windows", recording)
+    results = []
+    for capture_images in (images, other):
+        plan = plan_capture(capture_images, model, views="all", name=model_name)
+        assert len(plan.windows) > 1
+        with torch.no_grad():
+            results.append(
+                reconstruct_capture(model, plan, refine_poses=0, backend="torch", lpips=False)
+            )
+    first, second = results
+    assert first.plan.windows == second.plan.windows
+    # the capture frame (first used photo the identity, largest camera distance 1) is the same
+    e_a, e_b = first.reconstruction.extrinsics, second.reconstruction.extrinsics
+    assert torch.allclose(e_a, e_b, atol=1e-5)
+    to_own_a = fusion.frame_similarity(first.reconstruction.frame)
+    to_own_b = fusion.frame_similarity(second.reconstruction.frame)
+    assert abs(to_own_b.scale / to_own_a.scale - truth.scale) < 1e-4
+    if not model.pose_free:  # each window's own cameras land on the capture's, in both frames
+        from models.capture.whole import subset
+        from models.inference import reconstruct
+
+        for result, photos in ((first, images), (second, other)):
+            back = fusion.frame_similarity(result.reconstruction.frame)
+            steps = result.summary["scene"]["window_to_frame"]
+            for window, step in zip(result.plan.windows, steps):
+                alone = reconstruct(model, subset(photos, window), refine_poses=0, backend="torch")
+                move = fusion.Similarity(
+                    step["scale"],
+                    *(torch.tensor(step[k]).double() for k in ("rotation", "translation")),
+                )
+                mapped = back.cameras(move.cameras(alone.extrinsics.double()))
+                expected = photos.extrinsics[window].double()
+                size = float(expected[:, :3, 3].abs().max())
+                assert torch.allclose(mapped, expected, atol=1e-4 * max(size, 1.0))
+    k = first.reconstruction.intrinsics
+    shape = tuple(images.images.shape[-2:])
+    own_a, own_b = images.extrinsics[first.plan.used], other.extrinsics[first.plan.used]
+    pairs = [*zip(*entered), (first.reconstruction.gaussians, second.reconstruction.gaussians)]
+    for number, (set_a, set_b) in enumerate(pairs):
+        fused = number == len(pairs) - 1
+        if not fused:  # the fusion's voxel and depth tests may flip a Gaussian on float noise
+            _assert_same_gaussians(set_a, set_b)
+        own_set_a = fusion.transform_gaussians(set_a, to_own_a)  # the captures' own frames
+        own_set_b = fusion.transform_gaussians(set_b, to_own_b)
+        if not fused:
+            _assert_same_gaussians(
+                fusion.transform_gaussians(own_set_a, truth), own_set_b, scale=truth.scale
+            )
+        render_a = render(own_set_a, own_a[None], k[None], shape, backend="torch").color
+        render_b = render(own_set_b, own_b[None], k[None], shape, backend="torch").color
+        difference = (render_a - render_b).abs()
+        assert float(difference.mean()) < 1e-4 and float(difference.max()) < (
+            0.2 if fused else 2e-3
+        )

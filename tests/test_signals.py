@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,157 @@ def test_sigterm_to_generator_ends_its_workers(tmp_path: Path) -> None:
             or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
         )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+# --------------------------------------------------------------------------- train.py, eval.py
+
+_SYNTHETIC = {"scenes": 40, "resolution": 32, "views": 24, "test_fraction": 0.5, "supersample": 1}
+
+
+@pytest.fixture(scope="module")
+def synthetic_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 synthetic scenes at 32² (20 of them test scenes), generated in about a second."""
+    root = tmp_path_factory.mktemp("synthetic")
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in _SYNTHETIC.items()]
+    subprocess.run(
+        [sys.executable, "-m", "datamodules.synthetic", "--out", str(root), *flags, "--quiet"],
+        cwd=REPO_ROOT, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return root
+
+
+def _lightning_command(script: str, root: Path, run: Path, *args: str) -> Command:
+    data = [f"data.generator.{key}={value}" for key, value in _SYNTHETIC.items() if key != "views"]
+    common = [
+        f"data.root={root}", *data, "data.num_workers=0", "data.persistent_workers=false",
+        "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"hydra.run.dir={run}",
+    ]  # fmt: skip
+    return Command([script, *common, *args], {"PROJECT_ROOT": str(REPO_ROOT)})
+
+
+def _wait_until(found, what: str, command: Command, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not found():
+        if command.process.poll() is not None or time.monotonic() > end:
+            command.process.kill()
+            raise AssertionError(f"no {what}: {command.process.wait()} {''.join(command.seen)}")
+        time.sleep(0.2)
+
+
+def _assert_stopped(status: int, lines: list[str], script: str, signum: int) -> None:
+    """Exit status 130 / 143, and the stop is one line: no traceback, no Lightning notice."""
+    term = signum == signal.SIGTERM
+    assert status == (143 if term else 130), (status, lines)
+    assert lines[-1] == f"{script}: stopped by {'SIGTERM' if term else 'Ctrl-C'}\n", lines
+    said = [line for line in lines if any(w in line for w in ("SIGTERM", "Interrupt", "stopped"))]
+    assert said == lines[-1:] and not [line for line in lines if "Traceback" in line], lines
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_train_sigterm_mid_run(synthetic_root: Path, tmp_path: Path, workers: int) -> None:
+    """SIGTERM once a checkpoint is written: one line, exit 143, the checkpoints whole. With
+    loader workers it goes to the whole process group (as ``timeout`` or a scheduler sends it):
+    the workers end quietly, and the parent does not report them as killed."""
+    run = tmp_path / "run"
+    command = _lightning_command(
+        "train.py", synthetic_root, run, "model=pixel_aligned", "data.image_size=[32,32]",
+        "data.batch_size=1", "data.num_target_views=2", "data.val_scenes=1",
+        f"data.num_workers={workers}", f"data.persistent_workers={str(workers > 0).lower()}",
+        "trainer.max_steps=1000000", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+        "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_summary=null",
+        "logger=csv",
+    )  # fmt: skip
+    last = run / "checkpoints" / "last.ckpt"
+    _wait_until(last.is_file, "checkpoint", command)
+    time.sleep(1.0)  # training on
+    children = _children(command.process.pid)
+    assert len(children) >= 2 * workers  # persistent train and validation workers
+    status, seconds, after = command.signal(signal.SIGTERM, group=workers > 0)
+    _assert_stopped(status, command.seen + after, "train.py", signal.SIGTERM)
+    assert seconds < 20, seconds
+    with zipfile.ZipFile(last) as archive:  # torch's format: a whole zip, every member intact
+        assert archive.testzip() is None
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+
+
+class _HandlerProbe:
+    """A dataset whose items say which SIGINT / SIGTERM handlers its worker runs."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> tuple[bool, bool]:
+        interrupt, term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        return interrupt is signal.default_int_handler, term is not _parent_handler
+
+
+def _parent_handler(signum, frame) -> None:  # noqa: ARG001
+    print("the parent's handler ran", file=sys.stderr)
+
+
+def test_loader_workers_do_not_run_the_parents_handlers(monkeypatch) -> None:
+    """The data module's loaders start workers with Ctrl-C as PyTorch's worker loop expects and
+    their own SIGTERM handling, not the handlers of the process that forked them."""
+    from datamodules.training.datamodule import SplatDataModule
+
+    module = SplatDataModule.__new__(SplatDataModule)
+    module.num_workers, module.persistent_workers, module.pin_memory = 1, False, False
+    previous = {s: signal.signal(s, _parent_handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        loader = module._loader(_HandlerProbe(), batch_size=1, train=False)
+        seen = [tuple(bool(v) for v in batch) for batch in loader]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert seen == [(True, True), (True, True)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_eval_stopped_mid_run(synthetic_root: Path, tmp_path: Path, signum: int) -> None:
+    """Ctrl-C / SIGTERM while eval.py scores the test scenes: one line, exit 130 / 143, and no
+    metrics files (nor their staging folder)."""
+    run = tmp_path / "run"
+    command = _lightning_command(
+        "eval.py", synthetic_root, run, "model=pixel_aligned",
+        f"ckpt_path={REPO_ROOT / 'checkpoints' / 'pixel_aligned_tiny'}",
+        "data.image_size=[256,256]", "num_renders=0",
+    )  # fmt: skip
+    _wait_until((run / "csv").is_dir, "test loop", command)  # the logger starts with the test
+    time.sleep(1.0)
+    status, seconds, after = command.signal(signum, group=signum == signal.SIGINT)
+    _assert_stopped(status, command.seen + after, "eval.py", signum)
+    assert seconds < 20, seconds
+    left = sorted(p.name for p in run.iterdir())
+    assert not {"metrics.json", "scenes.csv", "renders"} & set(left), left
+    assert not [name for name in left if name.startswith(".eval")], left
+
+
+def test_eval_outputs_are_whole_or_absent(tmp_path: Path, monkeypatch) -> None:
+    """An interruption while eval.py writes its results leaves the earlier set as it was."""
+    import torch
+    import torchvision.utils
+
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import eval as eval_script
+
+    records = [{"scene": "a", "psnr": 20.0}, {"scene": "b", "psnr": 22.0}]
+    image = torch.zeros(3, 4, 4)
+    samples = [{"scene": s, "context": [image], "target": [image], "render": [image]} for s in "ab"]
+    eval_script.write_outputs(str(tmp_path), records, samples, {"model": "first"})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert set(before) == {"metrics.json", "scenes.csv"}
+    saved = torchvision.utils.save_image
+
+    def second_save(tensor, path, *args, **kwargs):
+        if path.endswith("01_b.png"):
+            raise KeyboardInterrupt
+        saved(tensor, path, *args, **kwargs)
+
+    monkeypatch.setattr(torchvision.utils, "save_image", second_save)
+    with pytest.raises(KeyboardInterrupt):
+        eval_script.write_outputs(str(tmp_path), records[::-1], samples, {"model": "second"})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "renders", "scenes.csv"]
+    assert sorted(p.name for p in (tmp_path / "renders").iterdir()) == ["00_a.png", "01_b.png"]

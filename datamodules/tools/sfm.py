@@ -52,6 +52,7 @@ __all__ = [
     "SfmSettings",
     "SfmResult",
     "estimate_poses",
+    "cache_root",
     "default_cache_dir",
     "image_files",
     "poses_for_input",
@@ -415,7 +416,7 @@ def _readable_images(folder: Path, names: list[str]) -> tuple[list[str], list[tu
     return kept, sizes
 
 
-def _cache_root(cache: bool | str | Path) -> Path | None:
+def cache_root(cache: bool | str | Path) -> Path | None:
     """The cache folder, created, or ``None`` (``cache=False``, or a folder that cannot be
     written: then a warning, and the run goes on without the cache)."""
     if cache is False:
@@ -588,7 +589,7 @@ def estimate_poses(
         raise SfmError(f"{folder}: fov= needs images of one size (one shared camera)")
 
     key = _cache_key(folder, names, settings, version)
-    root = _cache_root(cache)
+    root = cache_root(cache)
     _remove_stale(root)
     if root is not None:
         cached = _read_entry(root / key, folder)
@@ -769,7 +770,7 @@ def poses_for_input(
 
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
-    root = _cache_root(cache)
+    root = cache_root(cache)
     if root is None:  # frames in a temporary folder removed at exit (or by the next run)
         from models.output_folder import mark_staging
 

@@ -21,6 +21,8 @@ index; without an index both use a seeded ``bounded`` sampler on the test split.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from datamodules.training.samplers import (
     ViewSampler,
 )
 
-__all__ = ["SplatDataModule", "recipe_data_settings"]
+__all__ = ["SplatDataModule", "recipe_data_settings", "worker_init"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,31 @@ def recipe_data_settings(recipe: Any) -> dict[str, Any]:
         "pose_scale": "dataset" if recipe.pose_scale == "dataset" else "max_baseline_1",
         "num_context_views": int(recipe.views),
     }
+
+
+def _worker_terminated(signum, frame) -> None:  # noqa: ARG001
+    os._exit(0)
+
+
+def worker_init(worker_id: int) -> None:
+    """``worker_init_fn`` of the data module's loaders: signals in a loader worker.
+
+    PyTorch's worker handles SIGTERM in C (``torch.utils.data._utils.signal_handling``): it
+    exits quietly when its parent sends it, and dies by the signal when anyone else does (the
+    terminal's or ``timeout``'s process group, a job scheduler); the parent's SIGCHLD handler
+    then raises ``DataLoader worker ... is killed by signal`` while it handles its own SIGTERM,
+    a traceback instead of ``models.command_line.stopped_cleanly``'s one line. Here a worker
+    exits quietly (status 0) on any SIGTERM, and Ctrl-C raises ``KeyboardInterrupt``, which the
+    worker loop catches, rather than whatever handler the forking process had installed.
+    Lightning seeds workers (``seed_everything(workers=True)``) only when a loader has no
+    ``worker_init_fn``, so its seeding is called here.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _worker_terminated)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id)
 
 
 class SplatDataModule(L.LightningDataModule):
@@ -260,6 +287,7 @@ class SplatDataModule(L.LightningDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
             pin_memory=self.pin_memory,
             drop_last=train,
+            worker_init_fn=worker_init if workers > 0 else None,
         )
 
     def _get(self, name: str) -> ChunkDataset:

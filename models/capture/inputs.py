@@ -5,6 +5,10 @@ and finds poses for a posed model: a ``cameras.json`` or COLMAP model given with
 found in the input folder, else (folders and videos, or ``cameras="auto"``) structure-from-motion
 (``datamodules.tools.sfm``, pycolmap; the result rides along as ``ImageSet.sfm``). Pose-free models get
 the images (and any poses found, which place their views when they predict none).
+
+Structure-from-motion takes minutes, so what can be checked without its output is checked first:
+:func:`sfm_preflight` validates the ``sfm.*`` settings, the cache's writability (its warning comes
+at once) and lists the photos SfM will pose, for the caller's estimate of the forward pass.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from datamodules.errors import InputError
 
-__all__ = ["load_inputs", "without_poses"]
+__all__ = ["SfmPreflight", "load_inputs", "needs_sfm", "sfm_preflight", "without_poses"]
 
 
 def without_poses(source: Path) -> bool:
@@ -30,6 +35,70 @@ def without_poses(source: Path) -> bool:
         return source.suffix.lower() in VIDEO_EXTENSIONS
     jsons = (source / "cameras.json", source / "images" / "cameras.json")
     return not any(p.is_file() for p in jsons) and find_model_dir(source) is None
+
+
+def needs_sfm(source: Path, model: Any, cameras: str | os.PathLike | None) -> bool:
+    """Whether :func:`load_inputs` poses ``source`` by structure-from-motion: ``cameras="auto"``,
+    or a posed model given no cameras and an input without poses (:func:`without_poses`)."""
+    pose_free = bool(getattr(model, "pose_free", False))
+    return str(cameras) == "auto" or (not cameras and not pose_free and without_poses(source))
+
+
+@dataclass
+class SfmPreflight:
+    """What is known before structure-from-motion runs.
+
+    Attributes:
+        names: the photos it will pose (a folder's image files; a video's frames are not
+            extracted yet: empty).
+        count: how many photos (a video: the frames it samples).
+        notes: warnings already due (an unwritable cache), one line each.
+    """
+
+    names: list[str]
+    count: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _sfm_settings(sfm: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``(SfmSettings, cache)`` of the ``sfm.*`` settings (``InputError`` naming ``sfm``)."""
+    from datamodules.tools.sfm import SfmSettings
+
+    options = dict(sfm)
+    cache = options.pop("cache", True)
+    try:
+        settings = SfmSettings(**options)
+        settings.check()
+    except (TypeError, ValueError) as error:
+        raise InputError("sfm", " ".join(str(error).split())) from error
+    return settings, cache
+
+
+def sfm_preflight(
+    source: str | os.PathLike, views: int | None, sfm: Mapping | None
+) -> SfmPreflight:
+    """Check what structure-from-motion's run does not decide, before it starts: the ``sfm.*``
+    settings, the cache folder (unwritable: a warning now, the run goes on without it) and the
+    photos it will pose.
+
+    Raises:
+        InputError: an invalid ``sfm.*`` setting (one line naming ``sfm``).
+    """
+    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
+    from datamodules.tools.sfm import cache_root, image_files
+
+    source = Path(source).expanduser()
+    _, cache = _sfm_settings(sfm or {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache_root(cache)
+    if source.is_file():
+        video = source.suffix.lower() in VIDEO_EXTENSIONS
+        names, count = [], int(views or 8) if video else 1
+    else:
+        names = [p.name for p in image_files(source)]
+        count = len(names)
+    return SfmPreflight(names, count, _notes(caught, exact=True))
 
 
 def _pose_free_hint() -> str:
@@ -88,7 +157,7 @@ def load_inputs(
     name = name or str(getattr(model, "registry_name", None) or type(model).__name__)
     source = Path(source).expanduser()
     shape = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    if str(cameras) == "auto" or (not cameras and not pose_free and without_poses(source)):
+    if needs_sfm(source, model, cameras):
         return _sfm_inputs(source, shape, min_views, views, sfm or {})
     poses = "auto"
     if cameras:
@@ -120,15 +189,9 @@ def _sfm_inputs(
 ) -> tuple[Any, list[str]]:
     """Poses by structure-from-motion, then the images loaded with them."""
     from datamodules.readers.image_folder import load_images
-    from datamodules.tools.sfm import SfmSettings, poses_for_input
+    from datamodules.tools.sfm import poses_for_input
 
-    options = dict(sfm)
-    cache = options.pop("cache", True)
-    try:
-        settings = SfmSettings(**options)
-        settings.check()
-    except (TypeError, ValueError) as error:
-        raise InputError("sfm", " ".join(str(error).split())) from error
+    settings, cache = _sfm_settings(sfm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)

@@ -5,14 +5,16 @@ Imported only by the scripts, so ``import models`` stays free of Hydra and Light
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +176,22 @@ def check_checkpoint(path: str) -> None:
         raise UserError(str(error)) from None
 
 
+@contextlib.contextmanager
+def stopped_by_signal(trainer: L.Trainer) -> Iterator[None]:
+    """Around ``trainer.fit`` / ``trainer.test``: Lightning ends a run that Ctrl-C or SIGTERM
+    (``models.command_line.Terminated``) interrupted with ``sys.exit(1)``; this raises the
+    interruption again, so that ``stopped_cleanly`` prints its one line and exits 130 / 143.
+    Lightning's own SIGTERM handler runs first and sets ``trainer.received_sigterm``."""
+    from models.command_line import Terminated
+
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise (Terminated() if trainer.received_sigterm else KeyboardInterrupt()) from None
+        raise
+
+
 def resume_safely():
     """The context in which ``trainer.fit(..., weights_only=True)`` may read this project's
     checkpoints: the data-only classes they hold (OmegaConf hyper-parameters) allowlisted."""
@@ -245,18 +263,25 @@ _NOISE = (
     "HPU available:",
     "Trainer already configured with model summary callbacks",
     "\nDetected KeyboardInterrupt",  # train.py says it in one line (stopped_cleanly)
+    "Received SIGTERM",  # likewise (Lightning's signal connector, "[rank: 0] " first)
+    "Bypassing SIGTERM",
 )
 
 
 class _DropNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(_NOISE)
+        message = re.sub(r"^\[rank: \d+\] ", "", str(record.getMessage()))
+        return not message.startswith(_NOISE)
 
 
 def quiet_third_party() -> None:
     """Drop Lightning's product tips and accelerator notices and a deprecation warning that
     Lightning's own code triggers (``LeafSpec``), so a run's output is the run."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.trainer.connectors.signal_connector",
+    ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNoise) for f in logger.filters):
             logger.addFilter(_DropNoise())
