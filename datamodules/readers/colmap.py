@@ -60,6 +60,7 @@ __all__ = [
     "camera_intrinsics",
     "camera_intrinsics_pixels",
     "image_world_to_camera",
+    "image_pose",
 ]
 
 # name -> (model id, number of parameters); ids and counts follow COLMAP's camera_models.h.
@@ -891,3 +892,22 @@ def image_world_to_camera(image: Image) -> Tensor:
     matrix[:3, :3] = torch.from_numpy(qvec_to_rotmat(image.qvec))
     matrix[:3, 3] = torch.from_numpy(np.asarray(image.tvec, dtype=np.float64))
     return matrix
+
+
+def image_pose(image: Image, camera: Camera) -> dict[str, Any]:
+    """An image's pose in the ``cameras.json`` layout: ``camera_to_world`` ``[4, 4]`` (float64,
+    COLMAP's world frame), the pinhole ``fx, fy, cx, cy`` in pixels, ``width`` and ``height``.
+
+    Raises:
+        UnsupportedCameraError: a camera model with no pinhole part.
+    """
+    fx, fy, cx, cy = camera_pinhole(camera)
+    return {
+        "camera_to_world": torch.linalg.inv(image_world_to_camera(image)),
+        "fx": fx,
+        "fy": fy,
+        "cx": cx,
+        "cy": cy,
+        "width": camera.width,
+        "height": camera.height,
+    }

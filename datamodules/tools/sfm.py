@@ -182,17 +182,8 @@ class SfmResult:
         out: dict[str, dict] = {}
         for image in images.values():
             camera = cameras[image.camera_id]
-            fx, fy, cx, cy = colmap.camera_pinhole(camera)
-            out[image.name] = {
-                "camera_to_world": torch.linalg.inv(colmap.image_world_to_camera(image)),
-                "fx": fx,
-                "fy": fy,
-                "cx": cx,
-                "cy": cy,
-                "width": camera.width,
-                "height": camera.height,
-                "distortion": colmap.camera_distortion(camera),
-            }
+            distortion = colmap.camera_distortion(camera)
+            out[image.name] = {**colmap.image_pose(image, camera), "distortion": distortion}
         poses = {name: out[name] for name in self.registered}
         self.__dict__["_poses"] = (self.model_dir, poses)
         return dict(poses)
