@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from config_fixtures import compose_config
+from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
@@ -40,22 +38,6 @@ FAST = [
     "logger=csv",
     "callbacks.model_summary=null",
 ]
-
-
-def compose_config(
-    name: str, overrides: list[str], tmp: Path, out: Path | None = None
-) -> DictConfig:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose(name, overrides=overrides, return_hydra_config=True)
-    out = out or tmp / "out"
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(out)
-        cfg.paths.log_dir = str(tmp / "logs")
-        cfg.hydra.runtime.output_dir = str(out)
-        cfg.hydra.job.num = 0
-    HydraConfig().set_config(cfg)
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -351,18 +333,16 @@ def test_resume_continues_the_run_with_time_from_now(data_root, tmp_path):
     assert min(steps) < 3 and max(steps) >= 4, steps
 
 
-def test_few_steps_lower_the_loss(data_root):
-    """Overfit one synthetic batch: the loss must fall."""
+def _training_batch(data_root: Path, batch_size: int) -> dict:
+    """The first training batch of the module's synthetic data (64x64, 2 context + 2 targets)."""
     from datamodules.training.datamodule import SplatDataModule
-    from models import create_model
-    from models.training.module import SplatLitModule
 
     dm = SplatDataModule(
         root=str(data_root),
         image_size=[64, 64],
         num_context_views=2,
         num_target_views=2,
-        batch_size=2,
+        batch_size=batch_size,
         num_workers=0,
         min_context_gap=8,
         max_context_gap=12,
@@ -371,7 +351,15 @@ def test_few_steps_lower_the_loss(data_root):
         far=50.0,
     )
     dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
+    return next(iter(dm.train_dataloader()))
+
+
+def test_few_steps_lower_the_loss(data_root):
+    """Overfit one synthetic batch: the loss must fall."""
+    from models import create_model
+    from models.training.module import SplatLitModule
+
+    batch = _training_batch(data_root, batch_size=2)
     module = SplatLitModule(create_model("pixel_aligned_tiny"), lr=2e-3, warmup_steps=0)
     optimizer = torch.optim.Adam(module.parameters(), lr=2e-3)
     losses = []
@@ -385,25 +373,10 @@ def test_few_steps_lower_the_loss(data_root):
 
 
 def test_nan_loss_step_is_skipped(data_root):
-    from datamodules.training.datamodule import SplatDataModule
     from models import create_model
     from models.training.module import SplatLitModule
 
-    dm = SplatDataModule(
-        root=str(data_root),
-        image_size=[64, 64],
-        num_context_views=2,
-        num_target_views=2,
-        batch_size=1,
-        num_workers=0,
-        min_context_gap=8,
-        max_context_gap=12,
-        generate_if_missing=False,
-        near=0.25,
-        far=50.0,
-    )
-    dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
+    batch = _training_batch(data_root, batch_size=1)
     batch["target"]["image"] = torch.full_like(batch["target"]["image"], float("nan"))
     module = SplatLitModule(create_model("pixel_aligned_tiny"))
     with pytest.warns(UserWarning, match="non-finite loss"):
