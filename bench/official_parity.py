@@ -18,6 +18,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,13 @@ sys.path.insert(0, str(REPO / "tests"))
 import torch  # noqa: E402
 
 TOLERANCE = 1e-4
+
+
+def _recorded_samples(fx, only: list[str] | None) -> Iterator[tuple[str, dict]]:
+    """``(tag, meta)`` of each official output recorded for the port ``fx`` (those in ``only``)."""
+    for tag in fx.list_official_samples():
+        if not only or tag in only:
+            yield tag, fx.load_official_sample(tag)[0]
 
 
 def _timed_parity(fx, tag: str, config: str, arch: str, kwargs: dict) -> tuple[object, float]:
@@ -51,10 +59,7 @@ def depthsplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list
 
     fields = list(fx.FIELDS)
     rows = []
-    for tag in fx.list_official_samples():
-        if only and tag not in only:
-            continue
-        meta, _ = fx.load_official_sample(tag)
+    for tag, meta in _recorded_samples(fx, only):
         name = fx.pretrained_name_of(meta["config"])
         arch, kwargs = name.split(".")[0], get_pretrained_cfg(name).arch_kwargs
         errors, seconds = _timed_parity(fx, tag, meta["config"], arch, kwargs)
@@ -250,10 +255,7 @@ def resplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[st
 
     fields = list(fx.FIELDS)
     rows = []
-    for tag in fx.list_official_samples():
-        if only and tag not in only:
-            continue
-        meta, _ = fx.load_official_sample(tag)
+    for tag, meta in _recorded_samples(fx, only):
         arch, kwargs = fx.arch_of(meta["config"])
         file = fx.load_manifest(meta["config"])["file"]
         name = next(

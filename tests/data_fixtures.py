@@ -1,6 +1,6 @@
-"""Where the tests find the real data (never copied into the repository): ``../shared/data``
-beside the repository, or ``$SPLATZOO_SHARED_DATA`` where the checkout lies elsewhere (a git
-worktree)."""
+"""Inputs the tests share: where the real data is (never copied into the repository:
+``../shared/data`` beside the repository, or ``$SPLATZOO_SHARED_DATA`` where the checkout lies
+elsewhere, e.g. a git worktree), gsplat's garden scene from it, and a small random context."""
 
 from __future__ import annotations
 
@@ -42,3 +42,17 @@ def garden_scene(path: Path = GARDEN):
     ks = torch.from_numpy(data["Ks"]).float()  # [3, 3, 3] in pixels
     intrinsics = intrinsics_to_normalized(ks, (height, width))[None]
     return gaussians, extrinsics, intrinsics, (height, width)
+
+
+def random_context(model, size: int = 32) -> dict:
+    """Two random ``size``² views for ``model``; posed models also get two cameras one unit
+    apart along x (normalised intrinsics, focal 1)."""
+    import torch
+
+    context = {"image": torch.rand(1, 2, 3, size, size)}
+    if not getattr(model, "pose_free", False):
+        context["extrinsics"] = torch.eye(4).expand(1, 2, 4, 4).clone()
+        context["extrinsics"][:, 1, 0, 3] = 1.0
+        intrinsics = torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]])
+        context["intrinsics"] = intrinsics.expand(1, 2, 3, 3)
+    return context

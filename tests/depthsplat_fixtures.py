@@ -138,7 +138,8 @@ def sample_index(count: int, samples: int = 2048) -> Tensor:
 
 
 # --------------------------------------------------------------------------- parity comparison
-FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics", "depth")
+GAUSSIAN_FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics")
+FIELDS = (*GAUSSIAN_FIELDS, "depth")
 
 
 def list_official_samples(folder: Path = FIXTURES) -> list[str]:
@@ -209,13 +210,23 @@ def parity_errors(tag: str, model, context: dict | None = None) -> dict[str, flo
     # that (official vs official, 1 vs 2 threads: 1.4e-2 on means at depth ~100, 64x64 input).
     with recorded_threads(meta["threads"]):
         out = model.eval()(context)
-    g = out.gaussians
     idx = ref["index"]
+    c2w = context["extrinsics"][0, idx // (height * width), :3, :3]
+    errors = gaussian_errors(out.gaussians, idx, c2w, ref)
+    depth = out.extras["depth"][0].reshape(-1)[idx]
+    errors["depth"] = float((depth - ref["depth"]).abs().max())
+    return errors
+
+
+def gaussian_errors(g, idx: Tensor, c2w: Tensor, ref: dict, prefix: str = "") -> dict[str, float]:
+    """Max abs error of each of ``GAUSSIAN_FIELDS`` of scene 0's Gaussians ``idx`` against the
+    recorded arrays named ``prefix + field``. Rotations are compared as world-frame rotation
+    matrices (the release keeps camera-frame xyzw quaternions, ``c2w`` ``[S, 3, 3]`` the
+    rotations of their cameras; sign-free); covariances are rebuilt from our scales and
+    rotations."""
     rotation = quaternion_matrix(g.rotations[0, idx])
     scale = torch.diag_embed(g.scales[0, idx])
-    view = idx // (height * width)
-    c2w = context["extrinsics"][0, view, :3, :3]
-    q = ref["rotations_xyzw_camera"]
+    q = ref[prefix + "rotations_xyzw_camera"]
     official_rotation = c2w @ quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
     ours = {
         "means": g.means[0, idx],
@@ -224,15 +235,7 @@ def parity_errors(tag: str, model, context: dict | None = None) -> dict[str, flo
         "rotations": rotation,
         "opacities": g.opacities[0, idx],
         "harmonics": g.harmonics[0, idx],
-        "depth": out.extras["depth"][0].reshape(-1)[idx],
     }
-    theirs = {
-        "means": ref["means"],
-        "covariances": ref["covariances"],
-        "scales": ref["scales"],
-        "rotations": official_rotation,
-        "opacities": ref["opacities"],
-        "harmonics": ref["harmonics"],
-        "depth": ref["depth"],
-    }
-    return {k: float((ours[k] - theirs[k]).abs().max()) for k in FIELDS}
+    theirs = {k: ref[prefix + k] for k in GAUSSIAN_FIELDS if k != "rotations"}
+    theirs["rotations"] = official_rotation
+    return {k: float((ours[k] - theirs[k]).abs().max()) for k in GAUSSIAN_FIELDS}

@@ -14,12 +14,12 @@ import functools
 from pathlib import Path
 
 import depthsplat_fixtures
-import torch
 from depthsplat_fixtures import (
+    GAUSSIAN_FIELDS,
     deterministic_tensor,
+    gaussian_errors,
     make_context,
     meta_checkpoint,
-    quaternion_matrix,
     recorded_threads,
     sample_index,
 )
@@ -94,7 +94,7 @@ def build_loaded(config: str, **overrides):
 
 
 # --------------------------------------------------------------------------- parity comparison
-FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics")
+FIELDS = GAUSSIAN_FIELDS
 
 
 def parity_errors(tag: str, model) -> list[dict[str, float]]:
@@ -118,28 +118,7 @@ def parity_errors(tag: str, model) -> list[dict[str, float]]:
     c2w = context["extrinsics"][0, idx // per_view, :3, :3]
     errors = []
     for i, g in enumerate(out.extras["gaussians_per_iteration"]):
-        p = "" if i == 0 else f"it{i}_"
-        rotation = quaternion_matrix(g.rotations[0, idx])
-        scale = torch.diag_embed(g.scales[0, idx])
-        q = ref[p + "rotations_xyzw_camera"]
-        theirs_rot = c2w @ quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
-        ours = {
-            "means": g.means[0, idx],
-            "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
-            "scales": g.scales[0, idx],
-            "rotations": rotation,
-            "opacities": g.opacities[0, idx],
-            "harmonics": g.harmonics[0, idx],
-        }
-        theirs = {
-            "means": ref[p + "means"],
-            "covariances": ref[p + "covariances"],
-            "scales": ref[p + "scales"],
-            "rotations": theirs_rot,
-            "opacities": ref[p + "opacities"],
-            "harmonics": ref[p + "harmonics"],
-        }
-        e = {f: float((ours[f] - theirs[f]).abs().max()) for f in FIELDS}
+        e = gaussian_errors(g, idx, c2w, ref, prefix="" if i == 0 else f"it{i}_")
         if i == 0:
             depth = out.extras["depth"][0].reshape(-1)[ref["depth_index"]]
             e["depth"] = float((depth - ref["depth"]).abs().max())

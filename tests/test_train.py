@@ -40,6 +40,16 @@ FAST = [
 ]
 
 
+def _run(
+    script: str, *args: str, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` from the repository root, its output captured as text."""
+    command = [sys.executable, script, *args]
+    return subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
     """A tiny synthetic dataset generated once for the module (12 scenes of 24 views at 64²)."""
@@ -137,23 +147,17 @@ def test_train_resume_and_eval(data_root, tmp_path):
     assert state["global_step"] == 6
 
     out = tmp_path / "eval"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "eval.py",
-            "model=pixel_aligned",
-            f"ckpt_path={last}",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            "data.persistent_workers=false",
-            "trainer.accelerator=cpu",
-            "trainer.enable_progress_bar=false",
-            f"hydra.run.dir={out}",
-            f"paths.log_dir={tmp_path / 'logs'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "eval.py",
+        "model=pixel_aligned",
+        f"ckpt_path={last}",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={out}",
+        f"paths.log_dir={tmp_path / 'logs'}",
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -182,20 +186,13 @@ def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
     module = SplatLitModule(create_model("pixel_aligned_tiny"))
     ckpt = tmp_path / "pa.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "eval.py",
-            "model=zipsplat",
-            f"ckpt_path={ckpt}",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            f"hydra.run.dir={tmp_path / 'e'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = _run(
+        "eval.py",
+        "model=zipsplat",
+        f"ckpt_path={ckpt}",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        f"hydra.run.dir={tmp_path / 'e'}",
     )
     assert result.returncode == 2
     assert "pixel_aligned_tiny" in result.stderr and "zipsplat_tiny" in result.stderr
@@ -227,19 +224,12 @@ def test_eval_builds_the_network_the_weights_record(data_root, tmp_path):
 
 
 def test_unknown_model_lists_valid_names(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "model.net.name=not_a_model",
-            f"hydra.run.dir={tmp_path}",
-            "data.generate_if_missing=false",
-            f"data.root={tmp_path / 'none'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = _run(
+        "train.py",
+        "model.net.name=not_a_model",
+        f"hydra.run.dir={tmp_path}",
+        "data.generate_if_missing=false",
+        f"data.root={tmp_path / 'none'}",
     )
     assert result.returncode == 2
     assert "not_a_model" in result.stderr and "pixel_aligned_tiny" in result.stderr
@@ -247,13 +237,7 @@ def test_unknown_model_lists_valid_names(tmp_path):
 
 
 def test_eval_without_ckpt_path_is_one_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "eval.py", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _run("eval.py", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2
     assert (
         result.stderr.strip()
@@ -268,11 +252,13 @@ def test_train_refuses_a_checkpoint_that_would_run_code(tmp_path):
 
     ckpt = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {"net.x": torch.zeros(1)}, "payload": Payload()}, ckpt)
-    result = subprocess.run(
-        [sys.executable, "train.py", "model=pixel_aligned", f"ckpt_path={ckpt}",
-         f"hydra.run.dir={tmp_path / 'run'}", "trainer.accelerator=cpu"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = _run(
+        "train.py",
+        "model=pixel_aligned",
+        f"ckpt_path={ckpt}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.accelerator=cpu",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: {ckpt}: cannot load checkpoint with weights_only=True")
@@ -386,28 +372,22 @@ def test_nan_loss_step_is_skipped(data_root):
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(data_root, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            "trainer.devices=2",
-            "trainer.max_steps=3",
-            "trainer.val_check_interval=3",
-            "trainer.limit_val_batches=1",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            "data.persistent_workers=false",
-            "data.batch_size=1",
-            "data.num_target_views=2",
-            "trainer.enable_progress_bar=false",
-            f"hydra.run.dir={tmp_path / 'ddp'}",
-            "callbacks.model_summary=null",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "train.py",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=1",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        "data.batch_size=1",
+        "data.num_target_views=2",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path / 'ddp'}",
+        "callbacks.model_summary=null",
         timeout=900,
         env={**os.environ, "PROJECT_ROOT": str(REPO)},
     )
@@ -420,29 +400,23 @@ def test_ddp_two_cpu_processes(data_root, tmp_path):
 
 @pytest.mark.slow
 def test_optuna_sweep_two_trials(data_root, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "hparams_search=optuna",
-            "hydra.sweeper.n_trials=2",
-            "hydra.sweeper.sampler.n_startup_trials=2",
-            "trainer.max_steps=2",
-            "trainer.val_check_interval=2",
-            "trainer.limit_val_batches=1",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            "data.persistent_workers=false",
-            "data.batch_size=1",
-            "data.num_target_views=2",
-            "trainer.enable_progress_bar=false",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            "callbacks.model_summary=null",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "train.py",
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        "data.batch_size=1",
+        "data.num_target_views=2",
+        "trainer.enable_progress_bar=false",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "callbacks.model_summary=null",
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
