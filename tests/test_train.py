@@ -370,6 +370,20 @@ def test_nan_loss_step_is_skipped(data_root):
     assert module.skipped_steps == 1
 
 
+def _subprocess_run(data_root: Path) -> list[str]:
+    """Settings of the multi-process runs: one validation batch, one scene a batch, in-process
+    data loading, no progress bar."""
+    return [
+        "trainer.limit_val_batches=1",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        "data.batch_size=1",
+        "data.num_target_views=2",
+        "trainer.enable_progress_bar=false",
+    ]
+
+
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(data_root, tmp_path):
     result = _run(
@@ -379,13 +393,7 @@ def test_ddp_two_cpu_processes(data_root, tmp_path):
         "trainer.devices=2",
         "trainer.max_steps=3",
         "trainer.val_check_interval=3",
-        "trainer.limit_val_batches=1",
-        f"data.root={data_root}",
-        "data.num_workers=0",
-        "data.persistent_workers=false",
-        "data.batch_size=1",
-        "data.num_target_views=2",
-        "trainer.enable_progress_bar=false",
+        *_subprocess_run(data_root),
         f"hydra.run.dir={tmp_path / 'ddp'}",
         "callbacks.model_summary=null",
         timeout=900,
@@ -408,13 +416,7 @@ def test_optuna_sweep_two_trials(data_root, tmp_path):
         "hydra.sweeper.sampler.n_startup_trials=2",
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=1",
-        f"data.root={data_root}",
-        "data.num_workers=0",
-        "data.persistent_workers=false",
-        "data.batch_size=1",
-        "data.num_target_views=2",
-        "trainer.enable_progress_bar=false",
+        *_subprocess_run(data_root),
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         "callbacks.model_summary=null",
         timeout=900,
