@@ -39,6 +39,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from data_fixtures import GARDEN, garden_scene  # noqa: E402
 
 from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
 from models.geometry.cameras import intrinsics_to_normalized  # noqa: E402
@@ -46,7 +49,7 @@ from models.render.core import render  # noqa: E402
 from models.render.output import RenderOutput  # noqa: E402
 
 GARDEN_CANDIDATES = [
-    REPO.parent / "shared" / "data" / "gsplat_test_garden.npz",
+    GARDEN,
     REPO / "shared" / "data" / "gsplat_test_garden.npz",
     REPO / ".data" / "gsplat_test_garden.npz",
 ]
@@ -159,23 +162,8 @@ def garden(
     path: Path, device: torch.device
 ) -> tuple[Gaussians, torch.Tensor, torch.Tensor, tuple[int, int]]:
     """The real garden points (gsplat's test asset) as Gaussians of scale 0.01, opacity 0.8."""
-    import numpy as np
-
-    data = np.load(path)
-    height, width = int(data["height"]), int(data["width"])
-    means = torch.from_numpy(data["means3d"]).float()[None]
-    count = means.shape[1]
-    rgb = torch.from_numpy(data["colors"]).float()[None] / 255.0
-    gaussians = Gaussians(
-        means=means,
-        scales=torch.full((1, count, 3), 0.01),
-        rotations=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(1, count, 1),
-        opacities=torch.full((1, count), 0.8),
-        harmonics=rgb_to_sh(rgb)[..., None],
-    )
-    extrinsics = torch.linalg.inv(torch.from_numpy(data["viewmats"]).float())[None]
-    intrinsics = intrinsics_to_normalized(torch.from_numpy(data["Ks"]).float(), (height, width))
-    return gaussians.to(device), extrinsics.to(device), intrinsics[None].to(device), (height, width)
+    gaussians, extrinsics, intrinsics, shape = garden_scene(path)
+    return gaussians.to(device), extrinsics.to(device), intrinsics.to(device), shape
 
 
 # ------------------------------------------------------------------------------------ checks

@@ -18,6 +18,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,28 +30,39 @@ import torch  # noqa: E402
 TOLERANCE = 1e-4
 
 
+def _recorded_samples(fx, only: list[str] | None) -> Iterator[tuple[str, dict]]:
+    """``(tag, meta)`` of each official output recorded for the port ``fx`` (those in ``only``)."""
+    for tag in fx.list_official_samples():
+        if not only or tag in only:
+            yield tag, fx.load_official_sample(tag)[0]
+
+
+def _timed_parity(fx, tag: str, config: str, arch: str, kwargs: dict) -> tuple[object, float]:
+    """``fx.parity_errors`` of ``arch`` built from the fixture weights of ``config``, saved in the
+    release's format and loaded as ``pretrained=<file>``; and the seconds the forward took."""
+    from models import create_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{arch}-fixture.pth"
+        torch.save(fx.manifest_weights(fx.load_manifest(config)), path)
+        model = create_model(arch, pretrained=str(path), **kwargs)
+    start = time.perf_counter()
+    errors = fx.parity_errors(tag, model)
+    return errors, time.perf_counter() - start
+
+
 def depthsplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
     """One row per recorded DepthSplat configuration."""
     import depthsplat_fixtures as fx
 
-    from models import create_model, get_pretrained_cfg
+    from models import get_pretrained_cfg
 
     fields = list(fx.FIELDS)
     rows = []
-    for tag in fx.list_official_samples():
-        if only and tag not in only:
-            continue
-        meta, _ = fx.load_official_sample(tag)
+    for tag, meta in _recorded_samples(fx, only):
         name = fx.pretrained_name_of(meta["config"])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "depthsplat-fixture.pth"
-            torch.save(fx.manifest_weights(fx.load_manifest(meta["config"])), path)
-            arch_kwargs = get_pretrained_cfg(name).arch_kwargs
-            model = create_model(name.split(".")[0], pretrained=str(path), **arch_kwargs)
-        start = time.perf_counter()
-        errors = fx.parity_errors(tag, model)
-        seconds = time.perf_counter() - start
-        del model
+        arch, kwargs = name.split(".")[0], get_pretrained_cfg(name).arch_kwargs
+        errors, seconds = _timed_parity(fx, tag, meta["config"], arch, kwargs)
         worst = max(errors[k] for k in fields if k != "depth")
         rows.append(
             [
@@ -239,14 +251,11 @@ def resplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[st
     loop rendering through ``models.render``, as ours does)."""
     import resplat_release_fixtures as fx
 
-    from models import create_model, get_pretrained_cfg, list_models
+    from models import get_pretrained_cfg, list_models
 
     fields = list(fx.FIELDS)
     rows = []
-    for tag in fx.list_official_samples():
-        if only and tag not in only:
-            continue
-        meta, _ = fx.load_official_sample(tag)
+    for tag, meta in _recorded_samples(fx, only):
         arch, kwargs = fx.arch_of(meta["config"])
         file = fx.load_manifest(meta["config"])["file"]
         name = next(
@@ -254,14 +263,7 @@ def resplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[st
             for n in list_models(f"{arch}.*", pretrained=True)
             if get_pretrained_cfg(n).hf_hub_filename == file
         )
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "resplat-fixture.pth"
-            torch.save(fx.manifest_weights(fx.load_manifest(meta["config"])), path)
-            model = create_model(arch, pretrained=str(path), **kwargs)
-        start = time.perf_counter()
-        errors = fx.parity_errors(tag, model)
-        seconds = time.perf_counter() - start
-        del model
+        errors, seconds = _timed_parity(fx, tag, meta["config"], arch, kwargs)
         for i, e in enumerate(errors):
             limit = TOLERANCE if i == 0 else 1e-3
             worst = max(e[k] for k in fields)

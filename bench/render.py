@@ -41,10 +41,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from data_fixtures import GARDEN, garden_scene  # noqa: E402
 
 from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
 from models.geometry.cameras import (  # noqa: E402
-    intrinsics_to_normalized,
     intrinsics_to_pixels,
     world_to_camera,
 )
@@ -53,7 +55,6 @@ from models.render.projection import ALPHA_THRESHOLD, project_gaussians  # noqa:
 from models.render.rasterize import MAX_ALPHA, TRANSMITTANCE_MIN  # noqa: E402
 from models.sh import eval_sh  # noqa: E402
 
-GARDEN = REPO.parent / "shared" / "data" / "gsplat_test_garden.npz"
 # Dense peak bytes per (pixel, Gaussian) entry, measured with this script on CPU (float32):
 # 26 and 44 bytes at 64^2 x 4096 (about 7 and 11 float32 tensors alive at the peak), rounded up.
 DENSE_BYTES_PER_ENTRY = {"fwd": 28, "fwd+bwd": 48}
@@ -78,29 +79,6 @@ def camera() -> tuple[torch.Tensor, torch.Tensor]:
     """One identity camera with a 53-degree field of view, ``[1, 1, 4, 4]``, ``[1, 1, 3, 3]``."""
     intrinsics = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
     return torch.eye(4)[None, None], intrinsics[None, None]
-
-
-def garden_scene() -> tuple[Gaussians, torch.Tensor, torch.Tensor, tuple[int, int]]:
-    """The garden points as small isotropic Gaussians (scale 0.01, opacity 0.8: gsplat's test draws
-    scales up to 0.02), 3 cameras."""
-    import numpy as np
-
-    data = np.load(GARDEN)
-    height, width = int(data["height"]), int(data["width"])
-    means = torch.from_numpy(data["means3d"]).float()[None]
-    num = means.shape[1]
-    rgb = torch.from_numpy(data["colors"]).float()[None] / 255.0
-    gaussians = Gaussians(
-        means=means,
-        scales=torch.full((1, num, 3), 0.01),
-        rotations=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(1, num, 1),
-        opacities=torch.full((1, num), 0.8),
-        harmonics=rgb_to_sh(rgb)[..., None],
-    )
-    extrinsics = torch.linalg.inv(torch.from_numpy(data["viewmats"]).float())[None]
-    ks = torch.from_numpy(data["Ks"]).float()
-    intrinsics = intrinsics_to_normalized(ks, (height, width))[None]
-    return gaussians, extrinsics, intrinsics, (height, width)
 
 
 # ------------------------------------------------------------------------------------ dense

@@ -25,9 +25,12 @@ __all__ = [
     "check_settings",
     "closest",
     "config_help",
+    "key_value_arguments",
     "quote_lists",
     "quote_path_arguments",
+    "run_key_value_command",
     "stopped_cleanly",
+    "truthy",
 ]
 
 # Settings whose values are file system paths (or weights locations), in any entry point.
@@ -222,6 +225,70 @@ def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     width = max(len(key) for key, _ in rows)
     body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
     return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])
+
+
+def truthy(value: str | None) -> bool:
+    """A ``key=value`` switch's value read as a yes (``1``, ``true``, ``yes``, ``on``)."""
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def key_value_arguments(
+    argv: list[str],
+    keys: tuple[str, ...],
+    required: tuple[str, ...],
+    error: Callable[[str, str], InputError],
+    usage: str,
+    strip: str = "",
+) -> dict[str, str]:
+    """The ``key=value`` arguments of a plain (non-Hydra) command, each key one of ``keys``
+    once the characters ``strip`` are taken off its start (``"+"``: ``+key=`` is ``key=``).
+
+    Raises:
+        InputError: ``error(argument, message)`` for an argument that is not ``key=value``, a key
+            not in ``keys`` or a ``required`` key missing or empty; the message ends with
+            ``usage``.
+    """
+    args: dict[str, str] = {}
+    for item in argv:
+        key, sep, value = item.partition("=")
+        key = key.lstrip(strip)
+        if not sep or not key:
+            raise error(item, f"expected key=value. {usage}")
+        if key not in keys:
+            raise error(item, f"unknown argument {key!r}. {usage}")
+        args[key] = value
+    for key in required:
+        if not args.get(key):
+            raise error(key, f"missing {key}=... {usage}")
+    return args
+
+
+def run_key_value_command(
+    argv: list[str] | None,
+    doc: str | None,
+    body: Callable[[list[str]], None],
+) -> int:
+    """Run a plain command's ``main``: ``-h``/``--help`` prints ``doc``; ``body(argv)`` does
+    the work; an ``InputError`` ends it as one line on stderr (``error: ...``).
+
+    Args:
+        argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
+        doc: the help text (the command module's docstring).
+        body: the command's work, given the arguments.
+
+    Returns:
+        The exit status: 0, or 2 on bad input.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc)
+        return 0
+    try:
+        body(argv)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 class Terminated(KeyboardInterrupt):

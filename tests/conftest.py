@@ -12,9 +12,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+from data_fixtures import SHARED_DATA  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,9 +15,11 @@ fixtures were recorded (``fixtures/depthsplat/README.md``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -69,8 +71,19 @@ def deterministic_tensor(key: str, shape: list[int], dtype: str = "float32") -> 
     return values.to(getattr(torch, dtype)).reshape(shape)
 
 
-def load_manifest(config: str) -> dict:
-    return json.loads((FIXTURES / f"manifest_{config}.json").read_text())
+def load_manifest(config: str, folder: Path = FIXTURES) -> dict:
+    """The key manifest ``folder/manifest_<config>.json``."""
+    return json.loads((folder / f"manifest_{config}.json").read_text())
+
+
+def meta_checkpoint(manifest: dict) -> dict:
+    """A ``{'state_dict': ...}`` container of meta tensors with a manifest's shapes and dtypes
+    (what a checkpoint filter sees, without the memory)."""
+    state = {
+        k: torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]), device="meta")
+        for k, spec in manifest["keys"].items()
+    }
+    return {"state_dict": state}
 
 
 def manifest_weights(manifest: dict) -> dict:
@@ -125,19 +138,18 @@ def sample_index(count: int, samples: int = 2048) -> Tensor:
 
 
 # --------------------------------------------------------------------------- parity comparison
-FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics", "depth")
+GAUSSIAN_FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics")
+FIELDS = (*GAUSSIAN_FIELDS, "depth")
 
 
-def list_official_samples() -> list[str]:
-    """Tags of the recorded official outputs (``official_<tag>.npz``)."""
-    return sorted(p.stem[len("official_") :] for p in FIXTURES.glob("official_*.npz"))
+def list_official_samples(folder: Path = FIXTURES) -> list[str]:
+    """Tags of the recorded official outputs (``folder/official_<tag>.npz``)."""
+    return sorted(p.stem[len("official_") :] for p in folder.glob("official_*.npz"))
 
 
-def load_official_sample(tag: str) -> tuple[dict, dict]:
-    """``(meta, arrays)`` of ``official_<tag>.npz``."""
-    import numpy as np
-
-    with np.load(FIXTURES / f"official_{tag}.npz") as data:
+def load_official_sample(tag: str, folder: Path = FIXTURES) -> tuple[dict, dict]:
+    """``(meta, arrays)`` of ``folder/official_<tag>.npz``."""
+    with np.load(folder / f"official_{tag}.npz") as data:
         arrays = {k: torch.from_numpy(data[k]) for k in data.files if k != "meta"}
         meta = json.loads(str(data["meta"]))
     return meta, arrays
@@ -154,7 +166,20 @@ def pretrained_name_of(config: str) -> str:
     raise LookupError(f"no pretrained config names {filename}")
 
 
-def _quaternion_matrix(q: Tensor) -> Tensor:
+@contextlib.contextmanager
+def recorded_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads (an official output's recording), without
+    autograd: float32 reductions are split differently across threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def quaternion_matrix(q: Tensor) -> Tensor:
     """Rotation matrices of unit wxyz quaternions ``[..., 4]``."""
     w, x, y, z = q.unbind(-1)
     return torch.stack(
@@ -183,21 +208,26 @@ def parity_errors(tag: str, model, context: dict | None = None) -> dict[str, flo
     # Run with the thread count the official output was recorded with: float32 reductions are
     # split differently across threads, and on these random weights the large model amplifies
     # that (official vs official, 1 vs 2 threads: 1.4e-2 on means at depth ~100, 64x64 input).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(meta["threads"])
-    try:
-        with torch.no_grad():
-            out = model.eval()(context)
-    finally:
-        torch.set_num_threads(threads)
-    g = out.gaussians
+    with recorded_threads(meta["threads"]):
+        out = model.eval()(context)
     idx = ref["index"]
-    rotation = _quaternion_matrix(g.rotations[0, idx])
+    c2w = context["extrinsics"][0, idx // (height * width), :3, :3]
+    errors = gaussian_errors(out.gaussians, idx, c2w, ref)
+    depth = out.extras["depth"][0].reshape(-1)[idx]
+    errors["depth"] = float((depth - ref["depth"]).abs().max())
+    return errors
+
+
+def gaussian_errors(g, idx: Tensor, c2w: Tensor, ref: dict, prefix: str = "") -> dict[str, float]:
+    """Max abs error of each of ``GAUSSIAN_FIELDS`` of scene 0's Gaussians ``idx`` against the
+    recorded arrays named ``prefix + field``. Rotations are compared as world-frame rotation
+    matrices (the release keeps camera-frame xyzw quaternions, ``c2w`` ``[S, 3, 3]`` the
+    rotations of their cameras; sign-free); covariances are rebuilt from our scales and
+    rotations."""
+    rotation = quaternion_matrix(g.rotations[0, idx])
     scale = torch.diag_embed(g.scales[0, idx])
-    view = idx // (height * width)
-    c2w = context["extrinsics"][0, view, :3, :3]
-    q = ref["rotations_xyzw_camera"]
-    official_rotation = c2w @ _quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
+    q = ref[prefix + "rotations_xyzw_camera"]
+    official_rotation = c2w @ quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
     ours = {
         "means": g.means[0, idx],
         "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
@@ -205,15 +235,7 @@ def parity_errors(tag: str, model, context: dict | None = None) -> dict[str, flo
         "rotations": rotation,
         "opacities": g.opacities[0, idx],
         "harmonics": g.harmonics[0, idx],
-        "depth": out.extras["depth"][0].reshape(-1)[idx],
     }
-    theirs = {
-        "means": ref["means"],
-        "covariances": ref["covariances"],
-        "scales": ref["scales"],
-        "rotations": official_rotation,
-        "opacities": ref["opacities"],
-        "harmonics": ref["harmonics"],
-        "depth": ref["depth"],
-    }
-    return {k: float((ours[k] - theirs[k]).abs().max()) for k in FIELDS}
+    theirs = {k: ref[prefix + k] for k in GAUSSIAN_FIELDS if k != "rotations"}
+    theirs["rotations"] = official_rotation
+    return {k: float((ours[k] - theirs[k]).abs().max()) for k in GAUSSIAN_FIELDS}

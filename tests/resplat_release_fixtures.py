@@ -10,11 +10,19 @@ zero-initialises most of them).
 
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
 
-import torch
-from depthsplat_fixtures import deterministic_tensor, make_context, sample_index
+import depthsplat_fixtures
+from depthsplat_fixtures import (
+    GAUSSIAN_FIELDS,
+    deterministic_tensor,
+    gaussian_errors,
+    make_context,
+    meta_checkpoint,
+    recorded_threads,
+    sample_index,
+)
 
 __all__ = [
     "FIXTURES",
@@ -24,6 +32,7 @@ __all__ = [
     "load_manifest",
     "make_context",
     "manifest_weights",
+    "meta_checkpoint",
     "sample_index",
 ]
 
@@ -37,8 +46,11 @@ HEAD_SCALE = {
 }
 
 
-def load_manifest(config: str) -> dict:
-    return json.loads((FIXTURES / f"manifest_{config}.json").read_text())
+load_manifest = functools.partial(depthsplat_fixtures.load_manifest, folder=FIXTURES)
+list_official_samples = functools.partial(
+    depthsplat_fixtures.list_official_samples, folder=FIXTURES
+)
+load_official_sample = functools.partial(depthsplat_fixtures.load_official_sample, folder=FIXTURES)
 
 
 def manifest_weights(manifest: dict) -> dict:
@@ -82,33 +94,7 @@ def build_loaded(config: str, **overrides):
 
 
 # --------------------------------------------------------------------------- parity comparison
-FIELDS = ("means", "covariances", "scales", "rotations", "opacities", "harmonics")
-
-
-def list_official_samples() -> list[str]:
-    return sorted(p.stem[len("official_") :] for p in FIXTURES.glob("official_*.npz"))
-
-
-def load_official_sample(tag: str) -> tuple[dict, dict]:
-    import numpy as np
-
-    with np.load(FIXTURES / f"official_{tag}.npz") as data:
-        arrays = {k: torch.from_numpy(data[k]) for k in data.files if k != "meta"}
-        meta = json.loads(str(data["meta"]))
-    return meta, arrays
-
-
-def _quaternion_matrix(q: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices of unit wxyz quaternions ``[..., 4]``."""
-    w, x, y, z = q.unbind(-1)
-    return torch.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        dim=-1,
-    ).reshape(*q.shape[:-1], 3, 3)  # fmt: skip
+FIELDS = GAUSSIAN_FIELDS
 
 
 def parity_errors(tag: str, model) -> list[dict[str, float]]:
@@ -120,43 +106,19 @@ def parity_errors(tag: str, model) -> list[dict[str, float]]:
     meta, ref = load_official_sample(tag)
     h, w, v, k = meta["height"], meta["width"], meta["views"], meta["iterations"]
     context = make_context(h, w, v, near=meta["near"], far=meta["far"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(meta["threads"])
     backend = model.render_backend
     model.render_backend = meta["render_backend"]
     try:
-        with torch.no_grad():
+        with recorded_threads(meta["threads"]):
             out = model.eval()(context, iterations=k)
     finally:
-        torch.set_num_threads(threads)
         model.render_backend = backend
     idx = ref["index"]
     per_view = meta["count"] // v
     c2w = context["extrinsics"][0, idx // per_view, :3, :3]
     errors = []
     for i, g in enumerate(out.extras["gaussians_per_iteration"]):
-        p = "" if i == 0 else f"it{i}_"
-        rotation = _quaternion_matrix(g.rotations[0, idx])
-        scale = torch.diag_embed(g.scales[0, idx])
-        q = ref[p + "rotations_xyzw_camera"]
-        theirs_rot = c2w @ _quaternion_matrix(torch.cat([q[:, 3:], q[:, :3]], dim=-1))
-        ours = {
-            "means": g.means[0, idx],
-            "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
-            "scales": g.scales[0, idx],
-            "rotations": rotation,
-            "opacities": g.opacities[0, idx],
-            "harmonics": g.harmonics[0, idx],
-        }
-        theirs = {
-            "means": ref[p + "means"],
-            "covariances": ref[p + "covariances"],
-            "scales": ref[p + "scales"],
-            "rotations": theirs_rot,
-            "opacities": ref[p + "opacities"],
-            "harmonics": ref[p + "harmonics"],
-        }
-        e = {f: float((ours[f] - theirs[f]).abs().max()) for f in FIELDS}
+        e = gaussian_errors(g, idx, c2w, ref, prefix="" if i == 0 else f"it{i}_")
         if i == 0:
             depth = out.extras["depth"][0].reshape(-1)[ref["depth_index"]]
             e["depth"] = float((depth - ref["depth"]).abs().max())

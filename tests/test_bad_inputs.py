@@ -19,7 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image as PILImage
-from test_infer import Result, infer_here  # what `python infer.py ARGS` runs, in-process
+from test_infer import (  # what `python infer.py ARGS` runs, in-process
+    Result,
+    assert_bad_input,
+    infer_here,
+)
 
 from datamodules.errors import InputError
 from datamodules.readers.colmap import (
@@ -120,17 +124,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_pretrained(
         create_model(POSED), tmp_path_factory.mktemp("weights") / POSED, name=POSED
     )
-
-
-def assert_one_error_line(result, *expected: str) -> str:
-    """Exit status 2 and exactly one stderr line, ``error: ...`` containing ``expected``."""
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
-    for text in expected:
-        assert text in lines[0], (text, lines[0])
-    return lines[0]
 
 
 def _warning_lines(stderr: str) -> list[str]:
@@ -291,7 +284,7 @@ def test_infer_corrupt_colmap_binary(weights: Path, tmp_path: Path, capsys, case
         capsys, f"input={scene}", f"output={output}", f"model={POSED}", f"weights={weights}", SIZE
     )
     images_bin = scene / "sparse" / "0" / "images.bin"
-    line = assert_one_error_line(result, f"{images_bin}: ", expected)
+    line = assert_bad_input(result, f"{images_bin}: ", expected)
     assert line.count(str(images_bin.parent)) == 1  # the folder is not named twice
     assert not output.exists()
 
@@ -307,7 +300,7 @@ def test_infer_colmap_text_garbage(weights: Path, tmp_path: Path, capsys) -> Non
         capsys, f"input={scene}", f"output={tmp_path / 'out'}", f"model={POSED}",
         f"weights={weights}", SIZE,
     )  # fmt: skip
-    assert_one_error_line(result, f"{model / 'images.txt'}, line 3: the POINTS2D line")
+    assert_bad_input(result, f"{model / 'images.txt'}, line 3: the POINTS2D line")
 
 
 def test_infer_corrupt_colmap_binary_as_a_user_runs_it(weights: Path, tmp_path: Path) -> None:
@@ -322,7 +315,7 @@ def test_infer_corrupt_colmap_binary_as_a_user_runs_it(weights: Path, tmp_path: 
     result = subprocess.run(
         command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
-    assert_one_error_line(result, "images.bin", expected)
+    assert_bad_input(result, "images.bin", expected)
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPT_IMAGES))
@@ -335,7 +328,7 @@ def test_convert_corrupt_colmap_binary(tmp_path: Path, capsys, case: str) -> Non
     capsys.readouterr()
     status = convert.main([str(scene), "--out", str(tmp_path / "chunks"), "--split", "train",
                            "--quiet"])  # fmt: skip
-    line = assert_one_error_line(Result(status, capsys.readouterr().err), "nothing converted")
+    line = assert_bad_input(Result(status, capsys.readouterr().err), "nothing converted")
     assert f"{scene / 'sparse' / '0' / 'images.bin'}: " in line and expected in line
     assert not list((tmp_path / "chunks").rglob("*.torch"))
 
@@ -480,7 +473,7 @@ def test_infer_identical_cameras_warning_and_bad_rotation(
     assert [w for w in lines if "identical cameras" in w and "cameras.json" in w], lines
     _posed_folder(folder, [_frame("a.png"), _frame("b.png", _rotation_with(r00=50.0))])
     result = infer_here(capsys, f"input={folder}", f"output={tmp_path / 'out2'}", *args)
-    assert_one_error_line(result, f"{folder / 'cameras.json'}: frame 1 (b.png)", "orthonormal")
+    assert_bad_input(result, f"{folder / 'cameras.json'}: frame 1 (b.png)", "orthonormal")
     assert not (tmp_path / "out2").exists()
 
 
@@ -799,7 +792,7 @@ def test_infer_refuses_before_structure_from_motion(
     result = infer_here(
         capsys, f"input={photos}", f"output={out}", f"model={POSED}", f"weights={weights}", *args
     )
-    assert_one_error_line(result, *expected)
+    assert_bad_input(result, *expected)
     assert fake_sfm == [] and not out.exists()
 
 
@@ -814,7 +807,7 @@ def test_infer_sfm_cache_warning_comes_before_sfm(
     )  # fmt: skip
     (before,) = fake_sfm
     assert [line for line in before.splitlines() if "cache cannot be written" in line]
-    assert_one_error_line(result, "fake structure-from-motion: stopped here")
+    assert_bad_input(result, "fake structure-from-motion: stopped here")
 
 
 VIDEO = DRONE.parent / "drone.mp4"
@@ -833,7 +826,7 @@ def test_infer_video_refused_before_structure_from_motion(
         capsys, f"input={VIDEO}", f"output={out}", f"model={POSED}", f"weights={weights}",
         "views=6",
     )  # fmt: skip
-    assert_one_error_line(result, "image_size:", "6 view(s)")
+    assert_bad_input(result, "image_size:", "6 view(s)")
     assert fake_sfm == [] and not out.exists()
 
 

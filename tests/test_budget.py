@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from data_fixtures import SHARED_DATA
 
 from models import budget, create_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 DRONE = SHARED_DATA / "examples" / "drone_frames"
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_fixtures import SHARED_DATA
 
 from datamodules.readers.colmap import (
     CAMERA_MODELS,
@@ -29,7 +30,6 @@ from datamodules.readers.colmap import (
 )
 from models.geometry.cameras import invert_extrinsics, project
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DRONE = SHARED_DATA / "real" / "drone_colmap"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_fixtures import SHARED_DATA
 from PIL import Image
 
 from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
@@ -18,7 +19,6 @@ from datamodules.tools.convert import main as convert_main
 from datamodules.tools.make_index import main as index_main
 from models.geometry.cameras import invert_extrinsics, project
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DRONE = SHARED_DATA / "real" / "drone_colmap"
 
 

@@ -29,12 +29,7 @@ def _meta_model(config: str) -> DepthSplat:
 
 
 def _meta_checkpoint(config: str) -> dict:
-    manifest = fx.load_manifest(config)
-    state = {
-        k: torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]), device="meta")
-        for k, spec in manifest["keys"].items()
-    }
-    return {"state_dict": state}
+    return fx.meta_checkpoint(fx.load_manifest(config))
 
 
 @functools.cache
@@ -239,7 +234,7 @@ def test_rotate_sh_e3nn_is_a_representation() -> None:
     R then R^T is the identity."""
     torch.manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(5, 4, dtype=torch.float64), dim=-1)
-    rotation = fx._quaternion_matrix(q)  # [5, 3, 3]
+    rotation = fx.quaternion_matrix(q)  # [5, 3, 3]
     sh = torch.randn(5, 3, 9, dtype=torch.float64)
     rotated = rotate_sh_e3nn(sh, rotation)
     assert torch.allclose(rotated[..., 0], sh[..., 0])
@@ -351,7 +346,7 @@ def test_gaussian_head_local_frame_min_scale_and_decode_only() -> None:
     raw[..., 3:6] = -40.0  # softplus(-44) ~ 8e-20: floored at min_scale
     q = torch.nn.functional.normalize(torch.randn(4), dim=0)
     c2w = torch.eye(4)
-    c2w[:3, :3] = fx._quaternion_matrix(q)
+    c2w[:3, :3] = fx.quaternion_matrix(q)
     common = dict(
         depth=torch.full((1, 6), 2.0),
         coords=torch.rand(1, 6, 2),
@@ -361,8 +356,8 @@ def test_gaussian_head_local_frame_min_scale_and_decode_only() -> None:
     b = local.decode(raw, extrinsics=c2w.expand(1, 6, 4, 4), **common)
     assert torch.equal(a.means, b.means) and torch.equal(a.scales, b.scales)
     assert (a.scales == 1e-10).all()
-    expected = c2w[:3, :3] @ fx._quaternion_matrix(a.rotations)
-    assert torch.allclose(fx._quaternion_matrix(b.rotations), expected, atol=1e-5)
+    expected = c2w[:3, :3] @ fx.quaternion_matrix(a.rotations)
+    assert torch.allclose(fx.quaternion_matrix(b.rotations), expected, atol=1e-5)
     assert torch.allclose(b.harmonics, rotate_sh_e3nn(a.harmonics, c2w[:3, :3]), atol=1e-6)
     identity = local.decode(raw, extrinsics=torch.eye(4).expand(1, 6, 4, 4), **common)
     assert torch.allclose(identity.harmonics, a.harmonics, atol=1e-6)

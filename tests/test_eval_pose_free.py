@@ -15,10 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
+from config_fixtures import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,19 +52,6 @@ def weights(tmp_path_factory) -> Path:
     return folder
 
 
-def _config(tmp: Path, overrides: list[str]):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("eval.yaml", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(tmp / "out")
-        cfg.paths.log_dir = str(tmp / "logs")
-        cfg.hydra.runtime.output_dir = str(tmp / "out")
-        cfg.hydra.job.num = 0
-    HydraConfig().set_config(cfg)
-    return cfg
-
-
 def _overrides(data_root: Path, weights: Path) -> list[str]:
     return [
         "model=zipsplat_da3",
@@ -89,9 +73,8 @@ def _overrides(data_root: Path, weights: Path) -> list[str]:
 def test_eval_aligns_targets_for_zipsplat_da3(data_root, weights, tmp_path, compression):
     import eval as eval_script
 
-    cfg = _config(
-        tmp_path, [*_overrides(data_root, weights), f"+eval_kwargs.compression={compression}"]
-    )
+    overrides = [*_overrides(data_root, weights), f"+eval_kwargs.compression={compression}"]
+    cfg = compose_config("eval.yaml", overrides, tmp_path)
     summary = eval_script.evaluate(cfg)
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["model"] == "zipsplat_da3_tiny"
@@ -120,7 +103,8 @@ def test_eval_rejects_an_unknown_alignment(weights, tmp_path):
     from models.training.cli import UserError
 
     missing = tmp_path / "no_data"  # refused before the data is read
-    cfg = _config(tmp_path, [*_overrides(missing, weights), "target_pose_alignment=affine"])
+    overrides = [*_overrides(missing, weights), "target_pose_alignment=affine"]
+    cfg = compose_config("eval.yaml", overrides, tmp_path)
     with pytest.raises(UserError, match="target_pose_alignment=affine: must be one of"):
         eval_script.evaluate(cfg)
     assert not (tmp_path / "out" / "metrics.json").exists()

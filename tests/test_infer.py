@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from data_fixtures import SHARED_DATA
 
 from models import create_model, list_models
 from models.weights.hub import WEIGHTS_NAME, save_pretrained
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 EXAMPLES = SHARED_DATA / "examples"
 SIZE = "image_size=32"  # 32x32 inputs keep every run to seconds on a CPU
 
@@ -332,14 +332,18 @@ def _images(folder: Path, good: int, truncated: int = 0) -> Path:
     return folder
 
 
+def _pose_free_args(weights: dict[str, Path], output: Path) -> tuple[str, ...]:
+    """``output=``, ``model=``, ``weights=`` and the size of the pose-free model that the
+    bad-photo tests run."""
+    name = POSE_FREE_CAMERAS or POSE_FREE_UNKNOWN
+    return (f"output={output}", f"model={name}", f"weights={weights[name]}", SIZE)
+
+
 def test_empty_folder(weights, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    name = POSE_FREE_CAMERAS or POSE_FREE_UNKNOWN
     output = tmp_path / "out"
-    result = run_infer(
-        f"input={empty}", f"output={output}", f"model={name}", f"weights={weights[name]}", SIZE
-    )
+    result = run_infer(f"input={empty}", *_pose_free_args(weights, output))
     assert_bad_input(result, str(empty), "no images")
     assert_no_output(tmp_path, output)
 
@@ -349,9 +353,8 @@ def test_one_image_for_a_model_that_needs_two(
     weights, tmp_path: Path, capsys, needs_two_views
 ) -> None:
     folder = _images(tmp_path / "one", good=1)
-    name = POSE_FREE_CAMERAS or POSE_FREE_UNKNOWN
     output = tmp_path / "out"
-    args = (f"output={output}", f"model={name}", f"weights={weights[name]}", SIZE)
+    args = _pose_free_args(weights, output)
     result = infer_here(capsys, f"input={folder}", *args)
     assert_bad_input(result, str(folder), "at least 2 needed")
     single = folder / "frame_00.jpg"  # the image file itself as input
@@ -363,16 +366,8 @@ def test_one_image_for_a_model_that_needs_two(
 @needs_shared
 def test_truncated_images_too_few_remain(weights, tmp_path: Path, capsys, needs_two_views) -> None:
     folder = _images(tmp_path / "broken", good=1, truncated=2)
-    name = POSE_FREE_CAMERAS or POSE_FREE_UNKNOWN
     output = tmp_path / "out"
-    result = infer_here(
-        capsys,
-        f"input={folder}",
-        f"output={output}",
-        f"model={name}",
-        f"weights={weights[name]}",
-        SIZE,
-    )
+    result = infer_here(capsys, f"input={folder}", *_pose_free_args(weights, output))
     line = assert_bad_input(result, str(folder), "only 1 readable image")
     assert "broken_0.jpg" in line and "broken_1.jpg" in line
     assert_no_output(tmp_path, output)
@@ -383,17 +378,9 @@ def test_truncated_images_skipped_with_warning(
     weights, tmp_path: Path, capsys, needs_two_views
 ) -> None:
     folder = _images(tmp_path / "some_broken", good=2, truncated=1)
-    name = POSE_FREE_CAMERAS or POSE_FREE_UNKNOWN
     output = tmp_path / "out"
-    result = infer_here(
-        capsys,
-        f"input={folder}",
-        f"output={output}",
-        f"model={name}",
-        f"weights={weights[name]}",
-        SIZE,
-        "orbit_frames=2",
-    )
+    args = _pose_free_args(weights, output)
+    result = infer_here(capsys, f"input={folder}", *args, "orbit_frames=2")
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     skipped = [line for line in warnings if "not a readable image" in line]

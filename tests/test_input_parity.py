@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from config_fixtures import compose_config
+from data_fixtures import SHARED_DATA
 from safetensors.torch import load_file
 
 from datamodules.training.datamodule import SplatDataModule, recipe_data_settings
@@ -31,7 +33,7 @@ from models import get_pretrained_cfg
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 # ../shared/data beside the checkout (never copied into it)
-CAPTURE = REPO.parent / "shared" / "data" / "real" / "drone_colmap"
+CAPTURE = SHARED_DATA / "real" / "drone_colmap"
 CASES = [
     (port, dataset, set_name)
     for port in ("depthsplat", "resplat_release")
@@ -120,25 +122,6 @@ def test_the_comparison_can_fail(converted: Path, tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- eval.py, release route
-def _eval_config(tmp: Path, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    GlobalHydra.instance().clear()
-    configs = REPO / "configs"
-    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        cfg = compose("eval.yaml", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(tmp / "out")
-        cfg.paths.log_dir = str(tmp / "logs")
-        cfg.hydra.runtime.output_dir = str(tmp / "out")
-        cfg.hydra.job.num = 0
-    HydraConfig().set_config(cfg)
-    return cfg
-
-
 def _release_overrides(root: Path, weights: Path, index_dir: Path) -> list[str]:
     return [
         "release=depthsplat_small.re10k_256x256_view2",
@@ -172,7 +155,7 @@ def test_eval_release_route_applies_the_recipe(converted: Path, tmp_path: Path) 
     index_dir.mkdir()
     index = {"drone": {"context": [16, 20], "target": [17, 19]}, "missing": None}
     (index_dir / "evaluation_index_re10k.json").write_text(json.dumps(index))
-    cfg = _eval_config(tmp_path, _release_overrides(converted, weights, index_dir))
+    cfg = compose_config("eval.yaml", _release_overrides(converted, weights, index_dir), tmp_path)
     summary = eval_script.evaluate(cfg)
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["release"] == "depthsplat_small.re10k_256x256_view2"
@@ -190,7 +173,8 @@ def test_eval_release_route_names_a_missing_index(converted: Path, tmp_path: Pat
     import eval as eval_script
     from models.training.cli import UserError
 
-    cfg = _eval_config(tmp_path, _release_overrides(converted, tmp_path / "w.pth", tmp_path))
+    overrides = _release_overrides(converted, tmp_path / "w.pth", tmp_path)
+    cfg = compose_config("eval.yaml", overrides, tmp_path)
     with pytest.raises(UserError) as info:
         eval_script.evaluate(cfg)
     message = str(info.value)

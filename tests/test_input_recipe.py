@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_fixtures import SHARED_DATA
 from PIL import Image
 
 from datamodules.readers.image_folder import crop_fraction, load_images, write_cameras_json
@@ -25,8 +25,6 @@ from models.registry import get_pretrained_cfg
 from models.render.core import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# ../shared/data beside the repository ($SPLATZOO_SHARED_DATA elsewhere, e.g. in a worktree)
-SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 needs_drone = pytest.mark.skipif(
     not SHARED_DATA.is_dir(), reason=f"no shared data at {SHARED_DATA}"
 )

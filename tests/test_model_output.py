@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from data_fixtures import random_context
 
 from models import create_model
 from models.base import ModelOutput
@@ -48,22 +49,12 @@ def test_extras_is_not_a_constructor_argument() -> None:
         out.extras = {}  # a property, not a field
 
 
-def _context(model) -> dict[str, torch.Tensor]:
-    context = {"image": torch.rand(1, 2, 3, 32, 32)}
-    if not getattr(model, "pose_free", False):
-        context["extrinsics"] = torch.eye(4).expand(1, 2, 4, 4).clone()
-        context["extrinsics"][:, 1, 0, 3] = 1.0
-        intrinsics = torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]])
-        context["intrinsics"] = intrinsics.expand(1, 2, 3, 3)
-    return context
-
-
 @pytest.mark.parametrize("name", ["pixel_aligned_tiny", "resplat_tiny", "splatweaver_tiny"])
 def test_families_fill_typed_fields(name: str) -> None:
     """Producers use the typed fields: depth everywhere, cameras for the pose-free one,
     per-iteration sets for the recurrent one, diagnostics for the router."""
     model = create_model(name).eval()
-    context = _context(model)
+    context = random_context(model)
     with torch.no_grad():
         out = model(context)
     b, v, _, h, w = context["image"].shape

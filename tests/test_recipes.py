@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from data_fixtures import random_context
 
 from models import create_model
 from models.base import constructor_arguments
@@ -37,16 +38,6 @@ TRAINING_KEYS = {
     "resplat_tiny": {"loss_decay": 0.9},
     "splatweaver_tiny": {"routing_weight": 0.01},
 }
-
-
-def _context(model, size: int = 32) -> dict[str, torch.Tensor]:
-    context = {"image": torch.rand(1, 2, 3, size, size)}
-    if not getattr(model, "pose_free", False):
-        context["extrinsics"] = torch.eye(4).expand(1, 2, 4, 4).clone()
-        context["extrinsics"][:, 1, 0, 3] = 1.0
-        intrinsics = torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]])
-        context["intrinsics"] = intrinsics.expand(1, 2, 3, 3)
-    return context
 
 
 def test_shipped_configs_hold_constructor_arguments_only() -> None:
@@ -114,7 +105,7 @@ def test_lightning_module_weighs_losses_with_the_injected_recipe() -> None:
     recipe's weight, and the recipe (not the model) goes into the hyper-parameters."""
     torch.manual_seed(0)
     net = create_model("splatweaver_tiny", image_size=32, pose_free=False)
-    scene = _context(net)
+    scene = random_context(net)
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
     terms = {}
     for weight in (0.01, 0.04):
@@ -132,7 +123,7 @@ def test_resplat_recipe_freezes_and_samples_iterations_in_the_module() -> None:
     module = SplatLitModule(net, recipe=ReSplatRecipe(train_iterations=2, freeze_init=True))
     assert net.freeze_init and not any(p.requires_grad for p in net.init_model.parameters())
     assert all(p.requires_grad for p in net.updater.parameters())
-    scene = _context(net)
+    scene = random_context(net)
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -166,7 +157,7 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     net = create_model("zipsplat_tiny", image_size=32)
     module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
     module.eval()
-    scene = _context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
+    scene = random_context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log without a trainer

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from data_fixtures import garden_scene
 
 from models.gaussians import Gaussians, rgb_to_sh
-from models.geometry.cameras import intrinsics_to_normalized, invert_extrinsics
+from models.geometry.cameras import invert_extrinsics
 from models.render.core import render
 from models.render.output import RenderOutput
 from models.render.projection import project_gaussians
@@ -428,6 +429,21 @@ def test_gradcheck_float64(backend):
     )
 
 
+FIELDS = ("means", "scales", "rotations", "opacities", "harmonics")
+
+
+def field_gradients(
+    g: Gaussians, render_fn: Callable[[Gaussians], tuple[torch.Tensor, ...]]
+) -> tuple[torch.Tensor, ...]:
+    """Gradients w.r.t. each of ``FIELDS`` of ``sum(w * color) + sum(depth) + sum(alpha)`` (``w``
+    a ramp over the colour's elements) of ``render_fn(g)``'s ``(color, depth, alpha)``."""
+    params = {k: getattr(g, k).clone().requires_grad_(True) for k in FIELDS}
+    color, depth, alpha = render_fn(Gaussians(**params))
+    weight = torch.linspace(0.5, 1.5, color.numel(), dtype=color.dtype).reshape(color.shape)
+    loss = (weight * color).sum() + depth.sum() + alpha.sum()
+    return torch.autograd.grad(loss, list(params.values()))
+
+
 @pytest.mark.parametrize(
     ("backend_name", "recompute"), [("torch", True), ("torch", False), ("cpu", True)]
 )
@@ -439,29 +455,21 @@ def test_gradients_match_reference_with_saturation(backend_name: str, recompute:
     g = random_gaussians(1, 60, degree=1, dtype=torch.float64, spread=0.3, scale=(0.2, 0.5))
     g.opacities = 0.6 + 0.39 * g.opacities
     extrinsics, intrinsics = cameras(1, 1, torch.float64)
-    names = ("means", "scales", "rotations", "opacities", "harmonics")
-    grads = []
-    for renderer in ("tiled", "reference"):
-        params = {k: getattr(g, k).clone().requires_grad_(True) for k in names}
-        scene = Gaussians(**params)
-        if renderer == "tiled":
-            out = render(
-                scene,
-                extrinsics,
-                intrinsics,
-                (24, 20),
-                backend=backend_name,
-                chunk=4,
-                recompute=recompute,
-            )
-            color, depth, alpha = out.color, out.depth, out.alpha
-        else:
-            color, depth, alpha, stopped = reference_render(scene, extrinsics, intrinsics, (24, 20))
-            assert stopped.float().mean() > 0.15
-        weight = torch.linspace(0.5, 1.5, color.numel(), dtype=torch.float64).reshape(color.shape)
-        loss = (weight * color).sum() + depth.sum() + alpha.sum()
-        grads.append(torch.autograd.grad(loss, list(params.values())))
-    for name, ours, ref in zip(names, *grads):
+
+    def tiled(scene: Gaussians) -> tuple[torch.Tensor, ...]:
+        out = render(
+            scene, extrinsics, intrinsics, (24, 20), backend=backend_name, chunk=4,
+            recompute=recompute,
+        )  # fmt: skip
+        return out.color, out.depth, out.alpha
+
+    def reference(scene: Gaussians) -> tuple[torch.Tensor, ...]:
+        color, depth, alpha, stopped = reference_render(scene, extrinsics, intrinsics, (24, 20))
+        assert stopped.float().mean() > 0.15
+        return color, depth, alpha
+
+    grads = [field_gradients(g, tiled), field_gradients(g, reference)]
+    for name, ours, ref in zip(FIELDS, *grads):
         assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-9), name
 
 
@@ -514,22 +522,8 @@ def garden_inputs(data_dir, scale_down: int):
     path = data_dir / "gsplat_test_garden.npz"
     if not path.is_file():
         pytest.skip(f"{path} not found")
-    data = np.load(path)
-    height, width = int(data["height"]), int(data["width"])
-    means = torch.from_numpy(data["means3d"]).float()[None]  # [1, N, 3]
-    rgb = torch.from_numpy(data["colors"]).float()[None] / 255.0
-    num = means.shape[1]
-    g = Gaussians(
-        means=means,
-        scales=torch.full((1, num, 3), 0.01),
-        rotations=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(1, num, 1),
-        opacities=torch.full((1, num), 0.8),
-        harmonics=rgb_to_sh(rgb)[..., None],
-    )
-    extrinsics = torch.linalg.inv(torch.from_numpy(data["viewmats"]).float())[None]
-    intrinsics = intrinsics_to_normalized(torch.from_numpy(data["Ks"]).float(), (height, width))
-    shape = (height // scale_down, width // scale_down)
-    return g, extrinsics, intrinsics[None], shape
+    g, extrinsics, intrinsics, (height, width) = garden_scene(path)
+    return g, extrinsics, intrinsics, (height // scale_down, width // scale_down)
 
 
 def test_garden_scene_renders(shared_data, backend):
@@ -840,24 +834,21 @@ def test_antialiased_gradients_match_reference(backend):
     g.opacities = 0.5 + 0.49 * g.opacities
     extrinsics, intrinsics = cameras(1, 2, torch.float64)
     shape = (24, 28)
-    names = ("means", "scales", "rotations", "opacities", "harmonics")
-    grads = []
-    for mode in ("ours", "reference"):
-        params = {k: getattr(g, k).clone().requires_grad_(True) for k in names}
-        scene = Gaussians(**params)
-        if mode == "ours":
-            out = render(
-                scene, extrinsics, intrinsics, shape, backend=backend, rasterize_mode="antialiased"
-            )
-        else:
-            out = render_per_view_with_compensated_opacities(
-                scene, extrinsics, intrinsics, shape, backend=backend
-            )
-        weight = torch.linspace(0.5, 1.5, out.color.numel(), dtype=torch.float64)
-        loss = (weight.reshape(out.color.shape) * out.color).sum()
-        loss = loss + out.depth.sum() + out.alpha.sum()
-        grads.append(torch.autograd.grad(loss, list(params.values())))
-    for name, ours, ref in zip(names, *grads):
+
+    def antialiased(scene: Gaussians) -> tuple[torch.Tensor, ...]:
+        out = render(
+            scene, extrinsics, intrinsics, shape, backend=backend, rasterize_mode="antialiased"
+        )
+        return out.color, out.depth, out.alpha
+
+    def reference(scene: Gaussians) -> tuple[torch.Tensor, ...]:
+        out = render_per_view_with_compensated_opacities(
+            scene, extrinsics, intrinsics, shape, backend=backend
+        )
+        return out.color, out.depth, out.alpha
+
+    grads = [field_gradients(g, antialiased), field_gradients(g, reference)]
+    for name, ours, ref in zip(FIELDS, *grads):
         assert ref.abs().max() > 0, name
         # Only gsplat's 1e-6 in the compensation's backward separates the two.
         assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max(), name

@@ -38,12 +38,7 @@ def _meta_model(config: str) -> ReSplatRelease:
 
 
 def _meta_checkpoint(config: str) -> dict:
-    manifest = fx.load_manifest(config)
-    state = {
-        k: torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]), device="meta")
-        for k, spec in manifest["keys"].items()
-    }
-    return {"state_dict": state}
+    return fx.meta_checkpoint(fx.load_manifest(config))
 
 
 @functools.cache

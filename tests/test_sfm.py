@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from data_fixtures import SHARED_DATA
 
 pycolmap = pytest.importorskip("pycolmap")
 
@@ -35,7 +36,6 @@ from datamodules.tools.sfm import (  # noqa: E402
 from models.geometry.cameras import camera_centers, invert_extrinsics, project  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DRONE8 = SHARED_DATA / "examples" / "drone_frames"
 DRONE41 = SHARED_DATA / "real" / "drone_colmap"
 needs_shared = pytest.mark.skipif(

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from config_fixtures import compose_config
+from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = str(REPO / "configs")
@@ -42,20 +40,14 @@ FAST = [
 ]
 
 
-def compose_config(
-    name: str, overrides: list[str], tmp: Path, out: Path | None = None
-) -> DictConfig:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose(name, overrides=overrides, return_hydra_config=True)
-    out = out or tmp / "out"
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(out)
-        cfg.paths.log_dir = str(tmp / "logs")
-        cfg.hydra.runtime.output_dir = str(out)
-        cfg.hydra.job.num = 0
-    HydraConfig().set_config(cfg)
-    return cfg
+def _run(
+    script: str, *args: str, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` from the repository root, its output captured as text."""
+    command = [sys.executable, script, *args]
+    return subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -155,23 +147,17 @@ def test_train_resume_and_eval(data_root, tmp_path):
     assert state["global_step"] == 6
 
     out = tmp_path / "eval"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "eval.py",
-            "model=pixel_aligned",
-            f"ckpt_path={last}",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            "data.persistent_workers=false",
-            "trainer.accelerator=cpu",
-            "trainer.enable_progress_bar=false",
-            f"hydra.run.dir={out}",
-            f"paths.log_dir={tmp_path / 'logs'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "eval.py",
+        "model=pixel_aligned",
+        f"ckpt_path={last}",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={out}",
+        f"paths.log_dir={tmp_path / 'logs'}",
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -200,20 +186,13 @@ def test_eval_refuses_checkpoint_of_another_model(data_root, tmp_path):
     module = SplatLitModule(create_model("pixel_aligned_tiny"))
     ckpt = tmp_path / "pa.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpt)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "eval.py",
-            "model=zipsplat",
-            f"ckpt_path={ckpt}",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            f"hydra.run.dir={tmp_path / 'e'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = _run(
+        "eval.py",
+        "model=zipsplat",
+        f"ckpt_path={ckpt}",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        f"hydra.run.dir={tmp_path / 'e'}",
     )
     assert result.returncode == 2
     assert "pixel_aligned_tiny" in result.stderr and "zipsplat_tiny" in result.stderr
@@ -245,19 +224,12 @@ def test_eval_builds_the_network_the_weights_record(data_root, tmp_path):
 
 
 def test_unknown_model_lists_valid_names(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "model.net.name=not_a_model",
-            f"hydra.run.dir={tmp_path}",
-            "data.generate_if_missing=false",
-            f"data.root={tmp_path / 'none'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = _run(
+        "train.py",
+        "model.net.name=not_a_model",
+        f"hydra.run.dir={tmp_path}",
+        "data.generate_if_missing=false",
+        f"data.root={tmp_path / 'none'}",
     )
     assert result.returncode == 2
     assert "not_a_model" in result.stderr and "pixel_aligned_tiny" in result.stderr
@@ -265,13 +237,7 @@ def test_unknown_model_lists_valid_names(tmp_path):
 
 
 def test_eval_without_ckpt_path_is_one_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "eval.py", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _run("eval.py", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2
     assert (
         result.stderr.strip()
@@ -286,11 +252,13 @@ def test_train_refuses_a_checkpoint_that_would_run_code(tmp_path):
 
     ckpt = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {"net.x": torch.zeros(1)}, "payload": Payload()}, ckpt)
-    result = subprocess.run(
-        [sys.executable, "train.py", "model=pixel_aligned", f"ckpt_path={ckpt}",
-         f"hydra.run.dir={tmp_path / 'run'}", "trainer.accelerator=cpu"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = _run(
+        "train.py",
+        "model=pixel_aligned",
+        f"ckpt_path={ckpt}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.accelerator=cpu",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: {ckpt}: cannot load checkpoint with weights_only=True")
@@ -351,18 +319,16 @@ def test_resume_continues_the_run_with_time_from_now(data_root, tmp_path):
     assert min(steps) < 3 and max(steps) >= 4, steps
 
 
-def test_few_steps_lower_the_loss(data_root):
-    """Overfit one synthetic batch: the loss must fall."""
+def _training_batch(data_root: Path, batch_size: int) -> dict:
+    """The first training batch of the module's synthetic data (64x64, 2 context + 2 targets)."""
     from datamodules.training.datamodule import SplatDataModule
-    from models import create_model
-    from models.training.module import SplatLitModule
 
     dm = SplatDataModule(
         root=str(data_root),
         image_size=[64, 64],
         num_context_views=2,
         num_target_views=2,
-        batch_size=2,
+        batch_size=batch_size,
         num_workers=0,
         min_context_gap=8,
         max_context_gap=12,
@@ -371,7 +337,15 @@ def test_few_steps_lower_the_loss(data_root):
         far=50.0,
     )
     dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
+    return next(iter(dm.train_dataloader()))
+
+
+def test_few_steps_lower_the_loss(data_root):
+    """Overfit one synthetic batch: the loss must fall."""
+    from models import create_model
+    from models.training.module import SplatLitModule
+
+    batch = _training_batch(data_root, batch_size=2)
     module = SplatLitModule(create_model("pixel_aligned_tiny"), lr=2e-3, warmup_steps=0)
     optimizer = torch.optim.Adam(module.parameters(), lr=2e-3)
     losses = []
@@ -385,25 +359,10 @@ def test_few_steps_lower_the_loss(data_root):
 
 
 def test_nan_loss_step_is_skipped(data_root):
-    from datamodules.training.datamodule import SplatDataModule
     from models import create_model
     from models.training.module import SplatLitModule
 
-    dm = SplatDataModule(
-        root=str(data_root),
-        image_size=[64, 64],
-        num_context_views=2,
-        num_target_views=2,
-        batch_size=1,
-        num_workers=0,
-        min_context_gap=8,
-        max_context_gap=12,
-        generate_if_missing=False,
-        near=0.25,
-        far=50.0,
-    )
-    dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
+    batch = _training_batch(data_root, batch_size=1)
     batch["target"]["image"] = torch.full_like(batch["target"]["image"], float("nan"))
     module = SplatLitModule(create_model("pixel_aligned_tiny"))
     with pytest.warns(UserWarning, match="non-finite loss"):
@@ -411,30 +370,32 @@ def test_nan_loss_step_is_skipped(data_root):
     assert module.skipped_steps == 1
 
 
+def _subprocess_run(data_root: Path) -> list[str]:
+    """Settings of the multi-process runs: one validation batch, one scene a batch, in-process
+    data loading, no progress bar."""
+    return [
+        "trainer.limit_val_batches=1",
+        f"data.root={data_root}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        "data.batch_size=1",
+        "data.num_target_views=2",
+        "trainer.enable_progress_bar=false",
+    ]
+
+
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(data_root, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            "trainer.devices=2",
-            "trainer.max_steps=3",
-            "trainer.val_check_interval=3",
-            "trainer.limit_val_batches=1",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            "data.persistent_workers=false",
-            "data.batch_size=1",
-            "data.num_target_views=2",
-            "trainer.enable_progress_bar=false",
-            f"hydra.run.dir={tmp_path / 'ddp'}",
-            "callbacks.model_summary=null",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "train.py",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        *_subprocess_run(data_root),
+        f"hydra.run.dir={tmp_path / 'ddp'}",
+        "callbacks.model_summary=null",
         timeout=900,
         env={**os.environ, "PROJECT_ROOT": str(REPO)},
     )
@@ -447,29 +408,17 @@ def test_ddp_two_cpu_processes(data_root, tmp_path):
 
 @pytest.mark.slow
 def test_optuna_sweep_two_trials(data_root, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "hparams_search=optuna",
-            "hydra.sweeper.n_trials=2",
-            "hydra.sweeper.sampler.n_startup_trials=2",
-            "trainer.max_steps=2",
-            "trainer.val_check_interval=2",
-            "trainer.limit_val_batches=1",
-            f"data.root={data_root}",
-            "data.num_workers=0",
-            "data.persistent_workers=false",
-            "data.batch_size=1",
-            "data.num_target_views=2",
-            "trainer.enable_progress_bar=false",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            "callbacks.model_summary=null",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = _run(
+        "train.py",
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        *_subprocess_run(data_root),
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "callbacks.model_summary=null",
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]

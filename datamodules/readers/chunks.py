@@ -22,6 +22,7 @@ import io
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "decode_depth",
     "cameras_to_matrices",
     "matrices_to_cameras",
+    "read_json",
     "read_scene",
     "split_dir",
 ]
@@ -55,6 +57,20 @@ def split_dir(root: str | Path, split: str) -> Path:
     return root / split
 
 
+def read_json(path: str | Path, what: str, encoding: str = "utf-8") -> Any:
+    """The JSON document in ``path``.
+
+    Raises:
+        InputError: ``<path>: unreadable <what> (<reason>)`` for a file that cannot be read, is
+            not text in ``encoding`` or is not JSON.
+    """
+    try:
+        with open(path, encoding=encoding) as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: unreadable {what} ({error})") from error
+
+
 def load_index(root: str | Path, split: str) -> dict[str, str]:
     """Read ``ROOT/split/index.json`` (scene key -> chunk file name).
 
@@ -64,11 +80,7 @@ def load_index(root: str | Path, split: str) -> dict[str, str]:
     path = split_dir(root, split) / "index.json"
     if not path.is_file():
         raise InputError(f"{path}: missing index.json (not a chunk dataset split)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            index = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{path}: unreadable index.json ({error})") from error
+    index = read_json(path, "index.json")
     if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
         raise InputError(f"{path}: index.json must map scene keys to chunk file names")
     if not index:

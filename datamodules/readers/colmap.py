@@ -61,6 +61,7 @@ __all__ = [
     "camera_intrinsics",
     "camera_intrinsics_pixels",
     "image_world_to_camera",
+    "image_pose",
 ]
 
 # name -> (model id, number of parameters); ids and counts follow COLMAP's camera_models.h.
@@ -579,6 +580,27 @@ class _BinaryFile:
         self.offset += size
         return array
 
+    def records(
+        self, what: str, min_record: int, parse: Callable[[_BinaryFile], tuple[int, Any]]
+    ) -> dict[int, Any]:
+        """The loop of every binary reader: a count of records of at least ``min_record`` bytes,
+        then the records by id. ``parse(self)`` reads one at the current offset and returns
+        ``(id, record)``; a ``ValueError`` it raises (or an id that appears twice) becomes this
+        file's error at the record's first byte."""
+        records: dict[int, Any] = {}
+        for _ in range(self.count(f"{what} count", min_record)):
+            start = self.offset
+            try:
+                key, record = parse(self)
+                if key in records:
+                    raise ValueError(f"{what} id {key} appears twice")
+            except ColmapError:
+                raise  # already names the file and the byte
+            except ValueError as error:
+                raise self.error(str(error), start) from error
+            records[key] = record
+        return records
+
     def end(self) -> None:
         left = self.size - self.offset
         if left:
@@ -590,14 +612,17 @@ def _struct(fmt: str) -> struct.Struct:
     return struct.Struct(fmt)
 
 
-def _read_binary(path: Path, read: Callable[[_BinaryFile], dict]) -> dict:
-    """Read ``path`` and run ``read`` on it; ``ColmapError`` for unreadable files."""
+def _read_binary(
+    path: Path, what: str, min_record: int, parse: Callable[[_BinaryFile], tuple[int, Any]]
+) -> dict[int, Any]:
+    """The records of the binary file ``path`` by id (:meth:`_BinaryFile.records`); every byte
+    must belong to one. ``ColmapError`` for unreadable files."""
     try:
         data = path.read_bytes()
     except OSError as error:
         raise ColmapError(f"{path}: cannot read ({error.strerror or error})") from error
     file = _BinaryFile(path, data)
-    out = read(file)
+    out = file.records(what, min_record, parse)
     file.end()
     return out
 
@@ -615,30 +640,22 @@ def read_cameras_binary(path: str | Path) -> dict[int, Camera]:
         ColmapError: a corrupt or invalid file (naming the byte offset).
     """
 
-    def read(file: _BinaryFile) -> dict[int, Camera]:
-        cameras: dict[int, Camera] = {}
-        # Smallest record: ids, size and a 3-parameter model.
-        for _ in range(file.count("camera count", 24 + 3 * 8)):
-            start = file.offset
-            camera_id, model_id, width, height = file.read("IiQQ")
-            if model_id not in CAMERA_MODEL_IDS:
-                raise UnsupportedCameraError(
-                    f"{file.path}: camera {camera_id} has unknown model id {model_id} "
-                    f"(at byte {start} of {file.size})"
-                )
-            model = CAMERA_MODEL_IDS[model_id]
-            params = np.array(file.read("d" * CAMERA_MODELS[model][1]), dtype=np.float64)
-            camera = Camera(camera_id, model, width, height, params)
-            try:
-                _check_camera(camera)
-                if camera_id in cameras:
-                    raise ValueError(f"camera id {camera_id} appears twice")
-            except ValueError as error:
-                raise file.error(str(error), start) from error
-            cameras[camera_id] = camera
-        return cameras
+    def record(file: _BinaryFile) -> tuple[int, Camera]:
+        start = file.offset
+        camera_id, model_id, width, height = file.read("IiQQ")
+        if model_id not in CAMERA_MODEL_IDS:
+            raise UnsupportedCameraError(
+                f"{file.path}: camera {camera_id} has unknown model id {model_id} "
+                f"(at byte {start} of {file.size})"
+            )
+        model = CAMERA_MODEL_IDS[model_id]
+        params = np.array(file.read("d" * CAMERA_MODELS[model][1]), dtype=np.float64)
+        camera = Camera(camera_id, model, width, height, params)
+        _check_camera(camera)
+        return camera_id, camera
 
-    return _read_binary(Path(path), read)
+    # Smallest record: ids, size and a 3-parameter model.
+    return _read_binary(Path(path), "camera", 24 + 3 * 8, record)
 
 
 def read_images_binary(path: str | Path) -> dict[int, Image]:
@@ -655,35 +672,29 @@ def read_images_binary(path: str | Path) -> dict[int, Image]:
     """
     point_dtype = np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<i8")])
 
-    def read(file: _BinaryFile) -> dict[int, Image]:
-        images: dict[int, Image] = {}
-        # Smallest record: id, pose, camera id, a one-byte name + NUL, a zero point count.
-        for _ in range(file.count("image count", 4 + 56 + 4 + 2 + 8)):
-            start = file.offset
-            values = file.read("I7dI")
-            image_id, camera_id = values[0], values[8]
-            name = file.name(f"image {image_id}")
-            num_points = file.count(f"2D point count of image {image_id} ({name})", 24)
-            points = file.array(point_dtype, num_points)
-            image = Image(
-                image_id,
-                np.array(values[1:5], dtype=np.float64),
-                np.array(values[5:8], dtype=np.float64),
-                camera_id,
-                name,
-                np.stack([points["x"], points["y"]], axis=-1).astype(np.float64).reshape(-1, 2),
-                points["id"].astype(np.int64),
-            )
-            try:
-                _check_image(image)
-                if image_id in images:
-                    raise ValueError(f"image id {image_id} appears twice")
-            except ValueError as error:
-                raise file.error(f"image {image_id} ({name}): {error}", start) from error
-            images[image_id] = image
-        return images
+    def record(file: _BinaryFile) -> tuple[int, Image]:
+        values = file.read("I7dI")
+        image_id, camera_id = values[0], values[8]
+        name = file.name(f"image {image_id}")
+        num_points = file.count(f"2D point count of image {image_id} ({name})", 24)
+        points = file.array(point_dtype, num_points)
+        image = Image(
+            image_id,
+            np.array(values[1:5], dtype=np.float64),
+            np.array(values[5:8], dtype=np.float64),
+            camera_id,
+            name,
+            np.stack([points["x"], points["y"]], axis=-1).astype(np.float64).reshape(-1, 2),
+            points["id"].astype(np.int64),
+        )
+        try:
+            _check_image(image)
+        except ValueError as error:
+            raise ValueError(f"image {image_id} ({name}): {error}") from error
+        return image_id, image
 
-    return _read_binary(Path(path), read)
+    # Smallest record: id, pose, camera id, a one-byte name + NUL, a zero point count.
+    return _read_binary(Path(path), "image", 4 + 56 + 4 + 2 + 8, record)
 
 
 def read_points3d_binary(path: str | Path) -> dict[int, Point3D]:
@@ -700,29 +711,24 @@ def read_points3d_binary(path: str | Path) -> dict[int, Point3D]:
     """
     track_dtype = np.dtype("<u4")
 
-    def read(file: _BinaryFile) -> dict[int, Point3D]:
-        points: dict[int, Point3D] = {}
-        # Smallest record: id, position, colour, error and a zero track length.
-        for _ in range(file.count("point count", 8 + 24 + 3 + 8 + 8)):
-            start = file.offset
-            point_id, x, y, z, r, g, b, error = file.read("Q3d3Bd")
-            if not all(map(math.isfinite, (x, y, z, error))):
-                raise file.error(f"point {point_id} has a non-finite position or error", start)
-            if point_id in points:
-                raise file.error(f"point id {point_id} appears twice", start)
-            length = file.count(f"track length of point {point_id}", 8)
-            track = file.array(track_dtype, 2 * length).astype(np.int64).reshape(-1, 2)
-            points[point_id] = Point3D(
-                point_id,
-                np.array((x, y, z), dtype=np.float64),
-                np.array((r, g, b), dtype=np.uint8),
-                error,
-                track[:, 0],
-                track[:, 1],
-            )
-        return points
+    def record(file: _BinaryFile) -> tuple[int, Point3D]:
+        point_id, x, y, z, r, g, b, error = file.read("Q3d3Bd")
+        if not all(map(math.isfinite, (x, y, z, error))):
+            raise ValueError(f"point {point_id} has a non-finite position or error")
+        length = file.count(f"track length of point {point_id}", 8)
+        track = file.array(track_dtype, 2 * length).astype(np.int64).reshape(-1, 2)
+        point = Point3D(
+            point_id,
+            np.array((x, y, z), dtype=np.float64),
+            np.array((r, g, b), dtype=np.uint8),
+            error,
+            track[:, 0],
+            track[:, 1],
+        )
+        return point_id, point
 
-    return _read_binary(Path(path), read)
+    # Smallest record: id, position, colour, error and a zero track length.
+    return _read_binary(Path(path), "point", 8 + 24 + 3 + 8 + 8, record)
 
 
 def find_model_dir(path: str | Path) -> Path | None:
@@ -887,3 +893,22 @@ def image_world_to_camera(image: Image) -> Tensor:
     matrix[:3, :3] = torch.from_numpy(qvec_to_rotmat(image.qvec))
     matrix[:3, 3] = torch.from_numpy(np.asarray(image.tvec, dtype=np.float64))
     return matrix
+
+
+def image_pose(image: Image, camera: Camera) -> dict[str, Any]:
+    """An image's pose in the ``cameras.json`` layout: ``camera_to_world`` ``[4, 4]`` (float64,
+    COLMAP's world frame), the pinhole ``fx, fy, cx, cy`` in pixels, ``width`` and ``height``.
+
+    Raises:
+        UnsupportedCameraError: a camera model with no pinhole part.
+    """
+    fx, fy, cx, cy = camera_pinhole(camera)
+    return {
+        "camera_to_world": torch.linalg.inv(image_world_to_camera(image)),
+        "fx": fx,
+        "fy": fy,
+        "cx": cx,
+        "cy": cy,
+        "width": camera.width,
+        "height": camera.height,
+    }

@@ -56,6 +56,7 @@ from PIL import Image, ImageOps
 from torch import Tensor
 
 from datamodules.errors import InputError
+from datamodules.readers.chunks import read_json
 from datamodules.transforms import resize_crop_image
 from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
 
@@ -272,10 +273,7 @@ def read_cameras_json(path: str | Path) -> dict[str, dict]:
             principal point, or a file listed twice (one line naming the file and the frame).
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is allowed
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{path}: unreadable cameras.json ({error})") from error
+    data = read_json(path, "cameras.json", encoding="utf-8-sig")  # a BOM is allowed
     frames = data.get("frames") if isinstance(data, dict) else None
     if not isinstance(frames, list):
         raise InputError(f"{path}: cameras.json needs a 'frames' list")
@@ -356,7 +354,7 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
         if camera is None:
             raise InputError(f"{model}: image {image.name} uses unknown camera {image.camera_id}")
         try:
-            fx, fy, cx, cy = colmap.camera_pinhole(camera)
+            pose = colmap.image_pose(image, camera)
             distortion = colmap.camera_distortion(camera)
         except colmap.UnsupportedCameraError as error:
             raise InputError(f"{model}: {error}") from error
@@ -366,16 +364,7 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
                 "ignored (undistort the images for exact poses)",
                 stacklevel=3,
             )
-        w2c = colmap.image_world_to_camera(image)
-        out[image.name] = {
-            "camera_to_world": torch.linalg.inv(w2c),
-            "fx": fx,
-            "fy": fy,
-            "cx": cx,
-            "cy": cy,
-            "width": camera.width,
-            "height": camera.height,
-        }
+        out[image.name] = pose
     return out
 
 

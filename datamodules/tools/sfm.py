@@ -25,6 +25,7 @@ behind. Fewer than two registered images raise ``SfmError`` (one line).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -183,17 +184,8 @@ class SfmResult:
         out: dict[str, dict] = {}
         for image in images.values():
             camera = cameras[image.camera_id]
-            fx, fy, cx, cy = colmap.camera_pinhole(camera)
-            out[image.name] = {
-                "camera_to_world": torch.linalg.inv(colmap.image_world_to_camera(image)),
-                "fx": fx,
-                "fy": fy,
-                "cx": cx,
-                "cy": cy,
-                "width": camera.width,
-                "height": camera.height,
-                "distortion": colmap.camera_distortion(camera),
-            }
+            distortion = colmap.camera_distortion(camera)
+            out[image.name] = {**colmap.image_pose(image, camera), "distortion": distortion}
         poses = {name: out[name] for name in self.registered}
         self.__dict__["_poses"] = (self.model_dir, poses)
         return dict(poses)
@@ -673,6 +665,21 @@ def estimate_poses(
     return _finish(result, out_dir, len(names), verbose)
 
 
+@contextlib.contextmanager
+def _staged_folder(target: Path) -> Iterator[Path]:
+    """A staging folder beside ``target`` (``.<name>.tmp-*``) that replaces ``target`` when the
+    block succeeds; removed, and ``target`` left as it was, when the block fails."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def _finish(result: SfmResult, out_dir: str | Path | None, total: int, verbose: int) -> SfmResult:
     """Warn about unregistered images, copy the model to ``out_dir/sparse``."""
     if result.missing:
@@ -693,17 +700,10 @@ def _finish(result: SfmResult, out_dir: str | Path | None, total: int, verbose: 
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".sparse.tmp-", dir=out_dir))
-        try:
+        target = out_dir / "sparse"
+        with _staged_folder(target) as staging:
             for path in result.model_dir.iterdir():
                 shutil.copy2(path, staging / path.name)
-            target = out_dir / "sparse"
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
         result.model_dir = target
     return result
 
@@ -727,17 +727,10 @@ def _video_frames(video: Path, num_views: int, root: Path) -> Path:
         return folder
     frames = load_video(video, num_views=num_views, image_size=None, min_views=1)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
+    with _staged_folder(folder) as staging:
         for name, image in zip(frames.names, frames.images):
             array = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
             Image.fromarray(array).save(staging / f"{name}.png")
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
@@ -797,13 +790,8 @@ def poses_for_input(
     if result.distorted:
         image_folder = entry / "undistorted"
         if not image_folder.is_dir():
-            staging = Path(tempfile.mkdtemp(prefix=".undistorted.tmp-", dir=entry))
-            try:
+            with _staged_folder(image_folder) as staging:
                 result.undistort(staging)
-                staging.rename(image_folder)
-            finally:
-                if staging.exists():
-                    shutil.rmtree(staging, ignore_errors=True)
     cameras_json = result.write_cameras_json(entry / "cameras.json", image_folder)
     return result, image_folder, cameras_json
 

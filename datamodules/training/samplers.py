@@ -15,7 +15,6 @@ scenes and count them.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from torch import Tensor
 
 from datamodules.errors import InputError
+from datamodules.readers.chunks import read_json
 
 __all__ = [
     "StepTracker",
@@ -179,11 +179,7 @@ def load_evaluation_index(path: str | Path) -> dict[str, dict[str, list[int]] | 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: evaluation index not found")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            index = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{path}: unreadable evaluation index ({error})") from error
+    index = read_json(path, "evaluation index")
     if not isinstance(index, dict):
         raise InputError(f"{path}: evaluation index must be a JSON object keyed by scene")
     for key, entry in index.items():

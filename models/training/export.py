@@ -25,8 +25,8 @@ from typing import Any
 
 from torch import nn
 
-from datamodules.errors import InputError
 from models.base import INIT_ONLY_ARGS
+from models.command_line import key_value_arguments, run_key_value_command, truthy
 from models.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import (
@@ -206,40 +206,25 @@ def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
 # --------------------------------------------------------------------------- command line
 
 
+_KEYS = ("ckpt", "out", "push_to_hub", "name", "metrics", "data", "overwrite", "private")
+
+
 def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
-    args: dict[str, str] = {}
+    """The arguments (a leading ``+`` or ``++`` dropped) and the ``metric.NAME=VALUE`` ones."""
+    rest: list[str] = []
     metrics: dict[str, float] = {}
     for item in argv:
         key, sep, value = item.partition("=")
         key = key.lstrip("+")
-        if not sep or not key:
-            raise ExportError(item, f"expected key=value. {USAGE}")
-        if key.startswith("metric."):
+        if sep and key.startswith("metric."):
             try:
                 metrics[key[len("metric.") :]] = float(value)
             except ValueError as error:
                 raise ExportError(item, "metric values must be numbers") from error
-        elif key in (
-            "ckpt",
-            "out",
-            "push_to_hub",
-            "name",
-            "metrics",
-            "data",
-            "overwrite",
-            "private",
-        ):
-            args[key] = value
         else:
-            raise ExportError(item, f"unknown argument {key!r}. {USAGE}")
-    for required in ("ckpt", "out"):
-        if not args.get(required):
-            raise ExportError(required, f"missing {required}=... {USAGE}")
+            rest.append(item)
+    args = key_value_arguments(rest, _KEYS, ("ckpt", "out"), ExportError, USAGE, strip="+")
     return args, metrics
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _read_metrics(path: str) -> dict[str, float]:
@@ -256,34 +241,29 @@ def _read_metrics(path: str) -> dict[str, float]:
     return metrics
 
 
+def _export(argv: list[str]) -> None:
+    args, metrics = _parse(argv)
+    if args.get("metrics"):
+        metrics = {**_read_metrics(args["metrics"]), **metrics}
+    repo_id = args.get("push_to_hub") or None
+    out = export_checkpoint(
+        args["ckpt"],
+        args["out"],
+        name=args.get("name"),
+        metrics=metrics,
+        data=args.get("data"),
+        overwrite=truthy(args.get("overwrite")),
+        repo_id=repo_id,
+    )
+    print(f"exported {args['ckpt']} -> {out}")
+    if repo_id:
+        url = push_folder(out, repo_id, private=truthy(args.get("private")))
+        print(f"pushed {out} -> {url}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2 on bad input)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
-    try:
-        args, metrics = _parse(argv)
-        if args.get("metrics"):
-            metrics = {**_read_metrics(args["metrics"]), **metrics}
-        repo_id = args.get("push_to_hub") or None
-        out = export_checkpoint(
-            args["ckpt"],
-            args["out"],
-            name=args.get("name"),
-            metrics=metrics,
-            data=args.get("data"),
-            overwrite=_truthy(args.get("overwrite")),
-            repo_id=repo_id,
-        )
-        print(f"exported {args['ckpt']} -> {out}")
-        if repo_id:
-            url = push_folder(out, repo_id, private=_truthy(args.get("private")))
-            print(f"pushed {out} -> {url}")
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_key_value_command(argv, __doc__, _export)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from torch import nn
 
-from datamodules.errors import InputError
+from models.command_line import key_value_arguments, run_key_value_command, truthy
 from models.output_folder import OutputFolder, OutputFolderError
 from models.registry import is_model
 from models.weights.builder import build_model, is_release_format
@@ -141,17 +141,7 @@ def convert_release(
 
 
 def _parse(argv: list[str]) -> dict[str, str]:
-    args: dict[str, str] = {}
-    for item in argv:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ExportError(item, f"expected key=value. {USAGE}")
-        if key not in _KEYS:
-            raise ExportError(item, f"unknown argument {key!r}. {USAGE}")
-        args[key] = value
-    for required in ("release", "model", "out"):
-        if not args.get(required):
-            raise ExportError(required, f"missing {required}=... {USAGE}")
+    args = key_value_arguments(argv, _KEYS, ("release", "model", "out"), ExportError, USAGE)
     if not is_model(args["model"]):
         raise ExportError(
             f"model={args['model']}",
@@ -160,39 +150,30 @@ def _parse(argv: list[str]) -> dict[str, str]:
     return args
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def _convert(argv: list[str]) -> None:
+    args = _parse(argv)
+    repo_id = args.get("push_to_hub") or None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = convert_release(
+            args["release"],
+            args["model"],
+            args["out"],
+            overwrite=truthy(args.get("overwrite")),
+            repo_id=repo_id,
+        )
+    for warning in caught:
+        if issubclass(warning.category, UserWarning):
+            print(f"warning: {' '.join(str(warning.message).split())}", file=sys.stderr)
+    print(f"converted {args['release']} -> {out}")
+    if repo_id:
+        url = push_folder(out, repo_id, private=truthy(args.get("private")))
+        print(f"pushed {out} -> {url}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2 on bad input)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
-    try:
-        args = _parse(argv)
-        repo_id = args.get("push_to_hub") or None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = convert_release(
-                args["release"],
-                args["model"],
-                args["out"],
-                overwrite=_truthy(args.get("overwrite")),
-                repo_id=repo_id,
-            )
-        for warning in caught:
-            if issubclass(warning.category, UserWarning):
-                print(f"warning: {' '.join(str(warning.message).split())}", file=sys.stderr)
-        print(f"converted {args['release']} -> {out}")
-        if repo_id:
-            url = push_folder(out, repo_id, private=_truthy(args.get("private")))
-            print(f"pushed {out} -> {url}")
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_key_value_command(argv, __doc__, _convert)
 
 
 if __name__ == "__main__":
