@@ -3,14 +3,17 @@ with the run's folders under a test's temporary folder."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = REPO_ROOT / "configs"
 
 
 def compose_config(
@@ -29,3 +32,16 @@ def compose_config(
         cfg.hydra.job.num = 0
     HydraConfig().set_config(cfg)
     return cfg
+
+
+def infer_in_process(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """What ``python infer.py ARGS`` runs, in this process (spares a torch start-up): the exit
+    status, stdout and stderr."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import infer
+
+    capsys.readouterr()
+    status = infer.run_cli(infer.compose(list(args)))
+    out = capsys.readouterr()
+    return status, out.out, out.err

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from config_fixtures import infer_in_process
+from data_fixtures import SHARED_DATA
 
 from models import create_model
 from models.capture import fusion, holdout, views
@@ -25,7 +25,6 @@ from models.gaussians import Gaussians
 from models.render.core import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 DRONE = SHARED_DATA / "real" / "drone_colmap"
 PHOTOS = 12
 
@@ -261,17 +260,6 @@ def test_perfect_render_scores_high_and_baseline_is_nearest() -> None:
 # --------------------------------------------------------------------------- infer.py
 
 
-def _infer(capsys, *args: str) -> tuple[int, str, str]:
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import infer
-
-    capsys.readouterr()
-    status = infer.run_cli(infer.compose(list(args)))
-    out = capsys.readouterr()
-    return status, out.out, out.err
-
-
 COMMON = ("image_size=32", "orbit_frames=4", "backend=torch", "device=cpu")
 
 
@@ -279,7 +267,7 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
     from PIL import Image
 
     output = tmp_path / "out"
-    status, out, err = _infer(
+    status, out, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "model=pixel_aligned_tiny",
         "views=all", "holdout=4", *COMMON,
     )  # fmt: skip
@@ -315,7 +303,7 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
 
 def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> None:
     output = tmp_path / "free"
-    status, _, err = _infer(
+    status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "model=zipsplat_tiny",
         "views=all", "holdout=photo_05", "max_gaussians=1500", *COMMON,
     )  # fmt: skip
@@ -329,7 +317,7 @@ def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> Non
 
 def test_infer_holdout_too_few_is_one_line(capture: Path, tmp_path: Path, capsys) -> None:
     names = ",".join(f"photo_{i:02d}" for i in range(1, PHOTOS))
-    status, _, err = _infer(
+    status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={tmp_path / 'x'}", "model=pixel_aligned_tiny",
         "views=all", f"holdout=[{names}]", *COMMON,
     )  # fmt: skip

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from config_fixtures import infer_in_process
 from data_fixtures import SHARED_DATA
 
 from models import create_model, list_models
@@ -65,13 +66,8 @@ class Result:
 
 def infer_here(capsys: pytest.CaptureFixture, *args: str) -> Result:
     """What ``python infer.py ARGS`` runs, in this process."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import infer
-
-    capsys.readouterr()
-    status = infer.run_cli(infer.compose(list(args)))
-    return Result(status, capsys.readouterr().err)
+    status, _, err = infer_in_process(capsys, *args)
+    return Result(status, err)
 
 
 @pytest.fixture

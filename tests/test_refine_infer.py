@@ -16,28 +16,18 @@ import time
 from pathlib import Path
 
 import torch
+from config_fixtures import infer_in_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = 12
 COMMON = ("model=pixel_aligned_tiny", "orbit_frames=2", "backend=torch", "device=cpu")
 
 
-def _infer(capsys, *args: str) -> tuple[int, str, str]:
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import infer
-
-    capsys.readouterr()
-    status = infer.run_cli(infer.compose(list(args)))
-    out = capsys.readouterr()
-    return status, out.out, out.err
-
-
 def test_views_all_holdout_refine_scores_before_and_after(capture, tmp_path, capsys) -> None:
     from PIL import Image
 
     output = tmp_path / "out"
-    status, out, err = _infer(
+    status, out, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "views=all", "holdout=4", "refine=150",
         "refine_size=48", "image_size=32", *COMMON,
     )  # fmt: skip
@@ -71,7 +61,7 @@ def test_views_all_holdout_refine_scores_before_and_after(capture, tmp_path, cap
 
 def test_single_window_refine(capture, tmp_path, capsys) -> None:
     output = tmp_path / "one"
-    status, _, err = _infer(
+    status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "refine=20", "refine_size=32",
         "image_size=32", *COMMON,
     )  # fmt: skip
@@ -83,7 +73,7 @@ def test_single_window_refine(capture, tmp_path, capsys) -> None:
 
 def test_sfm_start_without_points_is_one_line(capture, tmp_path, capsys) -> None:
     output = tmp_path / "sfm"
-    status, _, err = _infer(
+    status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "views=all", "holdout=4", "refine=5",
         "refine_init=sfm", *COMMON,
     )  # fmt: skip
@@ -94,7 +84,7 @@ def test_sfm_start_without_points_is_one_line(capture, tmp_path, capsys) -> None
 
 
 def test_bad_refine_init_is_one_line(capture, tmp_path, capsys) -> None:
-    status, _, err = _infer(
+    status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={tmp_path / 'x'}", "refine=5", "refine_init=colmap",
         *COMMON,
     )  # fmt: skip
@@ -192,7 +182,7 @@ def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, caps
     for path in sorted(capture.glob("photo_0[0-3].png")):
         shutil.copy(path, photos / path.name)
     output = tmp_path / "free"
-    status, _, err = _infer(
+    status, _, err = infer_in_process(
         capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "refine_poses=0",
         "refine=5", "image_size=32", "orbit_frames=2", "backend=torch", "device=cpu",
     )  # fmt: skip

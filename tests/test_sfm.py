@@ -24,6 +24,8 @@ from data_fixtures import SHARED_DATA
 
 pycolmap = pytest.importorskip("pycolmap")
 
+from config_fixtures import infer_in_process  # noqa: E402
+
 from datamodules.readers import colmap  # noqa: E402
 from datamodules.tools.sfm import (  # noqa: E402
     SfmError,
@@ -369,14 +371,9 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _infer_here(capsys: pytest.CaptureFixture, args: list[str]) -> tuple[int, str]:
-    """What ``python infer.py ARGS`` runs, in this process (spares a torch start-up)."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import infer
-
-    capsys.readouterr()
-    status = infer.run_cli(infer.compose(args))
-    return status, capsys.readouterr().err
+    """What ``python infer.py ARGS`` runs, in this process: exit status and stderr."""
+    status, _, err = infer_in_process(capsys, *args)
+    return status, err
 
 
 @needs_shared
