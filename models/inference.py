@@ -54,7 +54,7 @@ from models.input_recipe import (
     parse_image_size,
 )
 from models.knobs import Knob, inference_knobs
-from models.output_folder import OutputFolder, OutputFolderError
+from models.output_folder import OutputFolder
 
 __all__ = [
     "PLACEMENTS",
@@ -1254,7 +1254,3 @@ def write_reconstruction(
         (staging / "summary.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     result.timings.update(timings)
     return folder.output
-
-
-# The error types a caller reports as one line (exit status 2 in a command line).
-USER_ERRORS: tuple[type[Exception], ...] = (InferenceError, OutputFolderError)
