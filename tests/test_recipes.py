@@ -151,8 +151,8 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
 
 
 def test_pose_free_test_step_refines_target_poses() -> None:
-    """The module's test step (moved to models/training/) still refines a pose-free model's
-    target poses and records both scores."""
+    """The LightningModule's test step refines a pose-free model's target poses and records both
+    scores."""
     torch.manual_seed(0)
     net = create_model("zipsplat_tiny", image_size=32)
     module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)

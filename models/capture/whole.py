@@ -1,4 +1,4 @@
-"""A whole capture, or a chosen part of it, reconstructed and scored (issues 27.4 and 28).
+"""A whole capture, or a chosen part of it, reconstructed and scored.
 
     images, notes = load_inputs("photos/", 64, model)                # every photo and its pose
     plan = plan_capture(images, model, views="all", holdout=8)       # windows + held-out photos
@@ -9,10 +9,10 @@
 :func:`plan_capture` decides which photos go into which forward pass: ``views=N`` one window of
 ``N`` overlapping views around ``center_view`` (:func:`models.capture.views.select_views`),
 ``views="all"`` overlapping windows of the model's view count covering every photo
-(:func:`~models.capture.views.cover_windows`), ``views=None`` every photo in one window (as
-before). Held-out photos (:mod:`models.capture.holdout`) never enter a window. Photos the
-structure-from-motion points do not connect to the largest group are left out with a warning (or,
-when that group holds under half the photos, refused).
+(:func:`~models.capture.views.cover_windows`), ``views=None`` every photo in one window. Held-out
+photos (:mod:`models.capture.holdout`) never enter a window. Photos the structure-from-motion points
+do not connect to the largest group are left out with a warning (or, when that group holds under
+half the photos, refused).
 :func:`reconstruct_capture` runs ``models.inference.reconstruct`` per window (a progress bar),
 moves every window into the capture frame and fuses them (:mod:`models.capture.fusion`), then
 scores the held-out photos. :func:`write_capture` writes it with
