@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data_fixtures import SHARED_DATA
 from PIL import Image as PILImage
 from test_infer import (  # what `python infer.py ARGS` runs, in-process
     Result,
@@ -704,8 +705,7 @@ def test_view_settings(tmp_path: Path, capsys, arg: str, expected: str) -> None:
 
 # --------------------------------------------------------------------------- SfM inputs and cache
 
-DRONE = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
-DRONE = DRONE / "examples" / "drone_frames"
+DRONE = SHARED_DATA / "examples" / "drone_frames"
 
 
 @pytest.mark.skipif(not DRONE.is_dir(), reason=f"no drone frames at {DRONE}")

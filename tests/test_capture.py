@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from data_fixtures import SHARED_DATA
 
 from models import create_model
 from models.capture import fusion, holdout, views
@@ -25,7 +25,6 @@ from models.gaussians import Gaussians
 from models.render.core import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 DRONE = SHARED_DATA / "real" / "drone_colmap"
 PHOTOS = 12
 

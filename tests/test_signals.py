@@ -20,9 +20,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from data_fixtures import SHARED_DATA
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 FRAMES = SHARED_DATA / "examples" / "drone_frames"
 needs_frames = pytest.mark.skipif(not FRAMES.is_dir(), reason=f"no drone frames at {FRAMES}")
 
