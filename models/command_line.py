@@ -28,6 +28,7 @@ __all__ = [
     "PATH_KEYS",
     "SettingError",
     "Terminated",
+    "angle_setting",
     "check_settings",
     "closest",
     "config_help",
@@ -231,6 +232,15 @@ def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     width = max(len(key) for key, _ in rows)
     body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
     return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])
+
+
+def angle_setting(value: str) -> str | None:
+    """A settings rule (``check_settings``' ``rules``): an angle in degrees in (0, 180)."""
+    try:
+        ok = 0 < float(value) < 180
+    except ValueError:
+        ok = False
+    return None if ok else "must be an angle in degrees between 0 and 180"
 
 
 def truthy(value: str | None) -> bool:
