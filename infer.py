@@ -32,18 +32,17 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import InputError  # noqa: E402
 from models.command_line import (  # noqa: E402
+    angle_setting,
     check_settings,
     config_help,
     quote_lists,
     quote_path_arguments,
     stopped_cleanly,
 )
-from models.geometry.camera_paths import interpolate_cameras, orbit_cameras  # noqa: E402, F401
-from models.inference import InferenceError as InferError  # noqa: E402
+from models.inference import InferenceError  # noqa: E402
 from models.registry import to_plain  # noqa: E402
 
 __all__ = [
-    "InferError",
     "compose",
     "forward_kwargs",
     "help_text",
@@ -64,9 +63,9 @@ def _check_count(cfg: DictConfig, key: str, minimum: int) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
-        raise InferError(f"{key}={value}", f"must be a whole number >= {minimum}")
+        raise InferenceError(f"{key}={value}", f"must be a whole number >= {minimum}")
     if int(value) < minimum:
-        raise InferError(f"{key}={value}", f"must be at least {minimum}")
+        raise InferenceError(f"{key}={value}", f"must be at least {minimum}")
 
 
 def _positive(cfg: DictConfig, key: str) -> float | None:
@@ -77,9 +76,9 @@ def _positive(cfg: DictConfig, key: str) -> float | None:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise InferError(f"{key}={value}", "must be a positive number") from None
+        raise InferenceError(f"{key}={value}", "must be a positive number") from None
     if not number > 0 or number == float("inf"):
-        raise InferError(f"{key}={value}", "must be a positive number")
+        raise InferenceError(f"{key}={value}", "must be a positive number")
     return number
 
 
@@ -97,12 +96,8 @@ def image_size_arguments(argv: list[str]) -> list[str]:
     return out
 
 
-def _angle(value: str) -> str | None:
-    return None if 0 < float(value) < 180 else "must be an angle in degrees between 0 and 180"
-
-
 # Checks beyond the type of each setting's default (check_settings derives those).
-RULES = {"fov": _angle, "sfm.fov": _angle}
+RULES = {"fov": angle_setting, "sfm.fov": angle_setting}
 
 
 def arguments(argv: list[str]) -> list[str]:
@@ -137,10 +132,12 @@ def run(cfg: DictConfig) -> Path:
 
     started = time.perf_counter()
     if any(OmegaConf.is_missing(cfg, k) or not cfg[k] for k in ("input", "output")):
-        raise InferError("infer.py", "usage: python infer.py input=PATH output=DIR [model=NAME]")
+        raise InferenceError(
+            "infer.py", "usage: python infer.py input=PATH output=DIR [model=NAME]"
+        )
     output, source = Path(str(cfg.output)).expanduser(), Path(str(cfg.input)).expanduser()
     if not source.exists():
-        raise InferError(source, "input not found")
+        raise InferenceError(source, "input not found")
     inputs = [source] + [
         Path(str(value)).expanduser()
         for value in (cfg.get("cameras"), cfg.get("weights"))
@@ -307,7 +304,7 @@ def _refine_settings(cfg: DictConfig):
 
     init = str(cfg.get("refine_init") or "feed_forward")
     if init not in ("feed_forward", "sfm"):
-        raise InferError(f"refine_init={init}", "must be feed_forward or sfm")
+        raise InferenceError(f"refine_init={init}", "must be feed_forward or sfm")
     settings = settings_from_config(
         refine=steps,
         refine_time=seconds,
@@ -320,7 +317,7 @@ def _refine_settings(cfg: DictConfig):
     every = cfg.get("refine_checkpoint_every")
     if every is not None:
         if isinstance(every, bool) or not str(every).isdigit() or int(every) < 1:
-            raise InferError(f"refine_checkpoint_every={every}", "must be a whole number >= 1")
+            raise InferenceError(f"refine_checkpoint_every={every}", "must be a whole number >= 1")
         settings.checkpoint_every = int(every)
     return settings
 
@@ -339,7 +336,7 @@ def _sfm_points(images, cfg: DictConfig):
     else:
         where = Path(str(images.source))
     if images.extrinsics is None:
-        raise InferError(where, "refine_init=sfm needs posed photos with their SfM points")
+        raise InferenceError(where, "refine_init=sfm needs posed photos with their SfM points")
     return read_colmap_points(where)
 
 
@@ -380,7 +377,7 @@ def _refine_photos(cfg: DictConfig, model, images, settings, names: list[str]):
     index = {n: i for i, n in enumerate(photos.names)}
     missing = [n for n in names if n not in index]
     if missing:
-        raise InferError(source, f"{missing[0]} not found again at refine_size={settings.size}")
+        raise InferenceError(source, f"{missing[0]} not found again at refine_size={settings.size}")
     pick = [index[n] for n in names]
     k = photos.intrinsics[pick].float() if full else None
     return photos.images[pick].float(), k, full

@@ -81,7 +81,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     Raises:
         ValueError: one line naming the argument.
     """
-    from models.command_line import closest
+    from models.command_line import angle_setting, closest
     from models.viewer import ViewerError
 
     paths = [a for a in argv if "=" not in a]
@@ -104,7 +104,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
         raise ViewerError(f"port={settings['port']}: not a port number") from error
     if str(settings["live"]).lower() not in ("auto", "true", "false"):
         raise ViewerError(f"live={settings['live']}: must be auto, true or false")
-    for key, check in CHECKS.items():
+    for key, check in {"fov": angle_setting, **CHECKS}.items():
         value = settings[key]
         problem = None if value is None else check(str(value))
         if problem is not None:
@@ -122,14 +122,6 @@ def _size(value: str) -> str | None:
     return None if ok else "must be a whole number >= 1 (one side) or H,W"
 
 
-def _angle(value: str) -> str | None:
-    try:
-        ok = 0 < float(value) < 180
-    except ValueError:
-        ok = False
-    return None if ok else "must be an angle in degrees between 0 and 180"
-
-
 def _max_gaussians(value: str) -> str | None:
     from models.knobs import MAX_GAUSSIANS
 
@@ -141,7 +133,7 @@ def _max_gaussians(value: str) -> str | None:
 
 
 # Values checked before anything loads (the model's other knobs: against its declarations).
-CHECKS = {"fov": _angle, "views": _whole, "image_size": _size, "max_gaussians": _max_gaussians}
+CHECKS = {"views": _whole, "image_size": _size, "max_gaussians": _max_gaussians}
 
 
 def _known_cameras(images, context, given, pred, pose_free: bool):

@@ -136,7 +136,7 @@ def score_targets(
         backend: renderer backend.
         extrinsics: ``[B, T, 4, 4]`` to render from instead of ``target["extrinsics"]`` (refined
             poses).
-        lpips: a ``models.training.module.build_lpips`` module to also score LPIPS with.
+        lpips: a ``models.metrics.build_lpips`` module to also score LPIPS with.
 
     Returns:
         Per-scene ``psnr``, ``ssim`` (means over the targets), ``gaussians`` (count) and, with

@@ -1,8 +1,14 @@
-"""Command-line arguments every entry point shares, before Hydra parses them.
+"""What every command shares: its arguments before Hydra parses them, its settings checks, the
+plain ``key=value`` commands' tail, and the one-line stop on Ctrl-C or SIGTERM.
 
 Hydra's override grammar rejects unquoted values with accents, CJK characters, parentheses,
 spaces and the like (``input=café`` is a lexer error), so path-valued arguments are quoted for it
-here: a user types any path their shell passes. Pure Python: no Hydra import.
+here (:func:`quote_path_arguments`): a user types any path their shell passes.
+:func:`check_settings` names the closest known setting of a mistyped one (``SettingError``);
+:func:`key_value_arguments` and :func:`run_key_value_command` are the argument parsing and the
+``--help`` / one-line-error tail of the plain commands (``models.training.export``,
+``models.weights.convert``); :func:`stopped_cleanly` ends a command on Ctrl-C or SIGTERM with one
+line and exit status 130 / 143. Pure Python: no Hydra import.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = [
     "PATH_KEYS",
     "SettingError",
     "Terminated",
+    "angle_setting",
     "check_settings",
     "closest",
     "config_help",
@@ -225,6 +232,15 @@ def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     width = max(len(key) for key, _ in rows)
     body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
     return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])
+
+
+def angle_setting(value: str) -> str | None:
+    """A settings rule (``check_settings``' ``rules``): an angle in degrees in (0, 180)."""
+    try:
+        ok = 0 < float(value) < 180
+    except ValueError:
+        ok = False
+    return None if ok else "must be an angle in degrees between 0 and 180"
 
 
 def truthy(value: str | None) -> bool:

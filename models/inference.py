@@ -54,7 +54,7 @@ from models.input_recipe import (
     parse_image_size,
 )
 from models.knobs import Knob, inference_knobs
-from models.output_folder import OutputFolder, OutputFolderError
+from models.output_folder import OutputFolder
 
 __all__ = [
     "PLACEMENTS",
@@ -73,6 +73,7 @@ __all__ = [
     "model_recipe",
     "output_folder",
     "prepare_context",
+    "progress",
     "recipe_warnings",
     "reconstruct",
     "refine_reconstruction",
@@ -280,7 +281,7 @@ class _Timer:
         self.stages[name] = round(time.perf_counter() - start, 4)
 
 
-def _progress(iterable=None, **kwargs):
+def progress(iterable=None, **kwargs):
     """tqdm on an interactive stderr only (pipes and logs stay clean)."""
     from tqdm.auto import tqdm
 
@@ -789,7 +790,7 @@ def reconstruct(
     timings: dict[str, float] = {}
     timer = _Timer(timings)
     with timer("inference", device), torch.inference_mode():
-        for _ in _progress(range(1), desc="inference", unit="forward"):
+        for _ in progress(range(1), desc="inference", unit="forward"):
             try:
                 pred = model(context, **forward)
             except ValueError as error:  # the model refuses this input (e.g. its image size)
@@ -891,7 +892,7 @@ def render_views(
     from models.render.core import render
 
     out = []
-    with _progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
+    with progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
         for start in range(0, extrinsics.shape[0], views_per_call):
             stop = min(start + views_per_call, extrinsics.shape[0])
             color = render(
@@ -1254,7 +1255,3 @@ def write_reconstruction(
         (staging / "summary.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     result.timings.update(timings)
     return folder.output
-
-
-# The error types a caller reports as one line (exit status 2 in a command line).
-USER_ERRORS: tuple[type[Exception], ...] = (InferenceError, OutputFolderError)

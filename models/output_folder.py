@@ -1,7 +1,9 @@
 """Output folders that are written atomically and never replace anything but our own output.
 
-Every command that writes a folder (``infer.py``, ``models.training.export``, ``datamodules.synthetic``,
-``datamodules.tools.convert``) goes through :class:`OutputFolder`:
+Every command that writes a folder (``infer.py``, ``python -m models.refine``,
+``models.training.export``, ``models.weights.convert``, ``datamodules.synthetic``) goes through
+:class:`OutputFolder` (``datamodules.tools.convert`` through its checks,
+:func:`check_output_folder`, and its marker):
 
 - the output is refused outright (whatever ``overwrite`` says) when it is a filesystem root, the
   home directory or a parent of it, the current directory or a parent of it, the same as an input,

@@ -1,5 +1,5 @@
-"""The shipped weights' Gaussians on one fixed input, recorded from the code before the layered
-relayout (commit 2b83719) on a machine whose torch CPU kernels are named in the file's metadata.
+"""The shipped weights' Gaussians on one fixed input, recorded from the code of commit 2b83719 on
+a machine whose torch CPU kernels are named in the file's metadata.
 
 ``tests/test_shipped_weights.py`` compares today's code with the recording bit for bit on the same
 torch version and CPU kernel set (``torch.backends.cpu.get_cpu_capability()``: AVX-512 and AVX2

@@ -305,7 +305,8 @@ def test_tiny_fast_dev_run(tmp_path: Path) -> None:
     """python train.py model=depthsplat ... trains a step at the tiny size (slow only because it
     generates its own data: test_train.py's test_fast_dev_run_every_family runs configs/model/
     depthsplat.yaml in the default run on the shared dataset)."""
-    from test_train import FAST, compose_config
+    from config_fixtures import compose_config
+    from test_train import FAST
 
     import train
 

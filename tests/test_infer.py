@@ -258,9 +258,7 @@ def test_camera_paths() -> None:
     target from a circle around the centre camera."""
     import torch
 
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from infer import interpolate_cameras, orbit_cameras
+    from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 
     angle = torch.tensor(0.4)
     second = torch.eye(4)
@@ -462,8 +460,9 @@ def test_forward_knobs_are_checked_against_the_model() -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from infer import InferError, forward_kwargs
+    from infer import forward_kwargs
     from models import create_model
+    from models.inference import InferenceError
 
     with torch.device("meta"):
         weaver = create_model("splatweaver_tiny")
@@ -474,10 +473,10 @@ def test_forward_knobs_are_checked_against_the_model() -> None:
     )  # fmt: skip
     assert forward_kwargs(weaver, cfg) == {"gaussians_per_pixel": 0.5}
     cfg.gaussians_per_pixel = 3.5  # above the largest expert (3)
-    with pytest.raises(InferError, match=r"\[0, 3\]"):
+    with pytest.raises(InferenceError, match=r"\[0, 3\]"):
         forward_kwargs(weaver, cfg)
     cfg.gaussians_per_pixel, cfg.model = 1.0, "zipsplat_tiny"
-    with pytest.raises(InferError, match="no 'gaussians_per_pixel' setting"):
+    with pytest.raises(InferenceError, match="no 'gaussians_per_pixel' setting"):
         forward_kwargs(zipsplat, cfg)
     cfg.gaussians_per_pixel, cfg.compression = None, 0.25
     assert forward_kwargs(zipsplat, cfg) == {"compression": 0.25}

@@ -17,9 +17,9 @@ from models.families.pixel_aligned import (
     pixel_aligned_base,
     pixel_aligned_small,
     pixel_aligned_tiny,
-    rigid_fit,
 )
 from models.geometry.cameras import pixel_grid, project
+from models.geometry.rigid import rigid_fit
 
 H = W = 64
 # A narrower, shallower backbone and head for the behaviour tests (the registered tiny model is

@@ -151,8 +151,8 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
 
 
 def test_pose_free_test_step_refines_target_poses() -> None:
-    """The module's test step (moved to models/training/) still refines a pose-free model's
-    target poses and records both scores."""
+    """The LightningModule's test step refines a pose-free model's target poses and records both
+    scores."""
     torch.manual_seed(0)
     net = create_model("zipsplat_tiny", image_size=32)
     module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
@@ -170,8 +170,8 @@ def test_pose_free_test_step_refines_target_poses() -> None:
 def test_lightning_checkpoint_with_a_training_key_is_refused(tmp_path: Path) -> None:
     """A training checkpoint whose ``model_config`` records a training setting: load_model and
     export_checkpoint refuse it in one line naming the key."""
-    from models.training.export import ExportError, export_checkpoint
-    from models.weights.hub import model_config
+    from models.training.export import export_checkpoint
+    from models.weights.hub import ExportError, model_config
 
     name = "resplat_tiny"
     shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")

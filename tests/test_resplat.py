@@ -1,4 +1,5 @@
-"""ReSplat (models/resplat.py) and its frozen feature extractor (models/feature_extractor.py)."""
+"""ReSplat (models/families/resplat.py) and its frozen feature extractor
+(models/layers/feature_extractor.py)."""
 
 from __future__ import annotations
 

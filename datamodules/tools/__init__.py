@@ -1,2 +1,2 @@
-"""Tools: convert, make_index, synthetic (commands), sfm (structure-from-motion poses) and the
-inputs of a reconstruction (images with their poses)."""
+"""Tools: convert and make_index (commands, ``python -m datamodules.tools.<name>``) and sfm
+(structure-from-motion poses, with sfm_worker running pycolmap in a child process)."""

@@ -57,6 +57,7 @@ __all__ = [
     "default_cache_dir",
     "image_files",
     "poses_for_input",
+    "pose_free_hint",
     "umeyama",
     "pose_errors",
 ]
@@ -489,7 +490,7 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     return json.loads((work / "entry" / "worker.json").read_text(encoding="utf-8"))
 
 
-def _pose_free_hint() -> str:
+def pose_free_hint() -> str:
     """The first pose-free model that loads by name (shipped weights first), for error messages."""
     try:
         from models.registry import pose_free_models
@@ -572,7 +573,7 @@ def estimate_poses(
         raise SfmError(
             f"{folder}: structure-from-motion needs at least 2 overlapping images, got "
             f"{len(names)}{shown}; registered 0; use a pose-free model instead: "
-            f"model={_pose_free_hint()}",
+            f"model={pose_free_hint()}",
             registered=0,
             total=len(names),
         )
@@ -627,7 +628,7 @@ def estimate_poses(
             raise SfmError(
                 f"{folder}: structure-from-motion registered {count} of {len(names)} images "
                 "(they need texture and overlapping views); use a pose-free model instead: "
-                f"model={_pose_free_hint()}",
+                f"model={pose_free_hint()}",
                 registered=count,
                 total=len(names),
             )
@@ -779,7 +780,7 @@ def poses_for_input(
         raise SfmError(
             f"{source}: a single image cannot be posed by structure-from-motion (at least 2 "
             f"overlapping images needed); registered 0; use a pose-free model instead: "
-            f"model={_pose_free_hint()}",
+            f"model={pose_free_hint()}",
             total=1,
         )
     else:

@@ -196,36 +196,14 @@ def window_to_capture(
 
 
 def transform_gaussians(gaussians: Gaussians, move: Similarity) -> Gaussians:
-    """``gaussians`` moved by a similarity: means, scales, orientations and the view-dependent
-    colour (SH coefficients rotated exactly in the renderer's basis)."""
-    from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+    """``gaussians`` moved by a similarity (``models.inference.transform_gaussians``: means,
+    scales, orientations and the view-dependent colour, its SH rotated exactly)."""
+    from models.inference import transform_gaussians as moved
 
-    dtype = gaussians.means.dtype
-    r = move.rotation.to(gaussians.means.device, torch.float64)
-    q = matrix_to_quaternion(r).to(gaussians.rotations)  # [4] wxyz
-    harmonics = gaussians.harmonics
-    if harmonics.shape[-1] > 1:
-        harmonics = harmonics @ _sh_rotation(r, harmonics.shape[-1]).T.to(harmonics)
-    return gaussians.replace(
-        means=move.points(gaussians.means.double()).to(dtype),
-        scales=gaussians.scales * float(move.scale),
-        rotations=quaternion_multiply(q.expand_as(gaussians.rotations), gaussians.rotations),
-        harmonics=harmonics,
-    )
-
-
-def _sh_rotation(rotation: Tensor, bases: int) -> Tensor:
-    """``[K, K]`` ``M`` with ``SH_c'(d) = SH_c(R^T d)`` for ``c' = M c`` in the renderer's basis
-    (least squares over sampled directions; exact, as each degree's span is rotation-closed)."""
-    from models.sh import eval_sh_bases, sh_degree_of
-
-    degree = sh_degree_of(bases)
-    generator = torch.Generator().manual_seed(0)
-    d = torch.randn(256, 3, generator=generator, dtype=torch.float64).to(rotation.device)
-    d = d / d.norm(dim=-1, keepdim=True)
-    b = eval_sh_bases(degree, d)  # [S, K]
-    b_rotated = eval_sh_bases(degree, d @ rotation)  # Y(R^T d), rows d^T R
-    return torch.linalg.lstsq(b, b_rotated).solution  # [K, K]
+    matrix = torch.eye(4, dtype=torch.float64)
+    matrix[:3, :3] = move.rotation.double().cpu()
+    matrix[:3, 3] = move.translation.double().cpu()
+    return moved(gaussians, matrix, float(move.scale))
 
 
 def pixel_footprint(

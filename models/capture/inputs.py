@@ -101,17 +101,13 @@ def sfm_preflight(
     return SfmPreflight(names, count, _notes(caught, exact=True))
 
 
-def _pose_free_hint() -> str:
-    from models.registry import pose_free_models
-
-    return ", ".join(pose_free_models()) or "a pose-free model"
-
-
 def _needs_poses(source: Path, name: str, reason: str) -> InputError:
+    from datamodules.tools.sfm import pose_free_hint
+
     return InputError(
         source,
         f"model {name} needs camera poses ({reason}); add cameras.json or a COLMAP model, "
-        f"pass cameras=PATH, or use a pose-free model: model={_pose_free_hint()}",
+        f"pass cameras=PATH, or use a pose-free model: model={pose_free_hint()}",
     )
 
 

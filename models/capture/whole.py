@@ -1,4 +1,4 @@
-"""A whole capture, or a chosen part of it, reconstructed and scored (issues 27.4 and 28).
+"""A whole capture, or a chosen part of it, reconstructed and scored.
 
     images, notes = load_inputs("photos/", 64, model)                # every photo and its pose
     plan = plan_capture(images, model, views="all", holdout=8)       # windows + held-out photos
@@ -9,10 +9,10 @@
 :func:`plan_capture` decides which photos go into which forward pass: ``views=N`` one window of
 ``N`` overlapping views around ``center_view`` (:func:`models.capture.views.select_views`),
 ``views="all"`` overlapping windows of the model's view count covering every photo
-(:func:`~models.capture.views.cover_windows`), ``views=None`` every photo in one window (as
-before). Held-out photos (:mod:`models.capture.holdout`) never enter a window. Photos the
-structure-from-motion points do not connect to the largest group are left out with a warning (or,
-when that group holds under half the photos, refused).
+(:func:`~models.capture.views.cover_windows`), ``views=None`` every photo in one window. Held-out
+photos (:mod:`models.capture.holdout`) never enter a window. Photos the structure-from-motion points
+do not connect to the largest group are left out with a warning (or, when that group holds under
+half the photos, refused).
 :func:`reconstruct_capture` runs ``models.inference.reconstruct`` per window (a progress bar),
 moves every window into the capture frame and fuses them (:mod:`models.capture.fusion`), then
 scores the held-out photos. :func:`write_capture` writes it with
@@ -225,12 +225,6 @@ class CaptureResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _progress(iterable, **kwargs):
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, disable=None, leave=False, dynamic_ncols=True, **kwargs)
-
-
 def _depth_ratio(fused: list, camera: Tensor, window_g, window_camera: Tensor) -> float | None:
     """Median depth of the fused Gaussians over that of a window's, seen from one shared photo
     (each in its own frame): the scale of a chained window whose cameras have no spread."""
@@ -290,7 +284,7 @@ def reconstruct_capture(
     held-out photos (module doc). ``max_gaussians`` caps the fused set (for one window it is the
     model's own knob); ``near``, ``far``, ``scene_scale`` override the recipe's for every window;
     ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
-    from models.inference import Reconstruction, reconstruct
+    from models.inference import Reconstruction, progress, reconstruct
 
     images, name = plan.images, plan.name
     pose_free = bool(getattr(model, "pose_free", False))
@@ -318,7 +312,7 @@ def reconstruct_capture(
     intrinsics: dict[int, Tensor] = {}
     first = None
     stages: dict[str, float] = {}
-    bar = _progress(plan.windows, desc="windows", unit="window")
+    bar = progress(plan.windows, desc="windows", unit="window")
     for number, window in enumerate(bar):
         start = time.perf_counter()
         result = reconstruct(

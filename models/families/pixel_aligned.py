@@ -25,9 +25,7 @@ from torch import Tensor
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
-from models.geometry.rigid import (  # noqa: F401  (defined there; kept here for old imports)
-    rigid_fit,
-)
+from models.geometry.rigid import rigid_fit
 from models.knobs import MAX_GAUSSIANS
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
 from models.layers.pixel_trunk import PixelTrunk
@@ -40,7 +38,6 @@ __all__ = [
     "pixel_aligned_small",
     "pixel_aligned_base",
     "noposplat_tiny",
-    "rigid_fit",
 ]
 
 

@@ -80,8 +80,6 @@ RESNET_DIM = 64 + 64 + 128
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MIN_SCALE = 1e-6
-# memory the kNN and the attention may use before a run is refused (bytes), see _check_budget
-DEFAULT_MEMORY_BUDGET = 24 * 2**30
 
 
 # The screen-space dilation of the release's renders inside the update (its gsplat eps2d).
@@ -151,20 +149,6 @@ def _lift(xy: Tensor, depth: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> 
     dirs = dirs / dirs[..., -1:]
     dirs = (extrinsics[:, :, None, :3, :3] @ dirs[..., None])[..., 0]
     return extrinsics[:, :, None, :3, 3] + dirs * depth[..., None]
-
-
-def _quat_matrix_xyzw(q: Tensor, eps: float = 1e-8) -> Tensor:
-    """Rotation matrices of (not necessarily unit) xyzw quaternions (the release's formula)."""
-    i, j, k, r = q.unbind(-1)
-    two_s = 2 / ((q * q).sum(-1) + eps)
-    return torch.stack(
-        [
-            1 - two_s * (j * j + k * k), two_s * (i * j - k * r), two_s * (i * k + j * r),
-            two_s * (i * j + k * r), 1 - two_s * (i * i + k * k), two_s * (j * k - i * r),
-            two_s * (i * k - j * r), two_s * (j * k + i * r), 1 - two_s * (i * i + j * j),
-        ],
-        dim=-1,
-    ).reshape(*q.shape[:-1], 3, 3)  # fmt: skip
 
 
 def _rgb_to_sh(rgb: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ from torch import Tensor
 from datamodules.errors import InputError
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
-__all__ = ["USAGE", "main", "parse_arguments", "plot_holdout_psnr"]
+__all__ = ["USAGE", "main", "parse_arguments"]
 
 PROGRAM = "models.refine"
 USAGE = """usage: python -m models.refine [GAUSSIANS.ply] PHOTOS output=DIR [key=value ...]

@@ -32,54 +32,13 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from models.gaussians import Gaussians
-from models.render.gsplat_backend import (  # noqa: F401  (defined there; kept here for old imports)
-    TILE_SIZE,
-    _gsplat_works,
-    _render_gsplat,
-    _scalar_plane,
-    gsplat_available,
-)
-from models.render.output import (  # noqa: F401  (defined there; kept here for old imports)
-    RenderOutput,
-)
-from models.render.projection import (  # noqa: F401  (defined there; kept here for old imports)
-    ALPHA_THRESHOLD,
-    BOX_EXTEND,
-    EPS2D,
-    Projection,
-    _per_view,
-    _SqrtWithEps,
-    opacity_compensation,
-    project_gaussians,
-)
-from models.render.rasterize import (  # noqa: F401  (defined there; kept here for old imports)
-    _MAX_CHUNK,
-    _NEG_SIGMA_FLOOR,
-    MAX_ALPHA,
-    TRANSMITTANCE_MIN,
-    _bin_tiles,
-    _composite_step,
-    _composite_tiles,
-    _min_sigma_over_boxes,
-    _render_torch,
-)
+from models.render.gsplat_backend import TILE_SIZE, _render_gsplat, gsplat_available
+from models.render.output import RenderOutput
+from models.render.projection import EPS2D
+from models.render.rasterize import _render_torch
 from models.sh import sh_degree_of
 
-__all__ = [
-    "ALPHA_THRESHOLD",
-    "BACKENDS",
-    "EPS2D",
-    "MAX_ALPHA",
-    "RASTERIZE_MODES",
-    "TILE_SIZE",
-    "TRANSMITTANCE_MIN",
-    "Projection",
-    "RenderOutput",
-    "gsplat_available",
-    "opacity_compensation",
-    "project_gaussians",
-    "render",
-]
+__all__ = ["BACKENDS", "RASTERIZE_MODES", "render"]
 
 BACKENDS = ("auto", "torch", "gsplat", "cpu")
 RASTERIZE_MODES = ("classic", "antialiased")

@@ -1,12 +1,12 @@
 """The compiled CPU rasteriser: ``render(..., backend="cpu")``.
 
-A C++ tile rasteriser (``models/csrc/``, OpenMP over 16x16 tiles) with the numerics of the torch
-backend and of gsplat 1.5 (see :mod:`models.render`): per-tile lists of Gaussians sorted by depth,
-front-to-back compositing, and a backward pass that walks each tile's list back to front the way
-gsplat's CUDA kernel does, recovering each transmittance from the final one. Projection, SH
-colours and the background stay in PyTorch (autograd differentiates through them); the kernel
-takes the projected means, conics, colours, opacities and depths of each image and returns
-colour, expected depth and alpha with their backward pass.
+A C++ tile rasteriser (``models/render/csrc/``, OpenMP over 16x16 tiles) with the numerics of the
+torch backend and of gsplat 1.5 (see :mod:`models.render`): per-tile lists of Gaussians sorted by
+depth, front-to-back compositing, and a backward pass that walks each tile's list back to front the
+way gsplat's CUDA kernel does, recovering each transmittance from the final one. Projection, SH
+colours and the background stay in PyTorch (autograd differentiates through them); the kernel takes
+the projected means, conics, colours, opacities and depths of each image and returns colour,
+expected depth and alpha with their backward pass.
 
 The extension is built on first use with ``torch.utils.cpp_extension.load`` (needs a C++17/20
 compiler and ninja) into torch's extension directory (``TORCH_EXTENSIONS_DIR``, by default

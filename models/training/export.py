@@ -107,7 +107,7 @@ def _training_facts(checkpoint: dict, data: str | None) -> dict[str, str]:
     facts["training data"] = (
         str(dataset) if dataset is not None else "not recorded in the checkpoint"
     )
-    resolution = _find(flat, "resolution", "image_size", "image_shape")
+    resolution = _find(flat, "resolution", "image_size")
     if isinstance(resolution, (list, tuple)):
         resolution = "x".join(str(int(r)) for r in resolution)
     elif isinstance(resolution, (int, float)):

@@ -23,8 +23,7 @@ from torchmetrics import MeanMetric
 
 from models.base import ModelOutput
 from models.gaussians import Gaussians
-from models.metrics import (  # noqa: F401  (public here too, for older imports)
-    VGG16_WEIGHTS,
+from models.metrics import (
     build_lpips,
     lpips_inputs,
     mean_color_baseline,
@@ -36,15 +35,7 @@ from models.registry import to_plain
 from models.render.core import render
 from models.training.recipes import Recipe, default_recipe, recipe_record
 
-__all__ = [
-    "SplatLitModule",
-    "build_lpips",
-    "mean_color_baseline",
-    "nearest_view_baseline",
-    "net_identity",
-    "psnr_per_image",
-    "ssim_per_image",
-]
+__all__ = ["SplatLitModule", "net_identity"]
 
 
 def net_identity(net: nn.Module) -> dict[str, Any]:

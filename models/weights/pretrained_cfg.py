@@ -146,11 +146,6 @@ def list_pretrained(pattern: str | None = None) -> list[str]:
     return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
 
 
-def default_tag(architecture: str) -> str | None:
-    """The architecture's default tag, or ``None``."""
-    return _default_tags.get(architecture)
-
-
 def synthetic64_cfg(
     architecture: str, recipe: str, pose_free: bool, psnr: float, ssim: float
 ) -> dict[str, PretrainedCfg]:

@@ -1,4 +1,5 @@
-"""Backbones shared by the families: a multi-view ViT (DINOv2-compatible) and a DPT head."""
+"""Backbones: the project's multi-view ViT (DINOv2-compatible), a plain DINOv2, Depth Anything 3's
+ViT, DepthSplat's depth trunk with its UniMatch features, and the one DPT head."""
 
 from models.layers.backbones.dpt import DPTHead, FusionBlock, ResidualConvUnit
 from models.layers.backbones.multiview_vit import (

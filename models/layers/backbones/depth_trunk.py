@@ -2,7 +2,7 @@
 (UniMatch CNN + cross-view transformer) features, plane-sweep cost volumes, a cross-view U-Net
 regressor per scale and a DPT upsampler to full-resolution inverse depth.
 
-Shared by the DepthSplat port and, next, ReSplat's (which starts from the same trunk).
+Shared by the DepthSplat port and the ReSplat port (which starts from the same trunk).
 
 Conventions inside: images ``[B, V, 3, H, W]`` in [0, 1]; intrinsics normalised; extrinsics
 camera-to-world OpenCV; depth candidates are *inverse* depths between ``1/far`` and ``1/near``.
