@@ -291,7 +291,12 @@ def _preflight_estimate(cfg: DictConfig, model, preflight, size, capture: bool, 
 
 
 class RefineInterrupted(Exception):
-    """Ctrl-C during the refinement: the output holds what the fit had (exit status 130)."""
+    """Ctrl-C or SIGTERM during the refinement: the output holds what the fit had (exit status
+    130 / 143, ``status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _refine_settings(cfg: DictConfig):
@@ -408,15 +413,16 @@ def _refine_record(cfg: DictConfig, settings, fitted, output: Path) -> dict:
 
 def _after_refine(cfg: DictConfig, output: Path, fitted) -> None:
     """A finished fit removes its checkpoint; an interrupted one keeps it and raises
-    :class:`RefineInterrupted` (the output is written: exit status 130)."""
+    :class:`RefineInterrupted` (the output is written: exit status 130, or 143 for SIGTERM)."""
     if fitted is None:
         return
     checkpoint = _checkpoint(cfg, output)
     if fitted.stopped == "interrupted":
         where = f"; rerun with overwrite=true to resume from {checkpoint}" if checkpoint else ""
         raise RefineInterrupted(
-            f"{output}: refinement interrupted by Ctrl-C at step {fitted.steps}; wrote what it "
-            f"had{where}"
+            f"{output}: refinement interrupted by {fitted.interrupted_by} at step "
+            f"{fitted.steps}; wrote what it had{where}",
+            143 if fitted.interrupted_by == "SIGTERM" else 130,
         )
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)
@@ -622,7 +628,7 @@ def run_cli(cfg: DictConfig) -> int:
         return 2
     except RefineInterrupted as stopped:
         print(str(stopped), file=sys.stderr)
-        return 130
+        return stopped.status
     if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
         from view import serve_cli
 

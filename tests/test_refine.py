@@ -9,6 +9,11 @@ state; the memory estimate refuses in one line; the command line round-trips a `
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +36,8 @@ from models.refine import fit as fit_module
 from models.refine.densify import relocation
 from models.refine.loss import ssim
 from models.render import render
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SIZE = 32
 HELD = [2, 7]
@@ -247,11 +254,11 @@ def test_sfm_start_scales_by_neighbour_distance():
     assert g.harmonics.shape == (1, 5, 3, 16)
 
 
-def test_command_line_round_trip(capture, tmp_path, capsys):
+def _command_line_inputs(capture, tmp_path: Path) -> tuple[Path, Path]:
+    """The capture as the command reads it: ``start.ply`` and a photo folder with cameras.json."""
     from PIL import Image
 
     from datamodules.readers.image_folder import write_cameras_json
-    from models.refine.cli import main
 
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -268,6 +275,13 @@ def test_command_line_round_trip(capture, tmp_path, capsys):
     )
     ply = tmp_path / "start.ply"
     capture["start"].save_ply(ply)
+    return ply, photos
+
+
+def test_command_line_round_trip(capture, tmp_path, capsys):
+    from models.refine.cli import main
+
+    ply, photos = _command_line_inputs(capture, tmp_path)
     out = tmp_path / "out"
     status = main([str(ply), str(photos), f"output={out}", "refine=40", "holdout=5"])
     assert status == 0
@@ -285,6 +299,35 @@ def test_command_line_round_trip(capture, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.ply" in err[0]
     assert not (tmp_path / "o2").exists()
+
+
+def test_command_line_sigterm_keeps_what_the_fit_has(capture, tmp_path):
+    """SIGTERM mid-fit: the output is written with what the fit had, one line says so, exit 143
+    (no traceback), and the checkpoint stays beside the output for a resume."""
+    ply, photos = _command_line_inputs(capture, tmp_path)
+    out = tmp_path / "out"
+    args = [str(ply), str(photos), f"output={out}", "refine=1000000", "refine_checkpoint_every=5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "models.refine", *args], cwd=REPO_ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    checkpoint = tmp_path / ".out.refine-checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    assert checkpoint.exists(), process.communicate(timeout=30)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "SIGTERM" in line] == [
+        line for line in err.splitlines() if "interrupted at step" in line and "(SIGTERM)" in line
+    ]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["refine"]["stopped"] == "interrupted" and summary["refine"]["steps"] >= 5
+    assert (out / "gaussians.ply").is_file() and checkpoint.is_file()
 
 
 def test_infer_yaml_refinement_node_holds_the_defaults():

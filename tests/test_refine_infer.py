@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from config_fixtures import infer_in_process
 
@@ -91,7 +92,8 @@ def test_bad_refine_init_is_one_line(capture, tmp_path, capsys) -> None:
     assert status == 2 and "refine_init=colmap" in err.strip().splitlines()[-1]
 
 
-def test_ctrl_c_writes_the_output_then_a_rerun_resumes(capture, tmp_path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_stop_writes_the_output_then_a_rerun_resumes(capture, tmp_path, signum) -> None:
     output = tmp_path / "stopped"
     args = [
         sys.executable, str(REPO_ROOT / "infer.py"), f"input={capture}", f"output={output}",
@@ -108,10 +110,12 @@ def test_ctrl_c_writes_the_output_then_a_rerun_resumes(capture, tmp_path) -> Non
         time.sleep(0.2)
     assert checkpoint.exists(), process.communicate(timeout=30)
     time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err[-2000:]
-    assert "interrupted by Ctrl-C" in err and "wrote what it had" in err
+    term = signum == signal.SIGTERM
+    assert process.returncode == (143 if term else 130), err[-2000:]
+    assert f"interrupted by {'SIGTERM' if term else 'Ctrl-C'}" in err and "wrote what it had" in err
+    assert "Traceback" not in err
     summary = json.loads((output / "summary.json").read_text())
     stopped_at = summary["refine"]["steps"]
     assert summary["refine"]["stopped"] == "interrupted" and 10 <= stopped_at < 100000

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.errors import InputError
+from models.command_line import Terminated
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments"]
@@ -321,7 +322,9 @@ def run(argv: list[str]) -> int:
     if checkpoint is not None and result.stopped != "interrupted":
         checkpoint.unlink(missing_ok=True)
     print(f"wrote {folder.output}", file=sys.stderr)
-    return 130 if result.stopped == "interrupted" else 0
+    if result.stopped != "interrupted":
+        return 0
+    return 143 if result.interrupted_by == "SIGTERM" else 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: nothing written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:
+        term = isinstance(error, Terminated)
+        print(f"stopped by {'SIGTERM' if term else 'Ctrl-C'}: nothing written", file=sys.stderr)
+        return 143 if term else 130

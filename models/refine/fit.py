@@ -32,6 +32,7 @@ from torch import Tensor
 
 from datamodules.errors import InputError
 from models.budget import available_memory
+from models.command_line import Terminated
 from models.gaussians import Gaussians
 from models.refine.densify import ADC, MCMC
 from models.refine.loss import photometric_loss
@@ -69,7 +70,8 @@ class RefineResult:
         evaluations: ``[{"step", "seconds", **evaluate(...)}]`` at step 0, every ``eval_every``
             steps (default: 4 times over the budget) and at the end.
         stopped: ``"steps"``, ``"time"``, ``"nan"`` (a non-finite loss; the last finite state is
-            returned) or ``"interrupted"`` (Ctrl-C).
+            returned) or ``"interrupted"`` (Ctrl-C or SIGTERM).
+        interrupted_by: ``"Ctrl-C"`` or ``"SIGTERM"`` when ``stopped == "interrupted"``, else ``""``.
         image_size: ``(H, W)`` the photos were fitted at.
         densify: the rule's counts (``relocated``/``added`` or ``cloned``/``split``/``pruned``/
             ``resets``).
@@ -87,6 +89,7 @@ class RefineResult:
     curve: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict[str, float]] = field(default_factory=list)
     stopped: str = "steps"
+    interrupted_by: str = ""
     image_size: tuple[int, int] = (0, 0)
     densify: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -418,6 +421,7 @@ def refine_gaussians(
     window: list[float] = []
     curve_every = max(1, (settings.steps or 1000) // 50)
     timer = time.perf_counter
+    interrupted_by = ""
     try:
         while True:
             if settings.steps and fit.step >= settings.steps:
@@ -495,8 +499,9 @@ def refine_gaussians(
                 _evaluate(fit, evaluate, fit.params.gaussians(fit.degree()).detach())
             if checkpoint is not None and fit.step % settings.checkpoint_every == 0:
                 _save_checkpoint(fit, checkpoint)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:
         stopped = "interrupted"
+        interrupted_by = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
     finally:
         bar.close()
     if stopped == "nan":
@@ -529,9 +534,11 @@ def refine_gaussians(
         "time": f"refined {fit.step} steps in {fit.seconds:.0f} s (the time budget)",
         "nan": f"refinement stopped at step {fit.step}: the loss is not finite; the last finite "
         "state is kept",
-        "interrupted": f"refinement interrupted at step {fit.step} (Ctrl-C); what it has is kept",
+        "interrupted": f"refinement interrupted at step {fit.step} ({interrupted_by}); what it "
+        "has is kept",
     }
     return RefineResult(
+        interrupted_by=interrupted_by,
         gaussians=final,
         extrinsics=cameras,
         steps=fit.step,

@@ -26,7 +26,12 @@ from typing import Any
 from torch import nn
 
 from models.base import INIT_ONLY_ARGS
-from models.command_line import key_value_arguments, run_key_value_command, truthy
+from models.command_line import (
+    key_value_arguments,
+    run_key_value_command,
+    stopped_cleanly,
+    truthy,
+)
 from models.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import (
@@ -267,4 +272,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with stopped_cleanly("python -m models.training.export"):
+        sys.exit(main())

@@ -29,7 +29,12 @@ from pathlib import Path
 
 from torch import nn
 
-from models.command_line import key_value_arguments, run_key_value_command, truthy
+from models.command_line import (
+    key_value_arguments,
+    run_key_value_command,
+    stopped_cleanly,
+    truthy,
+)
 from models.output_folder import OutputFolder, OutputFolderError
 from models.registry import is_model
 from models.weights.builder import build_model, is_release_format
@@ -177,4 +182,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with stopped_cleanly("python -m models.weights.convert"):
+        sys.exit(main())
