@@ -1181,4 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.command_line import stopped_cleanly
+
+    with stopped_cleanly("datamodules.synthetic"):
+        sys.exit(main())

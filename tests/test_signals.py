@@ -223,6 +223,31 @@ def test_sigterm_to_generator_ends_its_workers(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+def test_sigterm_to_the_generator_command(tmp_path: Path) -> None:
+    """``python -m datamodules.synthetic`` under SIGTERM: one line, exit 143, no output folder and
+    no staging folder left."""
+    out = tmp_path / "synthetic"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "datamodules.synthetic", "--out", str(out), "--scenes", "2000",
+         "--resolution", "32", "--quiet"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if [p for p in tmp_path.iterdir() if p.name.startswith(".")]:  # the staging folder
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err[-2000:]
+    assert err.strip().splitlines() == ["datamodules.synthetic: stopped by SIGTERM"]
+    assert list(tmp_path.iterdir()) == []
+
+
 # --------------------------------------------------------------------------- train.py, eval.py
 
 _SYNTHETIC = {"scenes": 40, "resolution": 32, "views": 24, "test_fraction": 0.5, "supersample": 1}

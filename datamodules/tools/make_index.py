@@ -154,12 +154,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(index), encoding="utf-8")
-    os.replace(tmp, out)
+    try:
+        tmp.write_text(json.dumps(index), encoding="utf-8")
+        os.replace(tmp, out)
+    finally:  # a stop between the two leaves no temporary file
+        tmp.unlink(missing_ok=True)
     kept = sum(entry is not None for entry in index.values())
     print(f"wrote {out}: {kept} of {len(index)} scenes indexed ({len(index) - kept} too short)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from models.command_line import stopped_cleanly
+
+    with stopped_cleanly("datamodules.tools.make_index"):
+        sys.exit(main())
