@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from models import create_model, list_models, render
-from models.families.splatweaver import (
-    SplatWeaver,
+from models.families.splatweaver import SplatWeaver
+from models.layers.cardinality_router import (
     quantile_targets,
     straight_through_gumbel,
     target_usage_distribution,

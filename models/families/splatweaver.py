@@ -60,9 +60,9 @@ with different counts share one batch); ``count()`` is the sum of the routed car
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -74,309 +74,78 @@ from models.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from models.geometry.rigid import rigid_fit
 from models.knobs import MAX_GAUSSIANS, Knob
+from models.layers.cardinality_router import (
+    ROUTING_MODES,
+    CardinalityRouter,
+    HighFrequencyPrior,
+    budget_shift,
+    frozen_gumbel_noise,
+    quantile_targets,
+    route,
+    target_usage_distribution,
+)
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
 from models.layers.pixel_trunk import PixelTrunk
 from models.layers.point_transformer import PointTransformerBlock
-from models.layers.wavelet import WAVELETS, detail_bands, detail_energy
+from models.layers.wavelet import detail_bands, detail_energy
 from models.registry import register_model
 from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
     "SplatWeaver",
-    "HighFrequencyPrior",
-    "CardinalityRouter",
-    "target_usage_distribution",
-    "quantile_targets",
-    "straight_through_gumbel",
-    "frozen_gumbel_noise",
-    "route",
-    "budget_shift",
     "splatweaver_tiny",
     "splatweaver_small",
     "splatweaver_base",
 ]
 
-ROUTING_MODES = ("gumbel", "frozen_gumbel", "argmax")
-ROUTING_SEED = 0  # seed of the fixed noise field of "frozen_gumbel" routing
+
+def _check_arguments(near: float, far: float, num_depth_candidates: int, gumbel_tau: float) -> None:
+    if not 0 < near < far:
+        raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
+    if num_depth_candidates < 2:
+        raise ValueError(f"num_depth_candidates must be >= 2, got {num_depth_candidates}")
+    if gumbel_tau <= 0:
+        raise ValueError(f"gumbel_tau must be > 0, got {gumbel_tau}")
 
 
-def target_usage_distribution(mean: float, num_experts: int) -> list[float]:
-    """Maximum-entropy distribution over cardinalities ``0..M`` with the given mean.
-
-    ``p_k ∝ exp(λ k)`` with ``λ`` found by bisection; ``mean = 0.5, M = 3`` gives about
-    ``[0.648, 0.235, 0.086, 0.031]``.
-
-    Args:
-        mean: expected Gaussians per pixel, in ``(0, M)``.
-        num_experts: ``M`` (the largest cardinality).
-
-    Returns:
-        ``M + 1`` probabilities.
-    """
-    if num_experts < 1:
-        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
-    if not 0.0 < mean < num_experts:
-        raise ValueError(f"target_gaussians_per_pixel must be in (0, {num_experts}), got {mean}")
-    cardinalities = range(num_experts + 1)
-
-    def distribution(lam: float) -> list[float]:
-        shift = max(lam * k for k in cardinalities)  # avoid overflow
-        weights = [math.exp(lam * k - shift) for k in cardinalities]
-        total = sum(weights)
-        return [w / total for w in weights]
-
-    low, high = -60.0, 60.0
-    for _ in range(200):
-        lam = 0.5 * (low + high)
-        if sum(k * p for k, p in zip(cardinalities, distribution(lam))) < mean:
-            low = lam
-        else:
-            high = lam
-    return distribution(0.5 * (low + high))
-
-
-def quantile_targets(energy: Tensor, usage: Tensor, floor: float = 0.0) -> Tensor:
-    """Per-pixel cardinality targets from high-frequency energy by quantiles over the batch.
-
-    The fraction ``usage[0]`` of pixels with the lowest energy gets class 0, the next
-    ``usage[1]`` class 1, and so on. A pixel's quantile is its mid-rank (pixels with equal energy
-    share the middle of their run, so ties never split arbitrarily: a flat image, all energy 0,
-    sits at the median); pixels whose energy is at most ``floor`` always get class 0.
-
-    Args:
-        energy: ``[...]`` non-negative energies (any shape; quantiles over all of it).
-        usage: ``[M + 1]`` target fractions summing to 1.
-        floor: energies at or below it count as flat.
-
-    Returns:
-        ``[...]`` int64 classes in ``0..M``.
-    """
-    values = energy.detach().float()
-    flat = values.flatten()
-    ordered = flat.sort().values
-    below = torch.searchsorted(ordered, flat, right=False)  # pixels with lower energy
-    at_most = torch.searchsorted(ordered, flat, right=True)  # ... lower or equal
-    quantile = (below + at_most).float() / (2.0 * flat.numel())  # mid-rank in (0, 1)
-    cumulative = usage.detach().float().to(flat.device).cumsum(0)[:-1]  # [M]
-    classes = torch.bucketize(quantile, cumulative, right=False)
-    classes = torch.where(flat > floor, classes, torch.zeros_like(classes))
-    return classes.reshape(values.shape)
-
-
-def straight_through_gumbel(
-    logits: Tensor, tau: float, dim: int = 1, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
-    """Hard Gumbel-softmax sample with the soft sample's gradient (straight-through).
-
-    Args:
-        logits: ``[..., K, ...]`` unnormalised log-probabilities along ``dim``.
-        tau: softmax temperature.
-        dim: the category dimension.
-        generator: optional random generator for the Gumbel noise.
-
-    Returns:
-        ``gates`` (one-hot in the forward pass, ``d soft`` in the backward pass) and the chosen
-        ``index`` (``logits`` shape with ``dim`` removed, int64).
-    """
-    uniform = torch.rand(
-        logits.shape, generator=generator, device=logits.device, dtype=logits.dtype
-    )
-    gumbel = -torch.log(-torch.log(uniform.clamp(1e-10, 1.0 - 1e-7)))
-    soft = ((logits + gumbel) / tau).softmax(dim=dim)
-    index = soft.argmax(dim=dim, keepdim=True)
-    hard = torch.zeros_like(soft).scatter_(dim, index, 1.0)
-    return hard - soft.detach() + soft, index.squeeze(dim)
-
-
-def frozen_gumbel_noise(logits: Tensor, v: int) -> Tensor:
-    """A fixed Gumbel(0, 1) field like ``logits [B*V, M + 1, H, W]``: drawn from a generator
-    seeded with ``ROUTING_SEED``, one field per view index, the same for every scene of a
-    batch (so a scene's routing does not depend on its position in the batch)."""
-    n, e, h, w = logits.shape
-    generator = torch.Generator().manual_seed(ROUTING_SEED)
-    uniform = torch.rand((v, e, h, w), generator=generator, dtype=torch.float64)
-    noise = -torch.log(-torch.log(uniform.clamp(1e-12, 1.0 - 1e-12)))
-    return noise.to(device=logits.device, dtype=logits.dtype).repeat(n // v, 1, 1, 1)
-
-
-def route(logits: Tensor, routing: str, noise: Tensor | None, tau: float) -> tuple[Tensor, Tensor]:
-    """Gates ``[N, M + 1, H, W]`` and chosen cardinalities ``[N, H, W]`` of router ``logits``.
-
-    ``"gumbel"``: a straight-through hard Gumbel-softmax sample at temperature ``tau``; otherwise
-    the argmax of ``logits`` (plus ``noise`` when given: ``"frozen_gumbel"``), one-hot gates.
-    """
-    if routing == "gumbel":
-        return straight_through_gumbel(logits, tau, dim=1)
-    choice = (logits if noise is None else logits + noise).argmax(dim=1)  # [N, H, W]
-    gates = F.one_hot(choice, logits.shape[1]).permute(0, 3, 1, 2).to(logits.dtype)
-    return gates, choice
-
-
-def budget_shift(
-    logits: Tensor, noise: Tensor | None, target: float, b: int, steps: int = 40
-) -> Tensor:
-    """Per-scene shift ``s [B]`` of router ``logits [B*V, M + 1, H, W]``: the largest whose
-    routing (``logits + s * k`` for expert ``k``, plus the frozen ``noise``, argmax) spends at
-    most ``target`` Gaussians per pixel on average (bisection, ``steps`` halvings)."""
-    num_experts = logits.shape[1] - 1
-    if not 0.0 <= target <= num_experts:
-        raise ValueError(f"gaussians_per_pixel must be in [0, {num_experts}], got {target}")
-    v = logits.shape[0] // b
-    ladder = torch.arange(logits.shape[1], device=logits.device, dtype=logits.dtype)
-    ladder = ladder[None, :, None, None]
-    bound = logits.abs().amax() + (0.0 if noise is None else noise.abs().amax())
-    spread = 2.0 * float(bound) + 1.0  # beyond it, one expert wins everywhere
-    low = torch.full((b,), -spread, device=logits.device, dtype=logits.dtype)
-    high = torch.full((b,), spread, device=logits.device, dtype=logits.dtype)
-    for _ in range(steps):
-        mid = 0.5 * (low + high)
-        shifted = logits + repeat(mid, "b -> (b v) 1 1 1", v=v) * ladder
-        _, choice = route(shifted, "argmax", noise, 1.0)
-        mean = rearrange(choice, "(b v) h w -> b (v h w)", b=b).float().mean(dim=-1)
-        over = mean > target
-        high = torch.where(over, mid, high)
-        low = torch.where(over, low, mid)
-    return low
-
-
-class HighFrequencyPrior(nn.Module):
-    """Wavelet detail bands of the luminance -> small convs -> upsample -> sigmoid gate.
-
-    Args:
-        out_dim: gate channels (the feature width it modulates).
-        hidden_dim: channels of the small convolutions.
-        wavelet: ``"haar"`` or ``"db2"``.
-        detail_scale: coefficients are compressed as ``sign(d) log(1 + |d| / detail_scale)``.
-    """
-
-    def __init__(
-        self, out_dim: int, hidden_dim: int = 16, wavelet: str = "haar", detail_scale: float = 0.01
-    ) -> None:
-        super().__init__()
-        if wavelet not in WAVELETS:
-            raise ValueError(f"wavelet must be one of {sorted(WAVELETS)}, got {wavelet!r}")
-        self.wavelet = wavelet
-        self.detail_scale = detail_scale
-        self.net = nn.Sequential(
-            nn.Conv2d(3, hidden_dim, 3, padding=1),
-            nn.GELU(),
-            nn.Conv2d(hidden_dim, out_dim, 3, padding=1),
+def _expert_usage(
+    target_usage: Sequence[float] | None, gaussians_per_pixel: float, num_experts: int
+) -> list[float]:
+    """The routing regulariser's target distribution over experts ``0..M``."""
+    if target_usage is None:
+        return target_usage_distribution(gaussians_per_pixel, num_experts)
+    usage = [float(p) for p in target_usage]
+    if len(usage) != num_experts + 1 or min(usage) < 0 or abs(sum(usage) - 1) > 1e-4:
+        raise ValueError(
+            f"target_usage must be {num_experts + 1} non-negative numbers summing to 1, "
+            f"got {target_usage}"
         )
-
-    def forward(self, detail: Tensor, size: tuple[int, int]) -> Tensor:
-        """``detail [N, 3, h, w]`` (LH, HL, HH) -> gate ``[N, out_dim, H, W]`` in (0, 1)."""
-        # Log-compress the coefficients (0.01 -> 0.69, 0.1 -> 2.4, 1 -> 4.6): typical detail is
-        # ~0.01-0.2, and the routing thresholds sit on a log-like scale. Zero stays zero.
-        detail = torch.sign(detail) * torch.log1p(detail.abs() / self.detail_scale)
-        x = self.net(detail)  # [N, C, h, w]
-        x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-        return torch.sigmoid(x)
+    return usage
 
 
-class ChannelNorm(nn.Module):
-    """LayerNorm over the channels of every pixel of ``[N, C, H, W]``."""
+@dataclass
+class _PixelPoints:
+    """One point per pixel and the cameras it was placed with (``N = V * H * W``)."""
 
-    def __init__(self, channels: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(channels, eps=eps)
+    depth: Tensor  # [B, V, H, W] own-frame z-depth
+    inverse_depth: Tensor  # [BV, 1, H, W] the depth head's normalised inverse depth
+    intrinsics: Tensor  # [B, V, 3, 3] given or canonical
+    intrinsics_given: bool
+    coords: Tensor  # [P, 2] pixel centres, normalised
+    local: Tensor  # [B, V, P, 3] own-frame points
+    points: Tensor  # [B, V, P, 3] view 0's frame (pose-free) or the world frame (posed)
+    extrinsics: Tensor | None  # [B, V, 4, 4] the given cameras (posed), else None
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
+@dataclass
+class _Routing:
+    """The router's choice per pixel, flattened to ``N = V * H * W``."""
 
-class CardinalityRouter(nn.Module):
-    """Per-pixel router giving ``M + 1`` logits: a per-pixel LayerNorm (so the routing does not
-    swing with the scale of features that the rendering loss is still changing), two 1x1
-    convolutions, and (``energy_ladder=True``) an ordinal *energy ladder* added to the logits.
-
-    The ladder is ``k * s - (θ_1 + ... + θ_k)`` for expert ``k``, with the pixel's log wavelet
-    energy ``s = gain * log(1 + energy / detail_scale)`` (learned ``gain``) and learned thresholds ``θ``: on its own
-    its argmax is ``k`` when ``θ_k < s < θ_{k+1}``, so the router ranks pixels by high-frequency
-    energy from the first step and its deterministic (argmax) routing already spends 0..M
-    Gaussians by texture; the convolutions learn the rest. The thresholds start at
-    ``gain * log(1 + 0.02 * 2.75^(k-1) / detail_scale)`` (energies 0.02, 0.055, 0.15, ...) and are
-    re-fitted on the first training
-    batch (like ActNorm) so that the ladder's routing matches the target usage on the data; the
-    ``calibrated`` buffer records that this happened. Without the ladder, the output bias starts
-    at the log of the target usage instead.
-
-    Args:
-        in_dim: input channels.
-        hidden_dim: hidden channels.
-        prior: ``M + 1`` target usage probabilities.
-        energy_ladder: add the ordinal energy ladder.
-        detail_scale: scale of the log-energy (see above).
-        floor: energy at or below which the ladder routes a pixel to expert 0.
-        gain: initial slope of the score (larger: sharper routing probabilities, so that the
-            sampled routing of training and the argmax routing of inference agree).
-    """
-
-    def __init__(
-        self,
-        in_dim: int,
-        hidden_dim: int,
-        prior: Sequence[float],
-        energy_ladder: bool = True,
-        detail_scale: float = 0.01,
-        floor: float = 0.01,
-        gain: float = 4.0,
-    ) -> None:
-        super().__init__()
-        experts = len(prior) - 1
-        self.detail_scale = detail_scale
-        self.floor = floor
-        self.net = nn.Sequential(
-            ChannelNorm(in_dim),
-            nn.Conv2d(in_dim, hidden_dim, 1),
-            nn.GELU(),
-            nn.Conv2d(hidden_dim, experts + 1, 1),
-        )
-        self.register_buffer(
-            "usage_prior", torch.tensor(prior, dtype=torch.float32), persistent=False
-        )
-        if energy_ladder:
-            start = [gain * math.log1p(0.02 * 2.75**i / detail_scale) for i in range(experts)]
-            self.thresholds = nn.Parameter(torch.tensor(start))  # [M]
-            self.gain = nn.Parameter(torch.tensor(float(gain)))
-            self.register_buffer("calibrated", torch.zeros((), dtype=torch.bool))
-            with torch.no_grad():
-                self.net[-1].bias.zero_()
-        else:
-            self.thresholds = None
-            with torch.no_grad():
-                self.net[-1].bias.copy_(self.usage_prior.clamp_min(1e-6).log())
-
-    def score(self, energy: Tensor) -> Tensor:
-        """Ladder score ``s`` of energies ``[...]`` (same shape)."""
-        return self.gain * torch.log1p(energy / self.detail_scale)
-
-    @torch.no_grad()
-    def calibrate(self, energy: Tensor) -> None:
-        """Set the thresholds to the quantiles of the score at the target's cumulative usage."""
-        score = self.score(energy).flatten().float()
-        cumulative = self.usage_prior.to(score.device).cumsum(0)[:-1].clamp(0.0, 1.0)  # [M]
-        values = torch.quantile(score[:: max(1, score.numel() // 100_000)], cumulative)
-        floor = float(self.score(torch.tensor(self.floor, device=score.device)))
-        thresholds = []
-        for value in values.tolist():
-            lowest = floor if not thresholds else thresholds[-1] + 0.1
-            thresholds.append(max(value, lowest))
-        self.thresholds.copy_(torch.tensor(thresholds, device=score.device))
-        self.calibrated.fill_(True)
-
-    def forward(self, x: Tensor, energy: Tensor | None = None) -> Tensor:
-        """``x [N, C, H, W]``, ``energy [N, H, W]`` -> logits ``[N, M + 1, H, W]``."""
-        logits = self.net(x)
-        if self.thresholds is None:
-            return logits
-        if energy is None:
-            raise ValueError("the energy ladder needs the wavelet energy [N, H, W]")
-        if self.training and not bool(self.calibrated):
-            self.calibrate(energy)
-        k = torch.arange(logits.shape[1], device=x.device, dtype=logits.dtype)  # [M + 1]
-        offsets = torch.cat([self.thresholds.new_zeros(1), self.thresholds.cumsum(0)])
-        ladder = k[:, None, None] * self.score(energy)[:, None] - offsets[:, None, None]
-        return logits + ladder
+    gates: Tensor  # [B, N, M + 1] straight-through gates
+    choice: Tensor  # [B, N] chosen cardinality
+    energy: Tensor  # [B, V, H, W] wavelet detail energy
+    losses: dict[str, Tensor]
+    budget_shift: Tensor | None  # [B] the logit shift meeting gaussians_per_pixel
 
 
 class SplatWeaver(PixelTrunk, SplatModel):
@@ -480,21 +249,8 @@ class SplatWeaver(PixelTrunk, SplatModel):
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
-        if not 0 < near < far:
-            raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
-        if num_depth_candidates < 2:
-            raise ValueError(f"num_depth_candidates must be >= 2, got {num_depth_candidates}")
-        if gumbel_tau <= 0:
-            raise ValueError(f"gumbel_tau must be > 0, got {gumbel_tau}")
-        if target_usage is None:
-            usage = target_usage_distribution(target_gaussians_per_pixel, num_experts)
-        else:
-            usage = [float(p) for p in target_usage]
-            if len(usage) != num_experts + 1 or min(usage) < 0 or abs(sum(usage) - 1) > 1e-4:
-                raise ValueError(
-                    f"target_usage must be {num_experts + 1} non-negative numbers summing to 1, "
-                    f"got {target_usage}"
-                )
+        _check_arguments(near, far, num_depth_candidates, gumbel_tau)
+        usage = _expert_usage(target_usage, target_gaussians_per_pixel, num_experts)
         self.vit_size = vit_size
         self.use_intrinsics = use_intrinsics
         self.pose_free = pose_free  # instance value: shadows the class default
@@ -528,7 +284,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
             refine_dim=refine_dim if depth_refine else None,
             point_head=pose_free,
         )
-        # --- routing ---
+        # --- routing, then experts 1..M (expert 0 has no parameters: it emits nothing) ---
         self.prior = HighFrequencyPrior(feature_dim, prior_dim, wavelet)
         self.router = CardinalityRouter(
             feature_dim, router_hidden_dim, usage, energy_ladder, floor=energy_floor
@@ -539,17 +295,14 @@ class SplatWeaver(PixelTrunk, SplatModel):
             if neighbour_aggregation
             else None
         )
-        # --- experts 1..M (expert 0 has no parameters: it emits nothing) ---
+        head = dict(sh_degree=sh_degree, hidden_dim=expert_hidden_dim, scale_factor=scale_factor)
+        head.update(max_scale=max_scale, opacity_bias=opacity_bias)
         self.experts = nn.ModuleList(
             GaussianHead(
                 feature_dim + 1,
                 AnchorOffsetPlacement(offset_bound),
                 gaussians_per_location=k,
-                sh_degree=sh_degree,
-                hidden_dim=expert_hidden_dim,
-                scale_factor=scale_factor,
-                max_scale=max_scale,
-                opacity_bias=opacity_bias,
+                **head,
             )
             for k in range(1, num_experts + 1)
         )
@@ -673,22 +426,53 @@ class SplatWeaver(PixelTrunk, SplatModel):
         routing = routing or ("gumbel" if self.training else "frozen_gumbel")
         if routing not in ROUTING_MODES:
             raise ValueError(f"routing must be one of {ROUTING_MODES} or None, got {routing!r}")
+        if gaussians_per_pixel is not None and routing == "gumbel":
+            raise ValueError(
+                "gaussians_per_pixel needs deterministic routing (frozen_gumbel or argmax)"
+            )
         b, v, h, w = check_context(context, require_poses=not self.pose_free)
         images = context["image"]  # [B, V, 3, H, W]
+        features = self._features(context, (h, w))  # [BV, C, H, W]
+        geometry = self._pixel_points(context, features)
+        routed = self._routing(images, features, routing, gaussians_per_pixel)
+        gaussians = self._expert_gaussians(images, features, geometry, routed)
+        if max_gaussians is not None:
+            gaussians = gaussians.prune(max_count=max_gaussians)
+        extrinsics, intrinsics = self._cameras(geometry)
+        usage = F.one_hot(routed.choice, self.num_experts + 1).float().mean(dim=(0, 1))
+        diagnostics: dict[str, Tensor] = {
+            "routing_map": rearrange(routed.choice, "b (v h w) -> b v h w", v=v, h=h),
+            "expert_usage": usage,
+            "gaussians_per_pixel": (usage * torch.arange(len(usage), device=usage.device)).sum(),
+            "hf_energy": routed.energy,
+            "points": rearrange(geometry.points, "b v (h w) c -> b v h w c", h=h),
+        }
+        if routed.budget_shift is not None:
+            diagnostics["budget_shift"] = routed.budget_shift
+        return ModelOutput(
+            gaussians,
+            depth=geometry.depth,
+            extrinsics=extrinsics,
+            intrinsics=intrinsics,
+            losses=routed.losses,
+            diagnostics=diagnostics,
+        )
+
+    def _features(self, context: dict[str, Tensor], size: tuple[int, int]) -> Tensor:
+        """Per-pixel features ``[BV, C, H, W]`` (posed: camera tokens see poses relative to view
+        0 at unit baseline, so the features are frame invariant)."""
+        images = context["image"]
+        if self.pose_free:
+            return self.pixel_features(images, size)
+        extrinsics = context["extrinsics"].to(images.dtype)
+        intrinsics = context["intrinsics"].to(images.dtype)
+        return self.pixel_features(images, size, normalize_scene(extrinsics)[0], intrinsics)
+
+    def _pixel_points(self, context: dict[str, Tensor], features: Tensor) -> _PixelPoints:
+        """One point per pixel: in view 0's frame (pose-free) or the world frame (posed)."""
+        images = context["image"]
+        b, v, _, h, w = images.shape
         dtype, device = images.dtype, images.device
-        p = h * w
-
-        # --- backbone and per-pixel features ---
-        if not self.pose_free:
-            extrinsics = context["extrinsics"].to(dtype)
-            # Camera tokens see poses relative to view 0 at unit baseline: frame invariant.
-            features = self.pixel_features(
-                images, (h, w), normalize_scene(extrinsics)[0], context["intrinsics"].to(dtype)
-            )
-        else:
-            features = self.pixel_features(images, (h, w))  # [BV, C, H, W]
-
-        # --- one point per pixel, in view 0's frame ---
         near = context.get("near")
         far = context.get("far")
         near = torch.full((b, v), self.near, device=device) if near is None else near
@@ -705,10 +489,12 @@ class SplatWeaver(PixelTrunk, SplatModel):
                 device=device,
             )
             intrinsics = canonical.expand(b, v, 3, 3)
-        coords = pixel_grid((h, w), device, dtype).reshape(p, 2)  # [P, 2]
+        coords = pixel_grid((h, w), device, dtype).reshape(h * w, 2)  # [P, 2]
         rays = camera_directions(coords, intrinsics)  # [B, V, P, 3], z = 1
         local = rays * rearrange(depth, "b v h w -> b v (h w) 1")  # own-frame points
+        extrinsics = None
         if not self.pose_free:  # known cameras: every point stays on its ray, in the world frame
+            extrinsics = context["extrinsics"].to(dtype)
             points = transform_points(extrinsics, local)  # [B, V, P, 3]
         else:
             correction = free_mean_activation(self.point_head(features), 100.0)  # [BV, 3, H, W]
@@ -718,41 +504,53 @@ class SplatWeaver(PixelTrunk, SplatModel):
                 keep[0] = 0.0
                 correction = correction * keep[None, :, None, None]
             points = local + correction  # [B, V, P, 3]
+        return _PixelPoints(
+            depth, t, intrinsics, given is not None, coords, local, points, extrinsics
+        )
 
-        # --- high-frequency prior and routing ---
+    def _routing(
+        self, images: Tensor, features: Tensor, routing: str, gaussians_per_pixel: float | None
+    ) -> _Routing:
+        """The high-frequency prior, the router's logits (budget-shifted when asked) and the
+        chosen experts, flattened to ``[B, N, ...]`` with ``N = V * H * W``."""
+        b, v, _, h, w = images.shape
         detail = detail_bands(images, self.wavelet)  # [B, V, 3, H/2, W/2]
         energy = detail_energy(detail.detach(), (h, w))  # [B, V, H, W]
         gate = self.prior(rearrange(detail, "b v c h w -> (b v) c h w"), (h, w))
         flat_energy = rearrange(energy, "b v h w -> (b v) h w")
         logits = self.router(features + features * gate, flat_energy)  # [BV, M + 1, H, W]
         noise = self._frozen_noise(logits, v) if routing == "frozen_gumbel" else None
-        budget_shift = None
+        shift = None
         if gaussians_per_pixel is not None:
-            if routing == "gumbel":
-                raise ValueError(
-                    "gaussians_per_pixel needs deterministic routing (frozen_gumbel or argmax)"
-                )
-            budget_shift = self._budget_shift(logits.detach(), noise, float(gaussians_per_pixel), b)
-            ladder = torch.arange(self.num_experts + 1, device=device, dtype=logits.dtype)
-            shift = repeat(budget_shift, "b -> (b v) 1 1 1", v=v)
-            logits = logits + shift * ladder[None, :, None, None]
+            shift = self._budget_shift(logits.detach(), noise, float(gaussians_per_pixel), b)
+            ladder = torch.arange(self.num_experts + 1, device=images.device, dtype=logits.dtype)
+            logits = logits + repeat(shift, "b -> (b v) 1 1 1", v=v) * ladder[None, :, None, None]
         gates, choice = self._route(logits, routing, noise)  # [BV, M + 1, H, W], [BV, H, W]
-        losses = self._routing_losses(logits, flat_energy)
+        return _Routing(
+            gates=rearrange(gates, "(b v) e h w -> b (v h w) e", b=b),
+            choice=rearrange(choice, "(b v) h w -> b (v h w)", b=b),
+            energy=energy,
+            losses=self._routing_losses(logits, flat_energy),
+            budget_shift=shift,
+        )
 
-        # --- experts ---
-        expert_in = torch.cat([features, t], dim=1)  # [BV, C + 1, H, W]
+    def _expert_gaussians(
+        self, images: Tensor, features: Tensor, geometry: _PixelPoints, routed: _Routing
+    ) -> Gaussians:
+        """Every expert's Gaussians at every pixel, masked to the routed ones and compacted."""
+        b, v, _, h, w = images.shape
+        expert_in = torch.cat([features, geometry.inverse_depth], dim=1)  # [BV, C + 1, H, W]
         expert_in = rearrange(expert_in, "(b v) c h w -> b (v h w) c", b=b)
-        flat_points = rearrange(points, "b v p c -> b (v p) c")  # [B, N, 3]
+        flat_points = rearrange(geometry.points, "b v p c -> b (v p) c")  # [B, N, 3]
         if self.neighbour is not None:
             refined = self.neighbour(expert_in[..., :-1], flat_points)
             expert_in = torch.cat([refined, expert_in[..., -1:]], dim=-1)
         color = rearrange(images, "b v c h w -> b (v h w) c")
+        intrinsics = geometry.intrinsics
         footprint = 0.5 * (1.0 / (intrinsics[..., 0, 0] * w) + 1.0 / (intrinsics[..., 1, 1] * h))
-        pixel_scale = rearrange(depth, "b v h w -> b (v h w)") * repeat(
-            footprint, "b v -> b (v p)", p=p
+        pixel_scale = rearrange(geometry.depth, "b v h w -> b (v h w)") * repeat(
+            footprint, "b v -> b (v p)", p=h * w
         )  # [B, N] world size of one pixel at its depth
-        gates = rearrange(gates, "(b v) e h w -> b (v h w) e", b=b)
-        choice = rearrange(choice, "(b v) h w -> b (v h w)", b=b)
         sets = []
         for k, expert in enumerate(self.experts, start=1):
             g = expert(
@@ -762,43 +560,27 @@ class SplatWeaver(PixelTrunk, SplatModel):
                 offset_scale=pixel_scale,
                 scale_reference=pixel_scale,
             )  # N * k Gaussians, location-major
-            gate_k = gates[..., k].repeat_interleave(k, dim=1)  # [B, N * k]
-            chosen = (choice == k).repeat_interleave(k, dim=1)
+            gate_k = routed.gates[..., k].repeat_interleave(k, dim=1)  # [B, N * k]
+            chosen = (routed.choice == k).repeat_interleave(k, dim=1)
             sets.append(g.replace(opacities=g.opacities * gate_k, mask=chosen))
-        gaussians = Gaussians.cat(sets).compact()
-        if max_gaussians is not None:
-            gaussians = gaussians.prune(max_count=max_gaussians)
+        return Gaussians.cat(sets).compact()
 
-        # --- extras ---
-        usage = F.one_hot(choice, self.num_experts + 1).float().mean(dim=(0, 1))
-        with torch.no_grad():
-            if not self.pose_free:
-                fitted = extrinsics.detach()
-            else:
-                fitted = rigid_fit(local, points)  # [B, V, 4, 4]
-                fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
-            if given is None:  # intrinsics-free: estimate a shared focal from view 0's points
-                focal = self._estimate_focal(points[:, 0], coords).clamp_min(1e-3)  # [B, 2]
-                intrinsics = intrinsics.clone()
-                intrinsics[..., 0, 0] = focal[:, None, 0]
-                intrinsics[..., 1, 1] = focal[:, None, 1]
-        diagnostics: dict[str, Tensor] = {
-            "routing_map": rearrange(choice, "b (v h w) -> b v h w", v=v, h=h),
-            "expert_usage": usage,
-            "gaussians_per_pixel": (usage * torch.arange(len(usage), device=device)).sum(),
-            "hf_energy": energy,
-            "points": rearrange(points, "b v (h w) c -> b v h w c", h=h),
-        }
-        if budget_shift is not None:
-            diagnostics["budget_shift"] = budget_shift
-        return ModelOutput(
-            gaussians,
-            depth=depth,
-            extrinsics=fitted,
-            intrinsics=intrinsics,
-            losses=losses,
-            diagnostics=diagnostics,
-        )
+    @torch.no_grad()
+    def _cameras(self, geometry: _PixelPoints) -> tuple[Tensor, Tensor]:
+        """Extrinsics ``[B, V, 4, 4]`` (given, or fitted with view 0 the identity) and
+        intrinsics ``[B, V, 3, 3]`` (given, or a shared focal estimated from view 0's points)."""
+        if geometry.extrinsics is not None:
+            fitted = geometry.extrinsics.detach()
+        else:
+            fitted = rigid_fit(geometry.local, geometry.points)  # [B, V, 4, 4]
+            fitted[:, 0] = torch.eye(4, dtype=fitted.dtype, device=fitted.device)
+        intrinsics = geometry.intrinsics
+        if not geometry.intrinsics_given:
+            focal = self._estimate_focal(geometry.points[:, 0], geometry.coords).clamp_min(1e-3)
+            intrinsics = intrinsics.clone()
+            intrinsics[..., 0, 0] = focal[:, None, 0]
+            intrinsics[..., 1, 1] = focal[:, None, 1]
+        return fitted, intrinsics
 
 
 # Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone

@@ -58,12 +58,12 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
-from models.families.splatweaver import budget_shift, frozen_gumbel_noise, route
 from models.gaussians import Gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.rotations import quaternion_multiply
 from models.input_recipe import InputRecipe
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
+from models.layers.cardinality_router import budget_shift, frozen_gumbel_noise, route
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.knn import knn
