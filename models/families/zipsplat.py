@@ -149,6 +149,22 @@ def compression_schedule(
     return 1.0 - t * (1.0 - final)
 
 
+def _feature_blocks(vit_size: str, num_feature_layers: int) -> tuple[int, int]:
+    """The first block whose output is a feature layer, and the backbone's depth."""
+    if vit_size not in VIT_SIZES:
+        raise ValueError(f"vit_size must be one of {sorted(VIT_SIZES)}, got {vit_size!r}")
+    depth = VIT_SIZES[vit_size]["depth"]
+    return max(0, depth - 2 * num_feature_layers), depth
+
+
+def sunflower_sites(count: int, patch_size: int) -> Tensor:
+    """``[G, 2]`` sunflower sites in pixels around a patch centre (x, y)."""
+    i = torch.arange(count, dtype=torch.float32)
+    radius = 0.5 * patch_size * torch.sqrt((i + 0.5) / count)
+    angle = i * math.pi * (3.0 - math.sqrt(5.0))
+    return torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)
+
+
 class ZipSplat(SplatModel):
     """Token-clustered, pose-free Gaussian predictor with a compression ratio knob.
 
@@ -242,10 +258,7 @@ class ZipSplat(SplatModel):
         self.use_camera_prior = use_camera_prior
         self.gaussians_per_token = gaussians_per_token
 
-        if vit_size not in VIT_SIZES:
-            raise ValueError(f"vit_size must be one of {sorted(VIT_SIZES)}, got {vit_size!r}")
-        depth = VIT_SIZES[vit_size]["depth"]
-        first = max(0, depth - 2 * num_feature_layers)
+        first, depth = _feature_blocks(vit_size, num_feature_layers)
         # Feature layers: consecutive (frame, global) block pairs, as slices of the outputs.
         self.layer_slices: list[tuple[int, int]] = [
             (i, min(i + 2, depth - first)) for i in range(0, depth - first, 2)
@@ -276,19 +289,12 @@ class ZipSplat(SplatModel):
             nn.LayerNorm(len(groups) * dim), nn.Linear(len(groups) * dim, dim)
         )
 
-        # Colour skip.
+        self._build_color_skip(color_dim, mlp_ratio, layerscale_init)
         p = self.patch_size
-        self.color_embed = nn.Conv2d(3, color_dim, kernel_size=p, stride=p)
-        self.color_view_embed = nn.Parameter(torch.zeros(2, color_dim))  # reference, other views
-        self.color_refine = CrossAttentionBlock(
-            color_dim, max(1, color_dim // 32), mlp_ratio, layerscale_init, self_attention=False
-        )
 
         # Camera prior: patchified Plücker rays added to the patch tokens.
-        if use_camera_prior:
-            self.camera_prior_embed = nn.Conv2d(6, width, kernel_size=p, stride=p)
-        else:
-            self.camera_prior_embed = None
+        prior = nn.Conv2d(6, width, kernel_size=p, stride=p) if use_camera_prior else None
+        self.camera_prior_embed = prior
 
         self.head_norm = nn.LayerNorm(dim + color_dim)
         self.gaussian_head = GaussianHead(
@@ -302,14 +308,19 @@ class ZipSplat(SplatModel):
             dc_from_color=True,
             opacity_bias=opacity_bias,
         )
-        g = gaussians_per_token
-        i = torch.arange(g, dtype=torch.float32)
-        radius = 0.5 * self.patch_size * torch.sqrt((i + 0.5) / g)
-        angle = i * math.pi * (3.0 - math.sqrt(5.0))
-        # [G, 2] sunflower sites in pixels around the patch centre (x, y)
-        sites = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)
+        sites = sunflower_sites(gaussians_per_token, self.patch_size)  # [G, 2]
         self.register_buffer("site_offsets", sites, persistent=False)
         self._init_weights()
+
+    def _build_color_skip(self, color_dim: int, mlp_ratio: float, layerscale_init: float) -> None:
+        """The colour skip: patchified colours, a reference/other-view embedding and a
+        cross-attention over the views."""
+        p = self.patch_size
+        self.color_embed = nn.Conv2d(3, color_dim, kernel_size=p, stride=p)
+        self.color_view_embed = nn.Parameter(torch.zeros(2, color_dim))  # reference, other views
+        self.color_refine = CrossAttentionBlock(
+            color_dim, max(1, color_dim // 32), mlp_ratio, layerscale_init, self_attention=False
+        )
 
     def _init_weights(self) -> None:
         trunc_normal_(self.color_view_embed, std=0.02)
@@ -456,6 +467,51 @@ class ZipSplat(SplatModel):
         return torch.stack(losses).mean()
 
     # ------------------------------------------------------------------ forward
+    def _cluster(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """k-means on the deepest block's tokens ``[B, N, C]``: the scene tokens' indices
+        ``[B, K]`` and cluster sizes ``[B, K]`` (all tokens, size 1, when ``K = N``)."""
+        b, n = tokens.shape[:2]
+        if k == n:
+            index = torch.arange(n, device=tokens.device).expand(b, n)
+            return index, torch.ones(b, n, dtype=tokens.dtype, device=tokens.device)
+        index, assignment = kmeans_select(
+            tokens, k, self.kmeans_iterations, self.kmeans_chunk_size, return_assignment=True
+        )
+        cluster_size = torch.zeros(b, k, dtype=tokens.dtype, device=tokens.device)
+        cluster_size.scatter_add_(1, assignment, torch.ones_like(assignment, dtype=tokens.dtype))
+        return index, cluster_size.clamp_min(1.0)
+
+    def _scene_tokens(self, layers: list[Tensor], index: Tensor) -> Tensor:
+        """Per feature layer, the scene tokens attend to all tokens; fused to ``[B, K, dim]``."""
+        refined = []
+        for (i, j), proj, block in zip(self.layer_slices, self.layer_proj, self.refine):
+            tokens = proj(torch.cat(layers[i:j], dim=-1))  # [B, N, dim]: [frame ‖ global]
+            refined.append(block(gather_tokens(tokens, index), tokens))  # [B, K, dim]
+        return self.fuse(torch.cat(refined, dim=-1))
+
+    def _colors_and_anchors(
+        self, images: Tensor, intrinsics: Tensor, grid: tuple[int, int], index: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """Colours of the scene tokens' Gaussians (per site ``[B, K, G, 3]`` or per patch
+        ``[B, K, 3]``) and their ray anchors ``[B, K*G, 3]`` (``None`` without anchors)."""
+        b = images.shape[0]
+        g = self.gaussians_per_token
+        if self.gaussian_sites:
+            sites = self._site_coords(grid, images)  # [h*w, G, 2]
+            site_color = self._site_colors(images, sites)  # [B, N, G, 3]
+            color = gather_tokens(site_color.flatten(2), index).unflatten(2, (g, 3))
+            anchors = self._ray_anchors(intrinsics, sites.reshape(-1, 2))  # [B, N*G, 3]
+            anchors = rearrange(anchors, "b (n g) c -> b n (g c)", g=g)
+            return color, gather_tokens(anchors, index).reshape(b, -1, 3)  # [B, K*G, 3]
+        patch_color = F.avg_pool2d(images.flatten(0, 1), self.patch_size)  # [BV, 3, h, w]
+        patch_color = rearrange(patch_color, "(b v) c h w -> b (v h w) c", b=b)
+        color = gather_tokens(patch_color, index).clamp(0.0, 1.0)  # [B, K, 3]
+        if self.ray_anchor_depth is None:
+            return color, None
+        centres = pixel_grid(grid, images.device, images.dtype).reshape(-1, 2)
+        anchors = gather_tokens(self._ray_anchors(intrinsics, centres), index)
+        return color, repeat(anchors, "b k c -> b (k g) c", g=g)  # on each token's centre ray
+
     def forward(
         self,
         context: dict[str, Tensor],
@@ -508,30 +564,8 @@ class ZipSplat(SplatModel):
             out = self.backbone(images)
         layers = [rearrange(f, "b v n c -> b (v n) c") for f in out.features]  # [B, N, C] each
 
-        # Token clustering on the deepest block.
-        if k == n:
-            index = torch.arange(n, device=images.device).expand(b, n)
-            cluster_size = torch.ones(b, n, dtype=images.dtype, device=images.device)
-        else:
-            index, assignment = kmeans_select(
-                layers[-1],
-                k,
-                self.kmeans_iterations,
-                self.kmeans_chunk_size,
-                return_assignment=True,
-            )
-            cluster_size = torch.zeros(b, k, dtype=images.dtype, device=images.device)
-            cluster_size.scatter_add_(
-                1, assignment, torch.ones_like(assignment, dtype=images.dtype)
-            )
-            cluster_size = cluster_size.clamp_min(1.0)
-
-        # Refinement per feature layer.
-        refined = []
-        for (i, j), proj, block in zip(self.layer_slices, self.layer_proj, self.refine):
-            tokens = proj(torch.cat(layers[i:j], dim=-1))  # [B, N, dim]: [frame ‖ global]
-            refined.append(block(gather_tokens(tokens, index), tokens))  # [B, K, dim]
-        scene = self.fuse(torch.cat(refined, dim=-1))  # [B, K, dim]
+        index, cluster_size = self._cluster(layers[-1], k)  # [B, K], [B, K]
+        scene = self._scene_tokens(layers, index)  # [B, K, dim]
 
         # Colour skip.
         if input_size != (h, w):
@@ -545,23 +579,7 @@ class ZipSplat(SplatModel):
 
         features = self.head_norm(torch.cat([scene, color_scene], dim=-1))
         features = torch.cat([features, cluster_size.log()[..., None]], dim=-1)
-        g = self.gaussians_per_token
-        anchors = None
-        if self.gaussian_sites:
-            sites = self._site_coords(grid, images)  # [h*w, G, 2]
-            site_color = self._site_colors(images_in, sites)  # [B, N, G, 3]
-            color = gather_tokens(site_color.flatten(2), index).unflatten(2, (g, 3))
-            anchors = self._ray_anchors(intrinsics, sites.reshape(-1, 2))  # [B, N*G, 3]
-            anchors = rearrange(anchors, "b (n g) c -> b n (g c)", g=g)
-            anchors = gather_tokens(anchors, index).reshape(b, -1, 3)  # [B, K*G, 3]
-        else:
-            patch_color = F.avg_pool2d(images_in.flatten(0, 1), self.patch_size)  # [BV, 3, h, w]
-            patch_color = rearrange(patch_color, "(b v) c h w -> b (v h w) c", b=b)
-            color = gather_tokens(patch_color, index).clamp(0.0, 1.0)  # [B, K, 3]
-            if self.ray_anchor_depth is not None:  # every Gaussian of a token on its centre ray
-                centres = pixel_grid(grid, images.device, images.dtype).reshape(-1, 2)
-                anchors = gather_tokens(self._ray_anchors(intrinsics, centres), index)
-                anchors = repeat(anchors, "b k c -> b (k g) c", g=g)
+        color, anchors = self._colors_and_anchors(images_in, intrinsics, grid, index)
         gaussians = self.gaussian_head(features, color=color, scale_reference=cluster_size.sqrt())
         if anchors is not None:
             gaussians = gaussians.replace(means=gaussians.means + anchors)
