@@ -132,6 +132,86 @@ def _sanitise(gaussians: Gaussians) -> Gaussians:
     )
 
 
+def _check_options(backend: str, rasterize_mode: str, eps2d: float) -> float:
+    """Checks ``backend``, ``rasterize_mode`` and ``eps2d``; returns ``eps2d`` as a float."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(rasterize_mode, str) or rasterize_mode not in RASTERIZE_MODES:
+        raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
+    if isinstance(eps2d, bool) or not isinstance(eps2d, (int, float)) or not eps2d >= 0:
+        raise ValueError(f"eps2d must be a number >= 0 (pixels squared), got {eps2d!r}")
+    return float(eps2d)
+
+
+def _check_normalised(intrinsics: Tensor) -> None:
+    """Normalised intrinsics ``[B, V, 3, 3]``: pixel intrinsics passed by mistake are refused."""
+    focal = intrinsics[..., [0, 1], [0, 1]]  # [B, V, 2]
+    centre = intrinsics[..., [0, 1], [2, 2]]
+    if (focal <= 0).any() or (focal > MAX_NORMALISED_FOCAL).any():
+        raise ValueError(
+            f"intrinsics must be normalised (focal / image size in (0, {MAX_NORMALISED_FOCAL}]), "
+            f"got fx, fy up to {focal.abs().max().item():.4g}: pixel intrinsics passed by mistake?"
+        )
+    if (centre.abs() > MAX_NORMALISED_FOCAL).any():
+        largest = centre.abs().max().item()
+        raise ValueError(
+            f"intrinsics must be normalised, got a principal point {largest:.4g} image sizes "
+            "from the corner: pixel intrinsics passed by mistake?"
+        )
+
+
+def _check_scene(gaussians: Gaussians, extrinsics: Tensor, intrinsics: Tensor) -> None:
+    """The Gaussians, their cameras' shapes, batch and device, and normalised intrinsics."""
+    if not isinstance(gaussians, Gaussians):
+        raise ValueError(f"gaussians must be a Gaussians, got {type(gaussians).__name__}")
+    gaussians.validate("gaussians")
+    batch = gaussians.batch_size
+    _check_camera("extrinsics", extrinsics, batch, None, 4)
+    _check_camera("intrinsics", intrinsics, batch, extrinsics.shape[1], 3)
+    _check_normalised(intrinsics)
+    device = gaussians.device
+    for name, value in (("extrinsics", extrinsics), ("intrinsics", intrinsics)):
+        if value.device != device:
+            raise ValueError(f"{name} is on {value.device} but gaussians is on {device}")
+    sh_degree_of(gaussians.harmonics.shape[-1])
+
+
+def _check_image_size(image_size: tuple[int, int]) -> tuple[int, int]:
+    if (
+        not isinstance(image_size, (tuple, list))
+        or len(image_size) != 2
+        or not all(isinstance(s, int) and s > 0 for s in image_size)
+    ):
+        raise ValueError(f"image_size must be (H, W) with positive ints, got {image_size!r}")
+    return (int(image_size[0]), int(image_size[1]))
+
+
+def _resolve_backend(backend: str, gaussians: Gaussians) -> str:
+    """``"auto"``: gsplat for CUDA float32 when it works, the compiled CPU rasteriser for CPU
+    tensors when it builds, else torch."""
+    device = gaussians.device
+    if backend == "gsplat":
+        if device.type != "cuda":
+            raise ValueError(f"backend='gsplat' needs CUDA tensors, got gaussians on {device}")
+        if gaussians.dtype != torch.float32:
+            raise ValueError(f"backend='gsplat' needs float32 gaussians, got {gaussians.dtype}")
+    if backend == "cpu":
+        from models.render.cpu import cpu_rasterizer_error
+
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu' needs CPU tensors, got gaussians on {device}")
+        error = cpu_rasterizer_error(gaussians.dtype)
+        if error is not None:
+            raise RuntimeError(f"backend='cpu' is not available: {error}")
+    if backend != "auto":
+        return backend
+    use_gsplat = gaussians.dtype == torch.float32 and gsplat_available(device)
+    backend = "gsplat" if use_gsplat else "torch"
+    if device.type == "cpu" and _cpu_backend_usable(gaussians.dtype):
+        backend = "cpu"
+    return backend
+
+
 def render(
     gaussians: Gaussians,
     extrinsics: Tensor,
@@ -184,109 +264,28 @@ def render(
         ValueError: naming the argument, for wrong shapes or batch sizes, non-finite values,
             intrinsics in pixels instead of normalised, or an unknown backend or rasterize_mode.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if not isinstance(rasterize_mode, str) or rasterize_mode not in RASTERIZE_MODES:
-        raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
-    if isinstance(eps2d, bool) or not isinstance(eps2d, (int, float)) or not eps2d >= 0:
-        raise ValueError(f"eps2d must be a number >= 0 (pixels squared), got {eps2d!r}")
-    eps2d = float(eps2d)
-    if not isinstance(gaussians, Gaussians):
-        raise ValueError(f"gaussians must be a Gaussians, got {type(gaussians).__name__}")
-    gaussians.validate("gaussians")
-    batch = gaussians.batch_size
-    _check_camera("extrinsics", extrinsics, batch, None, 4)
-    views = extrinsics.shape[1]
-    _check_camera("intrinsics", intrinsics, batch, views, 3)
-    if (
-        not isinstance(image_size, (tuple, list))
-        or len(image_size) != 2
-        or not all(isinstance(s, int) and s > 0 for s in image_size)
-    ):
-        raise ValueError(f"image_size must be (H, W) with positive ints, got {image_size!r}")
-    image_size = (int(image_size[0]), int(image_size[1]))
-    focal = intrinsics[..., [0, 1], [0, 1]]  # [B, V, 2]
-    centre = intrinsics[..., [0, 1], [2, 2]]
-    if (focal <= 0).any() or (focal > MAX_NORMALISED_FOCAL).any():
-        raise ValueError(
-            f"intrinsics must be normalised (focal / image size in (0, {MAX_NORMALISED_FOCAL}]), "
-            f"got fx, fy up to {focal.abs().max().item():.4g}: pixel intrinsics passed by mistake?"
-        )
-    if (centre.abs() > MAX_NORMALISED_FOCAL).any():
-        largest = centre.abs().max().item()
-        raise ValueError(
-            f"intrinsics must be normalised, got a principal point {largest:.4g} image sizes "
-            "from the corner: pixel intrinsics passed by mistake?"
-        )
+    eps2d = _check_options(backend, rasterize_mode, eps2d)
+    _check_scene(gaussians, extrinsics, intrinsics)
+    batch, views = extrinsics.shape[:2]
+    image_size = _check_image_size(image_size)
     near = _check_plane("near", near, batch, views)
     far = _check_plane("far", far, batch, views)
-    device = gaussians.device
-    for name, value in (("extrinsics", extrinsics), ("intrinsics", intrinsics)):
-        if value.device != device:
-            raise ValueError(f"{name} is on {value.device} but gaussians is on {device}")
     for name, value in (("tile_size", tile_size), ("chunk", chunk), ("max_elements", max_elements)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    sh_degree_of(gaussians.harmonics.shape[-1])
     background = _background(background, batch, views, gaussians.means)
 
-    if backend == "auto":
-        use_gsplat = gaussians.dtype == torch.float32 and gsplat_available(device)
-        backend = "gsplat" if use_gsplat else "torch"
-        if device.type == "cpu" and _cpu_backend_usable(gaussians.dtype):
-            backend = "cpu"
+    backend = _resolve_backend(backend, gaussians)
     gaussians = _sanitise(gaussians)
     extrinsics = extrinsics.to(gaussians.dtype)
     intrinsics = intrinsics.to(gaussians.dtype)
-    if backend == "gsplat":
-        if device.type != "cuda":
-            raise ValueError(f"backend='gsplat' needs CUDA tensors, got gaussians on {device}")
-        if gaussians.dtype != torch.float32:
-            raise ValueError(f"backend='gsplat' needs float32 gaussians, got {gaussians.dtype}")
-        if bool(gaussians.valid_mask().any()):  # gsplat is not meant for empty sets
-            return _render_gsplat(
-                gaussians,
-                extrinsics,
-                intrinsics,
-                image_size,
-                background,
-                near,
-                far,
-                rasterize_mode,
-                eps2d,
-            )
+    views = (extrinsics, intrinsics, image_size, background, near, far)
+    if backend == "gsplat" and bool(gaussians.valid_mask().any()):  # gsplat: no empty sets
+        return _render_gsplat(gaussians, *views, rasterize_mode, eps2d)
     if backend == "cpu":
-        from models.render.cpu import cpu_rasterizer_error, render_cpu
+        from models.render.cpu import render_cpu
 
-        if device.type != "cpu":
-            raise ValueError(f"backend='cpu' needs CPU tensors, got gaussians on {device}")
-        error = cpu_rasterizer_error(gaussians.dtype)
-        if error is not None:
-            raise RuntimeError(f"backend='cpu' is not available: {error}")
-        return render_cpu(
-            gaussians,
-            extrinsics,
-            intrinsics,
-            image_size,
-            background,
-            near,
-            far,
-            tile_size,
-            rasterize_mode,
-            eps2d,
-        )
+        return render_cpu(gaussians, *views, tile_size, rasterize_mode, eps2d)
     return _render_torch(
-        gaussians,
-        extrinsics,
-        intrinsics,
-        image_size,
-        background,
-        near,
-        far,
-        tile_size,
-        chunk,
-        max_elements,
-        recompute,
-        rasterize_mode,
-        eps2d,
+        gaussians, *views, tile_size, chunk, max_elements, recompute, rasterize_mode, eps2d
     )
