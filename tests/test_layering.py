@@ -65,6 +65,8 @@ RANKS: dict[str, float] = {
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
     "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)
+    "datamodules.synthetic_scenes": 3,  # its scenes (textures, primitives, camera paths)
+    "datamodules.synthetic_render": 3,  # its analytic ray casting
     "datamodules.tools": 6,  # sfm asks the registry for pose-free models; convert uses sfm
     "datamodules.training": 9,
     "models.training": 10,
