@@ -24,6 +24,7 @@ from einops import rearrange, repeat
 from torch import Tensor
 
 from models.base import ModelOutput, SplatModel, check_context
+from models.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
 from models.geometry.rigid import rigid_fit
 from models.knobs import MAX_GAUSSIANS
@@ -177,6 +178,54 @@ class PixelAligned(PixelTrunk, SplatModel):
             out.append(value.to(like.dtype))
         return out[0], out[1]
 
+    def _pose_free_gaussians(
+        self,
+        features: Tensor,
+        head_in: Tensor,
+        color: Tensor,
+        depth_loc: Tensor,
+        coords: Tensor,
+        intr_loc: Tensor,
+        scale_reference: Tensor,
+        v: int,
+    ) -> tuple[Gaussians, Tensor, Tensor]:
+        """Pose-free: each view's own-frame points moved into view 0's frame by the point head.
+
+        Returns the Gaussians, the anchors ``[B, N, 3]`` in view 0's frame (``N = V*H*W``) and
+        each view's camera ``[B, V, 4, 4]`` (a rigid fit of its own-frame points to its anchors,
+        no gradient; view 0 is the identity).
+        """
+        b = head_in.shape[0]
+        dtype, device = head_in.dtype, head_in.device
+        # Own-frame points, [B, V*H*W, G, 3] -> anchors in view 0's frame.
+        rays = camera_directions(coords[:, :, None, :], intr_loc)  # [B, N, 1, 3], z = 1
+        local = rays * depth_loc[..., None]  # [B, N, G, 3]
+        # The correction is relative to the depth (scale-aware) and linear, so a zero-initialised
+        # point head starts every view at its own unprojection and still gets gradients.
+        correction = self.point_head(features)  # [BV, 3G, H, W]
+        correction = rearrange(correction, "(b v) (g c) h w -> b v (h w) g c", b=b, v=v, c=3)
+        keep = torch.ones(v, dtype=dtype, device=device)
+        keep[0] = 0.0  # view 0 is the scene frame: its points stay on its rays
+        correction = correction * keep[None, :, None, None, None]
+        correction = rearrange(correction, "b v p g c -> b (v p) g c") * depth_loc[..., None]
+        anchors = local + correction  # [B, N, G, 3] in view 0's frame
+        # The head takes one anchor per location; extra Gaussians of a pixel share the
+        # first anchor, each with its own bounded offset.
+        gaussians = self.gaussian_head(
+            head_in,
+            color=color,
+            anchors=anchors[:, :, 0],
+            offset_scale=scale_reference,
+            scale_reference=scale_reference,
+        )
+        with torch.no_grad():
+            fitted = rigid_fit(
+                rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
+                rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
+            )
+            fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
+        return gaussians, anchors[:, :, 0], fitted
+
     def forward(
         self, context: dict[str, Tensor], *, max_gaussians: int | None = None
     ) -> ModelOutput:
@@ -252,36 +301,10 @@ class PixelAligned(PixelTrunk, SplatModel):
                 scale_reference=scale_reference,
             )
         else:
-            # Own-frame points, [B, V*H*W, G, 3] -> anchors in view 0's frame.
-            rays = camera_directions(coords[:, :, None, :], intr_loc)  # [B, N, 1, 3], z = 1
-            local = rays * depth_loc[..., None]  # [B, N, G, 3]
-            # The correction is relative to the depth (scale-aware) and linear, so a zero-initialised
-            # point head starts every view at its own unprojection and still gets gradients.
-            correction = self.point_head(features)  # [BV, 3G, H, W]
-            correction = rearrange(correction, "(b v) (g c) h w -> b v (h w) g c", b=b, v=v, c=3)
-            keep = torch.ones(v, dtype=dtype, device=device)
-            keep[0] = 0.0  # view 0 is the scene frame: its points stay on its rays
-            correction = correction * keep[None, :, None, None, None]
-            correction = rearrange(correction, "b v p g c -> b (v p) g c") * depth_loc[..., None]
-            anchors = local + correction  # [B, N, G, 3] in view 0's frame
-            # The head takes one anchor per location; extra Gaussians of a pixel share the
-            # first anchor, each with its own bounded offset.
-            gaussians = self.gaussian_head(
-                head_in,
-                color=color,
-                anchors=anchors[:, :, 0],
-                offset_scale=scale_reference,
-                scale_reference=scale_reference,
+            gaussians, points, fitted = self._pose_free_gaussians(
+                features, head_in, color, depth_loc, coords, intr_loc, scale_reference, v
             )
-            diagnostics["points"] = rearrange(
-                anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h
-            )
-            with torch.no_grad():
-                fitted = rigid_fit(
-                    rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
-                    rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
-                )
-                fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
+            diagnostics["points"] = rearrange(points, "b (v h w) c -> b v h w c", v=v, h=h)
             out_intrinsics = intrinsics
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)

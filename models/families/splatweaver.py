@@ -254,9 +254,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         self.vit_size = vit_size
         self.use_intrinsics = use_intrinsics
         self.pose_free = pose_free  # instance value: shadows the class default
-        self.default_focal = default_focal
-        self.near = near
-        self.far = far
+        self.default_focal, self.near, self.far = default_focal, near, far
         self.num_depth_candidates = num_depth_candidates
         self.num_experts = num_experts
         self.gumbel_tau = gumbel_tau
