@@ -474,6 +474,56 @@ class DepthTrunk(nn.Module):
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(3, 1, 1), persistent=False)
 
+    def _mono_features(
+        self, x: Tensor, size: tuple[int, int]
+    ) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """The ViT's maps at its own 1/14 grid, the same at 1/8, and the last one at the
+        lowest matching resolution (``x``: normalised images ``[BV, 3, H, W]``)."""
+        height, width = size
+        bv = x.shape[0]
+        rh, rw = height // 14 * 14, width // 14 * 14
+        if self.max_vit_width is not None and width > self.max_vit_width:
+            rw = self.max_vit_width // 14 * 14
+            rh = int(height / width * self.max_vit_width) // 14 * 14
+        vit_in = F.interpolate(x, (rh, rw), mode="bilinear", align_corners=True)
+        tokens = self.backbone.intermediate_tokens(vit_in, self.mono_layers)
+        raw_mono = [
+            t.reshape(bv, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous() for t in tokens
+        ]
+        mono = [
+            F.interpolate(t, (height // 8, width // 8), mode="bilinear", align_corners=True)
+            for t in raw_mono
+        ]
+        mono_last = mono[-1]
+        if self.lowest_resolution == 4:
+            mono_last = F.interpolate(
+                mono_last, scale_factor=2, mode="bilinear", align_corners=True
+            )
+        return raw_mono, mono, mono_last
+
+    def _candidates(
+        self,
+        s: int,
+        steps: Tensor,
+        inv_depth: Tensor | None,
+        inv_min: Tensor,
+        inv_max: Tensor,
+        size: tuple[int, int],
+    ) -> tuple[Tensor, Tensor | None]:
+        """Scale ``s``'s depth candidates ``[BV, D, h, w]``: the whole range at the first scale,
+        then a window around the previous scale's (upsampled) inverse depth, also returned."""
+        if s == 0:
+            candidates = inv_min + steps.view(1, -1, 1, 1) * (inv_max - inv_min)
+            return candidates.expand(inv_min.shape[0], steps.shape[0], *size), inv_depth
+        inv_depth = F.interpolate(
+            inv_depth, scale_factor=2, mode="bilinear", align_corners=True
+        ).detach()
+        count = steps.shape[0]
+        interval = (inv_max - inv_min) / (self.num_depth_candidates - 1) / 2**s
+        lo = torch.maximum(inv_depth - interval * (count // 2), inv_min)
+        hi = torch.minimum(inv_depth + interval * (count // 2 - 1), inv_max)
+        return lo + steps.view(1, -1, 1, 1) * (hi - lo), inv_depth  # [BV, D, h, w]
+
     def forward(
         self,
         images: Tensor,
@@ -517,25 +567,7 @@ class DepthTrunk(nn.Module):
         match = self.matcher((low + pos).unflatten(0, (b, v)), splits, neighbours).flatten(0, 1)
         match_scales = self.match_pyramid(match) if self.num_scales > 1 else [match]
 
-        rh, rw = height // 14 * 14, width // 14 * 14
-        if self.max_vit_width is not None and width > self.max_vit_width:
-            rw = self.max_vit_width // 14 * 14
-            rh = int(height / width * self.max_vit_width) // 14 * 14
-        vit_in = F.interpolate(x, (rh, rw), mode="bilinear", align_corners=True)
-        tokens = self.backbone.intermediate_tokens(vit_in, self.mono_layers)
-        raw_mono = [
-            t.reshape(b * v, rh // 14, rw // 14, -1).permute(0, 3, 1, 2).contiguous()
-            for t in tokens
-        ]
-        mono = [
-            F.interpolate(t, (height // 8, width // 8), mode="bilinear", align_corners=True)
-            for t in raw_mono
-        ]
-        mono_last = mono[-1]
-        if self.lowest_resolution == 4:
-            mono_last = F.interpolate(
-                mono_last, scale_factor=2, mode="bilinear", align_corners=True
-            )
+        raw_mono, mono, mono_last = self._mono_features(x, (height, width))
         mono_scales = self.mono_pyramid(mono_last) if self.num_scales > 1 else [mono_last]
 
         index = (
@@ -562,17 +594,7 @@ class DepthTrunk(nn.Module):
             count = self.num_depth_candidates // 4**s
             # float32 steps cast to the input dtype, as the release computes them
             steps = torch.linspace(0, 1, count, device=images.device).to(images.dtype)
-            if s == 0:
-                candidates = inv_min + steps.view(1, -1, 1, 1) * (inv_max - inv_min)
-                candidates = candidates.expand(b * v, count, h, w)
-            else:
-                inv_depth = F.interpolate(
-                    inv_depth, scale_factor=2, mode="bilinear", align_corners=True
-                ).detach()
-                interval = (inv_max - inv_min) / (self.num_depth_candidates - 1) / 2**s
-                lo = torch.maximum(inv_depth - interval * (count // 2), inv_min)
-                hi = torch.minimum(inv_depth + interval * (count // 2 - 1), inv_max)
-                candidates = lo + steps.view(1, -1, 1, 1) * (hi - lo)  # [BV, D, h, w]
+            candidates, inv_depth = self._candidates(s, steps, inv_depth, inv_min, inv_max, (h, w))
             src = gather_views(feats.unflatten(0, (b, v)), index).flatten(0, 2)  # [BVM, C, h, w]
             ref = feats.unflatten(0, (b, v))[:, :, None].expand(b, v, m, c, h, w).flatten(0, 2)
             cost = _warp_cost(
