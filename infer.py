@@ -229,7 +229,7 @@ def run(cfg: DictConfig) -> Path:
             k = None  # predicted / placed cameras: the model's intrinsics, its crop
         start_set = None
         if points is not None:
-            start_set = _points_start(points, result.frame.to_scene_points)
+            start_set = _points_start(points, result.frame.to_capture.inverse().points)
         result, fitted = inference.refine_reconstruction(
             result,
             photos,

@@ -21,6 +21,7 @@ __all__ = [
     "num_sh_bases",
     "rotate_sh_e3nn",
     "sh_degree_of",
+    "sh_rotation",
 ]
 
 MAX_SH_DEGREE = 4
@@ -124,6 +125,21 @@ def eval_sh(harmonics: Tensor, directions: Tensor) -> Tensor:
     degree = sh_degree_of(harmonics.shape[-1])
     bases = eval_sh_bases(degree, directions.to(harmonics.dtype))  # [..., K]
     return (harmonics * bases[..., None, :]).sum(dim=-1)  # [..., 3]
+
+
+def sh_rotation(rotation: Tensor, degree: int) -> Tensor:
+    """``[..., K, K]`` ``M`` with ``SH(R^T d) = SH(d) @ M`` for rotations ``R [..., 3, 3]``, so that
+    coefficients ``c [..., K]`` of a scene rotated by ``R`` are ``c @ M.T`` (float64).
+
+    Exact: each degree's span is closed under rotation, so the least-squares solution over a fixed
+    set of directions (more than ``K``, in general position) is the rotation's matrix.
+    """
+    generator = torch.Generator().manual_seed(0)
+    directions = torch.randn(256, 3, generator=generator, dtype=torch.float64)
+    directions = directions.to(rotation.device)
+    here = eval_sh_bases(degree, directions)  # [D, K]
+    there = eval_sh_bases(degree, directions @ rotation.double())  # [..., D, K] rows R^T d
+    return torch.linalg.lstsq(here.expand_as(there), there).solution  # [..., K, K]
 
 
 def _e3nn_quadratic_forms(like: Tensor) -> Tensor:
