@@ -202,7 +202,7 @@ def run(cfg: DictConfig) -> Path:
         result = inference.reconstruct(
             model,
             images,
-            refine_poses=int(cfg.refine_poses),
+            fit_poses=int(cfg.fit_poses),
             backend=str(cfg.backend),
             fov=float(cfg.fov),
             name=str(cfg.model),
@@ -492,7 +492,7 @@ def _run_capture(
     capture = reconstruct_capture(
         model,
         plan,
-        refine_poses=int(cfg.refine_poses),
+        fit_poses=int(cfg.fit_poses),
         backend=str(cfg.backend),
         fov=float(cfg.fov),
         max_gaussians=knobs.pop("max_gaussians", None),

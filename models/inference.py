@@ -11,7 +11,7 @@
 
 :func:`reconstruct` runs the model once and places every input view: the given cameras
 (``cameras=`` or the image set's own, e.g. from ``cameras.json``, COLMAP or structure-from-motion),
-the cameras a pose-free model predicts, or test-time pose refinement against each view's image.
+the cameras a pose-free model predicts, or test-time pose fit against each view's image.
 :func:`write_reconstruction` writes ``gaussians.ply``, ``cameras.json``, ``renders/``, ``path/``,
 ``path.mp4``, ``sparse/`` (structure-from-motion poses), ``cardinality/`` (MoE-cardinality models)
 and ``summary.json`` atomically through :class:`models.output_folder.OutputFolder`, the helper the
@@ -85,7 +85,7 @@ __all__ = [
 PROGRAM = "infer.py"  # the program name in the output marker (earlier outputs stay replaceable)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # How a view was placed: given cameras (cameras=, cameras.json, COLMAP), structure-from-motion,
-# view 0 of a pose-free model (the identity), predicted by the model, test-time pose refinement,
+# view 0 of a pose-free model (the identity), predicted by the model, test-time pose fit,
 # or not at all (pose-free, no prediction, no refinement).
 PLACEMENTS = ("given", "sfm", "identity", "predicted", "refined", "unknown")
 CARDINALITY_COLOURS = ((0, 0, 255), (0, 255, 0), (255, 255, 0), (255, 0, 0))  # 0, 1, 2, 3+
@@ -147,7 +147,7 @@ class Reconstruction:
         family: the model's family.
         pose_free: whether the model ignores input cameras.
         knobs: the inference knobs it ran with (checked, converted).
-        timings: seconds per stage (``inference``, ``refine_poses``; callers add their own).
+        timings: seconds per stage (``inference``, ``fit_poses``; callers add their own).
         maps: per-family per-view maps, e.g. ``"cardinality"`` ``[V, H, W]`` int64 (Gaussians per
             pixel of a MoE-cardinality model).
         source: the ``ImageSet`` the images came from (original sizes, SfM result), or ``None``.
@@ -659,7 +659,7 @@ def reconstruct(
     images: Any,
     cameras: Mapping[str, Tensor] | None = None,
     *,
-    refine_poses: int = 50,
+    fit_poses: int = 50,
     refine_size: int = 128,
     backend: str = "auto",
     fov: float = 60.0,
@@ -681,10 +681,10 @@ def reconstruct(
             replacing the image set's poses, in the capture's frame. Posed models need
             extrinsics; pose-free ones do not see them, but their views are placed by them when
             the model predicts no cameras.
-        refine_poses: for pose-free models that predict no cameras and have no given cameras:
-            test-time pose refinement steps placing views 1.. (0: their poses stay unknown).
+        fit_poses: for pose-free models that predict no cameras and have no given cameras:
+            test-time pose fit steps placing views 1.. (0: their poses stay unknown).
         refine_size: the refinement fits images downsampled to at most this many pixels.
-        backend: renderer for the pose refinement (``auto``, ``torch``, ``gsplat``, ``cpu``).
+        backend: renderer for the pose fit (``auto``, ``torch``, ``gsplat``, ``cpu``).
         fov: horizontal field of view in degrees assumed when there are no intrinsics.
         name: the model's name in messages (default: its registry name).
         near: near plane (default: the recipe's, :func:`model_recipe`).
@@ -764,19 +764,19 @@ def reconstruct(
         poses = f"input ({label}); pose-free {name} does not predict cameras"
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
-        steps = int(refine_poses)
+        steps = int(fit_poses)
         if views > 1 and steps > 0:
-            # Views 1.. by test-time pose refinement (as eval does for pose-free models), each
+            # Views 1.. by test-time pose fit (as eval does for pose-free models), each
             # from view 0's pose, against its own image with the Gaussians frozen.
-            from models.pose_refinement import refine_target_poses
+            from models.pose_fit import fit_target_poses
 
             targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
             if max(targets.shape[-2:]) > refine_size:  # intrinsics are normalised
                 factor = refine_size / max(targets.shape[-2:])
                 small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
                 targets = F.interpolate(targets[0], size=small, mode="area")[None]
-            with timer("refine_poses", device):
-                extrinsics[1:] = refine_target_poses(
+            with timer("fit_poses", device):
+                extrinsics[1:] = fit_target_poses(
                     gaussians,
                     targets,
                     extrinsics[None, 1:],
@@ -787,7 +787,7 @@ def reconstruct(
             placement = ["identity"] + ["refined"] * (views - 1)
             poses = (
                 f"refined: pose-free {name} predicts no cameras; views 1.. placed by "
-                f"test-time pose refinement ({steps} steps from view 0's pose, at "
+                f"test-time pose fit ({steps} steps from view 0's pose, at "
                 f"{targets.shape[-1]}x{targets.shape[-2]} px)"
             )
         else:
@@ -1019,7 +1019,7 @@ def refine_reconstruction(
         raise InferenceError(
             "refine",
             f"model {result.model} predicts no cameras and {shown} have none: refinement fits "
-            "the photos at their cameras (give cameras=, or refine_poses= > 0)",
+            "the photos at their cameras (give cameras=, or fit_poses= > 0)",
         )
     if len(photos) != len(result.names):
         raise ValueError(f"photos: {len(photos)} for {len(result.names)} views")

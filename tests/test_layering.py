@@ -61,7 +61,7 @@ RANKS: dict[str, float] = {
     "models.metrics": 8,
     "models.inference": 8,
     "models.refine": 8,  # per-scene refinement (application layer, beside inference)
-    "models.pose_refinement": 8,
+    "models.pose_fit": 8,
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
     "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)

@@ -155,7 +155,7 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     scores."""
     torch.manual_seed(0)
     net = create_model("zipsplat_tiny", image_size=32)
-    module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
+    module = SplatLitModule(net, pose_fit_steps=2, compute_baselines=False)
     module.eval()
     scene = random_context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}

@@ -265,7 +265,7 @@ def reconstruct_capture(
     model: nn.Module,
     plan: CapturePlan,
     *,
-    refine_poses: int = 50,
+    fit_poses: int = 50,
     backend: str = "auto",
     fov: float = 60.0,
     voxel: float | None = None,
@@ -315,7 +315,7 @@ def reconstruct_capture(
         result = reconstruct(
             model,
             subset(images, window),
-            refine_poses=refine_poses,
+            fit_poses=fit_poses,
             backend=backend,
             fov=fov,
             name=name,
@@ -326,7 +326,7 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
-        for key, value in result.timings.items():  # inference, refine_poses: summed
+        for key, value in result.timings.items():  # inference, fit_poses: summed
             stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
             target = capture_e[[position[i] for i in window]]
@@ -341,7 +341,7 @@ def reconstruct_capture(
             if "unknown" in result.placement and len(plan.windows) > 1:
                 raise CaptureError(
                     f"model={name}: views=all without camera poses needs the model's cameras "
-                    f"or pose refinement (refine_poses > 0)"
+                    f"or pose fit (fit_poses > 0)"
                 )
             shared = [k for k, i in enumerate(window) if i in known]
             if not shared:

@@ -45,7 +45,7 @@ data convention (``docs/design.md``) fixes both: every batch is expressed in the
 (identity) with the largest context baseline scaled to 1, so Gaussians predicted in view 0's frame
 line up with the ground-truth target cameras up to what the network gets wrong about that scale
 (learned from the training distribution, where the baseline is always 1). The remaining error is
-what test-time target-pose refinement (``models.pose_refinement``) absorbs at evaluation.
+what test-time target-pose fit (``models.pose_fit``) absorbs at evaluation.
 
 Losses: L1 and LPIPS are the LightningModule's (``configs/model/zipsplat.yaml``), as is the depth
 term: with ``depth_weight > 0`` it compares the rendered target depth with the ground truth (free,
@@ -683,7 +683,7 @@ def zipsplat_large(**kwargs) -> ZipSplat:
 register_pretrained_cfgs(
     synthetic64_cfg(
         "zipsplat_tiny",
-        "experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose refinement",
+        "experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose fit",
         pose_free=True,
         psnr=18.72,
         ssim=0.521,
