@@ -126,7 +126,7 @@ def test_pose_free_model_places_views(views, one_thread) -> None:
     # The model never saw the poses: the same Gaussians either way.
     assert torch.equal(given.gaussians.means, unknown.gaussians.means)
     refined = reconstruct(model, views["image"], fit_poses=2, backend="torch")
-    assert refined.placement == ["identity", "refined"] and "refinement" in refined.poses
+    assert refined.placement == ["identity", "refined"] and "pose fit" in refined.poses
     assert torch.allclose(refined.extrinsics[0], torch.eye(4))
     assert not torch.allclose(refined.extrinsics[1], torch.eye(4))  # moved by the fit
     fewer = reconstruct(model, views["image"], fit_poses=0, compression=0.25)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
-from models.geometry.rigid import rigid_fit
+from models.geometry.similarity import umeyama
 from models.knobs import MAX_GAUSSIANS
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
 from models.layers.pixel_trunk import PixelTrunk
@@ -277,10 +277,11 @@ class PixelAligned(PixelTrunk, SplatModel):
                 anchors[:, :, 0], "b (v h w) c -> b v h w c", v=v, h=h
             )
             with torch.no_grad():
-                fitted = rigid_fit(
+                fitted = umeyama(
                     rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
                     rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
-                )
+                    scale=False,
+                ).matrix()
                 fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
             out_intrinsics = intrinsics
         if max_gaussians is not None:

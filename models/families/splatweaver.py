@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from models.base import ModelOutput, SplatModel, check_context
 from models.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid, transform_points
-from models.geometry.rigid import rigid_fit
+from models.geometry.similarity import umeyama
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead, free_mean_activation
 from models.layers.pixel_trunk import PixelTrunk
@@ -775,7 +775,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
             if not self.pose_free:
                 fitted = extrinsics.detach()
             else:
-                fitted = rigid_fit(local, points)  # [B, V, 4, 4]
+                fitted = umeyama(local, points, scale=False).matrix()  # [B, V, 4, 4]
                 fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
             if given is None:  # intrinsics-free: estimate a shared focal from view 0's points
                 focal = self._estimate_focal(points[:, 0], coords).clamp_min(1e-3)  # [B, 2]
