@@ -330,7 +330,7 @@ def _refine_settings(cfg: DictConfig):
 def _sfm_points(images, cfg: DictConfig):
     """``(xyz, rgb)`` of the capture's COLMAP / structure-from-motion points (its own frame) for
     ``refine_init=sfm``; none: one line (exit status 2)."""
-    from models.refine import read_colmap_points
+    from datamodules.readers.colmap import read_colmap_points
 
     sfm = getattr(images, "sfm", None)
     cameras = cfg.get("cameras")
@@ -342,7 +342,7 @@ def _sfm_points(images, cfg: DictConfig):
         where = Path(str(images.source))
     if images.extrinsics is None:
         raise InferenceError(where, "refine_init=sfm needs posed photos with their SfM points")
-    return read_colmap_points(where)
+    return read_colmap_points(where, min_points=2)
 
 
 def _points_start(points, move):

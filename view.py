@@ -157,11 +157,12 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
     ``models.inference`` and ``models.capture.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
+    from datamodules.transforms import image_to_uint8
     from models import budget, inference
     from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
     from models.gaussians import transform_gaussians
     from models.knobs import KnobRunner
-    from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
+    from models.viewer import ViewCamera, ViewScene
 
     name = str(settings["model"])
     device = inference.choose_device(settings["device"])
@@ -241,7 +242,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
             extrinsics=frame.to_capture.cameras(extrinsics[i].double().cpu()).numpy(),
             intrinsics=intrinsics[i].double().numpy(),
             size=(int(height), int(width)),
-            image=tensor_to_uint8(images.images[i]),
+            image=image_to_uint8(images.images[i]),
         )
         for i in known
     ]

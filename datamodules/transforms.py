@@ -6,6 +6,9 @@
   ``(i + 0.5) / W`` at every resolution); the crop does.
 - ``flip_views``: horizontal flip of images with the matching mirror of the world (x -> -x in every
   camera frame), so multi-view geometry stays consistent.
+- ``image_from_uint8`` / ``image_to_uint8``: the one conversion between 8-bit pixels ``[..., H, W,
+  3]`` and the project's float images ``[..., 3, H, W]`` in [0, 1] (rounded to nearest on the way
+  out).
 """
 
 from __future__ import annotations
@@ -17,12 +20,27 @@ from PIL import Image
 from torch import Tensor
 
 __all__ = [
+    "image_from_uint8",
+    "image_to_uint8",
     "cover_shape",
     "crop_transform",
     "resize_crop_image",
     "resize_crop_depth",
     "flip_views",
 ]
+
+
+def image_from_uint8(pixels) -> Tensor:
+    """8-bit pixels ``[..., H, W, 3]`` (an array, a tensor or a PIL image) → float32
+    ``[..., 3, H, W]`` in [0, 1]."""
+    array = torch.as_tensor(np.array(pixels, dtype=np.uint8, copy=True))
+    return array.movedim(-1, -3).float() / 255.0
+
+
+def image_to_uint8(image: Tensor) -> np.ndarray:
+    """Float ``[..., 3, H, W]`` in [0, 1] (clamped) → 8-bit ``[..., H, W, 3]`` (a NumPy array)."""
+    pixels = (image.detach().float().clamp(0, 1) * 255 + 0.5).to(torch.uint8)
+    return pixels.movedim(-3, -1).cpu().numpy()
 
 
 def cover_shape(in_shape: tuple[int, int], out_shape: tuple[int, int]) -> tuple[int, int]:
@@ -76,14 +94,13 @@ def resize_crop_image(
         image = image.convert("RGB")
     in_shape = (image.height, image.width)
     if out_shape is None or tuple(out_shape) == in_shape:
-        array = np.asarray(image)
-        return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0, torch.eye(3)
+        return image_from_uint8(image), torch.eye(3)
     scaled = cover_shape(in_shape, tuple(out_shape))
     if scaled != in_shape:
         image = image.resize((scaled[1], scaled[0]), Image.Resampling.LANCZOS)
     a, top, left = crop_transform(scaled, tuple(out_shape))
     array = np.asarray(image)[top : top + out_shape[0], left : left + out_shape[1]]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0, a
+    return image_from_uint8(array), a
 
 
 def resize_crop_depth(depth: Tensor, out_shape: tuple[int, int] | None) -> Tensor:

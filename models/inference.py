@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
+from datamodules.transforms import image_to_uint8
 from models.gaussians import Gaussians, transform_gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import (
@@ -889,17 +890,10 @@ def output_folder(
     return OutputFolder(output, PROGRAM, inputs=inputs, overwrite=overwrite)
 
 
-def _to_uint8(images: Tensor) -> np.ndarray:
-    """``[N, 3, H, W]`` in [0, 1] → ``[N, H, W, 3]`` uint8."""
-    return (
-        (images.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    )
-
-
 def _save_pngs(images: Tensor, paths: Iterable[Path]) -> None:
     from PIL import Image
 
-    for array, path in zip(_to_uint8(images), paths):
+    for array, path in zip(image_to_uint8(images), paths):
         Image.fromarray(array).save(path)
 
 
@@ -1142,7 +1136,7 @@ def write_reconstruction(
         (staging / "path").mkdir()
         _save_pngs(path, [staging / "path" / f"frame_{i:04d}.png" for i in range(len(path))])
         with timer("write_video"):
-            _write_video(_to_uint8(path), staging / "path.mp4", int(fps))
+            _write_video(image_to_uint8(path), staging / "path.mp4", int(fps))
 
         path_capture = frame.to_capture.cameras(path_e.double().cpu())  # [frames, 4, 4]
         cameras: dict[str, Any] = {
