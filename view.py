@@ -157,11 +157,11 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     """Load ``settings['model']`` and the photos in ``source`` (as ``infer.py`` does, through
     ``models.inference`` and ``models.capture.inputs``); returns ``(ViewScene, KnobRunner, initial
     knob values)``."""
-    from datamodules.transforms import image_to_uint8
     from models import budget, inference
     from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
     from models.gaussians import transform_gaussians
     from models.knobs import KnobRunner
+    from models.pixels import image_to_uint8
     from models.viewer import ViewCamera, ViewScene
 
     name = str(settings["model"])

@@ -6,9 +6,6 @@
   ``(i + 0.5) / W`` at every resolution); the crop does.
 - ``flip_views``: horizontal flip of images with the matching mirror of the world (x -> -x in every
   camera frame), so multi-view geometry stays consistent.
-- ``image_from_uint8`` / ``image_to_uint8``: the one conversion between 8-bit pixels ``[..., H, W,
-  3]`` and the project's float images ``[..., 3, H, W]`` in [0, 1] (rounded to nearest on the way
-  out).
 """
 
 from __future__ import annotations
@@ -19,28 +16,15 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from models.pixels import image_from_uint8
+
 __all__ = [
-    "image_from_uint8",
-    "image_to_uint8",
     "cover_shape",
     "crop_transform",
     "resize_crop_image",
     "resize_crop_depth",
     "flip_views",
 ]
-
-
-def image_from_uint8(pixels) -> Tensor:
-    """8-bit pixels ``[..., H, W, 3]`` (an array, a tensor or a PIL image) → float32
-    ``[..., 3, H, W]`` in [0, 1]."""
-    array = torch.as_tensor(np.array(pixels, dtype=np.uint8, copy=True))
-    return array.movedim(-1, -3).float() / 255.0
-
-
-def image_to_uint8(image: Tensor) -> np.ndarray:
-    """Float ``[..., 3, H, W]`` in [0, 1] (clamped) → 8-bit ``[..., H, W, 3]`` (a NumPy array)."""
-    pixels = (image.detach().float().clamp(0, 1) * 255 + 0.5).to(torch.uint8)
-    return pixels.movedim(-3, -1).cpu().numpy()
 
 
 def cover_shape(in_shape: tuple[int, int], out_shape: tuple[int, int]) -> tuple[int, int]:

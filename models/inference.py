@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
-from datamodules.transforms import image_to_uint8
 from models.gaussians import Gaussians, transform_gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import (
@@ -56,6 +55,7 @@ from models.input_recipe import (
 )
 from models.knobs import Knob, inference_knobs
 from models.output_folder import OutputFolder
+from models.pixels import image_to_uint8
 
 __all__ = [
     "PLACEMENTS",

@@ -35,7 +35,8 @@ RANKS: dict[str, float] = {
     "models._timm_import": 0,
     "models.output_folder": 0,
     "models.command_line": 0,
-    "models.budget": 0,  # time/memory estimates of big work (imports only datamodules.errors)
+    "models.budget": 0,
+    "models.pixels": 0,  # 8-bit pixels <-> float images (no project imports)  # time/memory estimates of big work (imports only datamodules.errors)
     "models.geometry": 1,
     "models.gaussians": 2,
     "models.sh": 2,

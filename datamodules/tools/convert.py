@@ -76,13 +76,13 @@ from datamodules.readers.colmap import (
 )
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from datamodules.readers.undistort import undistort_image
-from datamodules.transforms import image_from_uint8, image_to_uint8
 from models.geometry.cameras import (
     intrinsics_to_normalized,
     intrinsics_to_pixels,
     invert_extrinsics,
 )
 from models.output_folder import check_output_folder, write_marker
+from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = [
     "SceneError",

@@ -45,9 +45,9 @@ from torch import Tensor
 from datamodules.errors import InputError
 from datamodules.readers import colmap
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
-from datamodules.transforms import image_from_uint8, image_to_uint8
 from models.geometry.cameras import normalize_scene
 from models.geometry.similarity import umeyama
+from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = [
     "MATCHING",

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from datamodules.errors import InputError
-from datamodules.transforms import image_to_uint8
 from models.gaussians import Gaussians
+from models.pixels import image_to_uint8
 
 __all__ = [
     "HoldoutError",

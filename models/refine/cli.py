@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.errors import InputError
-from datamodules.transforms import image_to_uint8
 from models.command_line import Terminated
+from models.pixels import image_to_uint8
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments"]
