@@ -837,7 +837,8 @@ _LICENSE = (
     "MIT (the ReSplat release's LICENSE covers its code and weights; author Haofei Xu); "
     "the weights contain a "
     "DINOv2 ViT-{size} initialised from Depth Anything V2 {da} ({da_licence}) through "
-    "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18 (BSD-3-Clause)"
+    "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18, whose weights carry no "
+    "stated licence (unstated; torchvision's BSD-3-Clause covers its code)"
 )
 _LIC = {
     "S": _LICENSE.format(size="S", da="Small", da_licence="Apache-2.0"),

@@ -767,8 +767,9 @@ register_pretrained_cfgs(
             hf_hub_filename="model.safetensors",
             file_format="official",
             license=(
-                "Apache-2.0 (the repository's LICENSE; the Hub file states no other). The trunk "
-                "starts from VGGT-1B (facebook/VGGT-1B: its own licence) and DINOv2 (Apache-2.0)"
+                "code Apache-2.0 (the repository's LICENSE; the Hub file states no other); the "
+                "weights start from VGGT-1B (facebook/VGGT-1B, src/model/encoder/splatweaver.py "
+                "VGGT.from_pretrained), whose licence is non-commercial: non-commercial use only"
             ),
             source=(
                 "Wan, Li, Shao, Zuo: SplatWeaver: Learning to Allocate Gaussian Primitives for "
@@ -778,7 +779,7 @@ register_pretrained_cfgs(
             train_data=(
                 "not stated for the released file; the repository's training command "
                 "(+experiment=multi-dataset) mixes DL3DV, CO3D, ScanNet++ and in-the-wild video "
-                "at 224x448"
+                "at heights 224-448 (multiples of 14) and width 448"
             ),
             input_size=(448, 448),
             views=None,
@@ -794,12 +795,16 @@ register_pretrained_cfgs(
                 pose_scale="pose_free",
                 source=(
                     "yecongwan/SplatWeaver demo.py and src/utils/image.py process_image (448x448 "
-                    "centre crop, 16 views in its example) and config/experiment/"
-                    "multi-dataset.yaml (training at input_image_shape [224, 448]) @ 6a157ce"
+                    "centre crop, 16 views in its example); config/experiment/multi-dataset.yaml "
+                    "(input_image_shape [224, 448]) with src/dataset/data_sampler.py "
+                    "(DynamicBatchSampler: height drawn from 224..448 in steps of 14) and "
+                    "src/dataset/dataset_*.py (width input_image_shape[1] = 448; near 0.1, far "
+                    "100.0 in every dataset class, divided by the scene's scale) @ 6a157ce"
                 ),
                 notes=(
-                    "pose-free: input poses only place the output; the configs set no near/far "
-                    "(the model predicts depth), 0.1/100 bound the port's rendering only"
+                    "pose-free: input poses only place the output; trained at heights 224-448 "
+                    "(multiples of 14) and width 448; near/far 0.1/100 are the dataset classes' "
+                    "(the configs set none)"
                 ),
             ),
             metrics={},
