@@ -42,7 +42,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    ``routing="argmax"`` (the most likely expert everywhere) is available but mismatched with
    training: it empties whole flat regions that training only ever thinned out.
 6. **Routing regulariser** (``losses``: ``routing_ce``, ``routing_smoothing``, ``routing_usage``,
-   unweighted; ``models.training.recipes.SplatWeaverRecipe`` weighs them): cross-entropy
+   unweighted; ``models.training.recipes.SplatWeaverTrainingRecipe`` weighs them): cross-entropy
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
    wavelet energy ``sqrt(LH² + HL² + HH²)`` at per-batch quantiles (the flattest pixels get
    expert 0, the most textured ones expert ``M``; bin sizes follow the target usage; pixels

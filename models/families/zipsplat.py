@@ -10,7 +10,7 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    *Camera prior (optional):* with ``use_camera_prior`` and cameras in the context, the Plücker
    rays of the (view-0-relative, unit-baseline) cameras are patchified and added to the patch
    tokens before the first block, for the scenes a ``camera_prior`` mask selects (training draws
-   it for some of the scenes, see ``models.training.recipes.ZipSplatRecipe``). It is off by
+   it for some of the scenes, see ``models.training.recipes.ZipSplatTrainingRecipe``). It is off by
    default, so at test time the model is pose-free and ignores ``extrinsics``.
 2. **Token clustering.** k-means (``models.layers.kmeans``: no gradient, uniform-stride initialisation,
    ``kmeans_iterations`` Lloyd iterations, chunked distances) on the deepest block's tokens of all

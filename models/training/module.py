@@ -1,7 +1,7 @@
 """One thin LightningModule for every family: render the targets, compute the losses, log.
 
 The network (``net``, any ``SplatModel``) and its family's training recipe (``recipe``, a
-``models.training.recipes.Recipe``; the family's default when not given) are injected. The
+``models.training.recipes.TrainingRecipe``; the family's default when not given) are injected. The
 architecture stays in the network; the training settings are the recipe's:
 ``recipe.train_kwargs(net, step, max_steps)`` gives per-step forward keywords (ZipSplat's sampled
 compression, ReSplat's iteration count), ``recipe.weigh(pred.losses)`` the weighted auxiliary
@@ -33,7 +33,7 @@ from models.metrics import (
 )
 from models.registry import to_plain
 from models.render.core import render
-from models.training.recipes import Recipe, default_recipe, recipe_record
+from models.training.recipes import TrainingRecipe, default_recipe, recipe_record
 
 __all__ = ["SplatLitModule", "net_identity"]
 
@@ -94,7 +94,7 @@ class SplatLitModule(L.LightningModule):
         pose_fit_steps: int = 100,
         compute_baselines: bool = True,
         eval_kwargs: dict | None = None,
-        recipe: Recipe | None = None,
+        recipe: TrainingRecipe | None = None,
     ) -> None:
         super().__init__()
         if photometric_loss not in ("mse", "l1"):
