@@ -355,7 +355,7 @@ def transform_gaussians(gaussians: Gaussians, move: Similarity) -> Gaussians:
     degree = sh_degree_of(harmonics.shape[-1])
     if degree > 0:
         m = sh_rotation(move.rotation, degree)  # [K, K] or [B, K, K]
-        m = m if m.ndim == 2 else m[:, None, None]
+        m = m if m.ndim == 2 else m[:, None]  # [B, 1, K, K] over the N Gaussians
         harmonics = (harmonics.double() @ m.transpose(-1, -2)).to(harmonics.dtype)  # [B, N, 3, K]
     return gaussians.replace(
         means=means.to(gaussians.means.dtype),

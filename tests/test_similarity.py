@@ -172,11 +172,20 @@ def test_batched_similarity_moves_each_scene_by_its_own() -> None:
     g = torch.Generator().manual_seed(7)
     moves = _random_similarity(g, (2,))
     scene = _scene(2)
-    pair = scene.map(lambda t: torch.cat([t, t]))  # two scenes
+    other = scene.replace(harmonics=-scene.harmonics.flip(1), means=scene.means.flip(1) + 1.0)
+    scenes = [scene, other]
+    pair = scene.map(lambda t: t.new_zeros(2, *t.shape[1:]))  # two different scenes
+    pair = pair.replace(
+        **{k: torch.cat([getattr(g, k) for g in scenes]) for k in ("means", "harmonics")},
+        scales=scene.scales.expand(2, -1, -1),
+        rotations=scene.rotations.expand(2, -1, -1),
+        opacities=scene.opacities.expand(2, -1),
+    )
     both = transform_gaussians(pair, moves)
+    assert both.harmonics.shape == pair.harmonics.shape
     for i in range(2):
         one = Similarity(moves.scale[i], moves.rotation[i], moves.translation[i])
-        alone = transform_gaussians(scene, one)
+        alone = transform_gaussians(scenes[i], one)
         assert torch.allclose(both.means[i], alone.means[0], atol=1e-5)
         assert torch.allclose(both.harmonics[i], alone.harmonics[0], atol=1e-5)
         assert torch.allclose(both.rotations[i], alone.rotations[0], atol=1e-6)
