@@ -7,10 +7,10 @@ release's evaluation index from ``eval_index_dir``; see docs/eval.md).
 Follows the RE10K protocol: the data's evaluation index picks context and target views, each scene
 is scored by the mean over its targets, then scenes are averaged. Writes ``metrics.json``, a
 per-scene ``scenes.csv`` and sample renders into the run folder, and prints a table. Pose-free
-models are scored with and without test-time target-pose refinement: their frame may differ from
+models are scored with and without test-time target-pose fit: their frame may differ from
 the scene frame by a similarity (a release's own depth normalisation), so the target poses are first
 mapped into it (``target_pose_alignment``, fitted on the context views, see
-``models.pose_refinement.place_targets``), then refined; ``metrics.json`` says how
+``models.pose_fit.place_targets``), then refined; ``metrics.json`` says how
 (``target_pose_placement``).
 """
 
@@ -113,7 +113,7 @@ def target_pose_placement(refined: bool, alignment: str, steps: int) -> str:
     how = {
         "similarity": "mapped into the model's frame by a similarity (scale, rotation, "
         "translation) fitted between the known context poses and the context views placed in "
-        "that frame (coarse scale search, then pose refinement against their own images)",
+        "that frame (coarse scale search, then pose fit against their own images)",
         "scale": "mapped into the model's frame by a scale fitted between the known context "
         "poses and the context views placed in that frame (coarse scale search, then pose "
         "refinement against their own images)",
@@ -191,15 +191,15 @@ def release_setup(cfg: DictConfig) -> tuple[torch.nn.Module, dict, dict]:
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     with open_dict(cfg):
-        cfg.model.refine_target_poses = cfg.refine_target_poses
+        cfg.model.fit_target_poses = cfg.fit_target_poses
         cfg.model.eval_kwargs = cfg.eval_kwargs
         cfg.model.num_val_images = cfg.num_renders
-    from models.pose_refinement import ALIGNMENTS
+    from models.geometry.similarity import CAMERA_FITS
 
     alignment = str(cfg.get("target_pose_alignment", "similarity"))
-    if alignment not in ALIGNMENTS:
+    if alignment not in CAMERA_FITS:
         raise UserError(
-            f"target_pose_alignment={alignment}: must be one of {', '.join(ALIGNMENTS)}"
+            f"target_pose_alignment={alignment}: must be one of {', '.join(CAMERA_FITS)}"
         )
     release_meta: dict = {}
     applied: dict = {}  # data settings the release's recipe replaced
@@ -232,17 +232,17 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise UserError(
             "the test split produced no scenes (check data.root and the evaluation index)"
         )
-    refined = bool(cfg.refine_target_poses) and bool(getattr(net, "pose_free", False))
+    refined = bool(cfg.fit_target_poses) and bool(getattr(net, "pose_free", False))
     meta = {
         "model": getattr(net, "registry_name", type(net).__name__),
         "ckpt_path": weights_label,
         **release_meta,
         "data": {**to_plain(cfg.data), **applied},
         "eval_kwargs": to_plain(cfg.eval_kwargs),
-        "refine_target_poses": refined,
+        "fit_target_poses": refined,
         "target_pose_alignment": alignment if refined else None,
         "target_pose_placement": target_pose_placement(
-            refined, alignment, int(module.hparams.pose_refinement_steps)
+            refined, alignment, int(module.hparams.pose_fit_steps)
         ),
     }
     summary = write_outputs(cfg.paths.output_dir, module.test_records, module.test_samples, meta)

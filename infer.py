@@ -202,7 +202,7 @@ def run(cfg: DictConfig) -> Path:
         result = inference.reconstruct(
             model,
             images,
-            refine_poses=int(cfg.refine_poses),
+            fit_poses=int(cfg.fit_poses),
             backend=str(cfg.backend),
             fov=float(cfg.fov),
             name=str(cfg.model),
@@ -229,7 +229,7 @@ def run(cfg: DictConfig) -> Path:
             k = None  # predicted / placed cameras: the model's intrinsics, its crop
         start_set = None
         if points is not None:
-            start_set = _points_start(points, result.frame.to_scene_points)
+            start_set = _points_start(points, result.frame.to_capture.inverse().points)
         result, fitted = inference.refine_reconstruction(
             result,
             photos,
@@ -330,7 +330,7 @@ def _refine_settings(cfg: DictConfig):
 def _sfm_points(images, cfg: DictConfig):
     """``(xyz, rgb)`` of the capture's COLMAP / structure-from-motion points (its own frame) for
     ``refine_init=sfm``; none: one line (exit status 2)."""
-    from models.refine import read_colmap_points
+    from datamodules.readers.colmap import read_colmap_points
 
     sfm = getattr(images, "sfm", None)
     cameras = cfg.get("cameras")
@@ -342,7 +342,7 @@ def _sfm_points(images, cfg: DictConfig):
         where = Path(str(images.source))
     if images.extrinsics is None:
         raise InferenceError(where, "refine_init=sfm needs posed photos with their SfM points")
-    return read_colmap_points(where)
+    return read_colmap_points(where, min_points=2)
 
 
 def _points_start(points, move):
@@ -492,7 +492,7 @@ def _run_capture(
     capture = reconstruct_capture(
         model,
         plan,
-        refine_poses=int(cfg.refine_poses),
+        fit_poses=int(cfg.fit_poses),
         backend=str(cfg.backend),
         fov=float(cfg.fov),
         max_gaussians=knobs.pop("max_gaussians", None),

@@ -159,8 +159,10 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     knob values)``."""
     from models import budget, inference
     from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
+    from models.gaussians import transform_gaussians
     from models.knobs import KnobRunner
-    from models.viewer import ViewCamera, ViewScene, tensor_to_uint8
+    from models.pixels import image_to_uint8
+    from models.viewer import ViewCamera, ViewScene
 
     name = str(settings["model"])
     device = inference.choose_device(settings["device"])
@@ -215,7 +217,9 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     budget.check(estimate)  # one line naming image_size when it cannot fit
     budget.announce(estimate)
     frame = prepared.frame  # the viewer shows the capture's own frame, as infer.py writes it
-    runner = KnobRunner(model, context, transform=frame.to_capture_gaussians)
+    runner = KnobRunner(
+        model, context, transform=lambda g: transform_gaussians(g, frame.to_capture)
+    )
     initial = {k: settings[k] for k in KNOB_KEYS if settings[k] is not None}
     for key in initial:
         if key not in runner.knobs:
@@ -235,10 +239,10 @@ def reconstruct(source: Path, settings: dict[str, Any]):
     cameras = [
         ViewCamera(
             name=images.names[i],
-            extrinsics=frame.to_capture_extrinsics(extrinsics[i]).numpy(),
+            extrinsics=frame.to_capture.cameras(extrinsics[i].double().cpu()).numpy(),
             intrinsics=intrinsics[i].double().numpy(),
             size=(int(height), int(width)),
-            image=tensor_to_uint8(images.images[i]),
+            image=image_to_uint8(images.images[i]),
         )
         for i in known
     ]
@@ -254,7 +258,7 @@ def reconstruct(source: Path, settings: dict[str, Any]):
         pose_free=pose_free,
     )
     path_e, _, _ = inference.camera_path(placed, 30)
-    path = frame.to_capture_extrinsics(path_e).numpy()
+    path = frame.to_capture.cameras(path_e.double().cpu()).numpy()
     if settings.get("refine") or settings.get("refine_time"):
         gaussians = _refined(placed, images, settings, known, frame)
     scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
@@ -266,6 +270,7 @@ def _refined(placed, images, settings: dict[str, Any], known: list[int], frame):
     refine_reconstruction``) on the input photos at the model's input size and crop, in the
     capture's frame. A knob moved later re-runs the feed-forward pass only (the refinement is
     not repeated; say ``refine=`` again to refine that)."""
+    from models.gaussians import transform_gaussians
     from models.inference import InferenceError, refine_reconstruction
     from models.refine import settings_from_config
 
@@ -284,7 +289,7 @@ def _refined(placed, images, settings: dict[str, Any], known: list[int], frame):
         f"{fitted.message}; a knob change re-runs the feed-forward pass only (not the refinement)",
         file=sys.stderr,
     )
-    return frame.to_capture_gaussians(refined.gaussians)
+    return transform_gaussians(refined.gaussians, frame.to_capture)
 
 
 def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dict] | None:

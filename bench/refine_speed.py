@@ -23,12 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datamodules.readers.colmap import read_colmap_points  # noqa: E402
 from datamodules.readers.image_folder import load_images  # noqa: E402
 from models.refine import (  # noqa: E402
     MCMCSettings,
     RefineSettings,
     gaussians_from_points,
-    read_colmap_points,
     refine_gaussians,
 )
 
@@ -81,7 +81,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     photos = load_images(args.photos, None)
     train = [i for i in range(len(photos)) if i % 8]
-    xyz, rgb = read_colmap_points(args.photos)
+    xyz, rgb = read_colmap_points(args.photos, min_points=2)
     start = gaussians_from_points(xyz, rgb, sh_degree=3)
     rows = {}
     for backend in args.backends.split(","):

@@ -27,7 +27,7 @@ Usage::
 
 ``--weights``/``--baseline`` take a Lightning ``.ckpt``, a ``save_pretrained`` folder (or its
 ``model.safetensors``), or ``hf-hub:org/repo``. Pose-free models can be scored after test-time
-target-pose refinement (``--refine-steps 100``, as eval.py does); it is off by default (slow on a
+target-pose fit (``--refine-steps 100``, as eval.py does); it is off by default (slow on a
 CPU).
 
 ``bench/results/splatweaver_routing/`` holds the output of (``checkpoints/splatweaver_tiny`` is the
@@ -74,10 +74,10 @@ def score(
         "gaussians": int(gaussians.count()[0]),
     }
     if refine_steps > 0 and getattr(model, "pose_free", False):
-        from models.pose_refinement import refine_target_poses
+        from models.pose_fit import fit_target_poses
 
         with torch.enable_grad():
-            refined = refine_target_poses(
+            refined = fit_target_poses(
                 gaussians,
                 target["image"],
                 target["extrinsics"],
@@ -242,7 +242,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--maps", type=int, default=6, help="scenes whose cardinality maps are saved"
     )
     parser.add_argument("--zoom", type=int, default=4, help="magnification of the map PNGs")
-    parser.add_argument("--refine-steps", type=int, default=0, help="target-pose refinement steps")
+    parser.add_argument("--refine-steps", type=int, default=0, help="target-pose fit steps")
     parser.add_argument("--edge-threshold", type=float, default=EDGE_THRESHOLD)
     parser.add_argument(
         "--flat-threshold",

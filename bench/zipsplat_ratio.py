@@ -9,8 +9,8 @@ or a ``save_pretrained`` folder) on the test split of the data config (the evalu
 context and target views, as in ``eval.py``) at every ratio, and optionally a pixel-aligned
 baseline once, then prints a Markdown table. Metrics follow ``eval.py``: PSNR on images clipped
 to [0, 1] and SSIM (11x11 Gaussian window), averaged over each scene's targets, then over scenes.
-Pose-free models are also scored after test-time target-pose refinement
-(``models.pose_refinement``), the pose-free protocol; ``--refine-steps 0`` skips it.
+Pose-free models are also scored after test-time target-pose fit
+(``models.pose_fit``), the pose-free protocol; ``--refine-steps 0`` skips it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import data_config, load_weights, score_targets, test_loader, to_device  # noqa: E402
 
-from models.pose_refinement import refine_target_poses  # noqa: E402
+from models.pose_fit import fit_target_poses  # noqa: E402
 from models.weights.hub import PretrainedError  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def evaluate(
         }
         if pose_free and refine_steps > 0:
             with torch.enable_grad():
-                refined = refine_target_poses(
+                refined = fit_target_poses(
                     gaussians,
                     images,
                     target["extrinsics"],
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--root", help="dataset root (overrides the data config's)")
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1])
-    parser.add_argument("--refine-steps", type=int, default=100, help="0 skips pose refinement")
+    parser.add_argument("--refine-steps", type=int, default=100, help="0 skips pose fit")
     parser.add_argument("--max-scenes", type=int, help="score only the first N test scenes")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")

@@ -16,7 +16,7 @@ the reference for the pose-free ZipSplat), ``zipsplat``, ``resplat``, ``splatwea
    rise in resident memory (CUDA: peak allocated). Each family is scored across the knob its
    family module declares with sweep values (``models.knobs``: ``Knob.sweep``): ZipSplat's
    compression ratio, ReSplat's iterations, SplatWeaver's inference-time Gaussians per pixel.
-   Targets are rendered from their given poses (no test-time pose refinement).
+   Targets are rendered from their given poses (no test-time pose fit).
 3. **Report** ``results.csv``, ``results.md`` (means over seeds, ± the standard deviation when
    there are several), ``results.json`` and ``psnr_vs_gaussians_<V>views.png`` (one curve per
    family, baselines as horizontal lines) into ``--out`` (default ``bench/results/zoo``, kept in

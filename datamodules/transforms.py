@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from models.pixels import image_from_uint8
+
 __all__ = [
     "cover_shape",
     "crop_transform",
@@ -76,14 +78,13 @@ def resize_crop_image(
         image = image.convert("RGB")
     in_shape = (image.height, image.width)
     if out_shape is None or tuple(out_shape) == in_shape:
-        array = np.asarray(image)
-        return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0, torch.eye(3)
+        return image_from_uint8(image), torch.eye(3)
     scaled = cover_shape(in_shape, tuple(out_shape))
     if scaled != in_shape:
         image = image.resize((scaled[1], scaled[0]), Image.Resampling.LANCZOS)
     a, top, left = crop_transform(scaled, tuple(out_shape))
     array = np.asarray(image)[top : top + out_shape[0], left : left + out_shape[1]]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0, a
+    return image_from_uint8(array), a
 
 
 def resize_crop_depth(depth: Tensor, out_shape: tuple[int, int] | None) -> Tensor:

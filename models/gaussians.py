@@ -10,7 +10,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Gaussians", "SH_C0", "rgb_to_sh", "sh_to_rgb"]
+from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
+from models.geometry.similarity import Similarity
+from models.sh import sh_degree_of, sh_rotation
+
+__all__ = ["Gaussians", "SH_C0", "rgb_to_sh", "sh_to_rgb", "transform_gaussians"]
 
 SH_C0 = 0.28209479177387814  # Y_0^0, the DC spherical harmonic
 
@@ -332,3 +336,30 @@ class Gaussians:
 
     def replace(self, **changes) -> Gaussians:
         return replace(self, **changes)
+
+
+def transform_gaussians(gaussians: Gaussians, move: Similarity) -> Gaussians:
+    """``gaussians`` ``[B, N]`` moved by ``move`` (unbatched or batch ``[B]``): means moved,
+    scales multiplied by its scale, orientations rotated and the view-dependent colour's SH
+    rotated exactly (``models.sh.sh_rotation``). Solved in float64, returned in their dtypes."""
+    device = gaussians.means.device
+    move = move.to(dtype=torch.float64, device=device)
+    means = move.points(gaussians.means.double())  # [B, N, 3]
+    q = matrix_to_quaternion(move.rotation)  # [4] or [B, 4]
+    q = q if q.ndim == 1 else q[:, None]
+    rotations = quaternion_multiply(
+        q.to(gaussians.rotations).expand_as(gaussians.rotations), gaussians.rotations
+    )
+    factor = move.scale if move.scale.ndim == 0 else move.scale[:, None, None]
+    harmonics = gaussians.harmonics
+    degree = sh_degree_of(harmonics.shape[-1])
+    if degree > 0:
+        m = sh_rotation(move.rotation, degree)  # [K, K] or [B, K, K]
+        m = m if m.ndim == 2 else m[:, None]  # [B, 1, K, K] over the N Gaussians
+        harmonics = (harmonics.double() @ m.transpose(-1, -2)).to(harmonics.dtype)  # [B, N, 3, K]
+    return gaussians.replace(
+        means=means.to(gaussians.means.dtype),
+        scales=gaussians.scales * factor.to(gaussians.scales.dtype),
+        rotations=rotations,
+        harmonics=harmonics,
+    )

@@ -11,7 +11,7 @@
 
 :func:`reconstruct` runs the model once and places every input view: the given cameras
 (``cameras=`` or the image set's own, e.g. from ``cameras.json``, COLMAP or structure-from-motion),
-the cameras a pose-free model predicts, or test-time pose refinement against each view's image.
+the cameras a pose-free model predicts, or test-time pose fit against each view's image.
 :func:`write_reconstruction` writes ``gaussians.ply``, ``cameras.json``, ``renders/``, ``path/``,
 ``path.mp4``, ``sparse/`` (structure-from-motion poses), ``cardinality/`` (MoE-cardinality models)
 and ``summary.json`` atomically through :class:`models.output_folder.OutputFolder`, the helper the
@@ -38,14 +38,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
-from models.gaussians import Gaussians
+from models.gaussians import Gaussians, transform_gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import (
     camera_centers,
     intrinsics_to_pixels,
-    invert_extrinsics,
     project,
 )
+from models.geometry.similarity import Similarity
 from models.input_recipe import (
     BASELINE_DEPTH_RATIO,
     MAX_UPSAMPLE,
@@ -55,6 +55,7 @@ from models.input_recipe import (
 )
 from models.knobs import Knob, inference_knobs
 from models.output_folder import OutputFolder
+from models.pixels import image_to_uint8
 
 __all__ = [
     "PLACEMENTS",
@@ -85,7 +86,7 @@ __all__ = [
 PROGRAM = "infer.py"  # the program name in the output marker (earlier outputs stay replaceable)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # How a view was placed: given cameras (cameras=, cameras.json, COLMAP), structure-from-motion,
-# view 0 of a pose-free model (the identity), predicted by the model, test-time pose refinement,
+# view 0 of a pose-free model (the identity), predicted by the model, test-time pose fit,
 # or not at all (pose-free, no prediction, no refinement).
 PLACEMENTS = ("given", "sfm", "identity", "predicted", "refined", "unknown")
 CARDINALITY_COLOURS = ((0, 0, 255), (0, 255, 0), (255, 255, 0), (255, 0, 0))  # 0, 1, 2, 3+
@@ -106,86 +107,27 @@ class KnobError(InferenceError):
 class SceneFrame:
     """How the model's scene frame sits in the capture's own frame (DESIGN, "Scene frame").
 
-    A capture point ``p`` is ``R0 @ (scale * q) + t0`` for a scene point ``q``, where
-    ``reference = [R0 | t0]`` is the first context camera's camera-to-world in the capture. The
-    model saw the capture divided by ``scale`` (its recipe's training scale).
-
     Attributes:
-        reference: ``[4, 4]`` camera-to-world of view 0 in the capture (identity without poses).
-        scale: capture units per scene unit (``summary.json`` ``recipe.scene_scale``).
-        rule: how ``scale`` was chosen (one line).
+        to_capture: scene frame -> capture: ``p = R0 @ (scale * q) + t0`` with ``[R0 | t0]`` the
+            first context camera's camera-to-world in the capture (identity without poses); the
+            model saw the capture divided by ``scale`` (its recipe's training scale).
+        rule: how the scale was chosen (one line).
         near: the near plane the model got (scene units).
         far: the far plane the model got (scene units).
     """
 
-    reference: Tensor = field(default_factory=lambda: torch.eye(4, dtype=torch.float64))
-    scale: float = 1.0
+    to_capture: Similarity = field(default_factory=Similarity.identity)
     rule: str = "no poses: the scene frame is view 0's camera frame at the model's scale"
     near: float = 1.0
     far: float = 100.0
 
-    def to_capture_extrinsics(self, extrinsics: Tensor) -> Tensor:
-        """Scene-frame camera-to-world ``[..., 4, 4]`` → the capture's (float64)."""
-        out = extrinsics.double().cpu().clone()
-        out[..., :3, 3] = out[..., :3, 3] * self.scale
-        return self.reference.double() @ out
-
-    def to_scene_extrinsics(self, extrinsics: Tensor) -> Tensor:
-        """Capture camera-to-world ``[..., 4, 4]`` → the scene frame (float64)."""
-        out = invert_extrinsics(self.reference.double()) @ extrinsics.double().cpu()
-        out[..., :3, 3] = out[..., :3, 3] / self.scale
-        return out
-
-    def to_scene_points(self, points: Tensor) -> Tensor:
-        """Capture points ``[N, 3]`` → the scene frame (float64): ``R0^T (p - t0) / scale``."""
-        reference = self.reference.double()
-        moved = (points.double().cpu() - reference[:3, 3]) @ reference[:3, :3]
-        return moved / self.scale
-
-    def to_capture_gaussians(self, gaussians: Gaussians) -> Gaussians:
-        """The Gaussians moved into the capture's frame and scale: means rotated, scaled and
-        moved, scales multiplied by ``scale``, rotations and view-dependent colour rotated."""
-        return transform_gaussians(gaussians, self.reference, self.scale)
+    @property
+    def scale(self) -> float:
+        """Capture units per scene unit (``summary.json`` ``recipe.scene_scale``)."""
+        return float(self.to_capture.scale)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scene_scale": float(self.scale), "scene_scale_rule": self.rule}
-
-
-def _sh_rotation(rotation: Tensor, degree: int) -> Tensor:
-    """``[K, K]`` ``M`` with ``SH(R^T d) = SH(d) @ M`` in gsplat's real basis (exact per degree:
-    each degree's span is closed under rotation; least squares over fixed directions)."""
-    from models.sh import eval_sh_bases
-
-    generator = torch.Generator().manual_seed(0)
-    directions = torch.randn(256, 3, generator=generator, dtype=torch.float64)
-    directions = directions / directions.norm(dim=-1, keepdim=True)
-    here = eval_sh_bases(degree, directions)  # [D, K]
-    there = eval_sh_bases(degree, directions @ rotation.double())  # rows R^T d
-    return torch.linalg.lstsq(here, there).solution  # [K, K]
-
-
-def transform_gaussians(gaussians: Gaussians, transform: Tensor, scale: float = 1.0) -> Gaussians:
-    """Gaussians under ``p -> R @ (scale * p) + t`` (``transform = [R | t]``, rigid ``[4, 4]``)."""
-    from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
-    from models.sh import sh_degree_of
-
-    dtype = gaussians.means.dtype
-    rotation = transform[:3, :3].double().to(gaussians.means.device)
-    shift = transform[:3, 3].double().to(gaussians.means.device)
-    means = (gaussians.means.double() * scale) @ rotation.T + shift  # [B, N, 3]
-    q = matrix_to_quaternion(rotation).to(gaussians.rotations.dtype)  # [4]
-    rotations = quaternion_multiply(q.expand_as(gaussians.rotations), gaussians.rotations)
-    harmonics = gaussians.harmonics
-    degree = sh_degree_of(harmonics.shape[-1])
-    if degree > 0:
-        m = _sh_rotation(rotation.cpu(), degree).to(harmonics.device)  # [K, K]
-        harmonics = (harmonics.double() @ m.T).to(harmonics.dtype)  # [B, N, 3, K]
-    return gaussians.replace(
-        means=means.to(dtype),
-        scales=gaussians.scales * scale,
-        rotations=rotations,
-        harmonics=harmonics,
-    )
+        return {"scene_scale": self.scale, "scene_scale_rule": self.rule}
 
 
 @dataclass
@@ -206,7 +148,7 @@ class Reconstruction:
         family: the model's family.
         pose_free: whether the model ignores input cameras.
         knobs: the inference knobs it ran with (checked, converted).
-        timings: seconds per stage (``inference``, ``refine_poses``; callers add their own).
+        timings: seconds per stage (``inference``, ``fit_poses``; callers add their own).
         maps: per-family per-view maps, e.g. ``"cardinality"`` ``[V, H, W]`` int64 (Gaussians per
             pixel of a MoE-cardinality model).
         source: the ``ImageSet`` the images came from (original sizes, SfM result), or ``None``.
@@ -697,15 +639,18 @@ def prepare_context(
     }
     frame = SceneFrame(near=near, far=far)
     if scene_scale_override is not None:
-        frame.scale = float(scene_scale_override)
+        frame.to_capture = Similarity.scaling(
+            float(scene_scale_override), torch.zeros(3, dtype=torch.float64)
+        )
         frame.rule = f"scene_scale={scene_scale_override:g} (given)"
     if extrinsics is not None:
         capture = extrinsics.double().cpu()
         scale, rule = scene_scale(
             recipe, capture, intrinsics.double().cpu(), points, scene_scale_override
         )
-        frame = SceneFrame(reference=capture[0].clone(), scale=scale, rule=rule, near=near, far=far)
-        context["extrinsics"] = frame.to_scene_extrinsics(capture)[None].float()
+        to_capture = Similarity.from_pose(capture[0].clone(), scale)
+        frame = SceneFrame(to_capture=to_capture, rule=rule, near=near, far=far)
+        context["extrinsics"] = to_capture.inverse().cameras(capture)[None].float()
     names = names or [f"view_{i:02d}" for i in range(views)]
     return PreparedContext(context, names, origin, label, frame, recipe)
 
@@ -715,7 +660,7 @@ def reconstruct(
     images: Any,
     cameras: Mapping[str, Tensor] | None = None,
     *,
-    refine_poses: int = 50,
+    fit_poses: int = 50,
     refine_size: int = 128,
     backend: str = "auto",
     fov: float = 60.0,
@@ -737,10 +682,10 @@ def reconstruct(
             replacing the image set's poses, in the capture's frame. Posed models need
             extrinsics; pose-free ones do not see them, but their views are placed by them when
             the model predicts no cameras.
-        refine_poses: for pose-free models that predict no cameras and have no given cameras:
-            test-time pose refinement steps placing views 1.. (0: their poses stay unknown).
+        fit_poses: for pose-free models that predict no cameras and have no given cameras:
+            test-time pose fit steps placing views 1.. (0: their poses stay unknown).
         refine_size: the refinement fits images downsampled to at most this many pixels.
-        backend: renderer for the pose refinement (``auto``, ``torch``, ``gsplat``, ``cpu``).
+        backend: renderer for the pose fit (``auto``, ``torch``, ``gsplat``, ``cpu``).
         fov: horizontal field of view in degrees assumed when there are no intrinsics.
         name: the model's name in messages (default: its registry name).
         near: near plane (default: the recipe's, :func:`model_recipe`).
@@ -820,19 +765,19 @@ def reconstruct(
         poses = f"input ({label}); pose-free {name} does not predict cameras"
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
-        steps = int(refine_poses)
+        steps = int(fit_poses)
         if views > 1 and steps > 0:
-            # Views 1.. by test-time pose refinement (as eval does for pose-free models), each
+            # Views 1.. by test-time pose fit (as eval does for pose-free models), each
             # from view 0's pose, against its own image with the Gaussians frozen.
-            from models.pose_refinement import refine_target_poses
+            from models.pose_fit import fit_target_poses
 
             targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
             if max(targets.shape[-2:]) > refine_size:  # intrinsics are normalised
                 factor = refine_size / max(targets.shape[-2:])
                 small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
                 targets = F.interpolate(targets[0], size=small, mode="area")[None]
-            with timer("refine_poses", device):
-                extrinsics[1:] = refine_target_poses(
+            with timer("fit_poses", device):
+                extrinsics[1:] = fit_target_poses(
                     gaussians,
                     targets,
                     extrinsics[None, 1:],
@@ -843,7 +788,7 @@ def reconstruct(
             placement = ["identity"] + ["refined"] * (views - 1)
             poses = (
                 f"refined: pose-free {name} predicts no cameras; views 1.. placed by "
-                f"test-time pose refinement ({steps} steps from view 0's pose, at "
+                f"test-time pose fit ({steps} steps from view 0's pose, at "
                 f"{targets.shape[-1]}x{targets.shape[-2]} px)"
             )
         else:
@@ -945,17 +890,10 @@ def output_folder(
     return OutputFolder(output, PROGRAM, inputs=inputs, overwrite=overwrite)
 
 
-def _to_uint8(images: Tensor) -> np.ndarray:
-    """``[N, 3, H, W]`` in [0, 1] → ``[N, H, W, 3]`` uint8."""
-    return (
-        (images.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    )
-
-
 def _save_pngs(images: Tensor, paths: Iterable[Path]) -> None:
     from PIL import Image
 
-    for array, path in zip(_to_uint8(images), paths):
+    for array, path in zip(image_to_uint8(images), paths):
         Image.fromarray(array).save(path)
 
 
@@ -1008,7 +946,7 @@ def _input_cameras(result: Reconstruction, render_names: list[str]) -> list[dict
         pixels, sizes = source.original_intrinsics(intrinsics), list(source.original_sizes)
     else:
         pixels, sizes = intrinsics_to_pixels(intrinsics.double(), shape), [shape] * len(intrinsics)
-    capture = result.frame.to_capture_extrinsics(result.extrinsics)  # [V, 4, 4]
+    capture = result.frame.to_capture.cameras(result.extrinsics.double().cpu())  # [V, 4, 4]
     kinds = {"given": "input", "sfm": "input"}  # cameras.json's names since its first release
     return [
         {
@@ -1075,7 +1013,7 @@ def refine_reconstruction(
         raise InferenceError(
             "refine",
             f"model {result.model} predicts no cameras and {shown} have none: refinement fits "
-            "the photos at their cameras (give cameras=, or refine_poses= > 0)",
+            "the photos at their cameras (give cameras=, or fit_poses= > 0)",
         )
     if len(photos) != len(result.names):
         raise ValueError(f"photos: {len(photos)} for {len(result.names)} views")
@@ -1168,7 +1106,8 @@ def write_reconstruction(
     with folder as staging:
         frame = result.frame
         with timer("save_ply"):  # in the capture's own frame and scale
-            frame.to_capture_gaussians(gaussians).save_ply(staging / "gaussians.ply")
+            moved = transform_gaussians(gaussians, frame.to_capture)
+            moved.save_ply(staging / "gaussians.ply")
         with timer("render_inputs", device), torch.inference_mode():
             rendered = render_views(
                 gaussians,
@@ -1197,9 +1136,9 @@ def write_reconstruction(
         (staging / "path").mkdir()
         _save_pngs(path, [staging / "path" / f"frame_{i:04d}.png" for i in range(len(path))])
         with timer("write_video"):
-            _write_video(_to_uint8(path), staging / "path.mp4", int(fps))
+            _write_video(image_to_uint8(path), staging / "path.mp4", int(fps))
 
-        path_capture = frame.to_capture_extrinsics(path_e)  # [frames, 4, 4]
+        path_capture = frame.to_capture.cameras(path_e.double().cpu())  # [frames, 4, 4]
         cameras: dict[str, Any] = {
             "frame": "the capture's own frame and scale, as gaussians.ply (OpenCV axes, "
             "camera-to-world); the model ran in view 0's frame divided by "

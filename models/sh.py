@@ -1,8 +1,9 @@
-"""Real spherical harmonics with gsplat's constants and sign convention.
+"""Real spherical harmonics in gsplat's (and the original 3DGS code's) convention.
 
-The basis is the one of gsplat's CUDA kernel (``sh_coeffs_to_color_fast``, after Sloan, "Efficient
-Spherical Harmonic Evaluation", JCGT 2013), which is also the one of the original 3DGS code: e.g.
-``Y_1 = -C1 * y``, ``Y_2 = C1 * z``, ``Y_3 = -C1 * x`` for unit directions ``(x, y, z)``.
+The orthonormal real basis with the Condon-Shortley phase, ordered by degree ``l`` then order
+``m = -l..l`` (Sloan, "Efficient Spherical Harmonic Evaluation", JCGT 2013): e.g.
+``Y_1 = -C1 * y``, ``Y_2 = C1 * z``, ``Y_3 = -C1 * x`` for unit directions ``(x, y, z)``,
+``C1 = sqrt(3 / 4 pi)``. It is evaluated here from the Legendre recurrence (``eval_sh_bases``).
 Coefficients are stored channel-major, ``[..., 3, K]`` with ``K = (d + 1)^2``; the renderer turns
 the result into a colour with ``max(SH + 0.5, 0)``.
 """
@@ -21,12 +22,10 @@ __all__ = [
     "num_sh_bases",
     "rotate_sh_e3nn",
     "sh_degree_of",
+    "sh_rotation",
 ]
 
 MAX_SH_DEGREE = 4
-
-_C0 = 0.2820947917738781
-_C1 = 0.48860251190292
 
 
 def num_sh_bases(degree: int) -> int:
@@ -45,8 +44,35 @@ def sh_degree_of(num_bases: int) -> int:
     return degree
 
 
+def _normalisation(degree: int, order: int) -> float:
+    """``K_l^m`` of the orthonormal real basis (``sqrt 2`` folded in for ``m != 0``)."""
+    m = abs(order)
+    ratio = math.factorial(degree - m) / math.factorial(degree + m)
+    k = math.sqrt((2 * degree + 1) / (4 * math.pi) * ratio)
+    return k * math.sqrt(2.0) if order else k
+
+
+def _polar_parts(degree: int, z: Tensor) -> dict[tuple[int, int], Tensor]:
+    """Associated Legendre functions ``P_l^m(z)`` over ``(1 - z^2)^(m/2)`` (Condon-Shortley phase
+    included), for ``0 <= m <= l <= degree``, by the standard three-term recurrence in ``l``."""
+    parts: dict[tuple[int, int], Tensor] = {}
+    for m in range(degree + 1):
+        double_factorial = math.prod(range(2 * m - 1, 0, -2))
+        parts[m, m] = torch.full_like(z, (-1) ** m * double_factorial)
+        if m < degree:
+            parts[m + 1, m] = (2 * m + 1) * z * parts[m, m]
+        for ell in range(m + 2, degree + 1):
+            previous = (2 * ell - 1) * z * parts[ell - 1, m]
+            parts[ell, m] = (previous - (ell + m - 1) * parts[ell - 2, m]) / (ell - m)
+    return parts
+
+
 def eval_sh_bases(degree: int, directions: Tensor) -> Tensor:
     """Real SH basis functions at ``directions`` (normalised here), gsplat's convention.
+
+    ``Y_l^m = K_l^m P_l^m(z) cos(m phi)`` for ``m > 0``, ``... sin(|m| phi)`` for ``m < 0``, at index
+    ``l^2 + l + m``; the azimuthal factors times ``sin^|m|(theta)`` are the real and imaginary parts
+    of ``(x + i y)^|m|`` (Sloan 2013), so no trigonometric function is evaluated.
 
     Args:
         degree: SH degree in ``0..4``.
@@ -57,52 +83,22 @@ def eval_sh_bases(degree: int, directions: Tensor) -> Tensor:
     """
     if not 0 <= degree <= MAX_SH_DEGREE:
         raise ValueError(f"degree must be in 0..{MAX_SH_DEGREE}, got {degree}")
-    constant = torch.full_like(directions[..., 0], _C0)  # [...]
     if degree == 0:
-        return constant[..., None]
-    unit = torch.nn.functional.normalize(directions, dim=-1)
-    x, y, z = unit.unbind(-1)  # [...] each
-    bases = [constant, -_C1 * y, _C1 * z, -_C1 * x]
-    if degree >= 2:
-        z2 = z * z
-        tmp_b = -1.092548430592079 * z
-        c1 = x * x - y * y
-        s1 = 2.0 * x * y
-        sh6 = 0.9461746957575601 * z2 - 0.3153915652525201
-        bases += [0.5462742152960395 * s1, tmp_b * y, sh6, tmp_b * x, 0.5462742152960395 * c1]
-    if degree >= 3:
-        tmp_c = -2.285228997322329 * z2 + 0.4570457994644658
-        tmp_b = 1.445305721320277 * z
-        c2 = x * c1 - y * s1
-        s2 = x * s1 + y * c1
-        sh12 = z * (1.865881662950577 * z2 - 1.119528997770346)
-        bases += [
-            -0.5900435899266435 * s2,
-            tmp_b * s1,
-            tmp_c * y,
-            sh12,
-            tmp_c * x,
-            tmp_b * c1,
-            -0.5900435899266435 * c2,
-        ]
-    if degree >= 4:
-        tmp_d = z * (-4.683325804901025 * z2 + 2.007139630671868)
-        tmp_c = 3.31161143515146 * z2 - 0.47308734787878
-        tmp_b = -1.770130769779931 * z
-        c3 = x * c2 - y * s2
-        s3 = x * s2 + y * c2
-        sh20 = 1.984313483298443 * z * sh12 - 1.006230589874905 * sh6
-        bases += [
-            0.6258357354491763 * s3,
-            tmp_b * s2,
-            tmp_c * s1,
-            tmp_d * y,
-            sh20,
-            tmp_d * x,
-            tmp_c * c1,
-            tmp_b * c2,
-            0.6258357354491763 * c3,
-        ]
+        return torch.full_like(directions[..., :1], _normalisation(0, 0))
+    x, y, z = torch.nn.functional.normalize(directions, dim=-1).unbind(-1)  # [...] each
+    cosines, sines = [torch.ones_like(x), x], [torch.zeros_like(x), y]  # Re, Im of (x + iy)^m
+    for _ in range(2, degree + 1):
+        real, imaginary = cosines[-1], sines[-1]
+        cosines.append(x * real - y * imaginary)
+        sines.append(x * imaginary + y * real)
+    polar = _polar_parts(degree, z)
+    bases = []
+    for ell in range(degree + 1):
+        for order in range(-ell, ell + 1):
+            m = abs(order)
+            azimuthal = cosines[m] if order >= 0 else sines[m]
+            part = polar[ell, m] if order == 0 else polar[ell, m] * azimuthal
+            bases.append(_normalisation(ell, order) * part)
     return torch.stack(bases, dim=-1)
 
 
@@ -124,6 +120,21 @@ def eval_sh(harmonics: Tensor, directions: Tensor) -> Tensor:
     degree = sh_degree_of(harmonics.shape[-1])
     bases = eval_sh_bases(degree, directions.to(harmonics.dtype))  # [..., K]
     return (harmonics * bases[..., None, :]).sum(dim=-1)  # [..., 3]
+
+
+def sh_rotation(rotation: Tensor, degree: int) -> Tensor:
+    """``[..., K, K]`` ``M`` with ``SH(R^T d) = SH(d) @ M`` for rotations ``R [..., 3, 3]``, so that
+    coefficients ``c [..., K]`` of a scene rotated by ``R`` are ``c @ M.T`` (float64).
+
+    Exact: each degree's span is closed under rotation, so the least-squares solution over a fixed
+    set of directions (more than ``K``, in general position) is the rotation's matrix.
+    """
+    generator = torch.Generator().manual_seed(0)
+    directions = torch.randn(256, 3, generator=generator, dtype=torch.float64)
+    directions = directions.to(rotation.device)
+    here = eval_sh_bases(degree, directions)  # [D, K]
+    there = eval_sh_bases(degree, directions @ rotation.double())  # [..., D, K] rows R^T d
+    return torch.linalg.lstsq(here.expand_as(there), there).solution  # [..., K, K]
 
 
 def _e3nn_quadratic_forms(like: Tensor) -> Tensor:

@@ -33,11 +33,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from datamodules.errors import InputError
 from models.gaussians import SH_C0, Gaussians
-from models.geometry import rotations
+from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
 from models.output_folder import OutputFile, OutputFolderError, free_file_name
 
@@ -61,20 +60,6 @@ class ViewerError(InputError):
 # --------------------------------------------------------------------------- conversions
 
 
-def quaternion_to_matrix(wxyz: np.ndarray) -> np.ndarray:
-    """``[..., 4]`` quaternions (wxyz, any norm) → ``[..., 3, 3]`` rotation matrices (NumPy
-    arrays for viser; the arithmetic is :mod:`models.geometry.rotations`')."""
-    q = torch.as_tensor(np.asarray(wxyz, dtype=np.float64))
-    return rotations.quaternion_to_matrix(q).numpy()
-
-
-def matrix_to_quaternion(rotation: np.ndarray) -> np.ndarray:
-    """``[3, 3]`` rotation → wxyz unit quaternion (``w >= 0``), via
-    :mod:`models.geometry.rotations`."""
-    m = torch.as_tensor(np.asarray(rotation, dtype=np.float64))
-    return rotations.matrix_to_quaternion(m).numpy()
-
-
 def gaussians_to_viser(gaussians: Gaussians, index: int = 0) -> dict[str, np.ndarray]:
     """Scene ``index`` as viser's splat arrays (valid entries only).
 
@@ -86,7 +71,7 @@ def gaussians_to_viser(gaussians: Gaussians, index: int = 0) -> dict[str, np.nda
     g = gaussians[index].detach().to("cpu", torch.float64)
     valid = g.valid_mask()[0]
     scales = g.scales[0][valid].numpy()  # [N, 3]
-    rotations = quaternion_to_matrix(g.rotations[0][valid].numpy())  # [N, 3, 3]
+    rotations = quaternion_to_matrix(g.rotations[0][valid]).numpy()  # [N, 3, 3]
     covariances = np.einsum("nij,nj,nkj->nik", rotations, scales**2, rotations)
     rgbs = np.clip(SH_C0 * g.harmonics[0][valid][:, :, 0].numpy() + 0.5, 0.0, 1.0)
     return {
@@ -113,7 +98,7 @@ def viser_camera_to_opencv(
         point at the image centre).
     """
     extrinsics = np.eye(4)
-    extrinsics[:3, :3] = quaternion_to_matrix(np.asarray(wxyz))
+    extrinsics[:3, :3] = quaternion_to_matrix(torch.as_tensor(np.asarray(wxyz, np.float64))).numpy()
     extrinsics[:3, 3] = np.asarray(position, dtype=np.float64)
     fy = 0.5 / math.tan(0.5 * fov)  # focal / height
     intrinsics = np.array([[fy / aspect, 0.0, 0.5], [0.0, fy, 0.5], [0.0, 0.0, 1.0]])
@@ -123,7 +108,7 @@ def viser_camera_to_opencv(
 def opencv_to_viser_pose(extrinsics: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[4, 4]`` camera-to-world (OpenCV axes) → viser's ``(wxyz, position)``."""
     pose = np.asarray(extrinsics, dtype=np.float64)
-    return matrix_to_quaternion(pose[:3, :3]), pose[:3, 3].copy()
+    return matrix_to_quaternion(torch.from_numpy(pose[:3, :3])).numpy(), pose[:3, 3].copy()
 
 
 # --------------------------------------------------------------------------- scenes
@@ -722,10 +707,3 @@ class SplatViewer:
         finally:
             signal.signal(signal.SIGTERM, previous)
             self.stop()
-
-
-def tensor_to_uint8(image: Tensor) -> np.ndarray:
-    """``[3, H, W]`` in [0, 1] → ``[H, W, 3]`` uint8."""
-    return (image.detach().clamp(0, 1).permute(1, 2, 0).float().cpu().numpy() * 255 + 0.5).astype(
-        np.uint8
-    )

@@ -612,7 +612,7 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
         ("sfm.matchng=auto", "did you mean sfm.matching?"),
         ("fov=abc", "must be a number"),
         ("fov=400", "between 0 and 180"),
-        ("refine_poses=abc", "must be a whole number"),
+        ("fit_poses=abc", "must be a whole number"),
         ("overwrite=maybe", "must be true or false"),
     ],
 )

@@ -21,7 +21,8 @@ from models import create_model
 from models.capture import fusion, holdout, views
 from models.capture.inputs import load_inputs
 from models.capture.whole import CaptureError, plan_capture
-from models.gaussians import Gaussians
+from models.gaussians import Gaussians, transform_gaussians
+from models.geometry.similarity import Similarity
 from models.render.core import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -164,11 +165,11 @@ def test_window_to_capture_moves_scene_and_cameras_together() -> None:
         [[math.cos(angle), 0, math.sin(angle)], [0, 1, 0], [-math.sin(angle), 0, math.cos(angle)]],
         dtype=torch.float64,
     )
-    truth = fusion.Similarity(2.5, rotation, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
+    truth = Similarity(2.5, rotation, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
     moved_e = truth.cameras(e.double()).float()
     fitted = fusion.window_to_capture(e, moved_e)  # recovered from the cameras alone
     assert abs(fitted.scale - 2.5) < 1e-6 and torch.allclose(fitted.rotation, rotation, atol=1e-6)
-    moved = fusion.transform_gaussians(gaussians, fitted)
+    moved = transform_gaussians(gaussians, fitted)
     before = render(gaussians, e[None], k[None], (48, 48), backend="torch").color
     after = render(moved, moved_e[None], k[None], (48, 48), backend="torch").color
     assert (before - after).abs().max() < 2e-3  # SH colour, orientation and scale moved exactly
@@ -328,7 +329,7 @@ def test_infer_holdout_too_few_is_one_line(capture: Path, tmp_path: Path, capsys
 # --------------------------------------------------------------------------- frames
 
 
-def _similar_capture(images, truth: fusion.Similarity):
+def _similar_capture(images, truth: Similarity):
     """``images`` with its poses (and sparse points) in another frame: ``truth`` of its own."""
     import dataclasses
 
@@ -362,7 +363,7 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
     angle = math.radians(70)
     c, s = math.cos(angle), math.sin(angle)
     rotation = torch.tensor([[c, -s, 0], [s * 0.6, c * 0.6, -0.8], [s * 0.8, c * 0.8, 0.6]])
-    truth = fusion.Similarity(3.7, rotation.double(), torch.tensor([4.0, -1.5, 2.0]).double())
+    truth = Similarity(3.7, rotation.double(), torch.tensor([4.0, -1.5, 2.0]).double())
     other = _similar_capture(images, truth)
     fuse = fusion.fuse_windows
     entered: list[list[Gaussians]] = []
@@ -378,26 +379,26 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
         assert len(plan.windows) > 1
         with torch.no_grad():
             results.append(
-                reconstruct_capture(model, plan, refine_poses=0, backend="torch", lpips=False)
+                reconstruct_capture(model, plan, fit_poses=0, backend="torch", lpips=False)
             )
     first, second = results
     assert first.plan.windows == second.plan.windows
     # the capture frame (first used photo the identity, largest camera distance 1) is the same
     e_a, e_b = first.reconstruction.extrinsics, second.reconstruction.extrinsics
     assert torch.allclose(e_a, e_b, atol=1e-5)
-    to_own_a = fusion.frame_similarity(first.reconstruction.frame)
-    to_own_b = fusion.frame_similarity(second.reconstruction.frame)
+    to_own_a = first.reconstruction.frame.to_capture
+    to_own_b = second.reconstruction.frame.to_capture
     assert abs(to_own_b.scale / to_own_a.scale - truth.scale) < 1e-4
     if not model.pose_free:  # each window's own cameras land on the capture's, in both frames
         from models.capture.whole import subset
         from models.inference import reconstruct
 
         for result, photos in ((first, images), (second, other)):
-            back = fusion.frame_similarity(result.reconstruction.frame)
+            back = result.reconstruction.frame.to_capture
             steps = result.summary["scene"]["window_to_frame"]
             for window, step in zip(result.plan.windows, steps):
-                alone = reconstruct(model, subset(photos, window), refine_poses=0, backend="torch")
-                move = fusion.Similarity(
+                alone = reconstruct(model, subset(photos, window), fit_poses=0, backend="torch")
+                move = Similarity(
                     step["scale"],
                     *(torch.tensor(step[k]).double() for k in ("rotation", "translation")),
                 )
@@ -413,11 +414,11 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
         fused = number == len(pairs) - 1
         if not fused:  # the fusion's voxel and depth tests may flip a Gaussian on float noise
             _assert_same_gaussians(set_a, set_b)
-        own_set_a = fusion.transform_gaussians(set_a, to_own_a)  # the captures' own frames
-        own_set_b = fusion.transform_gaussians(set_b, to_own_b)
+        own_set_a = transform_gaussians(set_a, to_own_a)  # the captures' own frames
+        own_set_b = transform_gaussians(set_b, to_own_b)
         if not fused:
             _assert_same_gaussians(
-                fusion.transform_gaussians(own_set_a, truth), own_set_b, scale=truth.scale
+                transform_gaussians(own_set_a, truth), own_set_b, scale=truth.scale
             )
         render_a = render(own_set_a, own_a[None], k[None], shape, backend="torch").color
         render_b = render(own_set_b, own_b[None], k[None], shape, backend="torch").color

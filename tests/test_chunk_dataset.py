@@ -22,6 +22,7 @@ from datamodules.training.chunk_dataset import ChunkDataset
 from datamodules.training.samplers import BoundedViewSampler, EvaluationViewSampler
 from datamodules.transforms import flip_views
 from models.geometry.cameras import pixel_grid, project, transform_points, unproject
+from models.pixels import image_from_uint8, image_to_uint8
 
 RES, VIEWS = 32, 24
 
@@ -357,3 +358,18 @@ def test_real_images_and_colmap_poses_through_the_chunk_format(
             residual = (uv * 256 - observed).norm(dim=-1)
             inside = (observed >= 0).all(-1) & (observed < 256).all(-1)
             assert (z > 0).all() and residual[inside].median() < 1.0, residual[inside].median()
+
+
+def test_image_uint8_round_trip_is_exact_and_rounds_to_nearest() -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, size=(2, 5, 7, 3), dtype=np.uint8)
+    image = image_from_uint8(pixels)
+    assert image.shape == (2, 3, 5, 7) and image.dtype == torch.float32
+    np.testing.assert_array_equal(image_to_uint8(image), pixels)
+    from PIL import Image
+
+    np.testing.assert_array_equal(
+        image_to_uint8(image_from_uint8(Image.fromarray(pixels[0]))), pixels[0]
+    )
+    values = torch.tensor([-0.5, 0.0, 0.4 / 255, 0.6 / 255, 254.6 / 255, 1.0, 2.0])
+    out = image_to_uint8(values.reshape(1, 1, 7).expand(3, 1, 7))[0, :, 0]
+    np.testing.assert_array_equal(out, [0, 0, 0, 1, 255, 255, 255])

@@ -20,15 +20,15 @@ from datamodules.readers.colmap import (
     camera_intrinsics_pixels,
     find_model_dir,
     image_world_to_camera,
-    qvec_to_rotmat,
     read_cameras_text,
+    read_colmap_points,
     read_frames_text,
     read_images_text,
     read_model,
     read_rigs_text,
-    rotmat_to_qvec,
 )
 from models.geometry.cameras import invert_extrinsics, project
+from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 
 DRONE = SHARED_DATA / "real" / "drone_colmap"
 
@@ -149,6 +149,25 @@ def test_binary_model_matches_text(drone_model, tmp_path):
         np.testing.assert_array_equal(pts_b[point_id].point2d_idxs, point.point2d_idxs)
 
 
+def test_read_colmap_points_from_a_scene_folder(drone_model, tmp_path):
+    cameras, images, points = drone_model
+    some = dict(list(points.items())[:40])
+    _write_binary_model(tmp_path / "sparse" / "0", cameras, images, some)
+    xyz, rgb = read_colmap_points(tmp_path, min_points=2)
+    assert xyz.dtype == torch.float64 and rgb.dtype == torch.float32
+    np.testing.assert_array_equal(xyz.numpy(), np.stack([p.xyz for p in some.values()]))
+    np.testing.assert_allclose(rgb.numpy() * 255, np.stack([p.rgb for p in some.values()]))
+    with pytest.raises(ColmapError, match="fewer than 41 points"):
+        read_colmap_points(tmp_path, min_points=41)
+    with pytest.raises(ColmapError, match="no COLMAP model"):
+        read_colmap_points(tmp_path / "nowhere")
+    _write_binary_model(tmp_path / "empty", cameras, images, {})
+    (tmp_path / "empty" / "points3D.bin").unlink()
+    assert read_colmap_points(tmp_path / "empty")[0].shape == (0, 3)
+    with pytest.raises(ColmapError, match="has no points3D file"):
+        read_colmap_points(tmp_path / "empty", min_points=2)
+
+
 def test_truncated_binary_raises(drone_model, tmp_path):
     cameras, images, _ = drone_model
     _write_binary_model(tmp_path, cameras, images, {})
@@ -231,7 +250,9 @@ def test_quaternion_round_trip():
     for _ in range(20):
         q = rng.normal(size=4)
         q = q / np.linalg.norm(q) * np.sign(q[0])
-        rotation = qvec_to_rotmat(q)
+        rotation = quaternion_to_matrix(torch.from_numpy(q)).numpy()
         np.testing.assert_allclose(rotation @ rotation.T, np.eye(3), atol=1e-12)
         assert np.linalg.det(rotation) == pytest.approx(1.0)
-        np.testing.assert_allclose(rotmat_to_qvec(rotation), q, atol=1e-10)
+        np.testing.assert_allclose(
+            matrix_to_quaternion(torch.from_numpy(rotation)).numpy(), q, atol=1e-10
+        )

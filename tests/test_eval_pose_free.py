@@ -62,7 +62,7 @@ def _overrides(data_root: Path, weights: Path) -> list[str]:
         "trainer.accelerator=cpu",
         "trainer.enable_progress_bar=false",
         "logger=csv",
-        "model.pose_refinement_steps=10",
+        "model.pose_fit_steps=10",
         "num_renders=1",
     ]
 
@@ -79,7 +79,7 @@ def test_eval_aligns_targets_for_zipsplat_da3(data_root, weights, tmp_path, comp
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["model"] == "zipsplat_da3_tiny"
     assert metrics["eval_kwargs"] == {"compression": compression}
-    assert metrics["refine_target_poses"] is True
+    assert metrics["fit_target_poses"] is True
     assert metrics["target_pose_alignment"] == "similarity"
     placement = metrics["target_pose_placement"]
     assert "similarity" in placement and "context" in placement and "10 steps" in placement

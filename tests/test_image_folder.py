@@ -18,6 +18,7 @@ from datamodules.readers.image_folder import (
     write_cameras_json,
 )
 from models.geometry.cameras import project, transform_points
+from models.geometry.rotations import quaternion_to_matrix
 
 
 def save(path: Path, array: np.ndarray, **kwargs) -> Path:
@@ -166,7 +167,7 @@ def test_colmap_poses_reproject_points(shared_data: Path) -> None:
         assert (z > 0).all() and residual.median() < 1.5, residual.median()
     # camera centres follow from the world-to-camera poses
     first = by_name[loaded.names[0]]
-    center = -torch.tensor(colmap.qvec_to_rotmat(first.qvec)).T @ torch.tensor(first.tvec)
+    center = -quaternion_to_matrix(torch.tensor(first.qvec)).T @ torch.tensor(first.tvec)
     assert torch.allclose(loaded.extrinsics[0, :3, 3].double(), center, atol=1e-5)
     origin = transform_points(
         torch.linalg.inv(loaded.extrinsics[0]), loaded.extrinsics[0, None, :3, 3]

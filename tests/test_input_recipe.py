@@ -18,8 +18,10 @@ from PIL import Image
 
 from datamodules.readers.image_folder import crop_fraction, load_images, write_cameras_json
 from models import Gaussians, create_model, inference, list_models
+from models.gaussians import transform_gaussians
 from models.geometry.cameras import intrinsics_to_normalized
 from models.geometry.rotations import quaternion_to_matrix
+from models.geometry.similarity import Similarity
 from models.input_recipe import BASELINE_DEPTH_RATIO, InputRecipe, parse_image_size
 from models.registry import get_pretrained_cfg
 from models.render.core import render
@@ -249,14 +251,15 @@ def test_capture_frame_round_trip_renders_the_same() -> None:
     reference = torch.eye(4, dtype=torch.float64)
     reference[:3, :3] = quaternion_to_matrix(q.double())
     reference[:3, 3] = torch.tensor([1.5, -2.0, 0.7])
-    frame = inference.SceneFrame(reference=reference, scale=2.7, rule="test")
+    frame = inference.SceneFrame(to_capture=Similarity.from_pose(reference, 2.7), rule="test")
     scene_cams = torch.eye(4).repeat(2, 1, 1)
     scene_cams[1, 0, 3] = 0.4
     k = torch.tensor([[0.9, 0, 0.5], [0, 0.9, 0.5], [0, 0, 1.0]]).expand(2, 3, 3)
     gaussians = _random_gaussians()
-    capture = frame.to_capture_gaussians(gaussians)
-    capture_cams = frame.to_capture_extrinsics(scene_cams).float()
-    assert torch.allclose(frame.to_scene_extrinsics(capture_cams).float(), scene_cams, atol=1e-5)
+    capture = transform_gaussians(gaussians, frame.to_capture)
+    capture_cams = frame.to_capture.cameras(scene_cams.double()).float()
+    back = frame.to_capture.inverse().cameras(capture_cams.double()).float()
+    assert torch.allclose(back, scene_cams, atol=1e-5)
     assert torch.allclose(capture.scales, gaussians.scales * 2.7)
     a = render(gaussians, scene_cams[None], k[None], (32, 32), backend="torch")
     b = render(capture, capture_cams[None], k[None], (32, 32), backend="torch")

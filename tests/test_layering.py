@@ -35,7 +35,8 @@ RANKS: dict[str, float] = {
     "models._timm_import": 0,
     "models.output_folder": 0,
     "models.command_line": 0,
-    "models.budget": 0,  # time/memory estimates of big work (imports only datamodules.errors)
+    "models.budget": 0,
+    "models.pixels": 0,  # 8-bit pixels <-> float images (no project imports)  # time/memory estimates of big work (imports only datamodules.errors)
     "models.geometry": 1,
     "models.gaussians": 2,
     "models.sh": 2,
@@ -61,7 +62,7 @@ RANKS: dict[str, float] = {
     "models.metrics": 8,
     "models.inference": 8,
     "models.refine": 8,  # per-scene refinement (application layer, beside inference)
-    "models.pose_refinement": 8,
+    "models.pose_fit": 8,
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
     "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)

@@ -21,11 +21,11 @@ from models.base import constructor_arguments
 from models.factory import load_model
 from models.registry import model_class
 from models.training import (
-    Recipe,
-    ReSplatRecipe,
+    ReSplatTrainingRecipe,
     SplatLitModule,
-    SplatWeaverRecipe,
-    ZipSplatRecipe,
+    SplatWeaverTrainingRecipe,
+    TrainingRecipe,
+    ZipSplatTrainingRecipe,
     default_recipe,
 )
 from models.weights.hub import PretrainedError
@@ -89,13 +89,18 @@ def test_constructors_refuse_training_arguments() -> None:
 
 
 def test_default_recipes_by_family() -> None:
-    assert type(default_recipe(create_model("zipsplat_tiny", image_size=32))) is ZipSplatRecipe
-    assert type(default_recipe(create_model("resplat_tiny", image_size=32))) is ReSplatRecipe
     assert (
-        type(default_recipe(create_model("splatweaver_tiny", image_size=32))) is SplatWeaverRecipe
+        type(default_recipe(create_model("zipsplat_tiny", image_size=32))) is ZipSplatTrainingRecipe
     )
-    assert type(default_recipe(create_model("pixel_aligned_tiny"))) is Recipe
-    plain = Recipe(loss_weights={"a": 2.0, "b": 0.0})
+    assert (
+        type(default_recipe(create_model("resplat_tiny", image_size=32))) is ReSplatTrainingRecipe
+    )
+    assert (
+        type(default_recipe(create_model("splatweaver_tiny", image_size=32)))
+        is SplatWeaverTrainingRecipe
+    )
+    assert type(default_recipe(create_model("pixel_aligned_tiny"))) is TrainingRecipe
+    plain = TrainingRecipe(loss_weights={"a": 2.0, "b": 0.0})
     weighted = plain.weigh({"a": torch.tensor(1.5), "b": torch.tensor(3.0), "c": torch.tensor(1.0)})
     assert set(weighted) == {"a", "c"} and float(weighted["a"]) == 3.0
 
@@ -109,18 +114,18 @@ def test_lightning_module_weighs_losses_with_the_injected_recipe() -> None:
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}
     terms = {}
     for weight in (0.01, 0.04):
-        module = SplatLitModule(net, recipe=SplatWeaverRecipe(routing_weight=weight))
+        module = SplatLitModule(net, recipe=SplatWeaverTrainingRecipe(routing_weight=weight))
         torch.manual_seed(1)  # the same Gumbel sample of the routing
         _, terms[weight] = module.compute_loss(batch, 0)
         assert module.hparams["recipe"]["routing_weight"] == weight
-        assert module.hparams["recipe"]["class"].endswith("SplatWeaverRecipe")
+        assert module.hparams["recipe"]["class"].endswith("SplatWeaverTrainingRecipe")
     torch.testing.assert_close(terms[0.04]["loss/routing"], 4 * terms[0.01]["loss/routing"])
     torch.testing.assert_close(terms[0.04]["loss/photometric"], terms[0.01]["loss/photometric"])
 
 
 def test_resplat_recipe_freezes_and_samples_iterations_in_the_module() -> None:
     net = create_model("resplat_tiny", image_size=32)
-    module = SplatLitModule(net, recipe=ReSplatRecipe(train_iterations=2, freeze_init=True))
+    module = SplatLitModule(net, recipe=ReSplatTrainingRecipe(train_iterations=2, freeze_init=True))
     assert net.freeze_init and not any(p.requires_grad for p in net.init_model.parameters())
     assert all(p.requires_grad for p in net.updater.parameters())
     scene = random_context(net)
@@ -137,7 +142,7 @@ def test_zipsplat_recipe_from_hydra_config_is_plain_in_hparams() -> None:
 
     cfg = OmegaConf.create(
         {
-            "_target_": "models.training.recipes.ZipSplatRecipe",
+            "_target_": "models.training.recipes.ZipSplatTrainingRecipe",
             "chamfer_weight": 0.2,
             "loss_weights": {"extra": 0.5},
         }
@@ -155,7 +160,7 @@ def test_pose_free_test_step_refines_target_poses() -> None:
     scores."""
     torch.manual_seed(0)
     net = create_model("zipsplat_tiny", image_size=32)
-    module = SplatLitModule(net, pose_refinement_steps=2, compute_baselines=False)
+    module = SplatLitModule(net, pose_fit_steps=2, compute_baselines=False)
     module.eval()
     scene = random_context(create_model("pixel_aligned_tiny"))  # posed: targets need cameras
     batch = {"context": scene, "target": {k: v[:, :1] for k, v in scene.items()}}

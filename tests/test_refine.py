@@ -341,7 +341,7 @@ def test_infer_yaml_refinement_node_holds_the_defaults():
 
 
 def test_optimize_cameras_reduces_the_pose_error(capture):
-    from models.pose_refinement import pose_error, se3_delta
+    from models.pose_fit import pose_error, se3_delta
 
     generator = torch.Generator().manual_seed(1)
     views = len(TRAIN)

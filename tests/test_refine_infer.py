@@ -177,7 +177,7 @@ def test_gpu_check_refine_timing_runs_on_the_cpu_backend() -> None:
 
 
 def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, capsys) -> None:
-    """A pose-free model that predicts no cameras, photos without poses, no pose refinement:
+    """A pose-free model that predicts no cameras, photos without poses, no pose fit:
     refinement has no camera to fit the photos at (one line, exit status 2, nothing written)."""
     import shutil
 
@@ -187,7 +187,7 @@ def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, caps
         shutil.copy(path, photos / path.name)
     output = tmp_path / "free"
     status, _, err = infer_in_process(
-        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "refine_poses=0",
+        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "fit_poses=0",
         "refine=5", "image_size=32", "orbit_frames=2", "backend=torch", "device=cpu",
     )  # fmt: skip
     assert status == 2, err

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from models import create_model, list_models, render
 from models.families.resplat import ReSplat, decode_gaussians, encode_gaussians
 from models.layers.feature_extractor import FrozenFeatureExtractor
-from models.training.recipes import ReSplatRecipe
+from models.training.recipes import ReSplatTrainingRecipe
 from models.weights.hub import PretrainedError, model_config
 
 SIZE = 32  # images of the tests: 32x32 -> an 8x8 latent grid per view
@@ -153,7 +153,7 @@ def test_forward_backward_cpu(trained_like: ReSplat, views: int) -> None:
     assert pred.gaussians.means.shape == (2, count, 3)
     assert pred.depth.shape == (2, views, SIZE, SIZE)
     pred.gaussians.validate()
-    targets = ReSplatRecipe().render_targets(pred)  # every iteration, decayed
+    targets = ReSplatTrainingRecipe().render_targets(pred)  # every iteration, decayed
     assert [w for w, _ in targets] == pytest.approx([0.81, 0.9, 1.0])
     assert [g for _, g in targets] == pred.gaussians_per_iteration
     loss = sum(w * _render_loss(g, context) for w, g in targets)
@@ -172,7 +172,7 @@ def test_forward_backward_cpu(trained_like: ReSplat, views: int) -> None:
 
 def test_freeze_init_and_render_targets() -> None:
     model = _model()
-    recipe = ReSplatRecipe(freeze_init=True, train_iterations=3)
+    recipe = ReSplatTrainingRecipe(freeze_init=True, train_iterations=3)
     recipe.setup(model)  # what the LightningModule does
     assert not any(p.requires_grad for p in model.init_model.parameters())
     _perturb_update(model)
@@ -186,14 +186,16 @@ def test_freeze_init_and_render_targets() -> None:
     model.train()
     assert not model.init_model.training and model.updater.training
     with pytest.raises(ValueError, match="freeze_init"):
-        ReSplatRecipe(freeze_init=True, train_iterations=0)
+        ReSplatTrainingRecipe(freeze_init=True, train_iterations=0)
     # The initial-model stage: no refinement iterations in training.
-    assert ReSplatRecipe(train_iterations=0).train_kwargs(model, 0, 100) == {"iterations": 0}
+    assert ReSplatTrainingRecipe(train_iterations=0).train_kwargs(model, 0, 100) == {
+        "iterations": 0
+    }
 
 
 def test_train_kwargs_and_iterations_knob(fresh: ReSplat) -> None:
     model = fresh
-    recipe = ReSplatRecipe()
+    recipe = ReSplatTrainingRecipe()
     assert recipe.train_iterations == 4 and model.iterations == 2
     samples = {recipe.train_kwargs(model, step, 100)["iterations"] for step in range(300)}
     assert samples == {1, 2, 3, 4}

@@ -96,7 +96,7 @@ def test_filter_rejects_other_sizes_and_other_files() -> None:
     small = _meta_checkpoint("small_dl3dv_256x448_view8")
     with pytest.raises(ValueError, match="shape mismatch"):
         checkpoint_filter_fn(small, _meta_model("base_dl3dv_256x448_view8"))
-    with pytest.raises(ValueError, match="refine=False"):
+    with pytest.raises(ValueError, match="recurrent_update=False"):
         checkpoint_filter_fn(_meta_checkpoint("large_dl3dv_256x448_view8"),
                              _meta_model("base_dl3dv_256x448_view8"))  # fmt: skip
     inner = dict(small["state_dict"])
@@ -266,7 +266,7 @@ def test_view_count_over_budget_fails_before_work() -> None:
 
 def test_large_has_no_update() -> None:
     model = _meta_model("large_dl3dv_256x448_view8")
-    assert not model.refine and model.iterations == 0
+    assert not model.recurrent_update and model.iterations == 0
 
 
 @pytest.mark.parametrize("method", ["cdist", "kdtree"])

@@ -36,6 +36,7 @@ from datamodules.tools.sfm import (  # noqa: E402
     pose_errors,
 )
 from models.geometry.cameras import camera_centers, invert_extrinsics, project  # noqa: E402
+from models.geometry.rotations import quaternion_to_matrix  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRONE8 = SHARED_DATA / "examples" / "drone_frames"
@@ -230,11 +231,13 @@ def test_pose_errors_of_a_similarity_are_zero() -> None:
     for i in range(6):
         q = torch.randn(4, generator=generator, dtype=torch.float64)
         pose = torch.eye(4, dtype=torch.float64)
-        pose[:3, :3] = torch.from_numpy(colmap.qvec_to_rotmat(q.numpy()))
+        pose[:3, :3] = quaternion_to_matrix(q)
         pose[:3, 3] = torch.randn(3, generator=generator, dtype=torch.float64)
         reference[f"{i}.png"] = pose
     similarity = torch.eye(4, dtype=torch.float64)
-    similarity[:3, :3] = torch.from_numpy(colmap.qvec_to_rotmat(np.array([0.2, 0.9, -0.3, 0.1])))
+    similarity[:3, :3] = quaternion_to_matrix(
+        torch.tensor([0.2, 0.9, -0.3, 0.1], dtype=torch.float64)
+    )
     similarity[:3, 3] = torch.tensor([3.0, -1.0, 2.0], dtype=torch.float64)
     moved = {}
     for name, pose in reference.items():
@@ -247,10 +250,8 @@ def test_pose_errors_of_a_similarity_are_zero() -> None:
     # A 10-degree rotation of one camera shows up in its rotation error.
     turned = dict(moved)
     turn = torch.eye(4, dtype=torch.float64)
-    turn[:3, :3] = torch.from_numpy(
-        colmap.qvec_to_rotmat(
-            np.array([math.cos(math.radians(5)), 0, math.sin(math.radians(5)), 0])
-        )
+    turn[:3, :3] = quaternion_to_matrix(
+        torch.tensor([math.cos(math.radians(5)), 0, math.sin(math.radians(5)), 0]).double()
     )
     turned["0.png"] = moved["0.png"] @ turn
     errors = pose_errors(turned, reference)

@@ -13,7 +13,7 @@ from models.layers.cardinality_router import (
     straight_through_gumbel,
     target_usage_distribution,
 )
-from models.training.recipes import SplatWeaverRecipe
+from models.training.recipes import SplatWeaverTrainingRecipe
 
 SIZE = 32  # small images keep the tests fast; the tiny backbone works at any size
 
@@ -306,7 +306,7 @@ def test_straight_through_gate_passes_gradients_to_the_router(ladder: bool) -> N
     # No regulariser: the only path from the loss to the router is the gate on the opacities.
     model = small_model(energy_ladder=ladder).train()
     pred = model(make_context(b=1))
-    assert SplatWeaverRecipe(routing_weight=0.0).weigh(pred.losses) == {}
+    assert SplatWeaverTrainingRecipe(routing_weight=0.0).weigh(pred.losses) == {}
     extrinsics, intrinsics = cameras(1, 2)
     out = render(pred.gaussians, extrinsics, intrinsics, (SIZE, SIZE), backend="torch")
     loss = (out.color - 0.3).square().mean()
@@ -362,7 +362,7 @@ def test_routing_regulariser(model: SplatWeaver) -> None:
     ce, smoothing = pred.losses["routing_ce"], pred.losses["routing_smoothing"]
     penalty = pred.losses["routing_usage"]
     assert ce > 0 and smoothing > 0 and penalty >= 0
-    recipe = SplatWeaverRecipe(routing_weight=0.02, usage_weight=0.5, label_smoothing=0.1)
+    recipe = SplatWeaverTrainingRecipe(routing_weight=0.02, usage_weight=0.5, label_smoothing=0.1)
     loss = recipe.weigh(pred.losses)["routing"]
     assert loss.requires_grad and torch.isfinite(loss)
     torch.testing.assert_close(loss, 0.02 * (0.9 * ce + 0.1 * smoothing + 0.5 * penalty))
@@ -386,7 +386,7 @@ def test_forward_backward_on_cpu() -> None:
     extrinsics, intrinsics = cameras(2, 1)
     out = render(pred.gaussians, extrinsics, intrinsics, (SIZE, SIZE), backend="torch")
     assert out.color.shape == (2, 1, 3, SIZE, SIZE)
-    loss = out.color.square().mean() + SplatWeaverRecipe().weigh(pred.losses)["routing"]
+    loss = out.color.square().mean() + SplatWeaverTrainingRecipe().weigh(pred.losses)["routing"]
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert all(torch.isfinite(g).all() for g in grads.values())
@@ -469,7 +469,7 @@ def test_neighbour_aggregation_and_db2() -> None:
         "splatweaver_tiny", image_size=16, neighbour_aggregation=True, neighbour_k=8, wavelet="db2"
     ).train()
     pred = model(make_context(b=1, size=16))
-    routing = SplatWeaverRecipe().weigh(pred.losses)["routing"]
+    routing = SplatWeaverTrainingRecipe().weigh(pred.losses)["routing"]
     loss = pred.gaussians.opacities.sum() + pred.gaussians.means.sum() + routing
     loss.backward()
     assert model.neighbour.attn.q.weight.grad.abs().sum() > 0

@@ -26,6 +26,7 @@ import torch
 
 import view
 from models import Gaussians, create_model, list_models
+from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, KnobRunner, inference_knobs, knob_free_modules
 from models.viewer import (
     SplatViewer,
@@ -33,9 +34,7 @@ from models.viewer import (
     ViewScene,
     gaussians_to_viser,
     load_view_scene,
-    matrix_to_quaternion,
     opencv_to_viser_pose,
-    quaternion_to_matrix,
     viser_camera_to_opencv,
 )
 
@@ -73,7 +72,7 @@ def test_gaussians_to_viser_covariance_colour_opacity():
     out = gaussians_to_viser(g)
     assert out["centers"].shape == (150, 3) and out["covariances"].shape == (150, 3, 3)
     assert out["rgbs"].shape == (150, 3) and out["opacities"].shape == (150, 1)
-    rotations = quaternion_to_matrix(g.rotations[0, 50:].double().numpy())
+    rotations = quaternion_to_matrix(g.rotations[0, 50:].double()).numpy()
     scales = g.scales[0, 50:].double().numpy()
     cov = out["covariances"].astype(np.float64)
     # each local axis is an eigenvector with eigenvalue scale^2
@@ -94,9 +93,10 @@ def test_camera_conversion_round_trip_and_field_of_view():
         q = rng.normal(size=4)
         q /= np.linalg.norm(q)
         q = -q if q[0] < 0 else q
-        np.testing.assert_allclose(matrix_to_quaternion(quaternion_to_matrix(q)), q, atol=1e-9)
+        rotation = quaternion_to_matrix(torch.from_numpy(q))
+        np.testing.assert_allclose(matrix_to_quaternion(rotation).numpy(), q, atol=1e-9)
         pose = np.eye(4)
-        pose[:3, :3], pose[:3, 3] = quaternion_to_matrix(q), rng.normal(size=3)
+        pose[:3, :3], pose[:3, 3] = rotation.numpy(), rng.normal(size=3)
         wxyz, position = opencv_to_viser_pose(pose)
         fov, aspect = 0.9, 16 / 9
         extrinsics, k = viser_camera_to_opencv(wxyz, position, fov, aspect)

@@ -10,7 +10,7 @@ from models import create_model, list_models
 from models.families.zipsplat import ZipSplat, chamfer_distance, compression_schedule
 from models.gaussians import sh_to_rgb
 from models.layers.kmeans import cluster_count, kmeans_select
-from models.training.recipes import ZipSplatRecipe
+from models.training.recipes import ZipSplatTrainingRecipe
 
 SIZE = 32  # 4 x 4 patches per view at patch size 8: fast, and still clusters
 
@@ -210,7 +210,7 @@ def test_train_kwargs_anneal_and_sample(model):
     assert compression_schedule(900, 1000, 0.5, 0.5, 2) == pytest.approx(0.5)
     assert compression_schedule(900, 1000, 0.5, 0.5, 8) == pytest.approx(0.25)
 
-    recipe = ZipSplatRecipe()
+    recipe = ZipSplatTrainingRecipe()
     assert recipe.train_kwargs(model, 0, 1000)["compression"] == 1.0
     torch.manual_seed(5)
     late = [recipe.train_kwargs(model, 800, 1000) for _ in range(200)]
@@ -222,9 +222,11 @@ def test_train_kwargs_anneal_and_sample(model):
     assert recipe.train_kwargs(model, 800, 1000) == late[0]  # seeded runs repeat
     pred = model(_context(), **late[0])  # the kwargs are valid forward keywords
     assert pred.diagnostics["compression"] == late[0]["compression"]
-    assert "chamfer_points" not in ZipSplatRecipe(chamfer_weight=0.0).train_kwargs(model, 0, 10)
+    assert "chamfer_points" not in ZipSplatTrainingRecipe(chamfer_weight=0.0).train_kwargs(
+        model, 0, 10
+    )
     with pytest.raises(ValueError, match="camera_prior_prob"):
-        ZipSplatRecipe(camera_prior_prob=1.5)
+        ZipSplatTrainingRecipe(camera_prior_prob=1.5)
 
 
 # ---------------------------------------------------------------------- Chamfer loss
@@ -249,9 +251,9 @@ def test_chamfer_loss_from_context_depth():
     loss = pred.losses["chamfer"]  # unweighted: the recipe weighs it
     assert loss.ndim == 0 and loss > 0
     assert pred.extras["loss/chamfer"] is loss  # the same term in the extras view
-    weighted = ZipSplatRecipe(chamfer_weight=0.1).weigh(pred.losses)
+    weighted = ZipSplatTrainingRecipe(chamfer_weight=0.1).weigh(pred.losses)
     torch.testing.assert_close(weighted["chamfer"], 0.1 * loss)
-    assert ZipSplatRecipe(chamfer_weight=0.0).weigh(pred.losses) == {}
+    assert ZipSplatTrainingRecipe(chamfer_weight=0.0).weigh(pred.losses) == {}
     loss.backward()
     assert model.gaussian_head.proj[-1].weight.grad.abs().sum() > 0
     with torch.no_grad():

@@ -346,7 +346,7 @@ def _infer(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
-def test_infer_on_a_plain_image_folder_places_views_by_pose_refinement(tmp_path, capsys) -> None:
+def test_infer_on_a_plain_image_folder_places_views_by_pose_fit(tmp_path, capsys) -> None:
     """No cameras at all: view 0 is the identity, the others are placed by test-time pose
     refinement, and the outputs say so."""
     import json
@@ -372,7 +372,7 @@ def test_infer_on_a_plain_image_folder_places_views_by_pose_refinement(tmp_path,
         "model=zipsplat_da3_tiny",
         f"weights={weights}",
         "orbit_frames=2",
-        "refine_poses=3",
+        "fit_poses=3",
         "compression=0.5",
     )
     assert status == 0, err

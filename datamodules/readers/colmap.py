@@ -34,6 +34,7 @@ from torch import Tensor
 
 from datamodules.errors import InputError
 from models.geometry.cameras import intrinsics_to_normalized
+from models.geometry.rotations import quaternion_to_matrix
 
 __all__ = [
     "CAMERA_MODELS",
@@ -45,6 +46,7 @@ __all__ = [
     "ColmapError",
     "UnsupportedCameraError",
     "read_cameras_text",
+    "read_colmap_points",
     "read_images_text",
     "read_points3d_text",
     "read_rigs_text",
@@ -54,8 +56,6 @@ __all__ = [
     "read_points3d_binary",
     "read_model",
     "find_model_dir",
-    "qvec_to_rotmat",
-    "rotmat_to_qvec",
     "camera_pinhole",
     "camera_distortion",
     "camera_intrinsics",
@@ -731,6 +731,32 @@ def read_points3d_binary(path: str | Path) -> dict[int, Point3D]:
     return _read_binary(Path(path), "point", 8 + 24 + 3 + 8 + 8, record)
 
 
+def read_colmap_points(path: str | Path, min_points: int = 0) -> tuple[Tensor, Tensor]:
+    """The triangulated points of a COLMAP model (or of a scene folder, as ``find_model_dir``).
+
+    Args:
+        path: a model folder or a scene folder.
+        min_points: fewer points than this is an error.
+
+    Returns:
+        ``xyz [N, 3]`` float64 and ``rgb [N, 3]`` float32 in [0, 1].
+
+    Raises:
+        ColmapError: no model, a malformed one, or fewer than ``min_points`` points.
+    """
+    folder = find_model_dir(path)
+    if folder is None:
+        raise ColmapError(path, "no COLMAP model (sparse/0, sparse or the folder)")
+    _, _, points = read_model(folder, points=True)
+    if len(points) < min_points:
+        names = [p.name for p in Path(folder).iterdir() if p.name.lower().startswith("points3d")]
+        what = f"has fewer than {min_points} points" if names else "has no points3D file"
+        raise ColmapError(folder, f"{what} (structure-from-motion points are needed)")
+    xyz = np.array([p.xyz for p in points.values()], dtype=np.float64).reshape(-1, 3)
+    rgb = np.array([p.rgb for p in points.values()], dtype=np.float32).reshape(-1, 3) / 255.0
+    return torch.from_numpy(xyz), torch.from_numpy(rgb)
+
+
 def find_model_dir(path: str | Path) -> Path | None:
     """Locate the sparse model folder of a COLMAP scene.
 
@@ -800,39 +826,6 @@ def read_model(
     return cameras, images, points3d
 
 
-def qvec_to_rotmat(qvec: np.ndarray) -> np.ndarray:
-    """Rotation matrix ``[3, 3]`` of a wxyz quaternion (normalised first)."""
-    w, x, y, z = np.asarray(qvec, dtype=np.float64) / np.linalg.norm(qvec)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ]
-    )
-
-
-def rotmat_to_qvec(rotation: np.ndarray) -> np.ndarray:
-    """Unit wxyz quaternion (w >= 0) of a rotation matrix ``[3, 3]``."""
-    r = np.asarray(rotation, dtype=np.float64)
-    # Symmetric 4x4 matrix whose dominant eigenvector is the quaternion (Bar-Itzhack).
-    k = (
-        np.array(
-            [
-                [r[0, 0] - r[1, 1] - r[2, 2], 0, 0, 0],
-                [r[1, 0] + r[0, 1], r[1, 1] - r[0, 0] - r[2, 2], 0, 0],
-                [r[2, 0] + r[0, 2], r[2, 1] + r[1, 2], r[2, 2] - r[0, 0] - r[1, 1], 0],
-                [r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1], r.trace()],
-            ]
-        )
-        / 3.0
-    )
-    eigenvalues, eigenvectors = np.linalg.eigh(k)
-    x, y, z, w = eigenvectors[:, np.argmax(eigenvalues)]
-    qvec = np.array([w, x, y, z])
-    return -qvec if qvec[0] < 0 else qvec
-
-
 def camera_pinhole(camera: Camera) -> tuple[float, float, float, float]:
     """Pinhole part ``(fx, fy, cx, cy)`` in pixels of a supported camera.
 
@@ -890,7 +883,7 @@ def camera_intrinsics(camera: Camera) -> Tensor:
 def image_world_to_camera(image: Image) -> Tensor:
     """World-to-camera 4x4 (float64, OpenCV axes, as COLMAP) of an image's qvec/tvec."""
     matrix = torch.eye(4, dtype=torch.float64)
-    matrix[:3, :3] = torch.from_numpy(qvec_to_rotmat(image.qvec))
+    matrix[:3, :3] = quaternion_to_matrix(torch.from_numpy(np.asarray(image.qvec, np.float64)))
     matrix[:3, 3] = torch.from_numpy(np.asarray(image.tvec, dtype=np.float64))
     return matrix
 

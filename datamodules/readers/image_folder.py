@@ -71,7 +71,6 @@ __all__ = [
     "open_image",
     "crop_fraction",
     "read_cameras_json",
-    "read_colmap_points",
     "write_cameras_json",
 ]
 
@@ -368,17 +367,15 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     return out
 
 
-def read_colmap_points(model: Path) -> Tensor | None:
-    """``[P, 3]`` float64 positions of a COLMAP model's ``points3D`` (None when it has none)."""
+def _sparse_points(model: Path) -> Tensor | None:
+    """``[P, 3]`` float64 positions of a COLMAP model's points (None when it has none)."""
     from datamodules.readers import colmap
 
     try:
-        _, _, points = colmap.read_model(model)
+        xyz, _ = colmap.read_colmap_points(model, min_points=1)
     except colmap.ColmapError:
         return None
-    if not points:
-        return None
-    return torch.tensor(np.stack([p.xyz for p in points.values()]), dtype=torch.float64)
+    return xyz
 
 
 def _colmap_model_dir(folder: Path) -> Path | None:
@@ -620,7 +617,7 @@ def load_image_folder(
         points = None
         if pose_source == "colmap" and pose_file is not None:
             model_dir = _colmap_model_dir(pose_file) or pose_file
-            points = read_colmap_points(model_dir)
+            points = _sparse_points(model_dir)
         return ImageSet(
             extrinsics=torch.stack(extrinsics),
             intrinsics=torch.stack(intrinsics),

@@ -84,6 +84,7 @@ from models.geometry.cameras import (
     intrinsics_to_pixels,
 )
 from models.output_folder import check_output_folder, write_marker
+from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = [
     "resize_and_crop",
@@ -183,10 +184,10 @@ def _process_view(view: View, options: _Options) -> tuple[torch.Tensor, np.ndarr
                 f"camera model {view.camera_model} of {view.label or view.image.name} has "
                 "non-zero distortion and --no-undistort was given"
             )
-        array = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
-        array = undistort_image(array, torch.from_numpy(intrinsics), view.distortion)
-        pixels = (array.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
-        image, untouched = PILImage.fromarray(pixels), False
+        array = undistort_image(
+            image_from_uint8(image), torch.from_numpy(intrinsics), view.distortion
+        )
+        image, untouched = PILImage.fromarray(image_to_uint8(array)), False
     resized, intrinsics = resize_and_crop(image, intrinsics, options.resolution)
     if resized is not image:
         untouched = False

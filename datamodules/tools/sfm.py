@@ -46,6 +46,8 @@ from datamodules.errors import InputError
 from datamodules.readers import colmap
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from models.geometry.cameras import normalize_scene
+from models.geometry.similarity import umeyama
+from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = [
     "MATCHING",
@@ -58,7 +60,6 @@ __all__ = [
     "image_files",
     "poses_for_input",
     "pose_free_hint",
-    "umeyama",
     "pose_errors",
 ]
 
@@ -299,7 +300,7 @@ class SfmResult:
                 shutil.copy2(source, dest / name)
                 continue
             with Image.open(source) as image:
-                array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+                array = image_from_uint8(image.convert("RGB"))
             k = torch.tensor(
                 [
                     [pose["fx"] / pose["width"], 0.0, pose["cx"] / pose["width"]],
@@ -308,9 +309,8 @@ class SfmResult:
                 ],
                 dtype=torch.float64,
             )
-            out = undistort_image(torch.from_numpy(array).permute(2, 0, 1), k, pose["distortion"])
-            pixels = (out.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
-            Image.fromarray(pixels).save(dest / name)
+            out = undistort_image(array, k, pose["distortion"])
+            Image.fromarray(image_to_uint8(out)).save(dest / name)
         return dest
 
     def summary(self) -> dict:
@@ -730,8 +730,7 @@ def _video_frames(video: Path, num_views: int, root: Path) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _staged_folder(folder) as staging:
         for name, image in zip(frames.names, frames.images):
-            array = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
-            Image.fromarray(array).save(staging / f"{name}.png")
+            Image.fromarray(image_to_uint8(image)).save(staging / f"{name}.png")
     return folder
 
 
@@ -800,28 +799,6 @@ def poses_for_input(
 # ---------------------------------------------------------------------------------- evaluation
 
 
-def umeyama(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """Least-squares similarity ``target ~ s R source + t`` (Umeyama 1991).
-
-    Args:
-        source: ``[N, 3]`` points.
-        target: ``[N, 3]`` points.
-
-    Returns:
-        ``(s, R [3, 3], t [3])``.
-    """
-    source, target = np.asarray(source, np.float64), np.asarray(target, np.float64)
-    mu_s, mu_t = source.mean(0), target.mean(0)
-    a, b = source - mu_s, target - mu_t
-    u, sigma, vt = np.linalg.svd(b.T @ a / len(a))
-    d = np.eye(3)
-    d[2, 2] = np.sign(np.linalg.det(u @ vt))
-    rotation = u @ d @ vt
-    variance = (a**2).sum(1).mean()
-    scale = float(np.trace(np.diag(sigma) @ d) / variance) if variance > 0 else 1.0
-    return scale, rotation, mu_t - scale * rotation @ mu_s
-
-
 def _angle(rotation: np.ndarray) -> float:
     """Rotation angle of ``[3, 3]`` in degrees."""
     return float(np.degrees(np.arccos(np.clip((np.trace(rotation) - 1) / 2, -1.0, 1.0))))
@@ -830,7 +807,7 @@ def _angle(rotation: np.ndarray) -> float:
 def pose_errors(estimated: dict[str, Tensor], reference: dict[str, Tensor]) -> dict[str, float]:
     """Errors of estimated camera-to-world poses against reference ones (shared names).
 
-    The estimate is aligned to the reference by the least-squares similarity (``umeyama``) that
+    The estimate is aligned to the reference by the least-squares similarity (``models.geometry.similarity.umeyama``) that
     maps its camera centres, and a point one scene extent (the largest camera distance) ahead of
     each camera on its optical axis, onto the reference's: centres alone leave the rotation about
     a short, nearly straight camera path ill-determined, which would show up as rotation error.
@@ -860,8 +837,9 @@ def pose_errors(estimated: dict[str, Tensor], reference: dict[str, Tensor]) -> d
         np.concatenate([p[:, :3, 3], p[:, :3, 3] + d * p[:, :3, 2]])
         for p, d in ((est, extent_est), (ref, extent))
     ]  # [2V, 3] each
-    scale, rotation, translation = umeyama(ahead[0], ahead[1])
-    aligned = scale * est[:, :3, 3] @ rotation.T + translation  # [V, 3]
+    fit = umeyama(torch.from_numpy(ahead[0]), torch.from_numpy(ahead[1]))
+    scale, rotation = float(fit.scale), fit.rotation.numpy()
+    aligned = fit.points(torch.from_numpy(est[:, :3, 3])).numpy()  # [V, 3]
     centers = np.linalg.norm(aligned - ref[:, :3, 3], axis=-1) / extent
     rotations = np.array([_angle((rotation @ e[:3, :3]).T @ r[:3, :3]) for e, r in zip(est, ref)])
     relative = np.array(

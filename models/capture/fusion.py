@@ -32,90 +32,23 @@ it, a wrongly placed Gaussian of one window occludes the views of all the others
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from models.gaussians import Gaussians
 from models.geometry.cameras import camera_centers, normalize_scene
+from models.geometry.similarity import Similarity, nearest_rotation
 
 __all__ = [
-    "Similarity",
     "capture_frame",
-    "compose",
     "depth_ratio",
-    "frame_similarity",
-    "scale_about",
     "fuse_windows",
     "pixel_footprint",
     "remove_duplicates",
     "remove_floaters",
-    "transform_gaussians",
     "window_to_capture",
 ]
-
-
-@dataclass
-class Similarity:
-    """``x -> scale * rotation @ x + translation``."""
-
-    scale: float
-    rotation: Tensor  # [3, 3]
-    translation: Tensor  # [3]
-
-    @staticmethod
-    def identity() -> Similarity:
-        return Similarity(
-            1.0, torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
-        )
-
-    def points(self, x: Tensor) -> Tensor:
-        """``[..., 3]`` moved."""
-        r, t = self.rotation.to(x), self.translation.to(x)
-        return self.scale * x @ r.T + t
-
-    def cameras(self, extrinsics: Tensor) -> Tensor:
-        """Camera-to-world ``[..., 4, 4]`` moved (rotation composed, centre moved)."""
-        out = extrinsics.clone()
-        r = self.rotation.to(extrinsics)
-        out[..., :3, :3] = r @ extrinsics[..., :3, :3]
-        out[..., :3, 3] = self.points(extrinsics[..., :3, 3])
-        return out
-
-    def inverse(self) -> Similarity:
-        r_t = self.rotation.T
-        return Similarity(1.0 / self.scale, r_t, -(r_t @ self.translation) / self.scale)
-
-    def to_dict(self) -> dict:
-        return {
-            "scale": round(float(self.scale), 6),
-            "rotation": [[round(float(v), 6) for v in row] for row in self.rotation],
-            "translation": [round(float(v), 6) for v in self.translation],
-        }
-
-
-def compose(outer: Similarity, inner: Similarity) -> Similarity:
-    """``outer(inner(x))`` as one similarity."""
-    r, t = outer.rotation.double().cpu(), outer.translation.double().cpu()
-    return Similarity(
-        outer.scale * inner.scale,
-        r @ inner.rotation.double().cpu(),
-        outer.scale * r @ inner.translation.double().cpu() + t,
-    )
-
-
-def frame_similarity(frame) -> Similarity:
-    """A ``models.inference.SceneFrame`` (scene frame -> the capture's own frame) as a
-    similarity: ``p = R0 @ (scale * q) + t0``."""
-    reference = frame.reference.double().cpu()
-    return Similarity(float(frame.scale), reference[:3, :3], reference[:3, 3])
-
-
-def scale_about(centre: Tensor, factor: float) -> Similarity:
-    """Scaling by ``factor`` about the point ``centre`` ``[3]``."""
-    c = centre.double().cpu()
-    return Similarity(float(factor), torch.eye(3, dtype=torch.float64), c - float(factor) * c)
 
 
 def depth_ratio(
@@ -164,13 +97,6 @@ def capture_frame(extrinsics: Tensor) -> tuple[Tensor, Similarity]:
     return moved[0], Similarity(s, reference[:3, :3], reference[:3, 3] * s)
 
 
-def _rotation_mean(rotations: Tensor) -> Tensor:
-    """The rotation nearest to the mean of ``[N, 3, 3]`` (SVD projection onto SO(3))."""
-    u, _, vh = torch.linalg.svd(rotations.double().mean(dim=0))
-    d = torch.sign(torch.linalg.det(u @ vh))
-    return u @ torch.diag(torch.tensor([1.0, 1.0, float(d)], dtype=torch.float64)) @ vh
-
-
 def window_to_capture(
     window_extrinsics: Tensor, capture_extrinsics: Tensor, scale: float | None = None
 ) -> Similarity:
@@ -183,7 +109,7 @@ def window_to_capture(
             then means 1.
     """
     w, c = window_extrinsics.double().cpu(), capture_extrinsics.double().cpu()
-    rotation = _rotation_mean(c[:, :3, :3] @ w[:, :3, :3].transpose(-1, -2))
+    rotation = nearest_rotation((c[:, :3, :3] @ w[:, :3, :3].transpose(-1, -2)).mean(dim=0))
     cw, cc = camera_centers(w), camera_centers(c)  # [V, 3]
     spread_w = (cw - cw.mean(0)).norm(dim=-1).sum()
     spread_c = (cc - cc.mean(0)).norm(dim=-1).sum()
@@ -193,17 +119,6 @@ def window_to_capture(
         s = 1.0 if scale is None else float(scale)
     translation = cc.mean(0) - s * rotation @ cw.mean(0)
     return Similarity(s, rotation, translation)
-
-
-def transform_gaussians(gaussians: Gaussians, move: Similarity) -> Gaussians:
-    """``gaussians`` moved by a similarity (``models.inference.transform_gaussians``: means,
-    scales, orientations and the view-dependent colour, its SH rotated exactly)."""
-    from models.inference import transform_gaussians as moved
-
-    matrix = torch.eye(4, dtype=torch.float64)
-    matrix[:3, :3] = move.rotation.double().cpu()
-    matrix[:3, 3] = move.translation.double().cpu()
-    return moved(gaussians, matrix, float(move.scale))
 
 
 def pixel_footprint(

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from datamodules.errors import InputError
 from models.gaussians import Gaussians
+from models.pixels import image_to_uint8
 
 __all__ = [
     "HoldoutError",
@@ -284,9 +285,8 @@ def save_holdout(views: HoldoutViews, scores: HoldoutScores, folder: Path, sheet
     from PIL import Image, ImageDraw
 
     folder.mkdir(parents=True, exist_ok=True)
-    to_uint8 = lambda t: (t.clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()  # noqa: E731
     for name, render in zip(views.names, scores.renders):
-        Image.fromarray(to_uint8(render)).save(folder / f"{Path(name).stem}.png")
+        Image.fromarray(image_to_uint8(render)).save(folder / f"{Path(name).stem}.png")
     h, w = views.image_size
     zoom = max(1, math.ceil(128 / max(h, w)))
     cell_h, cell_w, label = h * zoom, w * zoom, 14
@@ -298,8 +298,8 @@ def save_holdout(views: HoldoutViews, scores: HoldoutScores, folder: Path, sheet
     for r, name in enumerate(views.names):
         top = label + r * (cell_h + label)
         tiles = (
-            to_uint8(views.images[r]),
-            to_uint8(scores.renders[r]),
+            image_to_uint8(views.images[r]),
+            image_to_uint8(scores.renders[r]),
             _error_image(scores.renders[r], views.images[r]),
         )
         for c, tile in enumerate(tiles):

@@ -13,6 +13,7 @@ at once) and lists the photos SfM will pose, for the caller's estimate of the fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Mapping
@@ -194,7 +195,8 @@ def _sfm_inputs(
         images = load_images(folder, shape, views, min_views, poses=str(cameras_json))
     images.pose_source, images.sfm = "structure-from-motion", result
     if images.points is None:  # the sparse points set a release's scale (models.inference)
-        from datamodules.readers.image_folder import read_colmap_points
+        from datamodules.readers.colmap import ColmapError, read_colmap_points
 
-        images.points = read_colmap_points(result.model_dir)
+        with contextlib.suppress(ColmapError):
+            images.points = read_colmap_points(result.model_dir, min_points=1)[0]
     return images, _notes(caught, exact=True)

@@ -37,6 +37,8 @@ from datamodules.errors import InputError
 from models.capture import fusion
 from models.capture import holdout as holdout_lib
 from models.capture import views as view_lib
+from models.gaussians import transform_gaussians
+from models.geometry.similarity import Similarity
 
 __all__ = [
     "CaptureError",
@@ -242,7 +244,7 @@ def _depth_ratio(fused: list, camera: Tensor, window_g, window_camera: Tensor) -
     return float(torch.tensor(ours).median()) / theirs
 
 
-def _capture_scene_frame(move: fusion.Similarity | None, first: Any) -> Any:
+def _capture_scene_frame(move: Similarity | None, first: Any) -> Any:
     """The fused scene's :class:`~models.inference.SceneFrame`: the capture frame (``move`` of
     the capture's own poses) mapped back to the capture's own frame and scale; without capture
     poses, the first window's frame (chained windows share it)."""
@@ -250,13 +252,8 @@ def _capture_scene_frame(move: fusion.Similarity | None, first: Any) -> Any:
 
     if move is None:
         return first
-    back = move.inverse()
-    reference = torch.eye(4, dtype=torch.float64)
-    reference[:3, :3] = back.rotation.double()
-    reference[:3, 3] = back.translation.double()
     return SceneFrame(
-        reference=reference,
-        scale=float(back.scale),
+        to_capture=move.inverse().to(torch.float64),
         rule="whole capture: fused with the first used photo the identity and the largest "
         f"camera distance 1; each window by its own rule ({first.rule})",
         near=first.near,
@@ -268,7 +265,7 @@ def reconstruct_capture(
     model: nn.Module,
     plan: CapturePlan,
     *,
-    refine_poses: int = 50,
+    fit_poses: int = 50,
     backend: str = "auto",
     fov: float = 60.0,
     voxel: float | None = None,
@@ -318,7 +315,7 @@ def reconstruct_capture(
         result = reconstruct(
             model,
             subset(images, window),
-            refine_poses=refine_poses,
+            fit_poses=fit_poses,
             backend=backend,
             fov=fov,
             name=name,
@@ -329,7 +326,7 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
-        for key, value in result.timings.items():  # inference, refine_poses: summed
+        for key, value in result.timings.items():  # inference, fit_poses: summed
             stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
             target = capture_e[[position[i] for i in window]]
@@ -337,18 +334,18 @@ def reconstruct_capture(
                 # a pose-free model's own cameras: the similarity onto the SfM cameras
                 step = fusion.window_to_capture(result.extrinsics, target)
             else:  # the recipe's scene frame, back in the capture's (the single-window rule)
-                step = fusion.compose(move, fusion.frame_similarity(result.frame))
+                step = move @ result.frame.to_capture
             for i in window:
                 placement.setdefault(i, result.placement[window.index(i)])
         else:  # pose-free photos without poses: chained through the photos shared
             if "unknown" in result.placement and len(plan.windows) > 1:
                 raise CaptureError(
                     f"model={name}: views=all without camera poses needs the model's cameras "
-                    f"or pose refinement (refine_poses > 0)"
+                    f"or pose fit (fit_poses > 0)"
                 )
             shared = [k for k, i in enumerate(window) if i in known]
             if not shared:
-                step = fusion.Similarity.identity()
+                step = Similarity.identity()
             else:
                 k0 = shared[0]
                 scale = _depth_ratio(
@@ -368,7 +365,7 @@ def reconstruct_capture(
         window_e = step.cameras(result.extrinsics.double().cpu()).float()
         if capture_e is not None:
             window_e = capture_e[[position[i] for i in window]].float()
-        moved = fusion.transform_gaussians(result.gaussians, step)
+        moved = transform_gaussians(result.gaussians, step)
         ratio = None
         if depth_align and points is not None:
             found = fusion.depth_ratio(
@@ -377,8 +374,9 @@ def reconstruct_capture(
             if found is not None:
                 ratio = found[0]
                 centre = window_e[:, :3, 3].double().mean(0)
-                moved = fusion.transform_gaussians(moved, fusion.scale_about(centre, ratio))
-                step = fusion.compose(fusion.scale_about(centre, ratio), step)
+                about = Similarity.scaling(ratio, centre)
+                moved = transform_gaussians(moved, about)
+                step = about @ step
         ratios.append(None if ratio is None else round(ratio, 4))
         sets.append(moved)
         cameras.append((window_e, result.intrinsics.cpu()))

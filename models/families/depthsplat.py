@@ -24,6 +24,7 @@ with ``encoder.``-prefixed keys; ``checkpoint_filter_fn`` maps them onto this mo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
@@ -403,10 +404,21 @@ _R_256x448 = _recipe(
     "config/experiment/re10k.yaml (near 0.5, far 100) with scripts/dl3dv_depthsplat_train.sh "
     "(dataset.image_shape=[256,448])",
 )  # fmt: skip
-_R_DL3DV_448 = _recipe(
-    (256, 448), 32, 2, 6, 200.0,
-    "config/experiment/dl3dv.yaml (near 0.5, far 200, make_baseline_1 false) with "
-    "scripts/dl3dv_depthsplat_train.sh (image_shape [256,448], min_views 2, max_views 6)",
+_R_DL3DV_448 = dataclasses.replace(
+    _recipe((256, 448), 32, 2, 6, 200.0, ""),
+    source=(
+        f"{_REPO} config/dataset/dl3dv.yaml (image_shape [270, 480], ori_image_shape [270, 480]),"
+        " config/experiment/dl3dv.yaml (near 0.5, far 200, make_baseline_1 false, "
+        "shim_patch_size 16), config/model/encoder/depthsplat.yaml (downscale_factor 4), "
+        "src/model/encoder/encoder_depthsplat.py (get_data_shim: patch 16 x 4 = 64) and "
+        "src/dataset/shims/patch_shim.py (centre crop to multiples of 64), "
+        f"scripts/dl3dv_depthsplat_train.sh (DL3DV stage: min_views 2, max_views 6) @ {_COMMIT}"
+    ),
+    notes=(
+        "trained and evaluated on DL3DV's 270x480 frames centre-cropped to 256x448 without "
+        "resizing (the patch shim; the training script's image_shape [256,448] is its RE10K "
+        "stage); near/far in the dataset's own scale (make_baseline_1: false)"
+    ),
 )  # fmt: skip
 _R_768 = {
     views: _recipe(

@@ -26,7 +26,7 @@ from torch import Tensor
 from models.base import ModelOutput, SplatModel, check_context
 from models.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
-from models.geometry.rigid import rigid_fit
+from models.geometry.similarity import umeyama
 from models.knobs import MAX_GAUSSIANS
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
 from models.layers.pixel_trunk import PixelTrunk
@@ -219,10 +219,11 @@ class PixelAligned(PixelTrunk, SplatModel):
             scale_reference=scale_reference,
         )
         with torch.no_grad():
-            fitted = rigid_fit(
+            fitted = umeyama(
                 rearrange(local[:, :, 0], "b (v p) c -> b v p c", v=v),
                 rearrange(anchors[:, :, 0], "b (v p) c -> b v p c", v=v),
-            )
+                scale=False,
+            ).matrix()
             fitted[:, 0] = torch.eye(4, dtype=dtype, device=device)
         return gaussians, anchors[:, :, 0], fitted
 

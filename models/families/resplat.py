@@ -26,7 +26,7 @@ Recurrent update (weights shared across iterations), for ``i = 0 .. iterations -
    ``scale = exp``, ``opacity = sigmoid``, quaternion normalised.
 
 The previous Gaussians are detached every iteration, so gradients cross iterations only through the
-hidden state. Training (``models.training.recipes.ReSplatRecipe``) samples 1..``train_iterations``
+hidden state. Training (``models.training.recipes.ReSplatTrainingRecipe``) samples 1..``train_iterations``
 iterations per step and supervises every iteration's render (``gaussians_per_iteration``) with
 weight ``loss_decay ** (N - 1 - i)``. The two-stage recipe trains the initial model alone
 (``train_iterations=0``), then the update with ``init_checkpoint`` and ``freeze_init=True`` (the

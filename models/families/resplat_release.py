@@ -204,8 +204,8 @@ class ReSplatRelease(SplatModel):
         latent_downsample: pixels per latent side (4: DL3DV files, 2: RE10K's).
         gaussians_per_latent: Gaussians per latent pixel, 1 or 4 (RE10K's: 2x2 sub-pixels).
         knn_k, init_blocks, attn_proj_dim: the initial point transformer.
-        refine: whether the file has the recurrent update (the large model has none).
-        state_dim, refine_k, refine_blocks, error_attn_blocks: the recurrent update.
+        recurrent_update: whether the file has the recurrent update (the large model has none).
+        state_dim, update_k, update_blocks, error_attn_blocks: the recurrent update.
         max_scale: upper clamp of the initial scales (1; the 540x960 file: 3).
         depth_half_res: run the depth trunk at half resolution (the 540x960 file).
         near, far: depth range when the context has none (the release's 0.01 / 100; DL3DV 200).
@@ -237,10 +237,10 @@ class ReSplatRelease(SplatModel):
         knn_k: int = 16,
         init_blocks: int = 6,
         attn_proj_dim: int = 64,
-        refine: bool = True,
+        recurrent_update: bool = True,
         state_dim: int = 512,
-        refine_k: int = 8,
-        refine_blocks: int = 4,
+        update_k: int = 8,
+        update_blocks: int = 4,
         error_attn_blocks: int = 1,
         max_scale: float = 1.0,
         depth_half_res: bool = False,
@@ -286,8 +286,8 @@ class ReSplatRelease(SplatModel):
         self.iterations = iterations
         self.render_backend = render_backend
         self.memory_budget_gb = memory_budget_gb
-        self.refine = refine
-        self.knn_k, self.refine_k = knn_k, refine_k
+        self.recurrent_update = recurrent_update
+        self.knn_k, self.update_k = knn_k, update_k
         # the depth trunk's own upsampling factor: the last cost volume is at 1/lowest_resolution
         self.depth_predictor = DepthTrunk(
             vit_spec,
@@ -342,7 +342,7 @@ class ReSplatRelease(SplatModel):
         # the release's initialisation: only the quaternions start random
         nn.init.zeros_(self.gaussian_head[-1].weight[4 * gaussians_per_latent :])
         nn.init.zeros_(self.gaussian_head[-1].bias[4 * gaussians_per_latent :])
-        if refine:
+        if recurrent_update:
             self.update_proj = nn.Conv2d(c, state_dim, 1)
             rgb_in = 3 if gaussians_per_latent == 4 else 3 * latent_downsample**2
             self.update_rgb_error_proj = nn.Sequential(
@@ -352,8 +352,8 @@ class ReSplatRelease(SplatModel):
                 _PointLinear(STATE_PARAMS + state_dim + RESNET_DIM, state_dim),
                 PointTransformer(
                     state_dim,
-                    refine_blocks,
-                    k=refine_k,
+                    update_blocks,
+                    k=update_k,
                     global_attention=None,
                     inner_dim=attn_proj_dim,
                     knn_method=knn_method,
@@ -401,8 +401,8 @@ class ReSplatRelease(SplatModel):
         knn_gather = 4 * latent * self.knn_k * 64 * 3
         per_point = 4 * latent * (c * 12 + self.feature_dim * 2)
         update = 0
-        if iterations > 0 and self.refine:
-            update = 4 * n * (4 * 512 + self.refine_k * 64 * 3 + RESNET_DIM * 4)
+        if iterations > 0 and self.recurrent_update:
+            update = 4 * n * (4 * 512 + self.update_k * 64 * 3 + RESNET_DIM * 4)
             update += 4 * (n // 16) * RESNET_DIM * 16 * 4
         weights = 4 * sum(p.numel() for p in self.parameters())
         return int(1.5 * (attention + knn_gather + per_point + update)) + weights + 2**30
@@ -670,7 +670,7 @@ class ReSplatRelease(SplatModel):
         iterations = self.iterations if iterations is None else int(iterations)
         if iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {iterations}")
-        if iterations > 0 and not self.refine:
+        if iterations > 0 and not self.recurrent_update:
             raise ValueError(
                 f"iterations={iterations}: this model (file) has no recurrent update; use 0"
             )
@@ -791,11 +791,11 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
         raise ValueError("'encoder.feature_upsampler.*' keys: a DepthSplat file, not ReSplat")
     target = model.state_dict()
     has_update = any(k.startswith("update_") for k in bare)
-    if has_update != getattr(model, "refine", True):
+    if has_update != getattr(model, "recurrent_update", True):
         raise ValueError(
-            "the file has no recurrent update (the large model): build it with refine=False"
+            "the file has no recurrent update (the large model): build it with recurrent_update=False"
             if not has_update
-            else "the file has a recurrent update but the model was built with refine=False"
+            else "the file has a recurrent update but the model was built with recurrent_update=False"
         )
     mapped: dict[str, Tensor] = {}
     unknown = []
@@ -837,7 +837,8 @@ _LICENSE = (
     "MIT (the ReSplat release's LICENSE covers its code and weights; author Haofei Xu); "
     "the weights contain a "
     "DINOv2 ViT-{size} initialised from Depth Anything V2 {da} ({da_licence}) through "
-    "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18 (BSD-3-Clause)"
+    "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18, whose weights carry no "
+    "stated licence (unstated; torchvision's BSD-3-Clause covers its code)"
 )
 _LIC = {
     "S": _LICENSE.format(size="S", da="Small", da_licence="Apache-2.0"),
@@ -954,7 +955,7 @@ register_pretrained_cfgs(
         "resplat_large.dl3dv_256x448_view8": _cfg(
             "resplat-large-dl3dv-256x448-view8-62f1703a.pth", "L", "DL3DV", (256, 448), 8,
             {"dl3dv/psnr@0it": 27.861, "dl3dv/ssim@0it": 0.886, "dl3dv/lpips@0it": 0.121},
-            iterations=0, refine=False,
+            iterations=0, recurrent_update=False,
             recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_large_init"), **_DL3DV,
         ),
     }
@@ -978,7 +979,7 @@ def resplat_base(**kwargs) -> ReSplatRelease:
 def resplat_large(**kwargs) -> ReSplatRelease:
     """ReSplat-L as released: DINOv2 ViT-L, 768-channel regressor, no recurrent update
     (559.5 M)."""
-    large = dict(vit_size="vitl", regressor_dim=768, refine=False, iterations=0)
+    large = dict(vit_size="vitl", regressor_dim=768, recurrent_update=False, iterations=0)
     return ReSplatRelease(**{**large, **_DL3DV, **kwargs})
 
 
@@ -990,7 +991,7 @@ def resplat_release_tiny(**kwargs) -> ReSplatRelease:
         vit_size="custom", vit_dim=64, vit_depth=4, vit_heads=2, mono_layers=[0, 1, 2, 3],
         dpt_depth_features=16, dpt_features=32, dpt_out_channels=[16, 32, 64, 64],
         num_depth_candidates=16, unet_dim=32, transformer_depth=1, regressor_dim=32, init_blocks=1,
-        attn_proj_dim=16, state_dim=64, refine_blocks=1, iterations=1, render_backend="torch",
+        attn_proj_dim=16, state_dim=64, update_blocks=1, iterations=1, render_backend="torch",
         **_DL3DV,
     )  # fmt: skip
     return ReSplatRelease(**{**tiny, **kwargs})

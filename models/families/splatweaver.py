@@ -42,7 +42,7 @@ Pipeline (after SplatWeaver, arXiv 2605.07287, at this project's scales):
    ``routing="argmax"`` (the most likely expert everywhere) is available but mismatched with
    training: it empties whole flat regions that training only ever thinned out.
 6. **Routing regulariser** (``losses``: ``routing_ce``, ``routing_smoothing``, ``routing_usage``,
-   unweighted; ``models.training.recipes.SplatWeaverRecipe`` weighs them): cross-entropy
+   unweighted; ``models.training.recipes.SplatWeaverTrainingRecipe`` weighs them): cross-entropy
    with label smoothing (0.1) between the router logits and per-pixel targets made by binning the
    wavelet energy ``sqrt(LH² + HL² + HH²)`` at per-batch quantiles (the flattest pixels get
    expert 0, the most textured ones expert ``M``; bin sizes follow the target usage; pixels
@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from models.base import ModelOutput, SplatModel, check_context
 from models.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid, transform_points
-from models.geometry.rigid import rigid_fit
+from models.geometry.similarity import umeyama
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.cardinality_router import (
     ROUTING_MODES,
@@ -570,7 +570,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         if geometry.extrinsics is not None:
             fitted = geometry.extrinsics.detach()
         else:
-            fitted = rigid_fit(geometry.local, geometry.points)  # [B, V, 4, 4]
+            fitted = umeyama(geometry.local, geometry.points, scale=False).matrix()  # [B, V, 4, 4]
             fitted[:, 0] = torch.eye(4, dtype=fitted.dtype, device=fitted.device)
         intrinsics = geometry.intrinsics
         if not geometry.intrinsics_given:

@@ -48,7 +48,6 @@ bfloat16, the heads in float32) onto this model.
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Sequence
 
 import torch
@@ -58,9 +57,9 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
-from models.gaussians import Gaussians
+from models.gaussians import Gaussians, transform_gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
-from models.geometry.rotations import quaternion_multiply
+from models.geometry.similarity import Similarity
 from models.input_recipe import InputRecipe
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
 from models.layers.cardinality_router import budget_shift, frozen_gumbel_noise, route
@@ -75,7 +74,6 @@ from models.layers.vggt import (
 )
 from models.layers.wavelet import WAVELETS
 from models.registry import register_model
-from models.sh import eval_sh_bases
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -216,57 +214,6 @@ class NeighbourRefiner(nn.Module):
             out.append((weights * (v[idx] + relative)).sum(dim=1))
         fused = torch.cat(out) if out else x[:0]
         return self.head(fused) + rows[:, 3 : 3 + self.out_dim]
-
-
-# ----------------------------------------------------------------------------- scene frame
-def _rotation_to_quaternion(matrix: Tensor) -> Tensor:
-    """Unit quaternion (wxyz) of a rotation matrix ``[3, 3]`` (float64 internally): the
-    release's arithmetic, kept apart from :mod:`models.geometry.rotations` for parity."""
-    m = matrix.double()
-    trace = m[0, 0] + m[1, 1] + m[2, 2]
-    candidates = torch.stack(
-        [
-            torch.stack([1 + trace, m[2, 1] - m[1, 2], m[0, 2] - m[2, 0], m[1, 0] - m[0, 1]]),
-            torch.stack(
-                [m[2, 1] - m[1, 2], 1 + m[0, 0] - m[1, 1] - m[2, 2], m[0, 1] + m[1, 0]]
-                + [m[0, 2] + m[2, 0]]
-            ),
-            torch.stack(
-                [m[0, 2] - m[2, 0], m[0, 1] + m[1, 0], 1 - m[0, 0] + m[1, 1] - m[2, 2]]
-                + [m[1, 2] + m[2, 1]]
-            ),
-            torch.stack(
-                [m[1, 0] - m[0, 1], m[0, 2] + m[2, 0], m[1, 2] + m[2, 1]]
-                + [1 - m[0, 0] - m[1, 1] + m[2, 2]]
-            ),
-        ]
-    )  # each row is 2 * q * (its largest component)
-    best = torch.stack(
-        [1 + trace, 1 + m[0, 0] - m[1, 1] - m[2, 2]]
-        + [1 - m[0, 0] + m[1, 1] - m[2, 2], 1 - m[0, 0] - m[1, 1] + m[2, 2]]
-    ).argmax()
-    q = candidates[best]
-    q = q / q.norm()
-    return torch.where(q[0] < 0, -q, q).to(matrix.dtype)
-
-
-def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
-    """``[K, K]`` matrix ``D`` with ``SH_c(R^T d) = SH_{D c}(d)``: coefficients ``c`` of a colour
-    field become those of the same field seen in a frame rotated by ``rotation [3, 3]``.
-
-    Exact up to rounding: fitted in float64 on 64 Fibonacci directions (each band ``l`` is an
-    invariant subspace, so a least-squares fit over enough directions recovers it).
-    """
-    count = 64
-    i = torch.arange(count, dtype=torch.float64) + 0.5
-    z = 1 - 2 * i / count
-    radius = (1 - z * z).sqrt()
-    phi = math.pi * (1 + 5**0.5) * i
-    directions = torch.stack([radius * phi.cos(), radius * phi.sin(), z], dim=-1)  # [M, 3]
-    r = rotation.detach().double().cpu()
-    new = eval_sh_bases(degree, directions)  # [M, K]
-    old = eval_sh_bases(degree, directions @ r)  # bases at R^T d (row vectors: d @ R)
-    return torch.linalg.lstsq(new, old).solution.T.to(rotation)  # [K, K]
 
 
 # ----------------------------------------------------------------------------- the model
@@ -628,30 +575,9 @@ def _to_scene_frame(
     frame: view 0 the identity, the largest camera-centre distance 1 (``normalize_scene``)."""
     moved, _, scale = normalize_scene(c2w)  # scale [B]
     reference = invert_extrinsics(c2w[:, :1])[:, 0]  # [B, 4, 4]
-    rotation, translation = reference[:, :3, :3], reference[:, :3, 3]
-
-    def move(x: Tensor) -> Tensor:  # [B, ..., 3]
-        shape = x.shape
-        flat = x.reshape(shape[0], -1, 3)
-        out = torch.einsum("bij,bnj->bni", rotation, flat) + translation[:, None]
-        return (out / scale[:, None, None]).reshape(shape)
-
-    degree = gaussians.sh_degree
-    harmonics = []
-    quaternions = []
-    for i in range(c2w.shape[0]):
-        harmonics.append(gaussians.harmonics[i] @ sh_rotation_matrix(rotation[i], degree).T)
-        q = _rotation_to_quaternion(rotation[i])
-        quaternions.append(quaternion_multiply(q, gaussians.rotations[i]))
-    moved_gaussians = Gaussians(
-        means=move(gaussians.means),
-        scales=gaussians.scales / scale[:, None, None],
-        rotations=torch.stack(quaternions),
-        opacities=gaussians.opacities,
-        harmonics=torch.stack(harmonics),
-        mask=gaussians.mask,
-    )
-    return moved, moved_gaussians, move(points), scale
+    to_scene = Similarity(1.0 / scale, reference[:, :3, :3], reference[:, :3, 3] / scale[:, None])
+    moved_gaussians = transform_gaussians(gaussians, to_scene)
+    return moved, moved_gaussians, to_scene.points(points), scale
 
 
 # ----------------------------------------------------------------------------- official weights
@@ -841,8 +767,9 @@ register_pretrained_cfgs(
             hf_hub_filename="model.safetensors",
             file_format="official",
             license=(
-                "Apache-2.0 (the repository's LICENSE; the Hub file states no other). The trunk "
-                "starts from VGGT-1B (facebook/VGGT-1B: its own licence) and DINOv2 (Apache-2.0)"
+                "code Apache-2.0 (the repository's LICENSE; the Hub file states no other); the "
+                "weights start from VGGT-1B (facebook/VGGT-1B, src/model/encoder/splatweaver.py "
+                "VGGT.from_pretrained), whose licence is non-commercial: non-commercial use only"
             ),
             source=(
                 "Wan, Li, Shao, Zuo: SplatWeaver: Learning to Allocate Gaussian Primitives for "
@@ -852,7 +779,7 @@ register_pretrained_cfgs(
             train_data=(
                 "not stated for the released file; the repository's training command "
                 "(+experiment=multi-dataset) mixes DL3DV, CO3D, ScanNet++ and in-the-wild video "
-                "at 224x448"
+                "at heights 224-448 (multiples of 14) and width 448"
             ),
             input_size=(448, 448),
             views=None,
@@ -868,12 +795,16 @@ register_pretrained_cfgs(
                 pose_scale="pose_free",
                 source=(
                     "yecongwan/SplatWeaver demo.py and src/utils/image.py process_image (448x448 "
-                    "centre crop, 16 views in its example) and config/experiment/"
-                    "multi-dataset.yaml (training at input_image_shape [224, 448]) @ 6a157ce"
+                    "centre crop, 16 views in its example); config/experiment/multi-dataset.yaml "
+                    "(input_image_shape [224, 448]) with src/dataset/data_sampler.py "
+                    "(DynamicBatchSampler: height drawn from 224..448 in steps of 14) and "
+                    "src/dataset/dataset_*.py (width input_image_shape[1] = 448; near 0.1, far "
+                    "100.0 in every dataset class, divided by the scene's scale) @ 6a157ce"
                 ),
                 notes=(
-                    "pose-free: input poses only place the output; the configs set no near/far "
-                    "(the model predicts depth), 0.1/100 bound the port's rendering only"
+                    "pose-free: input poses only place the output; trained at heights 224-448 "
+                    "(multiples of 14) and width 448; near/far 0.1/100 are the dataset classes' "
+                    "(the configs set none)"
                 ),
             ),
             metrics={},

@@ -10,7 +10,7 @@ The pipeline (ZipSplat, arXiv 2606.05102, at our scales):
    *Camera prior (optional):* with ``use_camera_prior`` and cameras in the context, the Plücker
    rays of the (view-0-relative, unit-baseline) cameras are patchified and added to the patch
    tokens before the first block, for the scenes a ``camera_prior`` mask selects (training draws
-   it for some of the scenes, see ``models.training.recipes.ZipSplatRecipe``). It is off by
+   it for some of the scenes, see ``models.training.recipes.ZipSplatTrainingRecipe``). It is off by
    default, so at test time the model is pose-free and ignores ``extrinsics``.
 2. **Token clustering.** k-means (``models.layers.kmeans``: no gradient, uniform-stride initialisation,
    ``kmeans_iterations`` Lloyd iterations, chunked distances) on the deepest block's tokens of all
@@ -45,7 +45,7 @@ data convention (``docs/design.md``) fixes both: every batch is expressed in the
 (identity) with the largest context baseline scaled to 1, so Gaussians predicted in view 0's frame
 line up with the ground-truth target cameras up to what the network gets wrong about that scale
 (learned from the training distribution, where the baseline is always 1). The remaining error is
-what test-time target-pose refinement (``models.pose_refinement``) absorbs at evaluation.
+what test-time target-pose fit (``models.pose_fit``) absorbs at evaluation.
 
 Losses: L1 and LPIPS are the LightningModule's (``configs/model/zipsplat.yaml``), as is the depth
 term: with ``depth_weight > 0`` it compares the rendered target depth with the ground truth (free,
@@ -701,7 +701,7 @@ def zipsplat_large(**kwargs) -> ZipSplat:
 register_pretrained_cfgs(
     synthetic64_cfg(
         "zipsplat_tiny",
-        "experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose refinement",
+        "experiment=synthetic_zipsplat (gaussian_sites=true), 1,925 steps (30 min, one CPU thread); r = 1, no pose fit",
         pose_free=True,
         psnr=18.72,
         ssim=0.521,

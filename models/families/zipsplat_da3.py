@@ -28,7 +28,7 @@ images at 252 x 252 in one forward pass:
 The release predicts **no cameras**: its Gaussians are in the camera frame of view 0 (OpenCV
 axes), at the scale its training data was normalised to (not this project's unit-baseline
 convention), so anything that renders a given camera must place it first (``infer.py`` and
-``eval.py`` use the test-time pose refinement of ``models.pose_refinement``).
+``eval.py`` use the test-time pose fit of ``models.pose_fit``).
 
 Weights: ``checkpoint_filter_fn`` reads the release's ``.tar`` (``{'model', 'conf', 'epoch',
 'eval'}``, unprefixed keys). The release loads it non-strictly; the only extra keys it names are

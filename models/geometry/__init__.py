@@ -1,2 +1,2 @@
 """Geometry: cameras (conventions, projection, scene normalisation), rotations and quaternions,
-rigid fits. The lowest layer: imports nothing of the project."""
+similarities and their fits (Umeyama). The lowest layer: imports nothing of the project."""

@@ -19,7 +19,7 @@ from models.refine.settings import (
     RefineSettingsError,
     settings_from_config,
 )
-from models.refine.start import gaussians_from_points, read_colmap_points
+from models.refine.start import gaussians_from_points
 
 __all__ = [
     "ADCSettings",
@@ -34,7 +34,6 @@ __all__ = [
     "gaussians_from_points",
     "holdout_evaluator",
     "plot_holdout_psnr",
-    "read_colmap_points",
     "refine_gaussians",
     "scene_extent",
     "settings_from_config",

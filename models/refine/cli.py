@@ -23,6 +23,7 @@ from torch import Tensor
 
 from datamodules.errors import InputError
 from models.command_line import Terminated
+from models.pixels import image_to_uint8
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments"]
@@ -115,9 +116,10 @@ def _holdout_indices(names: list[str], every: Any) -> list[int]:
 
 def _load(positional: list[str], top: dict[str, Any]):
     """The start Gaussians and the photos (an ``ImageSet``)."""
+    from datamodules.readers.colmap import read_colmap_points
     from datamodules.readers.image_folder import load_images
     from models.gaussians import Gaussians
-    from models.refine.start import gaussians_from_points, read_colmap_points
+    from models.refine.start import gaussians_from_points
 
     init = top["refine_init"]
     if init not in ("feed_forward", "sfm"):
@@ -142,7 +144,7 @@ def _load(positional: list[str], top: dict[str, Any]):
             photos, "no cameras.json or COLMAP sparse/ model: photos need poses"
         )
     if init == "sfm":
-        xyz, rgb = read_colmap_points(photos)
+        xyz, rgb = read_colmap_points(photos, min_points=2)
         gaussians = gaussians_from_points(xyz, rgb, sh_degree=3)
     else:
         ply = Path(positional[0]).expanduser()
@@ -166,8 +168,7 @@ def _scores(rendered: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
 def _save_png(image: Tensor, path: Path) -> None:
     from PIL import Image
 
-    array = (image.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-    Image.fromarray(array).save(path)
+    Image.fromarray(image_to_uint8(image)).save(path)
 
 
 def run(argv: list[str]) -> int:

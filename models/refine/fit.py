@@ -225,7 +225,7 @@ class _Fit:
         """``[V, 4, 4]`` the cameras, with the refined deltas (view 0 fixed)."""
         if self.camera_delta is None:
             return self.base_extrinsics
-        from models.pose_refinement import se3_delta
+        from models.pose_fit import se3_delta
 
         delta = se3_delta(self.camera_delta[:, :3], self.camera_delta[:, 3:] * self.extent)
         moved = self.base_extrinsics[1:] @ delta  # [V-1, 4, 4] (in each camera's frame)

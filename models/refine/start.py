@@ -3,17 +3,12 @@ initialised as 3DGS does (Kerbl et al. 2023)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.errors import InputError
 from models.gaussians import Gaussians, rgb_to_sh
 
-__all__ = ["gaussians_from_points", "read_colmap_points"]
+__all__ = ["gaussians_from_points"]
 
 
 def gaussians_from_points(
@@ -59,32 +54,3 @@ def gaussians_from_points(
         opacities=torch.full((1, count), float(opacity)),
         harmonics=harmonics[None],
     )
-
-
-def read_colmap_points(path: str | os.PathLike) -> tuple[Tensor, Tensor]:
-    """The triangulated points of a COLMAP model (or a scene folder with ``sparse/``).
-
-    Returns:
-        ``xyz [N, 3]`` float32 and ``rgb [N, 3]`` float32 in [0, 1].
-
-    Raises:
-        InputError: no model, a malformed one, or fewer than 2 points (one line naming it).
-    """
-    from datamodules.readers import colmap
-
-    folder = colmap.find_model_dir(path)
-    if folder is None:
-        raise InputError(
-            path, "no COLMAP model (sparse/0, sparse or the folder) for refine_init=sfm"
-        )
-    try:
-        _, _, points = colmap.read_model(folder, points=True)
-    except colmap.ColmapError as error:
-        raise InputError(folder, str(error)) from error
-    if len(points) < 2:
-        names = [p.name for p in Path(folder).iterdir() if p.name.lower().startswith("points3d")]
-        what = "has fewer than 2 points" if names else "has no points3D file"
-        raise InputError(folder, f"{what}: refine_init=sfm needs the SfM points")
-    xyz = np.stack([p.xyz for p in points.values()]).astype(np.float32)
-    rgb = np.stack([p.rgb for p in points.values()]).astype(np.float32) / 255.0
-    return torch.from_numpy(xyz), torch.from_numpy(rgb)

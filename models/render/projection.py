@@ -1,4 +1,6 @@
-"""EWA projection of 3D Gaussians to the image plane (gsplat's numerics)."""
+"""EWA projection of 3D Gaussians to the image plane (Zwicker et al. 2001, as 3DGS uses it),
+with gsplat's numerics: culling, the 0.3 px dilation, bounding boxes and the antialiasing
+compensation."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ __all__ = [
     "ALPHA_THRESHOLD",
     "BOX_EXTEND",
     "EPS2D",
+    "FRUSTUM_MARGIN",
     "Projection",
     "opacity_compensation",
     "project_gaussians",
@@ -77,13 +80,14 @@ class _SqrtWithEps(torch.autograd.Function):
 
 
 def opacity_compensation(cov2d: Tensor, eps2d: float = EPS2D) -> Tensor:
-    """gsplat's antialiasing compensation ``sqrt(max(0, det(S) / det(S + eps2d I)))``.
+    """The antialiasing opacity factor ``sqrt(max(0, det(S) / det(S + eps2d I)))`` of gsplat's
+    ``rasterize_mode="antialiased"``: the dilated footprint covers more pixels, so the opacity is
+    scaled down by the ratio of the two footprints' areas.
 
-    Transcribed from ``gsplat.cuda._torch_impl._fully_fused_projection`` (gsplat 1.5): both
-    determinants use the unsymmetrised off-diagonal product ``S01 * S10``, the dilated one is
-    clamped to at least ``1e-10``, the ratio to at least 0; the backward pass is gsplat's CUDA one
-    (see :class:`_SqrtWithEps`). It is at most 1 for a positive semi-definite ``S`` and tends to 1
-    as the Gaussian grows.
+    Numerics as gsplat's: both determinants take the off-diagonal product as ``S01 * S10`` (``S``
+    may be unsymmetric by rounding), the dilated one is floored at ``1e-10``, and the backward
+    pass of the square root is gsplat's (:class:`_SqrtWithEps`). The factor is at most 1 for a
+    positive semi-definite ``S`` and tends to 1 as the Gaussian grows.
 
     Args:
         cov2d: ``[..., 2, 2]`` 2D covariance in pixels, *before* the dilation.
@@ -92,10 +96,62 @@ def opacity_compensation(cov2d: Tensor, eps2d: float = EPS2D) -> Tensor:
     Returns:
         ``[...]`` the factor applied to the opacity.
     """
-    s_xx, s_xy, s_yx, s_yy = cov2d[..., 0, 0], cov2d[..., 0, 1], cov2d[..., 1, 0], cov2d[..., 1, 1]
-    det_orig = s_xx * s_yy - s_xy * s_yx
-    det_blur = (s_xx + eps2d) * (s_yy + eps2d) - s_xy * s_yx
-    return _SqrtWithEps.apply(det_orig / det_blur.clamp_min(1e-10))
+    off_diagonal = cov2d[..., 0, 1] * cov2d[..., 1, 0]
+    area = cov2d[..., 0, 0] * cov2d[..., 1, 1] - off_diagonal
+    dilated = (cov2d[..., 0, 0] + eps2d) * (cov2d[..., 1, 1] + eps2d) - off_diagonal
+    return _SqrtWithEps.apply(area / dilated.clamp_min(1e-10))
+
+
+#: How far outside the image a centre may sit, as a fraction of the image size, before the
+#: Jacobian is taken at the border instead (3DGS's guard against the huge, unstable footprints of
+#: Gaussians far outside the view; gsplat's 1.3 x the half field of view on each side).
+FRUSTUM_MARGIN = 0.15
+
+
+def _screen_jacobian(
+    means_cam: Tensor, focal: Tensor, principal: Tensor, image_size: tuple[int, int]
+) -> Tensor:
+    """``[B, V, N, 2, 3]`` Jacobian of the pinhole projection ``u = f * (x, y) / z + c`` at each
+    camera-frame centre ``[B, V, N, 3]`` (``focal``, ``principal``: ``[B, V, 1, 2]`` pixels).
+
+    The slope ``(x, y) / z`` is first limited to the directions whose pixel lies within the image
+    widened by :data:`FRUSTUM_MARGIN` of its size on each side; ``z`` (already positive) is not.
+    """
+    height, width = image_size
+    size = torch.tensor([width, height], dtype=means_cam.dtype, device=means_cam.device)
+    z = means_cam[..., 2:]  # [B, V, N, 1]
+    lowest = (-FRUSTUM_MARGIN * size - principal) / focal  # [B, V, 1, 2]
+    highest = ((1 + FRUSTUM_MARGIN) * size - principal) / focal
+    slope = torch.minimum(torch.maximum(means_cam[..., :2] / z, lowest), highest)  # [B, V, N, 2]
+    across = torch.diag_embed(focal / z)  # [B, V, N, 2, 2] d(u, v) / d(x, y)
+    along = (-focal * slope / z)[..., None]  # [B, V, N, 2, 1] d(u, v) / dz
+    return torch.cat([across, along], dim=-1)
+
+
+def _conics(cov2d: Tensor, eps2d: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The dilated 2D covariance ``S + eps2d I`` (symmetrised) as its inverse's upper triangle
+    ``[..., 3]``, its diagonal ``[..., 2]`` (the bounding box) and where it is invertible."""
+    diagonal = cov2d.diagonal(dim1=-2, dim2=-1) + eps2d  # [..., 2]
+    shared = 0.5 * (cov2d[..., 0, 1] + cov2d[..., 1, 0])
+    det = diagonal.prod(dim=-1) - shared * shared
+    invertible = det > 0
+    det = torch.where(invertible, det, torch.ones_like(det))
+    inverse = torch.stack([diagonal[..., 1], -shared, diagonal[..., 0]], dim=-1) / det[..., None]
+    return inverse, diagonal, invertible
+
+
+def _box_radii(diagonal: Tensor, opacity: Tensor | None, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Bounding-box half sizes ``[..., 2]`` (pixels, rounded up) and the pairs still valid: 3.33
+    standard deviations, or, given the opacity, only as far as the Gaussian's alpha reaches
+    ``1/255`` (and none below it)."""
+    if opacity is None:
+        extend = torch.full_like(diagonal[..., 0], BOX_EXTEND)
+    else:
+        valid = valid & (opacity >= ALPHA_THRESHOLD)
+        ratio = (opacity / ALPHA_THRESHOLD).clamp_min(1.0)
+        extend = torch.sqrt(2.0 * torch.log(ratio)).clamp_max(BOX_EXTEND)
+    radii = torch.ceil(extend[..., None] * torch.sqrt(diagonal.clamp_min(0)))  # [..., 2]
+    return radii, valid & (radii > 0).any(dim=-1)
 
 
 def project_gaussians(
@@ -111,7 +167,8 @@ def project_gaussians(
     eps2d: float = EPS2D,
     calc_compensations: bool = False,
 ) -> Projection:
-    """Project 3D Gaussians into pinhole cameras the way gsplat does.
+    """EWA projection (Zwicker et al. 2001) of 3D Gaussians into pinhole cameras, with gsplat's
+    culling, dilation and bounding boxes.
 
     Args:
         means: ``[B, N, 3]`` world centres.
@@ -122,7 +179,7 @@ def project_gaussians(
         image_size: ``(H, W)``.
         opacities: ``[B, N]``; when given, the bounding box is gsplat's opacity-aware one and
             Gaussians below ``1/255`` are culled, otherwise the box extends 3.33 sigma (the
-            behaviour of ``gsplat.cuda._torch_impl._fully_fused_projection``).
+            behaviour of gsplat's PyTorch reference projection).
         near: near plane, a float or ``[B, V]``.
         far: far plane, a float or ``[B, V]``.
         eps2d: added to the diagonal of the 2D covariance.
@@ -134,69 +191,38 @@ def project_gaussians(
         A :class:`Projection`.
     """
     height, width = image_size
-    rotation_w2c = view_matrices[..., :3, :3]  # [B, V, 3, 3]
-    translation = view_matrices[..., :3, 3]  # [B, V, 3]
-    means_cam = torch.einsum("bvij,bnj->bvni", rotation_w2c, means) + translation[:, :, None]
-    x, y, z = means_cam.unbind(-1)  # [B, V, N] each
-    depth_ok = (z >= _per_view(near, z)) & (z <= _per_view(far, z))  # [B, V, N]
-    z = torch.where(depth_ok, z, torch.ones_like(z))  # keeps culled entries finite
+    to_camera = view_matrices[..., :3, :3]  # [B, V, 3, 3]
+    means_cam = torch.einsum("bvij,bnj->bvni", to_camera, means) + view_matrices[..., None, :3, 3]
+    depth = means_cam[..., 2]  # [B, V, N]
+    in_range = (depth >= _per_view(near, depth)) & (depth <= _per_view(far, depth))
+    # culled entries get z = 1 so that nothing below divides by zero
+    safe = torch.cat([means_cam[..., :2], torch.where(in_range, depth, 1.0)[..., None]], dim=-1)
 
-    rotation = quaternion_to_matrix(rotations)  # [B, N, 3, 3]
-    scaled = rotation * scales[..., None, :]  # [B, N, 3, 3]
-    covariance = scaled @ scaled.transpose(-1, -2)  # [B, N, 3, 3]
-    covariance_cam = torch.einsum(
-        "bvij,bnjk,bvlk->bvnil", rotation_w2c, covariance, rotation_w2c
-    )  # [B, V, N, 3, 3]
-
-    fx = intrinsics_px[..., 0, 0, None]  # [B, V, 1]
-    fy = intrinsics_px[..., 1, 1, None]
-    cx = intrinsics_px[..., 0, 2, None]
-    cy = intrinsics_px[..., 1, 2, None]
-    tan_fovx = 0.5 * width / fx
-    tan_fovy = 0.5 * height / fy
-    lim_x_pos = (width - cx) / fx + 0.3 * tan_fovx
-    lim_x_neg = cx / fx + 0.3 * tan_fovx
-    lim_y_pos = (height - cy) / fy + 0.3 * tan_fovy
-    lim_y_neg = cy / fy + 0.3 * tan_fovy
-    tx = z * torch.maximum(torch.minimum(x / z, lim_x_pos), -lim_x_neg)
-    ty = z * torch.maximum(torch.minimum(y / z, lim_y_pos), -lim_y_neg)
-    zero = torch.zeros_like(z)
-    jacobian = torch.stack(
-        [fx / z, zero, -fx * tx / (z * z), zero, fy / z, -fy * ty / (z * z)], dim=-1
-    ).reshape(*z.shape, 2, 3)  # [B, V, N, 2, 3]
-    cov2d = jacobian @ covariance_cam @ jacobian.transpose(-1, -2)  # [B, V, N, 2, 2]
-    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)  # [B, V, N, 2]
-
-    c_xx = cov2d[..., 0, 0] + eps2d
-    c_yy = cov2d[..., 1, 1] + eps2d
-    c_xy = 0.5 * (cov2d[..., 0, 1] + cov2d[..., 1, 0])
-    det = c_xx * c_yy - c_xy * c_xy  # [B, V, N]
-    det_ok = det > 0
-    det = torch.where(det_ok, det, torch.ones_like(det))
-    conics = torch.stack([c_yy / det, -c_xy / det, c_xx / det], dim=-1)  # [B, V, N, 3]
+    axes = quaternion_to_matrix(rotations) * scales[..., None, :]  # [B, N, 3, 3] R diag(s)
+    covariance = axes @ axes.transpose(-1, -2)  # [B, N, 3, 3] R S S R^T
+    covariance = torch.einsum(
+        "bvij,bnjk,bvlk->bvnil", to_camera, covariance, to_camera
+    )  # [B, V, N, 3, 3] in the camera frame
+    focal = intrinsics_px[..., None, [0, 1], [0, 1]]  # [B, V, 1, 2]
+    principal = intrinsics_px[..., None, :2, 2]  # [B, V, 1, 2]
+    jacobian = _screen_jacobian(safe, focal, principal, image_size)
+    cov2d = jacobian @ covariance @ jacobian.transpose(-1, -2)  # [B, V, N, 2, 2]
+    means2d = focal * safe[..., :2] / safe[..., 2:] + principal  # [B, V, N, 2]
+    conics, diagonal, invertible = _conics(cov2d, eps2d)
     compensations = opacity_compensation(cov2d, eps2d) if calc_compensations else None
 
     with torch.no_grad():
-        valid = depth_ok & det_ok
-        if opacities is None:
-            extend = torch.full_like(z, BOX_EXTEND)
-        else:
-            opacity = opacities[:, None, :].expand_as(z)  # [B, V, N]
+        opacity = None
+        if opacities is not None:
+            opacity = opacities[:, None, :].expand_as(depth)  # [B, V, N]
             if compensations is not None:
                 opacity = opacity * compensations
-            valid = valid & (opacity >= ALPHA_THRESHOLD)
-            ratio = (opacity / ALPHA_THRESHOLD).clamp_min(1.0)
-            extend = torch.sqrt(2.0 * torch.log(ratio)).clamp_max(BOX_EXTEND)
-        radius_x = torch.ceil(extend * torch.sqrt(c_xx.clamp_min(0)))
-        radius_y = torch.ceil(extend * torch.sqrt(c_yy.clamp_min(0)))
-        valid = valid & ((radius_x > 0) | (radius_y > 0))
-        u, v = means2d.detach().unbind(-1)
-        inside = (u + radius_x > 0) & (u - radius_x < width)
-        inside = inside & (v + radius_y > 0) & (v - radius_y < height)
-        valid = valid & inside
-        radii = torch.stack([radius_x, radius_y], dim=-1) * valid[..., None]
-        radii = radii.to(torch.int32)  # [B, V, N, 2]
-    return Projection(means2d, conics, means_cam[..., 2], radii, valid, compensations)
+        radii, valid = _box_radii(diagonal, opacity, in_range & invertible)
+        centre = means2d.detach()
+        limit = torch.tensor([width, height], dtype=centre.dtype, device=centre.device)
+        valid = valid & ((centre + radii > 0) & (centre - radii < limit)).all(dim=-1)
+        radii = (radii * valid[..., None]).to(torch.int32)  # [B, V, N, 2]
+    return Projection(means2d, conics, depth, radii, valid, compensations)
 
 
 def project_views(

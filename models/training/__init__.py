@@ -5,19 +5,19 @@ Never imported by ``import models`` (it imports Lightning).
 
 from models.training.module import SplatLitModule, net_identity
 from models.training.recipes import (
-    Recipe,
-    ReSplatRecipe,
-    SplatWeaverRecipe,
-    ZipSplatRecipe,
+    ReSplatTrainingRecipe,
+    SplatWeaverTrainingRecipe,
+    TrainingRecipe,
+    ZipSplatTrainingRecipe,
     default_recipe,
 )
 
 __all__ = [
-    "Recipe",
-    "ReSplatRecipe",
+    "TrainingRecipe",
+    "ReSplatTrainingRecipe",
     "SplatLitModule",
-    "SplatWeaverRecipe",
-    "ZipSplatRecipe",
+    "SplatWeaverTrainingRecipe",
+    "ZipSplatTrainingRecipe",
     "default_recipe",
     "net_identity",
 ]

@@ -1,7 +1,7 @@
 """One thin LightningModule for every family: render the targets, compute the losses, log.
 
 The network (``net``, any ``SplatModel``) and its family's training recipe (``recipe``, a
-``models.training.recipes.Recipe``; the family's default when not given) are injected. The
+``models.training.recipes.TrainingRecipe``; the family's default when not given) are injected. The
 architecture stays in the network; the training settings are the recipe's:
 ``recipe.train_kwargs(net, step, max_steps)`` gives per-step forward keywords (ZipSplat's sampled
 compression, ReSplat's iteration count), ``recipe.weigh(pred.losses)`` the weighted auxiliary
@@ -33,7 +33,7 @@ from models.metrics import (
 )
 from models.registry import to_plain
 from models.render.core import render
-from models.training.recipes import Recipe, default_recipe, recipe_record
+from models.training.recipes import TrainingRecipe, default_recipe, recipe_record
 
 __all__ = ["SplatLitModule", "net_identity"]
 
@@ -68,8 +68,8 @@ class SplatLitModule(L.LightningModule):
         render_backend: ``"auto"``, ``"torch"``, ``"gsplat"`` or ``"cpu"`` (see ``models.render``).
         background: RGB background of the renders.
         num_val_images: validation scenes whose renders are logged.
-        refine_target_poses: test-time target-pose refinement for pose-free models.
-        pose_refinement_steps: Adam steps of that refinement.
+        fit_target_poses: test-time target-pose fit for pose-free models.
+        pose_fit_steps: Adam steps of that refinement.
         compute_baselines: also score the mean-colour and nearest-context-view baselines in test.
         eval_kwargs: forward keywords at validation/test time (e.g. ``{"compression": 0.5}``).
     """
@@ -90,11 +90,11 @@ class SplatLitModule(L.LightningModule):
         render_backend: str = "auto",
         background: tuple[float, float, float] = (0.0, 0.0, 0.0),
         num_val_images: int = 3,
-        refine_target_poses: bool = True,
-        pose_refinement_steps: int = 100,
+        fit_target_poses: bool = True,
+        pose_fit_steps: int = 100,
         compute_baselines: bool = True,
         eval_kwargs: dict | None = None,
-        recipe: Recipe | None = None,
+        recipe: TrainingRecipe | None = None,
     ) -> None:
         super().__init__()
         if photometric_loss not in ("mse", "l1"):
@@ -307,16 +307,16 @@ class SplatLitModule(L.LightningModule):
         out = self.render_views(gaussians, target)
         results.update(self._scores("", out.color, images))
         pose_free = bool(getattr(self.net, "pose_free", False))
-        if pose_free and self.hparams.refine_target_poses:
+        if pose_free and self.hparams.fit_target_poses:
             # The model's frame may differ from the scene frame by a similarity: the targets' GT
             # poses are mapped into it (fitted on the context views), then refined there.
-            from models.pose_refinement import place_targets
+            from models.pose_fit import place_targets
 
             placed = place_targets(
                 gaussians,
                 context,
                 target,
-                steps=self.hparams.pose_refinement_steps,
+                steps=self.hparams.pose_fit_steps,
                 backend=self.hparams.render_backend,
                 alignment=getattr(self, "target_pose_alignment", "similarity"),  # set by eval.py
                 background=self._background(images),
@@ -324,7 +324,7 @@ class SplatLitModule(L.LightningModule):
             if placed.frame.mode != "none":
                 out_aligned = self.render_views(gaussians, target, extrinsics=placed.initial)
                 results.update(self._scores("aligned_", out_aligned.color, images))
-                results["frame_scale"] = placed.frame.scale
+                results["frame_scale"] = placed.frame.to_model.scale
                 results["frame_residual"] = placed.frame.residual
             out_refined = self.render_views(gaussians, target, extrinsics=placed.refined)
             results.update(self._scores("refined_", out_refined.color, images))

@@ -27,17 +27,17 @@ from models.base import ModelOutput
 from models.gaussians import Gaussians
 
 __all__ = [
-    "Recipe",
-    "ReSplatRecipe",
-    "SplatWeaverRecipe",
-    "ZipSplatRecipe",
+    "TrainingRecipe",
+    "ReSplatTrainingRecipe",
+    "SplatWeaverTrainingRecipe",
+    "ZipSplatTrainingRecipe",
     "default_recipe",
     "recipe_record",
 ]
 
 
 @dataclass
-class Recipe:
+class TrainingRecipe:
     """The plain recipe: one render of ``pred.gaussians``, auxiliary terms weighted by
     ``loss_weights`` (a term without an entry has weight 1). Pixel-aligned and DepthSplat models
     use it as it is.
@@ -70,7 +70,7 @@ class Recipe:
 
 
 @dataclass
-class ZipSplatRecipe(Recipe):
+class ZipSplatTrainingRecipe(TrainingRecipe):
     """ZipSplat: a sampled cluster ratio per step, the camera prior for some scenes, Chamfer.
 
     Args:
@@ -121,7 +121,7 @@ class ZipSplatRecipe(Recipe):
 
 
 @dataclass
-class ReSplatRecipe(Recipe):
+class ReSplatTrainingRecipe(TrainingRecipe):
     """ReSplat: 1..``train_iterations`` iterations per step, every iteration's render
     supervised with weight ``loss_decay ** (N - 1 - i)``; two stages.
 
@@ -162,7 +162,7 @@ class ReSplatRecipe(Recipe):
 
 
 @dataclass
-class SplatWeaverRecipe(Recipe):
+class SplatWeaverTrainingRecipe(TrainingRecipe):
     """SplatWeaver: the routing regulariser ``routing_weight * (CE_smoothed + usage_weight * KL)``.
 
     The model returns the parts unweighted: ``routing_ce`` (cross-entropy to the quantile
@@ -206,19 +206,19 @@ class SplatWeaverRecipe(Recipe):
 
 
 # Recipes by family (``SplatModel.family``) when a config gives none.
-_DEFAULTS: dict[str, type[Recipe]] = {
-    "zipsplat": ZipSplatRecipe,
-    "resplat": ReSplatRecipe,
-    "splatweaver": SplatWeaverRecipe,
+_DEFAULTS: dict[str, type[TrainingRecipe]] = {
+    "zipsplat": ZipSplatTrainingRecipe,
+    "resplat": ReSplatTrainingRecipe,
+    "splatweaver": SplatWeaverTrainingRecipe,
 }
 
 
-def default_recipe(net: nn.Module) -> Recipe:
-    """The family's recipe with its default settings (the plain ``Recipe`` for the others)."""
-    return _DEFAULTS.get(getattr(net, "family", ""), Recipe)()
+def default_recipe(net: nn.Module) -> TrainingRecipe:
+    """The family's recipe with its default settings (the plain ``TrainingRecipe`` for the others)."""
+    return _DEFAULTS.get(getattr(net, "family", ""), TrainingRecipe)()
 
 
-def recipe_record(recipe: Recipe) -> dict[str, Any]:
+def recipe_record(recipe: TrainingRecipe) -> dict[str, Any]:
     """A plain record of a recipe for checkpoint hyper-parameters (``weights_only`` loadable)."""
     record = {"class": f"{type(recipe).__module__}.{type(recipe).__qualname__}"}
     if dataclasses.is_dataclass(recipe):

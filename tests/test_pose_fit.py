@@ -1,4 +1,4 @@
-"""Test-time target-pose refinement (models/pose_refinement.py)."""
+"""Test-time target-pose fit (models/pose_fit.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from models import Gaussians
 from models.gaussians import rgb_to_sh
-from models.pose_refinement import pose_error, refine_target_poses, se3_delta
+from models.geometry.similarity import Similarity, fit_cameras
+from models.pose_fit import fit_target_poses, pose_error, se3_delta
 
 SIZE = (32, 32)
 
@@ -74,9 +75,7 @@ def test_refinement_recovers_perturbed_target_poses():
     rot0, trans0 = pose_error(start, truth)
 
     with torch.inference_mode():  # eval.py calls it under inference mode
-        refined = refine_target_poses(
-            gaussians, image, start, intrinsics, steps=100, backend="torch"
-        )
+        refined = fit_target_poses(gaussians, image, start, intrinsics, steps=100, backend="torch")
     rot1, trans1 = pose_error(refined, truth)
     assert refined.shape == truth.shape and not refined.requires_grad
     # Still rigid camera-to-world matrices.
@@ -90,10 +89,10 @@ def test_zero_steps_and_bad_shapes():
     gaussians = _scene(n=20)
     extrinsics, intrinsics = _cameras(1)
     image = torch.rand(1, 1, 3, *SIZE)
-    out = refine_target_poses(gaussians, image, extrinsics, intrinsics, steps=0)
+    out = fit_target_poses(gaussians, image, extrinsics, intrinsics, steps=0)
     assert torch.equal(out, extrinsics)
     with pytest.raises(ValueError, match="extrinsics"):
-        refine_target_poses(gaussians, image, extrinsics[:, :, :3], intrinsics, steps=1)
+        fit_target_poses(gaussians, image, extrinsics[:, :, :3], intrinsics, steps=1)
 
 
 # ---------------------------------------------------------------------- frame alignment
@@ -105,39 +104,38 @@ def _random_similarity(b: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, t
     return scale, rotation, torch.randn(b, 3, generator=g)
 
 
-def test_fit_similarity_recovers_a_known_similarity():
-    from models.pose_refinement import apply_similarity, fit_similarity
-
+def test_fit_cameras_recovers_a_known_similarity():
     source = _perturb(torch.eye(4).repeat(2, 4, 1, 1), degrees=20.0, distance=1.0, seed=3)
     scale, rotation, translation = _random_similarity(2, seed=4)
-    target = apply_similarity(source, scale, rotation, translation)
+    target = Similarity(scale, rotation, translation).cameras(source)
     # Rigid still, and the relative geometry is the source's scaled.
     r = target[..., :3, :3]
     assert torch.allclose(r @ r.transpose(-1, -2), torch.eye(3).expand_as(r), atol=1e-5)
     gap = (target[:, 1, :3, 3] - target[:, 0, :3, 3]).norm(dim=-1)
     assert torch.allclose(gap, scale * (source[:, 1, :3, 3] - source[:, 0, :3, 3]).norm(dim=-1))
 
-    s, rot, t = fit_similarity(source, target, "similarity")
-    assert torch.allclose(s, scale, rtol=1e-4)
-    assert torch.allclose(rot, rotation, atol=1e-5)
-    assert torch.allclose(t, translation, atol=1e-4)
-    assert torch.allclose(apply_similarity(source, s, rot, t), target, atol=1e-4)
+    fit = fit_cameras(source, target, "similarity")
+    assert torch.allclose(fit.scale, scale, rtol=1e-4)
+    assert torch.allclose(fit.rotation, rotation, atol=1e-5)
+    assert torch.allclose(fit.translation, translation, atol=1e-4)
+    assert torch.allclose(fit.cameras(source), target, atol=1e-4)
 
     # Scale only (both origins kept), from cameras scaled about the origin.
     scaled = source.clone()
     scaled[..., :3, 3] *= scale[:, None, None]
-    s, rot, t = fit_similarity(source, scaled, "scale")
-    assert torch.allclose(s, scale, rtol=1e-5)
-    assert torch.equal(rot, torch.eye(3).expand(2, 3, 3)) and torch.equal(t, torch.zeros(2, 3))
-    s, rot, t = fit_similarity(source, target, "none")
-    assert torch.equal(s, torch.ones(2)) and torch.equal(t, torch.zeros(2, 3))
+    fit = fit_cameras(source, scaled, "scale")
+    assert torch.allclose(fit.scale, scale, rtol=1e-5)
+    assert torch.equal(fit.rotation, torch.eye(3).expand(2, 3, 3))
+    assert torch.equal(fit.translation, torch.zeros(2, 3))
+    fit = fit_cameras(source, target, "none")
+    assert torch.equal(fit.scale, torch.ones(2)) and torch.equal(fit.translation, torch.zeros(2, 3))
 
     # One camera: the scale is undetermined (1); the pose itself is matched exactly.
-    s, rot, t = fit_similarity(source[:, :1], target[:, :1], "similarity")
-    assert torch.equal(s, torch.ones(2))
-    assert torch.allclose(apply_similarity(source[:, :1], s, rot, t), target[:, :1], atol=1e-5)
+    fit = fit_cameras(source[:, :1], target[:, :1], "similarity")
+    assert torch.equal(fit.scale, torch.ones(2))
+    assert torch.allclose(fit.cameras(source[:, :1]), target[:, :1], atol=1e-5)
     with pytest.raises(ValueError, match="alignment"):
-        fit_similarity(source, target, "affine")
+        fit_cameras(source, target, "affine")
 
 
 def _wide_scene(n: int = 600, seed: int = 0) -> Gaussians:
@@ -184,7 +182,7 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
     """The model's frame is the scene frame scaled by s (not a search candidate). Through the
     test step: with the alignment the refined targets are the true ones (PSNR > 40 dB), without
     it (refinement from the scene-frame poses, as before) they are not."""
-    from models import pose_refinement, render
+    from models import pose_fit, render
     from models.training.module import SplatLitModule
 
     gaussians = _wide_scene()
@@ -199,19 +197,19 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
     truth[..., :3, 3] *= s  # the targets' true poses in the model's frame
 
     placements = []
-    original = pose_refinement.place_targets
+    original = pose_fit.place_targets
 
     def recording(*args, **kwargs):
         placements.append(original(*args, **kwargs))
         return placements[-1]
 
-    monkeypatch.setattr(pose_refinement, "place_targets", recording)
+    monkeypatch.setattr(pose_fit, "place_targets", recording)
     records = {}
     for alignment in ("similarity", "none"):
         module = SplatLitModule(
             _ScaledFrameModel(gaussians, s),
             render_backend="torch",
-            pose_refinement_steps=60,
+            pose_fit_steps=60,
             compute_baselines=False,
         )
         module.target_pose_alignment = alignment
@@ -221,11 +219,11 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
         placed = placements[-1]
         angle, distance = pose_error(placed.refined, truth)
         if alignment == "similarity":
-            assert placed.frame.scale.item() == pytest.approx(s, rel=0.02)
+            assert placed.frame.to_model.scale.item() == pytest.approx(s, rel=0.02)
             assert placed.frame.residual.item() < 0.01
             assert (angle < 0.2).all() and (distance / s < 0.01).all(), (angle, distance / s)
         else:
-            assert placed.frame.scale.item() == 1.0
+            assert placed.frame.to_model.scale.item() == 1.0
             assert (distance / s > 0.1).all(), distance / s
 
     good, bad = records["similarity"], records["none"]

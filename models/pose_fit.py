@@ -1,21 +1,21 @@
-"""Test-time target-pose refinement for pose-free models (NoPoSplat/ZipSplat evaluation).
+"""Test-time pose fit for pose-free models (NoPoSplat/ZipSplat evaluation).
 
 A pose-free model predicts Gaussians in the frame of its first context view, up to errors in the
 scale and pose of that frame, so the ground-truth target cameras do not quite line up with the
 prediction. Before scoring, each target camera's pose is optimised with the Gaussians frozen: a
 6-DoF delta (axis-angle rotation and translation, both in the camera's own frame) on the
 camera-to-world matrix, fitted with Adam to the target image by a photometric loss. The pose with
-the lowest loss seen is returned per camera, so refinement never makes the fit worse.
+the lowest loss seen is returned per camera, so the fit never makes the poses worse.
 
 The ground-truth target poses are in this project's scene frame (context view 0 = identity, unit
 context baseline), but a pose-free model's frame need not be: a released model (ZipSplat's, for
 one) normalises its scene by its own rule (median depth), so its frame differs from the scene frame
-by a similarity. Refining the target poses from their scene-frame values then starts at the wrong
+by a similarity. Fitting the target poses from their scene-frame values then starts at the wrong
 translation scale and gets stuck. ``place_targets`` first places the *context* views in the
-model's frame (a coarse search over the scale, then the same refinement against their own
-images), fits the similarity between those placed poses and the known context poses
-(``fit_similarity``), maps the target poses' initial values through it into the model's frame and
-refines them there. Nothing in it depends on a family: it needs only the predicted Gaussians, the
+model's frame (a coarse search over the scale, then the same fit against their own images),
+fits the similarity between those placed poses and the known context poses
+(``models.geometry.similarity.fit_cameras``), maps the target poses' initial values through it
+into the model's frame and fits them there. Nothing in it depends on a family: it needs only the predicted Gaussians, the
 context images and their known poses.
 """
 
@@ -28,22 +28,17 @@ import torch
 from torch import Tensor
 
 from models.gaussians import Gaussians
+from models.geometry.similarity import CAMERA_FITS, Similarity, fit_cameras
 
 __all__ = [
-    "ALIGNMENTS",
-    "FrameAlignment",
+    "ContextPlacement",
     "TargetPlacement",
-    "apply_similarity",
-    "fit_similarity",
+    "fit_target_poses",
     "place_context_views",
     "place_targets",
     "pose_error",
-    "refine_target_poses",
     "se3_delta",
 ]
-
-#: How ``place_targets`` relates the scene frame to the model's frame.
-ALIGNMENTS = ("similarity", "scale", "none")
 
 
 def _skew(vector: Tensor) -> Tensor:
@@ -98,7 +93,7 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
     raise ValueError(f"loss must be 'mse' or 'l1', got {loss!r}")
 
 
-def refine_target_poses(
+def fit_target_poses(
     gaussians: Gaussians,
     image: Tensor,
     extrinsics: Tensor,
@@ -214,90 +209,6 @@ def refine_target_poses(
 
 
 # ---------------------------------------------------------------------- frame alignment
-def apply_similarity(
-    extrinsics: Tensor, scale: Tensor, rotation: Tensor, translation: Tensor
-) -> Tensor:
-    """Map camera-to-world poses through ``x -> scale * rotation @ x + translation``.
-
-    Args:
-        extrinsics: ``[B, V, 4, 4]`` camera-to-world in the source frame.
-        scale: ``[B]``.
-        rotation: ``[B, 3, 3]``.
-        translation: ``[B, 3]``.
-
-    Returns:
-        ``[B, V, 4, 4]`` the same cameras in the target frame (still rigid: the camera's axes are
-        rotated, its centre is mapped by the similarity).
-    """
-    out = extrinsics.clone()
-    out[..., :3, :3] = rotation[:, None] @ extrinsics[..., :3, :3]
-    centres = torch.einsum("bij,bvj->bvi", rotation, extrinsics[..., :3, 3])  # [B, V, 3]
-    out[..., :3, 3] = scale[:, None, None] * centres + translation[:, None]
-    return out
-
-
-def _project_rotation(matrix: Tensor) -> Tensor:
-    """Nearest rotation ``[..., 3, 3]`` to ``matrix`` (SVD, determinant fixed to +1)."""
-    u, _, vh = torch.linalg.svd(matrix)
-    sign = torch.sign(torch.linalg.det(u @ vh))
-    fix = torch.ones_like(matrix[..., 0])
-    fix[..., 2] = sign
-    return u @ torch.diag_embed(fix) @ vh
-
-
-def fit_similarity(
-    source: Tensor, target: Tensor, mode: str = "similarity", eps: float = 1e-6
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Least-squares similarity taking cameras ``source`` onto the same cameras ``target``.
-
-    The rotation is the average of the per-camera relative rotations ``R_tgt R_src^T`` (projected
-    onto SO(3)); given it, scale and translation minimise the camera centres' squared distances
-    (Umeyama with the rotation fixed). ``mode="scale"`` keeps both frames' origins (view 0 at the
-    origin in both, as for pose-free models) and fits the scale only; ``"none"`` is the identity.
-    With one camera, or cameras at one centre, the scale is undetermined and stays 1.
-
-    Args:
-        source: ``[B, V, 4, 4]`` camera-to-world in the source (scene) frame.
-        target: ``[B, V, 4, 4]`` the same cameras in the target (model) frame.
-        mode: ``"similarity"``, ``"scale"`` or ``"none"``.
-        eps: centre spread below which the scale is left at 1.
-
-    Returns:
-        ``scale [B]``, ``rotation [B, 3, 3]``, ``translation [B, 3]``.
-    """
-    if mode not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {mode!r}")
-    if source.shape != target.shape or source.ndim != 4 or source.shape[-2:] != (4, 4):
-        raise ValueError(
-            f"source and target must both be [B, V, 4, 4], got {tuple(source.shape)} and "
-            f"{tuple(target.shape)}"
-        )
-    b = source.shape[0]
-    eye = torch.eye(3, dtype=source.dtype, device=source.device).expand(b, 3, 3).clone()
-    ones = torch.ones(b, dtype=source.dtype, device=source.device)
-    zeros = torch.zeros(b, 3, dtype=source.dtype, device=source.device)
-    if mode == "none":
-        return ones, eye, zeros
-    c_src, c_tgt = source[..., :3, 3], target[..., :3, 3]  # [B, V, 3]
-    if mode == "scale":
-        rotation, translation = eye, zeros
-        norm = c_src.pow(2).sum(dim=(-2, -1))  # [B]
-        dot = (c_src * c_tgt).sum(dim=(-2, -1))
-    else:
-        relative = target[..., :3, :3] @ source[..., :3, :3].transpose(-1, -2)  # [B, V, 3, 3]
-        rotation = _project_rotation(relative.sum(dim=1))
-        rotated = torch.einsum("bij,bvj->bvi", rotation, c_src)
-        mean_src, mean_tgt = rotated.mean(dim=1), c_tgt.mean(dim=1)  # [B, 3]
-        centred_src, centred_tgt = rotated - mean_src[:, None], c_tgt - mean_tgt[:, None]
-        norm = centred_src.pow(2).sum(dim=(-2, -1))
-        dot = (centred_src * centred_tgt).sum(dim=(-2, -1))
-    determined = norm > eps**2
-    scale = torch.where(determined, dot / norm.clamp_min(eps**2), ones).clamp_min(eps)
-    if mode == "similarity":
-        translation = mean_tgt - scale[:, None] * mean_src
-    return scale, rotation, translation
-
-
 def _scaled(gaussians: Gaussians, factor: Tensor) -> Gaussians:
     """The Gaussians with every length multiplied by ``factor [B]`` (exact for any SH degree)."""
     f = factor.to(gaussians.means.dtype)[:, None, None]
@@ -311,30 +222,23 @@ def _scale_translation(extrinsics: Tensor, factor: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class FrameAlignment:
-    """The similarity ``x_model = scale * rotation @ x_scene + translation`` found by
-    ``place_context_views``, and the context cameras placed in the model's frame.
+class ContextPlacement:
+    """What ``place_context_views`` found: the similarity from the scene frame into the model's
+    frame and the context cameras placed in the model's frame.
 
     Attributes:
-        scale: ``[B]`` model units per scene unit.
-        rotation: ``[B, 3, 3]``.
-        translation: ``[B, 3]``.
-        context_extrinsics: ``[B, Vc, 4, 4]`` context cameras placed (refined) in the model's frame.
+        to_model: batch ``[B]``: ``x_model = scale * rotation @ x_scene + translation`` (scale in
+            model units per scene unit).
+        context_extrinsics: ``[B, Vc, 4, 4]`` context cameras placed (fitted) in the model's frame.
         residual: ``[B]`` RMS distance between the placed context centres and the known ones
             mapped through the similarity, in scene units (how well one similarity explains them).
-        mode: the ``ALIGNMENTS`` entry used.
+        mode: the ``CAMERA_FITS`` entry used.
     """
 
-    scale: Tensor
-    rotation: Tensor
-    translation: Tensor
+    to_model: Similarity
     context_extrinsics: Tensor
     residual: Tensor
     mode: str
-
-    def to_model_frame(self, extrinsics: Tensor) -> Tensor:
-        """Scene-frame camera-to-world ``[B, V, 4, 4]`` mapped into the model's frame."""
-        return apply_similarity(extrinsics, self.scale, self.rotation, self.translation)
 
 
 @dataclass(frozen=True)
@@ -350,7 +254,7 @@ class TargetPlacement:
 
     initial: Tensor
     refined: Tensor
-    frame: FrameAlignment
+    frame: ContextPlacement
 
 
 def _scale_candidates(dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -369,17 +273,17 @@ def place_context_views(
     alignment: str = "similarity",
     background: Tensor | None = None,
     scales: Tensor | None = None,
-    **refine_kwargs,
-) -> FrameAlignment:
+    **fit_kwargs,
+) -> ContextPlacement:
     """Place the context views in a pose-free model's frame and fit the scene-to-model similarity.
 
     1. Coarse scale: the known context poses, scaled about the scene origin by each of ``scales``
        (default 1/64 .. 64), are rendered; per scene the scale with the lowest photometric loss
        over the context views is kept (``alignment="none"`` skips this: scale 1).
     2. The context poses at that scale are refined against their own images
-       (``refine_target_poses``), with the Gaussians rescaled by the inverse scale so that the
+       (``fit_target_poses``), with the Gaussians rescaled by the inverse scale so that the
        refinement's step sizes act in scene units.
-    3. ``fit_similarity`` between the known context poses and the placed ones gives the alignment.
+    3. ``models.geometry.similarity.fit_cameras`` between the known context poses and the placed ones gives the alignment.
 
     Args:
         gaussians: the prediction for these ``B`` scenes, in the model's frame.
@@ -392,15 +296,15 @@ def place_context_views(
             origins kept) or ``"none"`` (the model's frame is taken to be the scene frame).
         background: renderer background (``[B, 3]`` or ``[3]``).
         scales: ``[S]`` candidate scales of step 1.
-        **refine_kwargs: more keywords of ``refine_target_poses`` (``lr``, ``loss``, ...).
+        **fit_kwargs: more keywords of ``fit_target_poses`` (``lr``, ``loss``, ...).
 
     Returns:
-        The ``FrameAlignment``.
+        The ``ContextPlacement``.
     """
     from models.render.core import render
 
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}")
+    if alignment not in CAMERA_FITS:
+        raise ValueError(f"alignment must be one of {', '.join(CAMERA_FITS)}, got {alignment!r}")
     b, v = image.shape[:2]
     with torch.inference_mode(False), torch.no_grad():
         dtype = torch.promote_types(gaussians.dtype, torch.float32)
@@ -430,7 +334,7 @@ def place_context_views(
             coarse = candidates.to(dtype=dtype, device=known.device)[best]
         # Refine in units where the scene has (about) its scene-frame size.
         units = _scaled(frozen, 1.0 / coarse)
-    placed = refine_target_poses(
+    placed = fit_target_poses(
         units,
         target,
         known,
@@ -438,18 +342,17 @@ def place_context_views(
         steps=steps if alignment != "none" else 0,
         backend=backend,
         background=background,
-        **refine_kwargs,
+        **fit_kwargs,
     )
     with torch.inference_mode(False), torch.no_grad():
-        scale, rotation, translation = fit_similarity(known, placed, alignment)
-        mapped = apply_similarity(known, scale, rotation, translation)
+        fitted = fit_cameras(known, placed, alignment)
+        mapped = fitted.cameras(known)
         residual = (mapped[..., :3, 3] - placed[..., :3, 3]).pow(2).sum(-1).mean(-1).sqrt()
-        return FrameAlignment(
-            scale=scale * coarse,
-            rotation=rotation,
-            translation=translation * coarse[:, None],
+        to_model = Similarity.scaling(coarse, torch.zeros_like(fitted.translation)) @ fitted
+        return ContextPlacement(
+            to_model=to_model,
             context_extrinsics=_scale_translation(placed, coarse),
-            residual=residual / scale,
+            residual=residual / fitted.scale,
             mode=alignment,
         )
 
@@ -464,13 +367,13 @@ def place_targets(
     alignment: str = "similarity",
     context_steps: int | None = None,
     background: Tensor | None = None,
-    **refine_kwargs,
+    **fit_kwargs,
 ) -> TargetPlacement:
     """Target poses for scoring a pose-free model: aligned into its frame, then refined.
 
     ``place_context_views`` finds the similarity between the scene frame and the model's frame
     from the context views; the targets' ground-truth poses are mapped through it and refined
-    (``refine_target_poses``) in the model's frame, with the Gaussians rescaled by the inverse
+    (``fit_target_poses``) in the model's frame, with the Gaussians rescaled by the inverse
     scale so that the step sizes act in scene units. With ``alignment="none"`` this is the plain
     refinement from the scene-frame poses.
 
@@ -484,7 +387,7 @@ def place_targets(
         alignment: see ``place_context_views``.
         context_steps: refinement steps of the context views (default ``steps``).
         background: renderer background.
-        **refine_kwargs: more keywords of ``refine_target_poses``.
+        **fit_kwargs: more keywords of ``fit_target_poses``.
 
     Returns:
         ``TargetPlacement`` (poses in the model's frame, detached).
@@ -498,14 +401,15 @@ def place_targets(
         backend=backend,
         alignment=alignment,
         background=background,
-        **refine_kwargs,
+        **fit_kwargs,
     )
     with torch.inference_mode(False), torch.no_grad():
-        dtype = frame.scale.dtype
-        initial = frame.to_model_frame(target["extrinsics"].detach().clone().to(dtype))
-        units = _scaled(gaussians.map(lambda t: t.detach().clone()).to(dtype), 1.0 / frame.scale)
-        start = _scale_translation(initial, 1.0 / frame.scale)
-    refined = refine_target_poses(
+        scale = frame.to_model.scale  # [B]
+        dtype = scale.dtype
+        initial = frame.to_model.cameras(target["extrinsics"].detach().clone().to(dtype))
+        units = _scaled(gaussians.map(lambda t: t.detach().clone()).to(dtype), 1.0 / scale)
+        start = _scale_translation(initial, 1.0 / scale)
+    refined = fit_target_poses(
         units,
         target["image"].detach().clone(),
         start,
@@ -513,10 +417,10 @@ def place_targets(
         steps=steps,
         backend=backend,
         background=background,
-        **refine_kwargs,
+        **fit_kwargs,
     )
     with torch.inference_mode(False), torch.no_grad():
-        refined = _scale_translation(refined.to(dtype), frame.scale)
+        refined = _scale_translation(refined.to(dtype), scale)
     out_dtype = target["extrinsics"].dtype
     return TargetPlacement(
         initial=initial.to(out_dtype), refined=refined.to(out_dtype), frame=frame
