@@ -48,7 +48,6 @@ bfloat16, the heads in float32) onto this model.
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Sequence
 
 import torch
@@ -60,13 +59,12 @@ from models.base import ModelOutput, SplatModel, check_context
 from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
 from models.families.splatweaver import budget_shift, frozen_gumbel_noise, route
 from models.gaussians import Gaussians
-from models.geometry.cameras import invert_extrinsics, normalize_scene
-from models.geometry.rotations import quaternion_multiply
 from models.input_recipe import InputRecipe
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.knn import knn
+from models.layers.release_frame import pad_scenes, to_scene_frame, unproject_depth
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
@@ -75,7 +73,6 @@ from models.layers.vggt import (
 )
 from models.layers.wavelet import WAVELETS
 from models.registry import register_model
-from models.sh import eval_sh_bases
 from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
@@ -218,57 +215,6 @@ class NeighbourRefiner(nn.Module):
         return self.head(fused) + rows[:, 3 : 3 + self.out_dim]
 
 
-# ----------------------------------------------------------------------------- scene frame
-def _rotation_to_quaternion(matrix: Tensor) -> Tensor:
-    """Unit quaternion (wxyz) of a rotation matrix ``[3, 3]`` (float64 internally): the
-    release's arithmetic, kept apart from :mod:`models.geometry.rotations` for parity."""
-    m = matrix.double()
-    trace = m[0, 0] + m[1, 1] + m[2, 2]
-    candidates = torch.stack(
-        [
-            torch.stack([1 + trace, m[2, 1] - m[1, 2], m[0, 2] - m[2, 0], m[1, 0] - m[0, 1]]),
-            torch.stack(
-                [m[2, 1] - m[1, 2], 1 + m[0, 0] - m[1, 1] - m[2, 2], m[0, 1] + m[1, 0]]
-                + [m[0, 2] + m[2, 0]]
-            ),
-            torch.stack(
-                [m[0, 2] - m[2, 0], m[0, 1] + m[1, 0], 1 - m[0, 0] + m[1, 1] - m[2, 2]]
-                + [m[1, 2] + m[2, 1]]
-            ),
-            torch.stack(
-                [m[1, 0] - m[0, 1], m[0, 2] + m[2, 0], m[1, 2] + m[2, 1]]
-                + [1 - m[0, 0] - m[1, 1] + m[2, 2]]
-            ),
-        ]
-    )  # each row is 2 * q * (its largest component)
-    best = torch.stack(
-        [1 + trace, 1 + m[0, 0] - m[1, 1] - m[2, 2]]
-        + [1 - m[0, 0] + m[1, 1] - m[2, 2], 1 - m[0, 0] - m[1, 1] + m[2, 2]]
-    ).argmax()
-    q = candidates[best]
-    q = q / q.norm()
-    return torch.where(q[0] < 0, -q, q).to(matrix.dtype)
-
-
-def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
-    """``[K, K]`` matrix ``D`` with ``SH_c(R^T d) = SH_{D c}(d)``: coefficients ``c`` of a colour
-    field become those of the same field seen in a frame rotated by ``rotation [3, 3]``.
-
-    Exact up to rounding: fitted in float64 on 64 Fibonacci directions (each band ``l`` is an
-    invariant subspace, so a least-squares fit over enough directions recovers it).
-    """
-    count = 64
-    i = torch.arange(count, dtype=torch.float64) + 0.5
-    z = 1 - 2 * i / count
-    radius = (1 - z * z).sqrt()
-    phi = math.pi * (1 + 5**0.5) * i
-    directions = torch.stack([radius * phi.cos(), radius * phi.sin(), z], dim=-1)  # [M, 3]
-    r = rotation.detach().double().cpu()
-    new = eval_sh_bases(degree, directions)  # [M, K]
-    old = eval_sh_bases(degree, directions @ r)  # bases at R^T d (row vectors: d @ R)
-    return torch.linalg.lstsq(new, old).solution.T.to(rotation)  # [K, K]
-
-
 # ----------------------------------------------------------------------------- the model
 class SplatWeaverRelease(SplatModel):
     """SplatWeaver as released (VGGT trunk, wavelet-guided cardinality experts, kNN refiner).
@@ -397,21 +343,6 @@ class SplatWeaverRelease(SplatModel):
         self.refiner = NeighbourRefiner(raw + pixel_feature_dim, raw - 3, refiner_dim, neighbours)
 
     # ------------------------------------------------------------------ pieces
-    @staticmethod
-    def _unproject(depth: Tensor, w2c: Tensor, intrinsics: Tensor) -> Tensor:
-        """World points ``[B, V, H, W, 3]`` of ``depth [B, V, H, W]`` (pixel ``(u, v)`` at integer
-        coordinates, as released) with world-to-camera ``[B, V, 3, 4]``, pixel intrinsics."""
-        h, w = depth.shape[-2:]
-        u = torch.arange(w, device=depth.device, dtype=depth.dtype)[None, None, None, :]
-        v = torch.arange(h, device=depth.device, dtype=depth.dtype)[None, None, :, None]
-        k = intrinsics[..., None, None, :, :]  # [B, V, 1, 1, 3, 3]
-        x = (u - k[..., 0, 2]) * depth / k[..., 0, 0]
-        y = (v - k[..., 1, 2]) * depth / k[..., 1, 1]
-        camera = torch.stack([x, y, depth], dim=-1)  # [B, V, H, W, 3]
-        rotation = w2c[..., :3, :3]
-        center = -torch.einsum("bvji,bvj->bvi", rotation, w2c[..., :3, 3])  # -R^T t
-        return torch.einsum("bvji,bvhwj->bvhwi", rotation, camera) + center[:, :, None, None]
-
     def _scene_gaussians(
         self, choice: Tensor, gates: Tensor, features: Tensor, points: Tensor
     ) -> Gaussians:
@@ -512,7 +443,7 @@ class SplatWeaverRelease(SplatModel):
         raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
         depth = torch.exp(raw_depth[:, :, 0])
         depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
-        points = self._unproject(depth, w2c, pixel_k)  # [B, V, H, W, 3]
+        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
         bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
         c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
         intrinsics = torch.stack(
@@ -550,12 +481,12 @@ class SplatWeaverRelease(SplatModel):
             self._scene_gaussians(flat_choice[i], flat_gates[i], flat_features[i], flat_points[i])
             for i in range(b)
         ]
-        gaussians = _pad(scenes)
+        gaussians = pad_scenes(scenes)
 
         # --- frame ---
         scale = torch.ones(b, dtype=dtype, device=images.device)
         if frame == "scene":
-            c2w, gaussians, points, scale = _to_scene_frame(c2w, gaussians, points)
+            c2w, gaussians, points, scale = to_scene_frame(c2w, gaussians, points)
             depth = depth / scale[:, None, None, None]
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
@@ -576,82 +507,6 @@ class SplatWeaverRelease(SplatModel):
         return ModelOutput(
             gaussians, depth=depth, extrinsics=c2w, intrinsics=intrinsics, diagnostics=diagnostics
         )
-
-
-def _pad(scenes: list[Gaussians]) -> Gaussians:
-    """Stack single-scene sets into one batch, padded to the largest count (``mask`` marks valid
-    entries; ``None`` when every scene has the same count)."""
-    counts = [g.num_slots for g in scenes]
-    most = max(counts)
-    if all(c == most for c in counts):
-        return _stack(scenes)
-    padded = []
-    for g, count in zip(scenes, counts):
-        extra = most - count
-
-        def grow(t: Tensor, fill: float, extra: int = extra) -> Tensor:
-            pad = t.new_full((1, extra, *t.shape[2:]), fill)
-            return torch.cat([t, pad], dim=1)
-
-        rotations = grow(g.rotations, 0.0)
-        rotations[:, count:, 0] = 1.0
-        mask = torch.arange(most, device=g.device)[None] < count
-        padded.append(
-            Gaussians(
-                means=grow(g.means, 0.0),
-                scales=grow(g.scales, 1e-7),
-                rotations=rotations,
-                opacities=grow(g.opacities, 0.0),
-                harmonics=grow(g.harmonics, 0.0),
-                mask=mask,
-            )
-        )
-    return _stack(padded)
-
-
-def _stack(scenes: list[Gaussians]) -> Gaussians:
-    fields = ("means", "scales", "rotations", "opacities", "harmonics")
-    out = {key: torch.cat([getattr(g, key) for g in scenes], dim=0) for key in fields}
-    masks = [g.mask for g in scenes]
-    out["mask"] = (
-        None
-        if all(m is None for m in masks)
-        else torch.cat([g.valid_mask() for g in scenes], dim=0)
-    )
-    return Gaussians(**out)
-
-
-def _to_scene_frame(
-    c2w: Tensor, gaussians: Gaussians, points: Tensor
-) -> tuple[Tensor, Gaussians, Tensor, Tensor]:
-    """Move cameras ``[B, V, 4, 4]``, Gaussians and points ``[B, V, H, W, 3]`` into the scene
-    frame: view 0 the identity, the largest camera-centre distance 1 (``normalize_scene``)."""
-    moved, _, scale = normalize_scene(c2w)  # scale [B]
-    reference = invert_extrinsics(c2w[:, :1])[:, 0]  # [B, 4, 4]
-    rotation, translation = reference[:, :3, :3], reference[:, :3, 3]
-
-    def move(x: Tensor) -> Tensor:  # [B, ..., 3]
-        shape = x.shape
-        flat = x.reshape(shape[0], -1, 3)
-        out = torch.einsum("bij,bnj->bni", rotation, flat) + translation[:, None]
-        return (out / scale[:, None, None]).reshape(shape)
-
-    degree = gaussians.sh_degree
-    harmonics = []
-    quaternions = []
-    for i in range(c2w.shape[0]):
-        harmonics.append(gaussians.harmonics[i] @ sh_rotation_matrix(rotation[i], degree).T)
-        q = _rotation_to_quaternion(rotation[i])
-        quaternions.append(quaternion_multiply(q, gaussians.rotations[i]))
-    moved_gaussians = Gaussians(
-        means=move(gaussians.means),
-        scales=gaussians.scales / scale[:, None, None],
-        rotations=torch.stack(quaternions),
-        opacities=gaussians.opacities,
-        harmonics=torch.stack(harmonics),
-        mask=gaussians.mask,
-    )
-    return moved, moved_gaussians, move(points), scale
 
 
 # ----------------------------------------------------------------------------- official weights
