@@ -93,7 +93,7 @@ def sh_rotation_matrix(rotation: Tensor, degree: int) -> Tensor:
     r = rotation.detach().double().cpu()
     new = eval_sh_bases(degree, directions)  # [M, K]
     old = eval_sh_bases(degree, directions @ r)  # bases at R^T d (row vectors: d @ R)
-    return torch.linalg.lstsq(new, old).solution.T.to(rotation)  # [K, K]
+    return torch.linalg.lstsq(new, old).solution.to(rotation)  # [K, K]: new @ D = old
 
 
 def pad_scenes(scenes: list[Gaussians]) -> Gaussians:
