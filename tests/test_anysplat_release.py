@@ -151,26 +151,81 @@ def test_parity_cameras_and_depth(tiny_model, official) -> None:
         assert error <= TOLERANCE, f"{key}: max abs error {error:.3g}"
 
 
-@pytest.mark.parametrize("tag", list(VOXELS))
-def test_parity_gaussians(tiny_model, official, tag: str) -> None:
-    """Same count, same order (voxel index), every field within 1e-4: all Gaussians' means and
-    opacities, the fixture's fixed subset of 256 for scales, rotations and SH (degree 4)."""
+# A pixel whose point lies within this fraction of a voxel side from a voxel boundary may land in
+# either voxel: the points agree to ~1e-7 (float32), i.e. up to 6e-5 voxel sides at 0.002.
+AMBIGUOUS = 1e-3
+
+
+def _voxel_rows(points: torch.Tensor, voxel: float) -> tuple[torch.Tensor, dict]:
+    """Voxel keys of per-pixel points ``[N, 3]`` (as the release computes them, float32) and
+    ``{key: row}`` in the merged output's order (keys sorted)."""
+    keys = torch.round(points / voxel).int()
+    rows = {tuple(k): i for i, k in enumerate(torch.unique(keys, dim=0).tolist())}
+    return keys, rows
+
+
+def _matched(ours_points, official_points, voxel: float) -> tuple[dict, dict, int]:
+    """Rows of the voxels that no near-boundary pixel touches, on both sides (``{key: row}``),
+    and how many pixels are near a boundary."""
+    if voxel == 0:
+        rows = {(i,): i for i in range(len(official_points))}
+        return rows, rows, 0
+    near = torch.zeros(len(official_points), dtype=torch.bool)
+    for points in (ours_points, official_points):
+        x = points.double() / voxel
+        near |= ((x - x.floor() - 0.5).abs() < AMBIGUOUS).any(dim=-1)
+    keys_ours, rows_ours = _voxel_rows(ours_points, voxel)
+    keys_official, rows_official = _voxel_rows(official_points, voxel)
+    excluded = {tuple(k) for k in keys_ours[near].tolist() + keys_official[near].tolist()}
+    ours = {k: r for k, r in rows_ours.items() if k not in excluded}
+    official = {k: r for k, r in rows_official.items() if k not in excluded}
+    return ours, official, int(near.sum())
+
+
+@pytest.fixture(scope="module")
+def pixel_points(tiny_model, official) -> torch.Tensor:
+    """Our per-pixel points ``[N, 3]`` (release frame, pixel order)."""
     with torch.no_grad():
-        out = tiny_model({"image": official["image"]}, voxel_size=VOXELS[tag], frame="release")
+        out = tiny_model({"image": official["image"]}, voxel_size=0.0, frame="release")
+    return out.extras["points"].reshape(-1, 3)
+
+
+@pytest.mark.parametrize("tag", list(VOXELS))
+def test_parity_gaussians(tiny_model, official, pixel_points, tag: str) -> None:
+    """The same voxels in the same order (voxel index) and every field within 1e-4: all
+    Gaussians' means and opacities, the fixture's fixed subset of 256 for scales, rotations and
+    SH (degree 4). Voxels touched by a pixel within ``AMBIGUOUS`` of a voxel boundary are left
+    out (float rounding may put it on either side on another CPU); they are few."""
+    voxel = VOXELS[tag]
+    with torch.no_grad():
+        out = tiny_model({"image": official["image"]}, voxel_size=voxel, frame="release")
     g = out.gaussians
-    assert g.means.shape == official[f"{tag}.means"].shape
-    index = official[f"{tag}.index"]
+    official_points = official["v0.means"][0]  # the release's per-pixel points (no merge)
+    assert (pixel_points - official_points).abs().max() <= TOLERANCE
+    ours, theirs, near = _matched(pixel_points, official_points, voxel)
+    assert ours.keys() == theirs.keys() and len(ours) >= 0.9 * g.num_slots
+    assert abs(g.num_slots - official[f"{tag}.means"].shape[1]) <= near
+    keys = sorted(ours)
+    mine = torch.tensor([ours[k] for k in keys])
+    other = torch.tensor([theirs[k] for k in keys])
+    sampled = {int(r): i for i, r in enumerate(official[f"{tag}.index"])}
+    subset = [(ours[k], sampled[theirs[k]]) for k in keys if theirs[k] in sampled]
+    assert len(subset) >= 200
+    a, b = (torch.tensor(s) for s in zip(*subset))
     pairs = {
-        "means": (g.means, official[f"{tag}.means"]),
-        "opacities": (g.opacities, official[f"{tag}.opacities"]),
-        "scales": (g.scales[:, index], official[f"{tag}.scales"]),
-        "rotations": (g.rotations[:, index][..., [1, 2, 3, 0]], official[f"{tag}.rotations_xyzw"]),
-        "harmonics": (g.harmonics[:, index], official[f"{tag}.harmonics"]),
+        "means": (g.means[0, mine], official[f"{tag}.means"][0, other]),
+        "opacities": (g.opacities[0, mine], official[f"{tag}.opacities"][0, other]),
+        "scales": (g.scales[0, a], official[f"{tag}.scales"][0, b]),
+        "rotations": (
+            g.rotations[0, a][..., [1, 2, 3, 0]],
+            official[f"{tag}.rotations_xyzw"][0, b],
+        ),
+        "harmonics": (g.harmonics[0, a], official[f"{tag}.harmonics"][0, b]),
     }
-    for key, (ours, theirs) in pairs.items():
-        error = (ours - theirs).abs().max().item()
+    for key, (mine_values, theirs_values) in pairs.items():
+        error = (mine_values - theirs_values).abs().max().item()
         assert error <= TOLERANCE, f"{key}: max abs error {error:.3g}"
-    expected = g.means.shape[1] / official["image"][0, :, 0].numel()
+    expected = g.num_slots / official["image"][0, :, 0].numel()
     assert out.extras["voxel_ratio"].item() == pytest.approx(expected)
 
 
