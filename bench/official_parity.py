@@ -5,7 +5,7 @@ that folder's README), rebuild the deterministic weights from the key manifest, 
 ``create_model(arch, pretrained=<file in the release's format>)`` and print the max abs error of
 every Gaussian field against the official numbers. No weights or network are needed.
 
-    python bench/official_parity.py [--port depthsplat|resplat|splatweaver_release|zipsplat_da3] [--only TAG ...]
+    python bench/official_parity.py [--port anysplat|depthsplat|resplat|splatweaver_release|zipsplat_da3] [--only TAG ...]
     python bench/official_parity.py --port zipsplat_da3 --only giant   # the released giant, ~7 GB [--threads 2]
 
 One function per port (``<port>_rows(only) -> (header, rows)``) returns the table rows; add yours
@@ -15,6 +15,7 @@ beside the others and in ``PORTS``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -284,7 +285,70 @@ def resplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[st
     return header, rows
 
 
+def anysplat_rows(only: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """One row per recorded AnySplat configuration and voxel size (release frame): means and
+    opacities of every Gaussian, the fixture's fixed subset of 256 for the other fields."""
+    from safetensors.torch import load_file, save_file
+    from splatweaver_release_weights import deterministic_state
+
+    from models import create_model
+
+    fixtures = REPO / "tests" / "fixtures" / "anysplat"
+    names = {"tiny": "anysplat_vggt_tiny", "released": "anysplat_vggt"}
+    fields = ["means", "scales", "rotations", "harmonics", "opacities"]
+    rows = []
+    for config, name in names.items():
+        path = fixtures / f"official_outputs_{config}.safetensors"
+        if (only and config not in only) or not path.exists():
+            continue
+        official = load_file(path)
+        manifest = json.loads((fixtures / f"manifest_{config}.json").read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = Path(tmp) / "model.safetensors"
+            save_file(deterministic_state(manifest), weights)  # with the distill copies
+            model = create_model(name, pretrained=str(weights))
+        tags = sorted({k.split(".")[0] for k in official if k.startswith("v")})
+        for tag in tags:
+            voxel = float(tag[1:].replace("p", ".")) if tag != "v0" else 0.0
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model({"image": official["image"]}, voxel_size=voxel, frame="release")
+            seconds = time.perf_counter() - start
+            g, index = out.gaussians, official[f"{tag}.index"]
+            ours = {
+                "means": g.means,
+                "opacities": g.opacities,
+                "scales": g.scales[:, index],
+                "rotations": g.rotations[:, index][..., [1, 2, 3, 0]],
+                "harmonics": g.harmonics[:, index],
+            }
+            theirs = {f: official[f"{tag}.{f}"] for f in ("means", "opacities", "scales")}
+            theirs["rotations"] = official[f"{tag}.rotations_xyzw"]
+            theirs["harmonics"] = official[f"{tag}.harmonics"]
+            same = g.means.shape == theirs["means"].shape
+            errors = {
+                f: (ours[f] - theirs[f]).abs().max().item() if same else float("nan")
+                for f in fields
+            }
+            cameras = max(
+                (out.extras[k] - official[k]).abs().max().item()
+                for k in ("extrinsics", "intrinsics")
+            )
+            ok = same and max([*errors.values(), cameras]) <= TOLERANCE
+            _, v, _, h, w = official["image"].shape
+            rows.append(
+                [name, f"{h}x{w}", str(v), f"{voxel:g}",
+                 f"{g.means.shape[1]:,} / {theirs['means'].shape[1]:,}",
+                 *(f"{errors[f]:.1e}" for f in fields), f"{cameras:.1e}",
+                 "yes" if ok else "NO", f"{seconds:.1f}"]
+            )  # fmt: skip
+    header = ["architecture", "input", "views", "voxel_size", "Gaussians (port / official)",
+              *fields, "cameras", "<= 1e-4", "port s"]  # fmt: skip
+    return header, rows
+
+
 PORTS = {
+    "anysplat": anysplat_rows,
     "depthsplat": depthsplat_rows,
     "resplat": resplat_rows,
     "splatweaver_release": splatweaver_release_rows,

@@ -57,15 +57,14 @@ from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
 from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
-from models.gaussians import Gaussians, transform_gaussians
-from models.geometry.cameras import invert_extrinsics, normalize_scene
-from models.geometry.similarity import Similarity
+from models.gaussians import Gaussians
 from models.input_recipe import InputRecipe
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
 from models.layers.cardinality_router import budget_shift, frozen_gumbel_noise, route
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.knn import knn
+from models.layers.release_frame import pad_scenes, to_scene_frame, unproject_depth
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
@@ -344,21 +343,6 @@ class SplatWeaverRelease(SplatModel):
         self.refiner = NeighbourRefiner(raw + pixel_feature_dim, raw - 3, refiner_dim, neighbours)
 
     # ------------------------------------------------------------------ pieces
-    @staticmethod
-    def _unproject(depth: Tensor, w2c: Tensor, intrinsics: Tensor) -> Tensor:
-        """World points ``[B, V, H, W, 3]`` of ``depth [B, V, H, W]`` (pixel ``(u, v)`` at integer
-        coordinates, as released) with world-to-camera ``[B, V, 3, 4]``, pixel intrinsics."""
-        h, w = depth.shape[-2:]
-        u = torch.arange(w, device=depth.device, dtype=depth.dtype)[None, None, None, :]
-        v = torch.arange(h, device=depth.device, dtype=depth.dtype)[None, None, :, None]
-        k = intrinsics[..., None, None, :, :]  # [B, V, 1, 1, 3, 3]
-        x = (u - k[..., 0, 2]) * depth / k[..., 0, 0]
-        y = (v - k[..., 1, 2]) * depth / k[..., 1, 1]
-        camera = torch.stack([x, y, depth], dim=-1)  # [B, V, H, W, 3]
-        rotation = w2c[..., :3, :3]
-        center = -torch.einsum("bvji,bvj->bvi", rotation, w2c[..., :3, 3])  # -R^T t
-        return torch.einsum("bvji,bvhwj->bvhwi", rotation, camera) + center[:, :, None, None]
-
     def _scene_gaussians(
         self, choice: Tensor, gates: Tensor, features: Tensor, points: Tensor
     ) -> Gaussians:
@@ -459,7 +443,7 @@ class SplatWeaverRelease(SplatModel):
         raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
         depth = torch.exp(raw_depth[:, :, 0])
         depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
-        points = self._unproject(depth, w2c, pixel_k)  # [B, V, H, W, 3]
+        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
         bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
         c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
         intrinsics = torch.stack(
@@ -497,12 +481,12 @@ class SplatWeaverRelease(SplatModel):
             self._scene_gaussians(flat_choice[i], flat_gates[i], flat_features[i], flat_points[i])
             for i in range(b)
         ]
-        gaussians = _pad(scenes)
+        gaussians = pad_scenes(scenes)
 
         # --- frame ---
         scale = torch.ones(b, dtype=dtype, device=images.device)
         if frame == "scene":
-            c2w, gaussians, points, scale = _to_scene_frame(c2w, gaussians, points)
+            c2w, gaussians, points, scale = to_scene_frame(c2w, gaussians, points)
             depth = depth / scale[:, None, None, None]
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
@@ -523,61 +507,6 @@ class SplatWeaverRelease(SplatModel):
         return ModelOutput(
             gaussians, depth=depth, extrinsics=c2w, intrinsics=intrinsics, diagnostics=diagnostics
         )
-
-
-def _pad(scenes: list[Gaussians]) -> Gaussians:
-    """Stack single-scene sets into one batch, padded to the largest count (``mask`` marks valid
-    entries; ``None`` when every scene has the same count)."""
-    counts = [g.num_slots for g in scenes]
-    most = max(counts)
-    if all(c == most for c in counts):
-        return _stack(scenes)
-    padded = []
-    for g, count in zip(scenes, counts):
-        extra = most - count
-
-        def grow(t: Tensor, fill: float, extra: int = extra) -> Tensor:
-            pad = t.new_full((1, extra, *t.shape[2:]), fill)
-            return torch.cat([t, pad], dim=1)
-
-        rotations = grow(g.rotations, 0.0)
-        rotations[:, count:, 0] = 1.0
-        mask = torch.arange(most, device=g.device)[None] < count
-        padded.append(
-            Gaussians(
-                means=grow(g.means, 0.0),
-                scales=grow(g.scales, 1e-7),
-                rotations=rotations,
-                opacities=grow(g.opacities, 0.0),
-                harmonics=grow(g.harmonics, 0.0),
-                mask=mask,
-            )
-        )
-    return _stack(padded)
-
-
-def _stack(scenes: list[Gaussians]) -> Gaussians:
-    fields = ("means", "scales", "rotations", "opacities", "harmonics")
-    out = {key: torch.cat([getattr(g, key) for g in scenes], dim=0) for key in fields}
-    masks = [g.mask for g in scenes]
-    out["mask"] = (
-        None
-        if all(m is None for m in masks)
-        else torch.cat([g.valid_mask() for g in scenes], dim=0)
-    )
-    return Gaussians(**out)
-
-
-def _to_scene_frame(
-    c2w: Tensor, gaussians: Gaussians, points: Tensor
-) -> tuple[Tensor, Gaussians, Tensor, Tensor]:
-    """Move cameras ``[B, V, 4, 4]``, Gaussians and points ``[B, V, H, W, 3]`` into the scene
-    frame: view 0 the identity, the largest camera-centre distance 1 (``normalize_scene``)."""
-    moved, _, scale = normalize_scene(c2w)  # scale [B]
-    reference = invert_extrinsics(c2w[:, :1])[:, 0]  # [B, 4, 4]
-    to_scene = Similarity(1.0 / scale, reference[:, :3, :3], reference[:, :3, 3] / scale[:, None])
-    moved_gaussians = transform_gaussians(gaussians, to_scene)
-    return moved, moved_gaussians, to_scene.points(points), scale
 
 
 # ----------------------------------------------------------------------------- official weights
@@ -767,9 +696,8 @@ register_pretrained_cfgs(
             hf_hub_filename="model.safetensors",
             file_format="official",
             license=(
-                "code Apache-2.0 (the repository's LICENSE; the Hub file states no other); the "
-                "weights start from VGGT-1B (facebook/VGGT-1B, src/model/encoder/splatweaver.py "
-                "VGGT.from_pretrained), whose licence is non-commercial: non-commercial use only"
+                "Apache-2.0 (the repository's LICENSE; the Hub file states no other). The trunk "
+                "starts from VGGT-1B (facebook/VGGT-1B: its own licence) and DINOv2 (Apache-2.0)"
             ),
             source=(
                 "Wan, Li, Shao, Zuo: SplatWeaver: Learning to Allocate Gaussian Primitives for "
@@ -779,7 +707,7 @@ register_pretrained_cfgs(
             train_data=(
                 "not stated for the released file; the repository's training command "
                 "(+experiment=multi-dataset) mixes DL3DV, CO3D, ScanNet++ and in-the-wild video "
-                "at heights 224-448 (multiples of 14) and width 448"
+                "at 224x448"
             ),
             input_size=(448, 448),
             views=None,
@@ -795,16 +723,12 @@ register_pretrained_cfgs(
                 pose_scale="pose_free",
                 source=(
                     "yecongwan/SplatWeaver demo.py and src/utils/image.py process_image (448x448 "
-                    "centre crop, 16 views in its example); config/experiment/multi-dataset.yaml "
-                    "(input_image_shape [224, 448]) with src/dataset/data_sampler.py "
-                    "(DynamicBatchSampler: height drawn from 224..448 in steps of 14) and "
-                    "src/dataset/dataset_*.py (width input_image_shape[1] = 448; near 0.1, far "
-                    "100.0 in every dataset class, divided by the scene's scale) @ 6a157ce"
+                    "centre crop, 16 views in its example) and config/experiment/"
+                    "multi-dataset.yaml (training at input_image_shape [224, 448]) @ 6a157ce"
                 ),
                 notes=(
-                    "pose-free: input poses only place the output; trained at heights 224-448 "
-                    "(multiples of 14) and width 448; near/far 0.1/100 are the dataset classes' "
-                    "(the configs set none)"
+                    "pose-free: input poses only place the output; the configs set no near/far "
+                    "(the model predicts depth), 0.1/100 bound the port's rendering only"
                 ),
             ),
             metrics={},
