@@ -85,3 +85,43 @@ def load_official_sample(tag: str, folder: Path = FIXTURES) -> tuple[dict, dict]
         arrays = {k: torch.from_numpy(data[k]) for k in data.files if k != "meta"}
         meta = json.loads(str(data["meta"]))
     return meta, arrays
+
+
+def parity_errors(tag: str, model) -> dict[str, float]:
+    """Max abs error of every Gaussian field against ``official_<tag>.npz`` (sampled Gaussians;
+    covariances and scales relative to their largest recorded value, as they are ~1e-5..1e-2);
+    rotations compared as quaternions (both sides normalise the same raw numbers)."""
+    meta, ref = load_official_sample(tag)
+    context = make_context(meta["height"], meta["width"], meta["views"])
+    with recorded_threads(meta["threads"]):
+        g = model.eval()(context).gaussians
+    idx = ref["index"]
+    q = g.rotations[0, idx]
+    w, x, y, z = q.unbind(-1)
+    rotation = torch.stack(
+        [
+            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    ).reshape(-1, 3, 3)  # fmt: skip
+    scale = torch.diag_embed(g.scales[0, idx])
+    ours = {
+        "means": g.means[0, idx],
+        "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
+        "scales": g.scales[0, idx],
+        "rotations": q,
+        "opacities": g.opacities[0, idx],
+        "harmonics": g.harmonics[0, idx],
+    }
+    q_ref = ref["rotations_xyzw"]
+    theirs = {k: ref[k] for k in ours if k != "rotations"}
+    theirs["rotations"] = torch.cat([q_ref[:, 3:], q_ref[:, :3]], dim=-1)
+    errors = {}
+    for key in ours:
+        error = float((ours[key] - theirs[key]).abs().max())
+        if key in ("covariances", "scales"):
+            error /= max(float(theirs[key].abs().max()), 1e-12)
+        errors[key] = error
+    return errors

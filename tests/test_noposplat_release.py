@@ -140,46 +140,6 @@ def reduced_file(tmp_path_factory) -> Path:
     return lightning_file(_reduced_state(), folder / "reduced.ckpt")
 
 
-def parity_errors(tag: str, model: NoPoSplatRelease) -> dict[str, float]:
-    """Max abs error of every Gaussian field against ``official_<tag>.npz`` (sampled Gaussians;
-    covariances and scales relative to their largest recorded value, as they are ~1e-5..1e-2);
-    rotations compared as quaternions (both sides normalise the same raw numbers)."""
-    meta, ref = fx.load_official_sample(tag)
-    context = fx.make_context(meta["height"], meta["width"], meta["views"])
-    with fx.recorded_threads(meta["threads"]):
-        g = model.eval()(context).gaussians
-    idx = ref["index"]
-    q = g.rotations[0, idx]
-    w, x, y, z = q.unbind(-1)
-    rotation = torch.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        dim=-1,
-    ).reshape(-1, 3, 3)  # fmt: skip
-    scale = torch.diag_embed(g.scales[0, idx])
-    ours = {
-        "means": g.means[0, idx],
-        "covariances": rotation @ scale @ scale @ rotation.transpose(-1, -2),
-        "scales": g.scales[0, idx],
-        "rotations": q,
-        "opacities": g.opacities[0, idx],
-        "harmonics": g.harmonics[0, idx],
-    }
-    q_ref = ref["rotations_xyzw"]
-    theirs = {k: ref[k] for k in ours if k != "rotations"}
-    theirs["rotations"] = torch.cat([q_ref[:, 3:], q_ref[:, :3]], dim=-1)
-    errors = {}
-    for key in ours:
-        error = float((ours[key] - theirs[key]).abs().max())
-        if key in ("covariances", "scales"):
-            error /= max(float(theirs[key].abs().max()), 1e-12)
-        errors[key] = error
-    return errors
-
-
 @pytest.fixture(scope="module")
 def reduced_loaded(reduced_file: Path) -> NoPoSplatRelease:
     return create_model(ARCH, pretrained=str(reduced_file), **REDUCED)
@@ -190,7 +150,7 @@ def test_parity_reduced(tag: str, reduced_loaded: NoPoSplatRelease) -> None:
     """Weights rebuilt from the manifest, saved as the authors' Lightning file and loaded with
     ``create_model(arch, pretrained=file)``, match the official encoder to 1e-4 on every field
     (2 views, 3 views with the multi-view release's encoder, a 64x96 input)."""
-    errors = parity_errors(tag, reduced_loaded)
+    errors = fx.parity_errors(tag, reduced_loaded)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     assert not bad, f"{tag}: {errors}"
 
@@ -207,7 +167,7 @@ def test_parity_released(tag: str) -> None:
     state = fx.manifest_weights(fx.load_manifest("re10k"))
     model.load_state_dict(checkpoint_filter_fn(state, model))
     del state
-    errors = parity_errors(tag, model)
+    errors = fx.parity_errors(tag, model)
     bad = {k: v for k, v in errors.items() if not v <= TOLERANCE}
     assert not bad, f"{tag}: {errors}"
 
@@ -218,7 +178,7 @@ def test_parity_detects_a_changed_weight(reduced_loaded: NoPoSplatRelease) -> No
     try:
         with torch.no_grad():
             weight.mul_(1.01)
-        errors = parity_errors("reduced_64x64_v2", reduced_loaded)
+        errors = fx.parity_errors("reduced_64x64_v2", reduced_loaded)
     finally:
         with torch.no_grad():
             weight.copy_(original)
