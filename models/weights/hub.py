@@ -398,6 +398,25 @@ def _check_claim(source: WeightsSource, architecture: str) -> WeightsSource:
     return source
 
 
+def _is_release_checkpoint(path: Path, architecture: str) -> bool:
+    """Whether the ``.ckpt`` at ``path`` is a release's Lightning file (an architecture whose
+    releases are ``.ckpt`` files, e.g. NoPoSplat's; no ``net.*`` weights of this project's
+    LightningModule). Peeked with ``weights_only=True`` and ``mmap`` (no tensor is read); an
+    unreadable file is left to the Lightning path, which says what is wrong."""
+    releases = [get_pretrained_cfg(n) for n in list_pretrained(f"{architecture}.*")]
+    if not any(
+        c.file_format == "official" and str(c.hf_hub_filename or "").endswith(".ckpt")
+        for c in releases
+    ):
+        return False
+    try:
+        checkpoint = torch.load(os.fspath(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - any unreadable file: the Lightning path reports it
+        return False
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    return isinstance(state, dict) and not any(str(k).startswith("net.") for k in state)
+
+
 def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
     """Resolve a ``pretrained`` argument of model ``name`` (``arch`` or ``arch.tag``) once.
 
@@ -419,6 +438,8 @@ def resolve_source(name: str, pretrained: bool | str) -> WeightsSource:
     if kind == "file":
         if not path.is_file():
             raise PretrainedError(path, "weights file does not exist")
+        if path.suffix == ".ckpt" and _is_release_checkpoint(path, architecture):
+            return _check_claim(WeightsSource(location, path, "official", cfg), architecture)
         if path.suffix == ".ckpt":
             source = WeightsSource(location, path, "lightning", cfg)
             source._state, source.checkpoint = load_checkpoint_state_dict(path)  # read once

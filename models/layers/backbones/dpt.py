@@ -160,7 +160,8 @@ class DPTHead(nn.Module):
     instead of tokens, or with output layers of its own, calls the parts.
 
     Args:
-        in_dim: token width ``C`` of the backbone.
+        in_dim: token width ``C`` of the backbone, or one width per layer (DUSt3R reads its
+            encoder's and its decoder's tokens).
         num_layers: how many token layers come in (1..4; DPT uses 4).
         layer_dims: channels of each reassembled layer (shallow to deep); ``None``:
             ``features * (1/2, 1, 2, 4)``, each capped at ``in_dim``.
@@ -186,7 +187,7 @@ class DPTHead(nn.Module):
 
     def __init__(
         self,
-        in_dim: int,
+        in_dim: int | Sequence[int],
         *,
         num_layers: int = 4,
         layer_dims: Sequence[int] | None = None,
@@ -208,8 +209,14 @@ class DPTHead(nn.Module):
             raise ValueError(
                 f"num_layers must be in 1..{len(REASSEMBLE_FACTORS)}, got {num_layers}"
             )
+        in_dims = [in_dim] * num_layers if isinstance(in_dim, int) else list(in_dim)
+        if len(in_dims) != num_layers:
+            raise ValueError(f"in_dim has {len(in_dims)} entries, num_layers is {num_layers}")
+        if token_norm and len(set(in_dims)) > 1:
+            raise ValueError("token_norm needs one token width")
         if layer_dims is None:
-            layer_dims = [max(8, min(in_dim, int(features * m))) for m in (0.5, 1, 2, 4)]
+            width = min(in_dims)
+            layer_dims = [max(8, min(width, int(features * m))) for m in (0.5, 1, 2, 4)]
             layer_dims = layer_dims[:num_layers]
         if len(layer_dims) != num_layers:
             raise ValueError(
@@ -226,10 +233,10 @@ class DPTHead(nn.Module):
         self.uv_embed = uv_embed
         self.align_corners = align_corners
         self.upsample_last = upsample_last
-        self.norm = nn.LayerNorm(in_dim) if token_norm else None
+        self.norm = nn.LayerNorm(in_dims[0]) if token_norm else None
         self.reassemble = nn.ModuleList(
-            _resample_layer(in_dim, dim, factor)
-            for dim, factor in zip(layer_dims, REASSEMBLE_FACTORS)
+            _resample_layer(width, dim, factor)
+            for width, dim, factor in zip(in_dims, layer_dims, REASSEMBLE_FACTORS)
         )
         self.fuse = (
             nn.ModuleList(nn.Conv2d(d + e, d, 1) for d, e in zip(layer_dims, extra_dims))
