@@ -54,7 +54,14 @@ __all__ = [
 SH_DEGREE = 4
 RAW_DIM = 1 + 3 + 4 + 3 * (SH_DEGREE + 1) ** 2  # opacity, scales, quaternion xyzw, SH: 83
 INFERENCE_KNOBS = (MAX_GAUSSIANS,)
-KNOB_FREE_MODULES: tuple[str, ...] = ("backbone", "point_head1", "point_head2")
+# the only knob (max_gaussians) prunes the finished set: every submodule's output is knob-free
+KNOB_FREE_MODULES: tuple[str, ...] = (
+    "backbone",
+    "point_head1",
+    "point_head2",
+    "gaussian_head1",
+    "gaussian_head2",
+)
 
 
 def sh_band_gain(degree: int) -> Tensor:

@@ -1,0 +1,98 @@
+"""Benchmark: NoPoSplat's released architecture on this CPU, per tag (forward seconds, peak memory).
+
+Each tag runs in a fresh process (so its peak resident memory is its own): ``noposplat_vitl``
+with random weights (the released size: 625 M parameters), one forward pass of the tag's recipe
+input (size, views) under ``torch.no_grad``. Prints a table; the official encoder's figures,
+measured the same way in a scratch folder, are in docs/ports/noposplat.md.
+
+    flock /tmp/splatzoo-heavy.lock python bench/noposplat_speed.py [--threads 2] [--tags re10k ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TAGS = ("re10k", "mixRe10kDl3dv_512x512", "re10k_3views")
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB -> GB
+
+
+def run_one(tag: str, threads: int) -> dict:
+    """Build the tag's architecture, run one forward at its recipe; seconds and memory."""
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests"))
+    import torch
+    from depthsplat_fixtures import make_context
+
+    from models import create_model, get_pretrained_cfg
+
+    torch.set_num_threads(threads)
+    recipe = get_pretrained_cfg(f"noposplat_vitl.{tag}").recipe
+    torch.manual_seed(0)
+    model = create_model("noposplat_vitl").eval()
+    built = _peak_gb()
+    context = make_context(*recipe.image_size, recipe.views)
+    with torch.no_grad():
+        start, cpu = time.perf_counter(), _cpu_seconds()
+        out = model(context)
+        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    return {
+        "tag": tag,
+        "input": f"{recipe.image_size[0]}x{recipe.image_size[1]}",
+        "views": recipe.views,
+        "gaussians": int(out.gaussians.count()[0]),
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "peak_gb_after_build": round(built, 2),
+        "peak_gb": round(_peak_gb(), 2),
+        "threads": threads,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tags", nargs="*", default=list(TAGS), choices=TAGS)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, args.threads)))
+        return 0
+    print(f"noposplat_vitl, random weights, one forward, {args.threads} threads")
+    print("| tag | input | views | Gaussians | forward s | CPU s | peak GB (built) | peak GB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for tag in args.tags:
+        print(f"running {tag} (minutes) ...", file=sys.stderr, flush=True)
+        child = subprocess.run(
+            [sys.executable, __file__, "--one", tag, "--threads", str(args.threads)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if child.returncode:
+            print(f"{tag}: failed: {child.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            return 1
+        r = json.loads(child.stdout.strip().splitlines()[-1])
+        print(
+            f"| {r['tag']} | {r['input']} | {r['views']} | {r['gaussians']:,} | {r['seconds']} "
+            f"| {r['cpu_seconds']} | {r['peak_gb_after_build']} | {r['peak_gb']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
