@@ -554,17 +554,25 @@ def test_torchvision_built_for_another_torch_is_one_line(tmp_path: Path) -> None
     )
 
 
-def test_pyproject_pins_a_compatible_pair() -> None:
+def test_pyproject_ranges_hold_compatible_pairs() -> None:
     import tomllib
+    from packaging.requirements import Requirement
 
     from models._timm_import import PINNED
 
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
         "dependencies"
     ]
-    assert f"torch=={PINNED[0]}" in dependencies and f"torchvision=={PINNED[1]}" in dependencies
+    specifiers = {r.name: r.specifier for r in map(Requirement, dependencies)}
+    # torch 2.N pairs with torchvision 0.(N+15): every torch minor of the range has its pair in
+    # torchvision's range, and the suggested pair is the newest (a CPU build's "+cpu" matches).
+    for minor in range(10, 20):
+        torch_in = specifiers["torch"].contains(f"2.{minor}.0+cpu")
+        assert torch_in == specifiers["torchvision"].contains(f"0.{minor + 15}.0+cpu"), minor
+    assert specifiers["torch"].contains(PINNED[0]) and specifiers["torchvision"].contains(PINNED[1])
+    assert not specifiers["torch"].contains("2.14.2") and not specifiers["torch"].contains("2.15.0")
     minor = int(PINNED[0].split(".")[1])
-    assert PINNED[1].startswith(f"0.{minor + 15}.")  # torch 2.N pairs with torchvision 0.(N+15)
+    assert PINNED[1].startswith(f"0.{minor + 15}.")
 
 
 def test_pytest_runs_from_the_repository_without_python_m(tmp_path: Path) -> None:
