@@ -303,13 +303,17 @@ def _refine_settings(cfg: DictConfig):
     """``models.refine.RefineSettings`` from ``refine=`` / ``refine_time=`` / ``refine_size=`` /
     ``max_gaussians=`` / ``refinement.*``, or ``None`` when neither budget is set."""
     steps, seconds = cfg.get("refine"), cfg.get("refine_time")
-    if not steps and seconds in (None, "", 0):
-        return None
-    from models.refine import settings_from_config
-
     init = str(cfg.get("refine_init") or "feed_forward")
     if init not in ("feed_forward", "sfm"):
         raise InferenceError(f"refine_init={init}", "must be feed_forward or sfm")
+    if not steps and seconds in (None, "", 0):
+        if init != "feed_forward":  # set, but nothing would use it
+            raise InferenceError(
+                f"refine_init={init}", "starts a refinement: add refine=N or refine_time=S"
+            )
+        return None
+    from models.refine import settings_from_config
+
     settings = settings_from_config(
         refine=steps,
         refine_time=seconds,

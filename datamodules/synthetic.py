@@ -43,6 +43,7 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.pool
+import os
 import signal
 import sys
 import time
@@ -370,14 +371,39 @@ def ensure_synthetic(
                 "%s: generated with different settings (stored, requested): %s", root, different
             )
         return root
-    print(  # before any training progress bar: say what the wait is for
+    seconds = generation_seconds(settings, workers)
+    print(  # before any training or evaluation progress bar: say what the wait is for
         f"generating the synthetic dataset into {root}: {settings.scenes} {settings.kind} scenes "
-        f"of {settings.views} views at {settings.resolution}x{settings.resolution} px (first use "
-        "only; later runs reuse it)",
+        f"(train and test) of {settings.views} views at {settings.resolution}x"
+        f"{settings.resolution} px, about {_duration(seconds)} (first use only; later runs, "
+        "training and evaluation, reuse it)",
         file=sys.stderr,
         flush=True,
     )
     return generate_dataset(root, settings, workers=workers, progress=progress)
+
+
+# CPU seconds per scene of 24 views at 64² with 2x2 rays per pixel on an idle machine
+# (docs/benchmarks.md, "Synthetic data generation": 198 ms); the time grows with rays.
+SCENE_SECONDS = 0.2
+
+
+def generation_seconds(settings: SyntheticSettings, workers: int = 1) -> float:
+    """Estimated wall seconds of ``generate_dataset``: the scenes' rays at the measured rate,
+    shared by the workers, slowed by the other load of the machine (its load average)."""
+    cpus = os.cpu_count() or 1
+    rays = settings.views * settings.resolution**2 * settings.supersample**2
+    per_scene = SCENE_SECONDS * rays / (24 * 64**2 * 4)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    parallel = max(1, min(workers, cpus))
+    return settings.scenes * per_scene / parallel * max(1.0, (load + parallel) / cpus)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def main(argv: list[str] | None = None) -> int:

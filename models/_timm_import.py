@@ -2,7 +2,7 @@
 
 import sys
 
-# torch 2.N pairs with torchvision 0.(N + 15); the pair pinned in pyproject.toml.
+# torch 2.N pairs with torchvision 0.(N + 15); the newest pair of pyproject.toml's ranges.
 PINNED = ("2.14.1", "0.29.1")
 
 

@@ -784,6 +784,7 @@ def reconstruct(
                     intrinsics[None, 1:],
                     steps=steps,
                     backend=backend,
+                    announce=True,
                 )[0]
             placement = ["identity"] + ["refined"] * (views - 1)
             poses = (

@@ -291,6 +291,21 @@ def terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """SIGTERM blocked within the block (POSIX, main thread), delivered when it ends."""
+    if not hasattr(signal, "pthread_sigmask") or (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class OutputFolder:
     """Write a folder atomically: ``with OutputFolder(out, "infer.py") as staging: ...``.
 
@@ -320,19 +335,27 @@ class OutputFolder:
 
     def __enter__(self) -> Path:
         self._terminate.__enter__()
+        self.staging = None
         try:
-            self.output.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_staging(self.output)
-            staging = Path(
-                tempfile.mkdtemp(prefix=f".{self.output.name}.tmp-", dir=self.output.parent)
-            )
-        except OSError as error:
+            # Created and marked with SIGTERM held back: one that lands meanwhile is raised
+            # when it is let through, inside this try, which then removes the folder.
+            with _sigterm_held():
+                self.output.parent.mkdir(parents=True, exist_ok=True)
+                remove_stale_staging(self.output)
+                self.staging = Path(
+                    tempfile.mkdtemp(prefix=f".{self.output.name}.tmp-", dir=self.output.parent)
+                )
+                (self.staging / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
+        except BaseException as error:
+            if self.staging is not None:
+                shutil.rmtree(self.staging, ignore_errors=True)
+                self.staging = None
             self._terminate.__exit__(None, None, None)
-            reason = error.strerror or type(error).__name__
-            raise OutputFolderError(self.shown, f"cannot be written ({reason})") from error
-        (staging / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
-        self.staging = staging
-        return staging
+            if isinstance(error, OSError):
+                reason = error.strerror or type(error).__name__
+                raise OutputFolderError(self.shown, f"cannot be written ({reason})") from error
+            raise
+        return self.staging
 
     def __exit__(self, exc_type, exc, tb) -> None:
         staging, self.staging = self.staging, None

@@ -22,6 +22,8 @@ context images and their known poses.
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +95,20 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
     raise ValueError(f"loss must be 'mse' or 'l1', got {loss!r}")
 
 
+def _announce_pose_fit(first_step: float, steps: int, views: int, size: tuple[int, int]) -> None:
+    """One line on stderr with the fit's estimate (every step costs what the first did)."""
+    from models.budget import BIG_SECONDS
+
+    seconds = first_step * steps
+    if seconds > BIG_SECONDS:
+        print(
+            f"pose fit: {steps} steps of {views} cameras at {size[1]}x{size[0]} px, "
+            f"about {seconds:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def fit_target_poses(
     gaussians: Gaussians,
     image: Tensor,
@@ -107,6 +123,7 @@ def fit_target_poses(
     background: Tensor | None = None,
     min_lr_fraction: float = 0.1,
     pivot: bool = True,
+    announce: bool = False,
 ) -> Tensor:
     """Optimise each target camera's pose against its image with the Gaussians frozen.
 
@@ -126,6 +143,8 @@ def fit_target_poses(
             (measured at the initial pose) instead of about its centre. This decouples rotation
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
+        announce: say on stderr, after the first step, how long the fit will take (the first
+            step's time x ``steps``) when that is over ``models.budget.BIG_SECONDS``.
 
     Returns:
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
@@ -179,6 +198,7 @@ def fit_target_poses(
             pivot_point[..., 2] = median
         best_loss = torch.full((b, v), float("inf"), device=start.device, dtype=start.dtype)
         best_pose = start.clone()
+        started = time.perf_counter()
         for step in range(steps + 1):
             # The delta acts in the camera frame, rotating about the pivot: c2w' = c2w @ delta.
             delta = se3_delta(rotation, translation)  # [B, V, 4, 4]
@@ -199,6 +219,8 @@ def fit_target_poses(
             # Sum over cameras: each pose's gradient is its own camera's loss gradient.
             per_camera.sum().backward()
             optimizer.step()
+            if step == 0 and announce:
+                _announce_pose_fit(time.perf_counter() - started, steps, v, (h, w))
             progress = (step + 1) / steps
             factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
                 1 + math.cos(math.pi * progress)

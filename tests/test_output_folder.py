@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -248,6 +249,28 @@ def test_sigterm_cleans_staging(tmp_path, zipsplat_weights) -> None:
     process.wait(timeout=120)
     assert process.returncode != 0
     assert not list(tmp_path.glob(".out.*")) and not out.exists()
+
+
+def test_sigterm_while_the_staging_folder_is_made_leaves_nothing(tmp_path, monkeypatch) -> None:
+    """The race the subprocess test above can hit on a busy machine: SIGTERM right after the
+    staging folder appears (before it is marked and handed to the ``with`` block)."""
+    from models import output_folder
+
+    make = tempfile.mkdtemp
+
+    def made_then_terminated(*args, **kwargs):
+        folder = make(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # lands now unless held back
+        return folder
+
+    monkeypatch.setattr(output_folder.tempfile, "mkdtemp", made_then_terminated)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        with OutputFolder(tmp_path / "out", "prog"):
+            pytest.fail("the block must not run after SIGTERM")
+    assert stopped.value.code == 143
+    assert not list(tmp_path.iterdir())
+    assert signal.getsignal(signal.SIGTERM) == previous
 
 
 def test_stale_staging_of_dead_process_is_removed(tmp_path) -> None:

@@ -58,6 +58,18 @@ def test_knn_float32_agrees_on_distances() -> None:
     torch.testing.assert_close(d(index), d(reference), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("max_elements", [64, 1 << 24])
+def test_knn_breaks_distance_ties_by_index(max_elements: int) -> None:
+    # A regular grid: most k-th neighbours are tied with others at the same distance, to the bit;
+    # topk alone picks among them differently per CPU kernel set (AVX-512, AVX2, scalar).
+    axis = torch.arange(4, dtype=torch.float32) * 0.5
+    points = torch.cartesian_prod(axis, axis, axis)[None]  # [1, 64, 3]
+    index = knn(points, 9, method="cdist", max_elements=max_elements)
+    dist = ((points[0, :, None] - points[0, None]) ** 2).sum(-1).double()  # [64, 64]
+    key = dist * 1000 + torch.arange(64, dtype=torch.float64)  # (distance, index) order
+    assert torch.equal(index[0], key.argsort(dim=1)[:, :9])
+
+
 def test_knn_rejects_bad_k() -> None:
     points = torch.randn(1, 10, 3)
     with pytest.raises(ValueError, match=r"k=11 must be in \[1, 10\]"):

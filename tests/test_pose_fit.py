@@ -234,3 +234,29 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
     assert "frame_scale" not in bad and "aligned_psnr" not in bad
     # Unrefined GT poses are scored the same in both runs.
     assert good["psnr"] == pytest.approx(bad["psnr"])
+
+
+def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
+    """After its first step a long fit says on stderr how long it will take (that step's time x
+    steps); a short one, or one not asked to, says nothing."""
+    import models.budget
+
+    g = Gaussians(
+        means=torch.randn(1, 200, 3) * 0.3 + torch.tensor([0.0, 0.0, 2.0]),
+        scales=torch.full((1, 200, 3), 0.05),
+        rotations=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(1, 200, 1),
+        opacities=torch.full((1, 200), 0.8),
+        harmonics=rgb_to_sh(torch.rand(1, 200, 3))[..., None],
+    )
+    extrinsics = torch.eye(4).repeat(1, 2, 1, 1)
+    intrinsics = torch.tensor([[1.0, 0, 0.5], [0, 1.0, 0.5], [0, 0, 1]]).repeat(1, 2, 1, 1)
+    image = torch.rand(1, 2, 3, 16, 16)
+    fit_target_poses(g, image, extrinsics, intrinsics, steps=3, backend="torch", announce=True)
+    assert capsys.readouterr().err == ""  # well under BIG_SECONDS
+    monkeypatch.setattr(models.budget, "BIG_SECONDS", 0.0)
+    fit_target_poses(g, image, extrinsics, intrinsics, steps=3, backend="torch")
+    assert capsys.readouterr().err == ""  # not asked to
+    fit_target_poses(g, image, extrinsics, intrinsics, steps=3, backend="torch", announce=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pose fit: 3 steps of 2 cameras at 16x16 px")
+    assert " s" in lines[0] and "about" in lines[0]

@@ -57,6 +57,9 @@ NOT_RUN: dict[str, str] = {
     "python -m venv .venv": "creates a virtual environment; this test already runs inside one",
     ". .venv/bin/activate": "activates that environment (a shell builtin)",
     'python -m pip install -e ".[dev]"': "installs the package; .ci/run runs it before the tests",
+    "python -m pip install torch==2.14.1 torchvision==0.29.1 --index-url "
+    "https://download.pytorch.org/whl/cpu": "installs the CPU-only torch (the PyTorch index is "
+    "not reachable offline); tests/test_install.py checks that the install then keeps it",
     "python -m pytest": "the test suite itself, which holds this test",
     "python view.py outputs/demo": "serves until Ctrl-C; tests/test_viewer.py runs the viewer",
     "python infer.py input=path/to/photos output=out/ds model=depthsplat_small "

@@ -92,6 +92,18 @@ def test_bad_refine_init_is_one_line(capture, tmp_path, capsys) -> None:
     assert status == 2 and "refine_init=colmap" in err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("init", ["sfm", "colmap"])
+def test_refine_init_without_a_budget_is_one_line(capture, tmp_path, init, capsys) -> None:
+    """Set but unused (no refine= nor refine_time=), or misspelt: refused, not ignored."""
+    output = tmp_path / "x"
+    status, _, err = infer_in_process(
+        capsys, f"input={capture}", f"output={output}", f"refine_init={init}", *COMMON
+    )
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and f"refine_init={init}" in lines[0], err
+    assert not output.exists()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_stop_writes_the_output_then_a_rerun_resumes(capture, tmp_path, signum) -> None:
     output = tmp_path / "stopped"

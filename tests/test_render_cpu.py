@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -256,3 +257,65 @@ def test_cpu_backend_rejects_cuda_tensors():
     extrinsics, intrinsics = (t.cuda() for t in cameras(1, 1))
     with pytest.raises(ValueError, match="backend='cpu' needs CPU tensors"):
         render(g, extrinsics, intrinsics, (16, 16), backend="cpu")
+
+
+def test_build_key_covers_the_build_environment(monkeypatch, tmp_path):
+    """Another torch, Python or compiler gets a build of its own; another checkout with the same
+    sources shares one (its sources are compiled from a copy inside the build folder)."""
+    key = render_cpu._build_key("c++")
+    assert render_cpu._build_key("c++") == key
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in (*render_cpu.SOURCES, *render_cpu.HEADERS):
+        (checkout / name).write_bytes((render_cpu.CSRC / name).read_bytes())
+    monkeypatch.setattr(render_cpu, "CSRC", checkout)
+    assert render_cpu._build_key("c++") == key  # same sources elsewhere: same build
+    build = tmp_path / "build"
+    assert render_cpu._copy_sources(build) == build / "src"
+    assert (build / "src" / render_cpu.SOURCES[0]).read_bytes() == (
+        checkout / render_cpu.SOURCES[0]
+    ).read_bytes()
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "__version__", "2.13.0+cpu")
+        assert render_cpu._build_key("c++") != key
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "version", "3.12.0 (other)")
+        assert render_cpu._build_key("c++") != key
+    with monkeypatch.context() as patch:
+        patch.setattr(render_cpu, "_compiler_identity", lambda compiler: "/usr/bin/clang++ 18")
+        assert render_cpu._build_key("c++") != key
+    (checkout / render_cpu.SOURCES[0]).write_text("// changed\n")
+    assert render_cpu._build_key("c++") != key
+
+
+@pytest.mark.slow
+def test_first_build_is_announced_once_and_reused_from_another_checkout(tmp_path):
+    """A fresh extension folder: the first process says it compiles (with its estimate), the
+    second, from another checkout of the same sources, loads that build silently."""
+    script = (
+        "from models.render import render\n"
+        "from test_render import cameras, random_gaussians\n"
+        "g = random_gaussians(1, 20)\n"
+        "e, k = cameras(1, 1)\n"
+        "render(g, e, k, (16, 16), backend='cpu')\n"
+    )
+    copy = tmp_path / "checkout"
+    shutil.copytree(REPO / "models", copy / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "datamodules", copy / "datamodules")
+    runs = []
+    for root in (REPO, copy):
+        env = {
+            **os.environ,
+            "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+            "PYTHONPATH": os.pathsep.join([str(root), str(REPO / "tests")]),
+        }
+        runs.append(
+            subprocess.run(
+                [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+            )
+        )
+    assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-2000:]
+    announced = [line for line in runs[0].stderr.splitlines() if "compiling" in line]
+    assert len(announced) == 1 and f"about {render_cpu.BUILD_SECONDS} s" in announced[0]
+    assert "compiling" not in runs[1].stderr, runs[1].stderr
+    assert len(list((tmp_path / "extensions").glob("*/*.so"))) == 1

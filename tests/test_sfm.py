@@ -451,3 +451,76 @@ def test_convert_poses_auto(drone8, tmp_path: Path) -> None:
     bad = tmp_path / "bad_root"
     assert convert_main([str(one), "--poses", "auto", "--out", str(bad), "--split", "test"]) == 2
     assert not bad.exists()
+
+
+# ----------------------------------------------------------------- an unusable or vanishing cache
+DRONE_VIDEO = SHARED_DATA / "examples" / "drone.mp4"
+needs_video = pytest.mark.skipif(not DRONE_VIDEO.is_file(), reason=f"no {DRONE_VIDEO}")
+
+
+@needs_video
+def test_video_with_an_unusable_cache_runs_without_it(tmp_path: Path, capfd) -> None:
+    """``SPLATZOO_SFM_CACHE`` on /proc: one warning, then the frames go to a temporary folder
+    that this run's own stale-folder sweep leaves alone, and the poses come out."""
+    from datamodules.tools import sfm
+
+    with pytest.warns(UserWarning, match="cache cannot be written") as caught:
+        result, folder, cameras = sfm.poses_for_input(
+            DRONE_VIDEO, num_views=4, settings=SfmSettings(num_threads=2),
+            cache="/proc/splatzoo-sfm", verbose=0,
+        )  # fmt: skip
+    assert [str(w.message) for w in caught].count(str(caught[0].message)) == 1
+    assert len(result.registered) >= 2 and cameras.is_file() and image_files(folder)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@needs_video
+@pytest.mark.parametrize("cache_setting", ["cache", "none"])
+def test_frames_that_go_away_name_the_video_and_the_setting(
+    cache_setting: str, tmp_path: Path, monkeypatch, capfd
+) -> None:
+    """The frames folder removed while SfM runs: one line naming the video (not the frames
+    folder) and ``SPLATZOO_SFM_CACHE``; no traceback of the worker beside it."""
+    from datamodules.tools import sfm
+
+    run_worker = sfm._colmap_in_child
+
+    def frames_removed(spec: dict, work: Path):
+        shutil.rmtree(spec["folder"])
+        return run_worker(spec, work)
+
+    monkeypatch.setattr(sfm, "_colmap_in_child", frames_removed)
+    cache = tmp_path / "cache" if cache_setting == "cache" else False
+    with pytest.raises(SfmError) as caught:
+        sfm.poses_for_input(DRONE_VIDEO, num_views=3, cache=cache, verbose=0)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{DRONE_VIDEO}: ")
+    assert "went away" in message and "SPLATZOO_SFM_CACHE" in message
+    assert "frames/" not in message and "splatzoo-sfm-frames" not in message
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@needs_shared
+def test_a_cache_that_goes_away_during_the_run_is_named(tmp_path: Path, monkeypatch, capfd) -> None:
+    """The cache folder (where SfM works) removed while it runs: one line naming the photos and
+    ``SPLATZOO_SFM_CACHE``, no traceback."""
+    from datamodules.tools import sfm
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("frame_02.jpg", "frame_03.jpg", "frame_04.jpg"):
+        shutil.copy(DRONE8 / name, photos / name)
+    cache = tmp_path / "cache"
+    run_worker = sfm._colmap_in_child
+
+    def cache_removed(spec: dict, work: Path):
+        shutil.rmtree(cache)
+        return run_worker(spec, work)
+
+    monkeypatch.setattr(sfm, "_colmap_in_child", cache_removed)
+    with pytest.raises(SfmError) as caught:
+        estimate_poses(photos, cache=cache, verbose=0)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{photos}: ")
+    assert "went away" in message and "SPLATZOO_SFM_CACHE" in message
+    assert "Traceback" not in capfd.readouterr().err

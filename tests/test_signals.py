@@ -400,3 +400,22 @@ def test_eval_outputs_are_whole_or_absent(tmp_path: Path, monkeypatch) -> None:
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "renders", "scenes.csv"]
     assert sorted(p.name for p in (tmp_path / "renders").iterdir()) == ["00_a.png", "01_b.png"]
+
+
+def test_a_batch_lost_to_the_group_sigterm_is_the_stop() -> None:
+    """SIGTERM to the process group ends the loader workers too; a batch then fails to arrive
+    (multiprocessing's resource_sharer: ``ConnectionRefusedError``). After Lightning saw the
+    SIGTERM that is the stop (one line, exit 143); before it, the error it is."""
+    from types import SimpleNamespace
+
+    from models.command_line import Terminated
+    from models.training.cli import stopped_by_signal
+
+    stopping = SimpleNamespace(interrupted=False, received_sigterm=True)
+    with pytest.raises(Terminated):
+        with stopped_by_signal(stopping):
+            raise ConnectionRefusedError(111, "Connection refused")
+    running = SimpleNamespace(interrupted=False, received_sigterm=False)
+    with pytest.raises(ConnectionRefusedError):
+        with stopped_by_signal(running):
+            raise ConnectionRefusedError(111, "Connection refused")

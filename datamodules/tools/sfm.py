@@ -430,12 +430,19 @@ def cache_root(cache: bool | str | Path) -> Path | None:
     return root
 
 
+_CLEANED_TEMP: list[bool] = []  # the temporary folder's stale work was removed in this process
+
+
 def _remove_stale(root: Path | None) -> None:
-    """Work folders of killed runs (in the cache and the temporary folder)."""
+    """Work folders of killed runs (in the cache and the temporary folder). The temporary folder
+    once per process: later, what is there of this process's marked folders is in use (a
+    video's frames when the cache is off)."""
     from models.output_folder import remove_stale_folders
 
-    temp = Path(tempfile.gettempdir())
-    remove_stale_folders(temp, (".sfm-*", "splatzoo-sfm-frames-*", "splatzoo-sfm-*"))
+    if not _CLEANED_TEMP:
+        temp = Path(tempfile.gettempdir())
+        remove_stale_folders(temp, (".sfm-*", "splatzoo-sfm-frames-*", "splatzoo-sfm-*"))
+        _CLEANED_TEMP.append(True)
     if root is not None:
         remove_stale_folders(root, (".sfm-*",))
         remove_stale_folders(root / "frames", (".*.tmp-*",))
@@ -463,6 +470,13 @@ def _pycolmap_version() -> str:
         raise SfmError("pycolmap is not installed (pip install pycolmap)") from None
 
 
+def _work_went_away(spec: dict, work: Path) -> SfmError:
+    return SfmError(
+        f"{spec['folder']}: structure-from-motion failed (the folder it works in, "
+        f"{work.parent}, went away during the run); set SPLATZOO_SFM_CACHE to a folder that stays"
+    )
+
+
 def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     """Run ``sfm_worker.py`` on ``spec`` and wait; ``None`` when fewer than two images
     registered. Ctrl-C or SIGTERM kill the child at once (then re-raised)."""
@@ -471,7 +485,10 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     from models.output_folder import terminate_as_exit
 
     spec_path = work / "spec.json"
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    try:
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    except OSError:
+        raise _work_went_away(spec, work) from None
     worker = Path(__file__).with_name("sfm_worker.py")
     process = subprocess.Popen(
         [sys.executable, str(worker), str(spec_path)], start_new_session=True
@@ -483,8 +500,15 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
         process.kill()  # SIGKILL: no native handler runs, nothing hangs
         process.wait()
         raise
+    if not work.is_dir() and code != 0 or not (work / "entry").is_dir() and code == 0:
+        raise _work_went_away(spec, work)
     if code == 3:  # sfm_worker.EXIT_TOO_FEW
         return None
+    if code == 4:  # sfm_worker.EXIT_FAILED: its one line
+        message = json.loads((work / "failure.json").read_text(encoding="utf-8"))["message"]
+        if not Path(spec["folder"]).is_dir():
+            message = "the images' folder went away during the run"
+        raise SfmError(f"{spec['folder']}: structure-from-motion failed ({message})")
     if code != 0:
         raise SfmError(f"{spec['folder']}: structure-from-motion failed (pycolmap exit {code})")
     return json.loads((work / "entry" / "worker.json").read_text(encoding="utf-8"))
@@ -649,12 +673,10 @@ def estimate_poses(
             key=key,
         )
         _write_entry(entry, result)
+        if root is not None and not _store_entry(entry, root / key):
+            root = None  # the cache went away during the run: its one warning, then no cache
         if root is not None:
-            final = root / key
-            if final.exists():  # another process finished the same input (or a corrupt entry)
-                shutil.rmtree(final, ignore_errors=True)
-            entry.rename(final)
-            result.model_dir = final / "sparse"
+            result.model_dir = root / key / "sparse"
         else:
             keep = Path(tempfile.mkdtemp(prefix="splatzoo-sfm-"))
             mark_staging(keep)
@@ -664,6 +686,24 @@ def estimate_poses(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _finish(result, out_dir, len(names), verbose)
+
+
+def _store_entry(entry: Path, final: Path) -> bool:
+    """Move a finished entry into the cache; ``False``, with a warning, when the cache cannot
+    take it any more (its folder was removed or made read-only during the run)."""
+    try:
+        if final.exists():  # another process finished the same input (or a corrupt entry)
+            shutil.rmtree(final, ignore_errors=True)
+        entry.rename(final)
+    except OSError as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        warnings.warn(
+            f"{final.parent}: the structure-from-motion cache cannot be written ({reason}); "
+            "running without it (set SPLATZOO_SFM_CACHE to a writable folder)",
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -764,6 +804,7 @@ def poses_for_input(
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
     root = cache_root(cache)
+    _remove_stale(root)  # before this run's own temporary frames exist
     if root is None:  # frames in a temporary folder removed at exit (or by the next run)
         from models.output_folder import mark_staging
 
@@ -784,7 +825,20 @@ def poses_for_input(
         )
     else:
         folder = source
-    result = estimate_poses(folder, settings=settings, cache=cache, verbose=verbose)
+    try:
+        result = estimate_poses(folder, settings=settings, cache=cache, verbose=verbose)
+    except SfmError as error:
+        if folder == source:
+            raise
+        # Name the video, not the frames folder made from it (and the cache setting it is in).
+        message = str(error).replace(f"{folder}: ", f"{source}: ", 1)
+        if "went away" in message:
+            where = "a temporary folder" if cache is False else f"the SfM cache {root}"
+            message = (
+                f"{source}: structure-from-motion failed (the frames taken from it, in {where}, "
+                "went away during the run); set SPLATZOO_SFM_CACHE to a folder that stays"
+            )
+        raise SfmError(message, error.registered, error.total) from None
     entry = result.model_dir.parent
     image_folder = result.image_dir
     if result.distorted:

@@ -210,5 +210,22 @@ def main(spec_path: str) -> int:
     return 0
 
 
+EXIT_FAILED = 4  # pycolmap (or the files it reads) failed: its one line is in failure.json
+
+
+def _main_reporting(spec_path: str) -> int:
+    """``main``, with a failure written as one line for the parent (no traceback on stderr)."""
+    try:
+        return main(spec_path)
+    except Exception as error:  # pycolmap's checks raise ValueError/RuntimeError with one line
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        try:
+            failure = Path(spec_path).with_name("failure.json")
+            failure.write_text(json.dumps({"message": lines[0]}), encoding="utf-8")
+        except OSError:  # the work folder itself went away: the parent sees that
+            pass
+        return EXIT_FAILED
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(_main_reporting(sys.argv[1]))

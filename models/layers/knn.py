@@ -2,10 +2,14 @@
 
 ReSplat's release uses Pointcept's CUDA ``pointops.knn_query``; this is the project's replacement:
 
-- ``"cdist"``: ``torch.cdist`` between a block of queries and all points of the scene, then
+- ``"cdist"``: squared distances between a block of queries and all points of the scene, then
   ``topk``; blocks are sized so that one block's distance matrix holds at most ``max_elements``
-  floats. Distances are computed as differences (not the ``|a|^2 + |b|^2 - 2ab`` expansion), so
-  the neighbour sets are exact in float32. Any device; the one method that takes a ``mask``.
+  floats. Distances are computed as differences (not the ``|a|^2 + |b|^2 - 2ab`` expansion), one
+  coordinate at a time with separately rounded operations, so they are the same bits on every
+  CPU kernel set (AVX-512, AVX2, scalar) and the neighbour sets are exact in float32. Ties are
+  broken by the lower index (``topk`` alone breaks them differently per kernel set: the shipped
+  ReSplat's first kNN has exact ties on its regular grid of points). Any device; the one method
+  that takes a ``mask``.
 - ``"kdtree"``: scipy's ``cKDTree`` (float64, exact), CPU tensors only.
 - ``"auto"``: the faster one for the device, as measured by ``bench/knn.py`` (the KD-tree on CPU
   when scipy is importable, ``cdist`` elsewhere).
@@ -35,9 +39,34 @@ def _scipy_available() -> bool:
 
 def knn_memory_bytes(points: int, k: int, max_elements: int = MAX_ELEMENTS) -> int:
     """Peak bytes of one ``"cdist"`` call on a scene of ``points`` points (the block's distances
-    plus its top-k, and the int64 result)."""
+    and one coordinate's squares, plus its top-k, and the int64 result)."""
     block = max(1, min(points, max_elements // max(points, 1)))
-    return 4 * block * points + 12 * block * k + 8 * points * k
+    return 8 * block * points + 12 * block * k + 8 * points * k
+
+
+def _squared_distances(queries: Tensor, points: Tensor) -> Tensor:
+    """``[M, N]`` squared distances, summed x, y, z in that order with one rounding per operation
+    (no fused multiply-add, no vectorised reduction): the same bits on every kernel set."""
+    dist = queries[:, None, 0] - points[None, :, 0]  # [M, N]
+    dist.mul_(dist)
+    for axis in range(1, points.shape[-1]):
+        term = queries[:, None, axis] - points[None, :, axis]
+        dist.add_(term.mul_(term))
+    return dist
+
+
+def _nearest(dist: Tensor, k: int) -> Tensor:
+    """``[M, k]`` indices of the ``k`` smallest entries of each row of ``dist [M, N]``, ordered by
+    (distance, index): where the ``k``-th distance is tied, the lower indices win."""
+    index = dist.topk(k, dim=1, largest=False, sorted=False).indices  # [M, k], any tie order
+    index = index.sort(dim=1).values
+    order = dist.gather(1, index).sort(dim=1, stable=True).indices
+    index = index.gather(1, order)
+    kth = dist.gather(1, index[:, -1:])  # [M, 1]
+    tied = (dist <= kth).sum(dim=1) > k  # rows where topk had to choose among equals
+    if tied.any():
+        index[tied] = dist[tied].sort(dim=1, stable=True).indices[:, :k]
+    return index
 
 
 def _knn_cdist(
@@ -47,11 +76,10 @@ def _knn_cdist(
     block = max(1, min(queries.shape[0], max_elements // max(n, 1)))
     out = []
     for start in range(0, queries.shape[0], block):
-        q = queries[start : start + block]
-        dist = torch.cdist(q[None], points[None], compute_mode="donot_use_mm_for_euclid_dist")[0]
+        dist = _squared_distances(queries[start : start + block], points)  # [block, N]
         if valid is not None:
-            dist = dist.masked_fill(~valid[None, :], float("inf"))  # [block, N]
-        out.append(dist.topk(k, dim=1, largest=False, sorted=True).indices)
+            dist = dist.masked_fill_(~valid[None, :], float("inf"))
+        out.append(_nearest(dist, k))
     return torch.cat(out, dim=0)
 
 

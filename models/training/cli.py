@@ -190,6 +190,13 @@ def stopped_by_signal(trainer: L.Trainer) -> Iterator[None]:
         if trainer.interrupted:
             raise (Terminated() if trainer.received_sigterm else KeyboardInterrupt()) from None
         raise
+    except (OSError, EOFError, RuntimeError):
+        # A SIGTERM to the process group also ends the loader workers: a batch being handed
+        # over then fails (multiprocessing's resource_sharer: the worker that held its file
+        # descriptor is gone). That is the stop, not an error of its own.
+        if getattr(trainer, "received_sigterm", False):
+            raise Terminated() from None
+        raise
 
 
 def resume_safely():
