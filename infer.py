@@ -301,7 +301,7 @@ class RefineInterrupted(Exception):
 
 def _refine_settings(cfg: DictConfig):
     """``models.refine.RefineSettings`` from ``refine=`` / ``refine_time=`` / ``refine_size=`` /
-    ``max_gaussians=`` / ``refinement.*``, or ``None`` when neither budget is set."""
+    ``refine_max_gaussians=`` / ``refinement.*``, or ``None`` when neither budget is set."""
     steps, seconds = cfg.get("refine"), cfg.get("refine_time")
     if not steps and seconds in (None, "", 0):
         return None
@@ -314,7 +314,7 @@ def _refine_settings(cfg: DictConfig):
         refine=steps,
         refine_time=seconds,
         refine_size=cfg.get("refine_size"),
-        max_gaussians=cfg.get("max_gaussians"),
+        refine_max_gaussians=cfg.get("refine_max_gaussians"),
         refinement=to_plain(cfg.refinement) if cfg.get("refinement") else {},
         backend=str(cfg.backend),
         seed=int(cfg.seed),
