@@ -26,15 +26,15 @@ from models.metrics import psnr, ssim_per_image
 from models.refine import (
     ADCSettings,
     MCMCSettings,
-    RefineSettingsError,
     RefineSettings,
+    RefineSettingsError,
     gaussians_from_points,
     refine_gaussians,
     settings_from_config,
 )
 from models.refine import fit as fit_module
-from models.refine.ops import relocation
 from models.refine.loss import ssim
+from models.refine.ops import relocation
 from models.render import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
