@@ -168,3 +168,26 @@ def test_time_budget_fit_prunes_announces_and_does_its_planned_steps(capsys):
     assert f"refine: {plan['steps']} steps" in line
     if plan["pruned"]:
         assert "pruned from 3000 by opacity x footprint" in line
+
+
+def test_merged_start_adds_feed_forward_gaussians_only_in_the_gaps_of_the_sfm_cloud():
+    from models.refine import gaussians_from_points
+    from models.refine.start import merged_start
+
+    generator = torch.Generator().manual_seed(0)
+    xyz = torch.rand(200, 3, generator=generator) * torch.tensor([1.0, 1.0, 0.1])
+    xyz = xyz + torch.tensor([-1.0, -0.5, 3.0])  # the left half of a slab in front of the cameras
+    points = gaussians_from_points(xyz, torch.rand(200, 3, generator=generator), sh_degree=1)
+    ff = _set(400, seed=2, scale=0.02)
+    ff.means[0, :, 1] = torch.rand(400, generator=generator) * 0.8 - 0.4
+    ff.means[0, :, 2] = 3.05
+    ff.means[0, :, 0] = torch.linspace(-1.0, 1.0, 400)  # half on the cloud, half right of it
+    k = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    extrinsics, intrinsics = orbit_cameras(torch.eye(4), 3.0, k, 4, 0.3)
+    start, counts = merged_start(ff, points, extrinsics, intrinsics, (32, 32))
+    assert counts["sfm"] == 200 and 0 < counts["feed_forward"] <= 200
+    added = start.means[0, 200:]
+    assert bool((added[:, 0] > -0.1).all())  # none where the SfM cloud already is
+    assert start.sh_degree == 1 and start.count().item() == 200 + counts["feed_forward"]
+    alone, only = merged_start(ff, None, extrinsics, intrinsics, (32, 32))
+    assert only == {"sfm": 0, "feed_forward": 400} and alone.count().item() == 400
