@@ -155,6 +155,10 @@ class _Fit:
         self.settings, self.budget = settings, budget
         self.images, self.base_extrinsics, self.intrinsics = images, extrinsics, intrinsics
         self.shape = tuple(images.shape[-2:])
+        coarse = (max(1, self.shape[0] // 2), max(1, self.shape[1] // 2))
+        self.coarse = (
+            F.interpolate(images, size=coarse, mode="area") if settings.coarse_fraction else None
+        )
         self.views = images.shape[0]
         s = settings
         degree = start.sh_degree if s.sh_degree is None else int(s.sh_degree)
@@ -202,6 +206,12 @@ class _Fit:
         delta = se3_delta(self.camera_delta[:, :3], self.camera_delta[:, 3:] * self.extent)
         moved = self.base_extrinsics[1:] @ delta  # [V-1, 4, 4] (in each camera's frame)
         return torch.cat([self.base_extrinsics[:1], moved])
+
+    def level(self) -> tuple[Tensor, tuple[int, int]]:
+        """``(photos, (H, W))`` of this step: half size during the coarse fraction."""
+        if self.coarse is not None and self.progress() < self.settings.coarse_fraction:
+            return self.coarse, tuple(self.coarse.shape[-2:])
+        return self.images, self.shape
 
     def progress(self) -> float:
         """The fraction of the planned steps done (drives the decay and the strategy's window)."""
@@ -287,14 +297,15 @@ def _step(fit: _Fit, background: Tensor) -> float | None:
     t0 = timer()
     view = fit.next_view()
     current, cameras = fit.gaussians(), fit.extrinsics()
+    images, shape = fit.level()
     out = render(
-        current, cameras[view][None, None], fit.intrinsics[view][None, None], fit.shape,
+        current, cameras[view][None, None], fit.intrinsics[view][None, None], shape,
         background=background, backend=s.backend,
     )  # fmt: skip
-    info = {"render": out, "image_size": fit.shape, "progress": fit.progress()}
+    info = {"render": out, "image_size": shape, "progress": fit.progress()}
     info["lr_means"] = fit.lrs["means"] * fit.decay()
     fit.strategy.step_pre_backward(fit.params, fit.optimizers, fit.state, fit.step, info)
-    loss = photometric_loss(out.color[0], fit.images[view][None], s.ssim_weight)
+    loss = photometric_loss(out.color[0], images[view][None], s.ssim_weight)
     loss = loss + fit.strategy.regularisation(fit.params)
     t1 = timer()
     if not torch.isfinite(loss):

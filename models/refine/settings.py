@@ -141,6 +141,9 @@ class RefineSettings:
             fraction of the long side (at least 16 px) in a training view is shrunk to it, at the
             start and on each densification step (gsplat's ``prune_scale2d`` 0.15; ``None``: no
             cap).
+        coarse_fraction: coarse-to-fine: the first this fraction of the planned steps fit the
+            photos at half the size (a step then costs about a third; 0: off; measured in
+            ``bench/refine_coarse_to_fine.py``, docs/refine.md).
         densify: ``"mcmc"`` (default, :class:`MCMCSettings`), ``"adc"``
             (:class:`ADCSettings`) or ``"none"``.
         sh_degree: the fitted SH degree (``None``: the start's); one band is switched on every
@@ -165,6 +168,7 @@ class RefineSettings:
     max_gaussians: int | None = None
     min_steps: int = 1000
     max_screen_fraction: float | None = 0.15
+    coarse_fraction: float = 0.0
     densify: str = "mcmc"
     mcmc: MCMCSettings = field(default_factory=MCMCSettings)
     adc: ADCSettings = field(default_factory=ADCSettings)
@@ -198,6 +202,10 @@ class RefineSettings:
         fraction = self.max_screen_fraction
         if fraction is not None and not (_number(fraction) and 0 < fraction <= 1):
             raise RefineSettingsError("max_screen_fraction", f"must be in (0, 1], got {fraction!r}")
+        if not (_number(self.coarse_fraction) and 0 <= self.coarse_fraction < 1):
+            raise RefineSettingsError(
+                "coarse_fraction", f"must be in [0, 1), got {self.coarse_fraction!r}"
+            )
         if self.densify not in DENSIFY_RULES:
             raise RefineSettingsError(
                 "densify", f"must be one of {', '.join(DENSIFY_RULES)}, got {self.densify!r}"
