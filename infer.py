@@ -184,8 +184,8 @@ def run(cfg: DictConfig) -> Path:
     )
     _warn([note for note in notes if note not in shown])
     points = None
-    if refine is not None and str(cfg.refine_init) == "sfm":  # before the forward pass
-        points = _sfm_points(images, cfg)
+    if refine is not None and str(cfg.refine_init) in ("sfm", "auto"):  # before the forward pass
+        points = _sfm_points(images, cfg, required=str(cfg.refine_init) == "sfm")
     if capture:
         return _run_capture(
             cfg, model, images, knobs, folder, notes, timings, loaded, device, started,
@@ -230,6 +230,7 @@ def run(cfg: DictConfig) -> Path:
         start_set = None
         if points is not None:
             start_set = _points_start(points, result.frame.to_capture.inverse().points)
+            start_set = _auto_start(cfg, result.gaussians, start_set, result, k, refine, photos)
         result, fitted = inference.refine_reconstruction(
             result,
             photos,
@@ -301,13 +302,15 @@ class RefineInterrupted(Exception):
 
 def _refine_settings(cfg: DictConfig):
     """``models.refine.RefineSettings`` from ``refine=`` / ``refine_time=`` / ``refine_size=`` /
-    ``max_gaussians=`` / ``refinement.*``, or ``None`` when neither budget is set."""
+    ``refine_max_gaussians=`` / ``refinement.*``, or ``None`` when neither budget is set."""
     steps, seconds = cfg.get("refine"), cfg.get("refine_time")
-    init = str(cfg.get("refine_init") or "feed_forward")
-    if init not in ("feed_forward", "sfm"):
-        raise InferenceError(f"refine_init={init}", "must be feed_forward or sfm")
+    init = str(cfg.get("refine_init") or "auto")
+    from models.refine.start import START_RULES
+
+    if init not in START_RULES:
+        raise InferenceError(f"refine_init={init}", f"must be one of {', '.join(START_RULES)}")
     if not steps and seconds in (None, "", 0):
-        if init != "feed_forward":  # set, but nothing would use it
+        if init != "auto":  # set, but nothing would use it
             raise InferenceError(
                 f"refine_init={init}", "starts a refinement: add refine=N or refine_time=S"
             )
@@ -318,7 +321,7 @@ def _refine_settings(cfg: DictConfig):
         refine=steps,
         refine_time=seconds,
         refine_size=cfg.get("refine_size"),
-        max_gaussians=cfg.get("max_gaussians"),
+        refine_max_gaussians=cfg.get("refine_max_gaussians"),
         refinement=to_plain(cfg.refinement) if cfg.get("refinement") else {},
         backend=str(cfg.backend),
         seed=int(cfg.seed),
@@ -331,9 +334,9 @@ def _refine_settings(cfg: DictConfig):
     return settings
 
 
-def _sfm_points(images, cfg: DictConfig):
+def _sfm_points(images, cfg: DictConfig, required: bool = True):
     """``(xyz, rgb)`` of the capture's COLMAP / structure-from-motion points (its own frame) for
-    ``refine_init=sfm``; none: one line (exit status 2)."""
+    ``refine_init=sfm`` (none: one line, exit status 2) or ``auto`` (none: ``None``)."""
     from datamodules.readers.colmap import read_colmap_points
 
     sfm = getattr(images, "sfm", None)
@@ -345,8 +348,15 @@ def _sfm_points(images, cfg: DictConfig):
     else:
         where = Path(str(images.source))
     if images.extrinsics is None:
+        if not required:
+            return None
         raise InferenceError(where, "refine_init=sfm needs posed photos with their SfM points")
-    return read_colmap_points(where, min_points=2)
+    try:
+        return read_colmap_points(where, min_points=2)
+    except InputError:
+        if required:
+            raise
+        return None
 
 
 def _points_start(points, move):
@@ -356,6 +366,27 @@ def _points_start(points, move):
 
     xyz, rgb = points
     return gaussians_from_points(move(xyz.double()).float(), rgb, sh_degree=3)
+
+
+def _auto_start(cfg, feed_forward, points, recon, intrinsics, settings, photos):
+    """``refine_init=auto``: the merged start (``models.refine.start.merged_start``, training
+    cameras only); ``sfm``: the points."""
+    from models.refine import fit_shape
+    from models.refine.start import merged_start
+
+    if str(cfg.refine_init) != "auto":
+        return points
+    k = recon.intrinsics if intrinsics is None else intrinsics
+    shape = fit_shape(tuple(photos.shape[-2:]), settings.size)
+    start, counts = merged_start(
+        feed_forward.to("cpu"), points, recon.extrinsics.float().cpu(), k.float().cpu(), shape
+    )
+    print(
+        f"refine_init=auto: {counts['sfm']} SfM points + {counts['feed_forward']} feed-forward "
+        "Gaussians where the SfM cloud has gaps",
+        file=sys.stderr,
+    )
+    return start
 
 
 def _refine_photos(cfg: DictConfig, model, images, settings, names: list[str]):
@@ -580,6 +611,7 @@ def _refine_capture(cfg, model, images, capture, settings, points):
     if points is not None:
         _, move = fusion.capture_frame(images.extrinsics[plan.used])
         start = _points_start(points, move.points)
+        start = _auto_start(cfg, recon.gaussians, start, recon, train_k, settings, photos[:used])
     backend = str(cfg.backend)
     before = None
     if views is not None:

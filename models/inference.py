@@ -1002,7 +1002,7 @@ def refine_reconstruction(
 
     Raises:
         InferenceError: a view without a camera (one line).
-        models.refine.RefineMemoryError / RefineSettingsError: one line naming the setting.
+        models.refine.RefineSettingsError: one line naming the argument.
     """
     from models.refine import holdout_evaluator, refine_gaussians
 

@@ -26,15 +26,15 @@ from models.metrics import psnr, ssim_per_image
 from models.refine import (
     ADCSettings,
     MCMCSettings,
-    RefineMemoryError,
     RefineSettings,
+    RefineSettingsError,
     gaussians_from_points,
     refine_gaussians,
     settings_from_config,
 )
 from models.refine import fit as fit_module
-from models.refine.densify import relocation
 from models.refine.loss import ssim
+from models.refine.ops import relocation
 from models.render import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -212,11 +212,12 @@ def test_nan_loss_stops_with_the_last_finite_state(capture, monkeypatch):
     result.gaussians.validate()
 
 
-def test_memory_refusal_names_the_settings(capture):
-    with pytest.raises(RefineMemoryError) as error:
+def test_memory_refusal_names_the_arguments(capture):
+    with pytest.raises(RefineSettingsError) as error:
         _fit(capture, RefineSettings(steps=5, memory_limit=10_000))
     line = str(error.value)
-    assert "\n" not in line and "refine_size=" in line and "max_gaussians=" in line
+    assert "\n" not in line and line.startswith("size:") and "max_gaussians" in line
+    assert error.value.argument == "size" and error.value.largest == 0
 
 
 def test_settings_from_config_maps_the_infer_keys():
@@ -224,7 +225,7 @@ def test_settings_from_config_maps_the_infer_keys():
         refine=100,
         refine_time=60,
         refine_size=240,
-        max_gaussians=5000,
+        refine_max_gaussians=5000,
         refinement={"densify": "adc", "adc": {"grad_threshold": 1e-3}},
     )
     assert (settings.steps, settings.time, settings.size, settings.max_gaussians) == (

@@ -1,15 +1,11 @@
 """Per-scene refinement: Gaussians (feed-forward output, any ``.ply`` or SfM points) optimised
-against posed photos with the project's renderer, 3DGS-style (:func:`refine_gaussians`), and the
+against posed photos with the project's renderer, 3DGS-style (:func:`refine_gaussians`), with
+gsplat-style densification strategies (:mod:`models.refine.strategy`, surgery in
+:mod:`models.refine.ops`), a cost planned before the first step (:func:`plan_fit`), and the
 command ``python -m models.refine GAUSSIANS.ply PHOTOS output=DIR`` (:mod:`models.refine.cli`)."""
 
-from models.refine.fit import (
-    RefineMemoryError,
-    RefineResult,
-    estimate_memory,
-    fit_shape,
-    refine_gaussians,
-    scene_extent,
-)
+from models.refine.fit import RefineResult, refine_gaussians, scene_extent
+from models.refine.plan import FitBudget, FitPlan, budget_fit, fit_shape, plan_fit
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 from models.refine.settings import (
     DEFAULT_MAX_SIZE,
@@ -17,22 +13,31 @@ from models.refine.settings import (
     MCMCSettings,
     RefineSettings,
     RefineSettingsError,
+    config_key,
     settings_from_config,
 )
 from models.refine.start import gaussians_from_points
+from models.refine.strategy import ADCStrategy, MCMCStrategy, Strategy, make_strategy
 
 __all__ = [
     "ADCSettings",
+    "ADCStrategy",
     "DEFAULT_MAX_SIZE",
+    "FitBudget",
+    "FitPlan",
     "MCMCSettings",
-    "RefineMemoryError",
+    "MCMCStrategy",
     "RefineResult",
     "RefineSettings",
     "RefineSettingsError",
-    "estimate_memory",
+    "Strategy",
+    "budget_fit",
+    "config_key",
     "fit_shape",
     "gaussians_from_points",
     "holdout_evaluator",
+    "make_strategy",
+    "plan_fit",
     "plot_holdout_psnr",
     "refine_gaussians",
     "scene_extent",

@@ -41,7 +41,7 @@ settings:
   refine_time=S              budget in seconds (the first of refine/refine_time that is reached)
   refine_size=PX             long side the photos are fitted at (default: theirs, at most 320)
   refine_init=feed_forward   start from GAUSSIANS.ply (feed_forward) or the SfM points (sfm)
-  max_gaussians=N            cap of the densification (default: twice the starting count)
+  refine_max_gaussians=N     cap of the densification (default: what the budget and memory allow)
   holdout=K                  keep every K-th photo out of the fit and score it (0: none)
   refine_checkpoint_every=N  save the fit's state every N steps beside DIR and resume from it
   optimize_cameras=false     refine the cameras jointly (view 0 fixed)
@@ -55,7 +55,7 @@ _TOP = {
     "refine_time": None,
     "refine_size": None,
     "refine_init": "feed_forward",
-    "max_gaussians": None,
+    "refine_max_gaussians": None,
     "holdout": 0,
     "refine_checkpoint_every": None,
     "optimize_cameras": False,
@@ -176,8 +176,7 @@ def run(argv: list[str]) -> int:
     from models.inference import check_backend, choose_device
     from models.metrics import nearest_view_baseline
     from models.output_folder import OutputFolder
-    from models.refine.fit import fit_shape, refine_gaussians
-    from models.refine.settings import settings_from_config
+    from models.refine import fit_shape, refine_gaussians, settings_from_config
 
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -192,7 +191,7 @@ def run(argv: list[str]) -> int:
         refine=steps,
         refine_time=top["refine_time"],
         refine_size=top["refine_size"],
-        max_gaussians=top["max_gaussians"],
+        refine_max_gaussians=top["refine_max_gaussians"],
         refinement=nested,
         backend=str(top["backend"]),
         seed=top["seed"],

@@ -3,57 +3,61 @@
 :func:`refine_gaussians` follows 3DGS's recipe (Kerbl et al. 2023): one photo per step in a
 shuffled order, Adam with per-parameter learning rates (means scaled by the scene extent and
 decayed exponentially), loss ``(1 - lambda) L1 + lambda (1 - SSIM)``, SH bands switched on one at a
-time, and a densification rule (:mod:`models.refine.densify`: 3DGS-MCMC by default, which caps the
-count, or 3DGS's adaptive density control with its opacity reset). The photos are fitted at
-``settings.size`` pixels on the long side; normalised intrinsics hold for any resize of the whole
-photo.
+time. Densification is a strategy (:mod:`models.refine.strategy`: 3DGS-MCMC by default, or 3DGS's
+adaptive density control) whose two hooks the loop calls; the surgery is :mod:`models.refine.ops`.
 
-Robustness: the memory of the fit is estimated before the first step and a fit that cannot fit is
-refused in one line naming ``refine_size=`` / ``max_gaussians=``; a non-finite loss stops the fit
-and returns the last state that rendered finitely (``stopped="nan"``); Ctrl-C returns what the fit
-has (``stopped="interrupted"``); with a checkpoint path the whole state (parameters, Adam moments,
-step, densification statistics, RNG) is saved every ``checkpoint_every`` steps and a later call
-resumes from it.
+Cost: before the first step the fit checks its memory (:func:`~models.refine.plan.plan_fit`),
+shrinks the Gaussians larger than the screen-size cap, and with a time budget measures its step
+time on the start and plans the working count, the densification cap and the steps the budget
+buys (:func:`~models.refine.plan.budget_fit`), announced in one line; it then does exactly the
+planned steps.
+
+Robustness: a non-finite loss stops the fit and returns the last state that rendered finitely
+(``stopped="nan"``); Ctrl-C returns what the fit has (``stopped="interrupted"``); with a checkpoint
+path the whole state (parameters, Adam moments, step, the strategy's state, the plan, RNG) is
+saved every ``checkpoint_every`` steps and a later call resumes from it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from datamodules.errors import InputError
-from models.budget import available_memory
 from models.command_line import Terminated
 from models.gaussians import Gaussians
-from models.refine.densify import ADC, MCMC
+from models.pose_fit import se3_delta
+from models.refine import ops
 from models.refine.loss import photometric_loss
-from models.refine.params import GaussianParameters
-from models.refine.settings import DEFAULT_MAX_SIZE, RefineSettings
+from models.refine.plan import (
+    TIME_GUARD,
+    FitBudget,
+    budget_fit,
+    cap_screen_size,
+    importance,
+    measure_step_time,
+    plan_fit,
+    screen_limit,
+    screen_radii,
+)
+from models.refine.settings import RefineSettings
+from models.refine.strategy import make_strategy
 from models.render import render
 
-__all__ = [
-    "RefineMemoryError",
-    "RefineResult",
-    "estimate_memory",
-    "fit_shape",
-    "refine_gaussians",
-    "scene_extent",
-]
+__all__ = ["RefineResult", "refine_gaussians", "scene_extent"]
 
 Evaluate = Callable[[Gaussians, Tensor], dict[str, float]]
-
-
-class RefineMemoryError(InputError):
-    """The fit would not fit in memory (one line naming ``refine_size=`` / ``max_gaussians=``)."""
 
 
 @dataclass
@@ -64,19 +68,25 @@ class RefineResult:
         gaussians: the refined set (a batch of one, detached, on the input's device).
         extrinsics: ``[V, 4, 4]`` the cameras (refined when ``optimize_cameras``).
         steps: steps taken (counting steps of a resumed checkpoint).
-        seconds: time spent fitting (evaluation excluded; a resumed fit adds its earlier time).
-        count_before: Gaussians at the start; count_after: at the end.
+        seconds: time spent fitting (evaluation and planning excluded; a resumed fit adds its
+            earlier time).
+        count_before: Gaussians given; count_after: at the end.
         curve: ``[{"step", "loss", "count"}]`` the mean loss of each stretch of steps.
         evaluations: ``[{"step", "seconds", **evaluate(...)}]`` at step 0, every ``eval_every``
-            steps (default: 4 times over the budget) and at the end.
-        stopped: ``"steps"``, ``"time"``, ``"nan"`` (a non-finite loss; the last finite state is
-            returned) or ``"interrupted"`` (Ctrl-C or SIGTERM).
+            steps (default: at each quarter of the planned steps) and at the end.
+        stopped: ``"steps"`` (the planned steps), ``"time"`` (twice the time budget passed
+            first), ``"nan"`` (a non-finite loss; the last finite state is returned) or
+            ``"interrupted"`` (Ctrl-C or SIGTERM).
         interrupted_by: ``"Ctrl-C"`` or ``"SIGTERM"`` when ``stopped == "interrupted"``, else ``""``.
         image_size: ``(H, W)`` the photos were fitted at.
-        densify: the rule's counts (``relocated``/``added`` or ``cloned``/``split``/``pruned``/
-            ``resets``).
-        timings: seconds spent in ``forward`` (render + loss), ``backward``, ``densify`` and
-            ``optimizer`` (Adam, noise, schedules) over the whole fit.
+        densify: the strategy's counts (``relocated``/``added`` or ``cloned``/``split``/
+            ``pruned``/``resets``; ``shrunk`` by the screen-size cap).
+        timings: seconds spent in ``forward`` (render + loss), ``backward``, ``densify`` (the
+            strategy's post-backward hook) and ``optimizer`` over the whole fit.
+        plan: ``working`` (Gaussians the fit started with), ``cap`` (the densification cap),
+            ``steps`` (planned), ``seconds`` (expected), ``step_seconds`` (measured on the start,
+            ``None`` without a time budget), ``pruned`` (by the budget), ``shrunk`` (by the
+            screen-size cap at the start).
         message: one line saying how it ended (printed by the commands).
     """
 
@@ -93,6 +103,7 @@ class RefineResult:
     image_size: tuple[int, int] = (0, 0)
     densify: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
     message: str = ""
 
     def summary(self) -> dict[str, Any]:
@@ -104,21 +115,12 @@ class RefineResult:
             "image_size": list(self.image_size),
             "count_before": self.count_before,
             "count_after": self.count_after,
+            "plan": dict(self.plan),
             "densify": dict(self.densify),
             "curve": self.curve,
             "evaluations": self.evaluations,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
-
-
-def fit_shape(image_size: tuple[int, int], size: int | None) -> tuple[int, int]:
-    """``(H, W)`` with the long side ``size`` (``None``: the photo's, capped at
-    :data:`~models.refine.settings.DEFAULT_MAX_SIZE`), the aspect ratio kept."""
-    height, width = image_size
-    long_side = max(height, width)
-    target = min(long_side, DEFAULT_MAX_SIZE) if size is None else int(size)
-    scale = target / long_side
-    return max(1, round(height * scale)), max(1, round(width * scale))
 
 
 def scene_extent(extrinsics: Tensor, means: Tensor | None = None) -> float:
@@ -131,28 +133,9 @@ def scene_extent(extrinsics: Tensor, means: Tensor | None = None) -> float:
     return 1.1 * radius if radius > 1e-8 else 1.0
 
 
-def estimate_memory(
-    count: int, views: int, image_size: tuple[int, int], sh_degree: int, backend: str
-) -> int:
-    """Bytes the fit needs at its peak (documented estimate, within about 2x of measurements).
-
-    Per Gaussian: the raw parameters, their gradients and two Adam moments
-    (``4 x (14 + 3 (d+1)^2)`` floats), the activated set and the projection of one view (about 80
-    floats), and its tile entries in the rasteriser (about 8 tiles, 3 words each). Per photo: the
-    fitted image. Per pixel of the view being fitted: the loss's SSIM maps and the renderer's
-    buffers (about 60 floats; the torch backend composites up to ``2^20`` tile-pixel-Gaussian
-    entries at a time, about 24 floats each).
-    """
-    height, width = image_size
-    per_gaussian = 4 * (4 * (14 + 3 * (sh_degree + 1) ** 2) + 80 + 24)
-    pixels = height * width
-    working = 4 * 60 * pixels
-    if backend == "torch":
-        working += 4 * 24 * (1 << 20)
-    return int(count * per_gaussian + views * 3 * pixels * 4 + working)
-
-
-def _check_inputs(images: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> None:
+def _check_inputs(gaussians: Gaussians, images: Tensor, extrinsics: Tensor, intrinsics: Tensor):
+    if gaussians.batch_size != 1:
+        raise ValueError(f"refine one scene at a time, got a batch of {gaussians.batch_size}")
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be [V, 3, H, W], got {tuple(images.shape)}")
     views = images.shape[0]
@@ -167,24 +150,19 @@ def _check_inputs(images: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> Non
 class _Fit:
     """The mutable state of one fit (what a checkpoint holds)."""
 
-    def __init__(
-        self,
-        gaussians: Gaussians,
-        images: Tensor,
-        extrinsics: Tensor,
-        intrinsics: Tensor,
-        settings: RefineSettings,
-        optimize_cameras: bool,
-    ) -> None:
-        self.settings = settings
-        self.device = gaussians.device
-        self.images = images
-        self.base_extrinsics = extrinsics
-        self.intrinsics = intrinsics
+    def __init__(self, start: Gaussians, photos, settings, budget, optimize_cameras: bool):
+        images, extrinsics, intrinsics = photos
+        self.settings, self.budget = settings, budget
+        self.images, self.base_extrinsics, self.intrinsics = images, extrinsics, intrinsics
+        self.shape = tuple(images.shape[-2:])
+        coarse = (max(1, self.shape[0] // 2), max(1, self.shape[1] // 2))
+        self.coarse = (
+            F.interpolate(images, size=coarse, mode="area") if settings.coarse_fraction else None
+        )
         self.views = images.shape[0]
-        degree = gaussians.sh_degree if settings.sh_degree is None else int(settings.sh_degree)
-        self.extent = scene_extent(extrinsics, gaussians.means[0])
         s = settings
+        degree = start.sh_degree if s.sh_degree is None else int(s.sh_degree)
+        self.extent = scene_extent(extrinsics, start.means[0])
         self.lrs = {
             "means": s.lr_means * self.extent,
             "scales": s.lr_scales,
@@ -193,83 +171,74 @@ class _Fit:
             "sh_dc": s.lr_sh,
             "sh_rest": s.lr_sh / 20.0,
         }
-        start_count = int(gaussians.count()[0])
-        self.cap = int(s.max_gaussians) if s.max_gaussians else max(2 * start_count, 1)
-        if start_count > self.cap:
-            gaussians = gaussians.prune(max_count=self.cap)
-        self.params = GaussianParameters(gaussians, degree, self.lrs)
+        self.params, self.optimizers = ops.parameters_from_gaussians(start, degree, self.lrs)
+        self.sh_degree = degree
         self.generator = torch.Generator(device="cpu").manual_seed(int(s.seed))
-        if s.densify == "mcmc":
-            self.rule: MCMC | ADC | None = MCMC(s.mcmc, self.cap, self.generator)
-        elif s.densify == "adc":
-            self.rule = ADC(s.adc, self.cap, self.extent, self.generator)
-        else:
-            self.rule = None
+        limit = screen_limit(s.max_screen_fraction, self.shape)
+        self.strategy = make_strategy(
+            s.densify, s.mcmc, s.adc, budget.cap, self.extent, limit, self.generator
+        )
+        self.state = self.strategy.initialize_state()
         self.camera_delta: Tensor | None = None
         self.camera_optimizer = None
         if optimize_cameras and self.views > 1:
-            self.camera_delta = torch.zeros(
-                self.views - 1, 6, device=self.device, requires_grad=True
-            )
+            self.camera_delta = torch.zeros(self.views - 1, 6, device=images.device)
+            self.camera_delta.requires_grad_(True)
             self.camera_optimizer = torch.optim.Adam([self.camera_delta], lr=s.lr_cameras)
-        self.step = 0
-        self.seconds = 0.0
+        self.step, self.seconds = 0, 0.0
         self.order: list[int] = []
         self.curve: list[dict[str, float]] = []
         self.evaluations: list[dict[str, float]] = []
         self.timings = {"forward": 0.0, "backward": 0.0, "densify": 0.0, "optimizer": 0.0}
-        self.count_before = start_count
+        self.last_good: tuple[Gaussians, Tensor] | None = None
+        self.plan: dict[str, Any] = {}
+        self.count_before = 0
 
-    # ------------------------------------------------------------------ cameras
+    def gaussians(self) -> Gaussians:
+        """The activated set with the SH bands switched on so far (differentiable)."""
+        degree = min(self.sh_degree, self.step // self.settings.sh_degree_every)
+        return ops.gaussians_from_parameters(self.params, degree)
+
     def extrinsics(self) -> Tensor:
         """``[V, 4, 4]`` the cameras, with the refined deltas (view 0 fixed)."""
         if self.camera_delta is None:
             return self.base_extrinsics
-        from models.pose_fit import se3_delta
-
         delta = se3_delta(self.camera_delta[:, :3], self.camera_delta[:, 3:] * self.extent)
         moved = self.base_extrinsics[1:] @ delta  # [V-1, 4, 4] (in each camera's frame)
         return torch.cat([self.base_extrinsics[:1], moved])
 
-    # ------------------------------------------------------------------ schedule
+    def level(self) -> tuple[Tensor, tuple[int, int]]:
+        """``(photos, (H, W))`` of this step: half size during the coarse fraction."""
+        if self.coarse is not None and self.progress() < self.settings.coarse_fraction:
+            return self.coarse, tuple(self.coarse.shape[-2:])
+        return self.images, self.shape
+
     def progress(self) -> float:
-        s = self.settings
-        parts = [0.0]
-        if s.steps:
-            parts.append(self.step / s.steps)
-        if s.time:
-            parts.append(self.seconds / s.time)
-        return min(1.0, max(parts))
+        """The fraction of the planned steps done (drives the decay and the strategy's window)."""
+        return min(1.0, self.step / self.budget.steps)
 
-    def lr_means(self) -> float:
+    def decay(self) -> float:
+        """The means' (and cameras') learning-rate factor now, exponential to the final rate."""
         s = self.settings
-        ratio = s.lr_means_final / s.lr_means
-        return self.lrs["means"] * ratio ** self.progress()
-
-    def degree(self) -> int:
-        return min(self.params.sh_degree, self.step // self.settings.sh_degree_every)
+        return (s.lr_means_final / s.lr_means) ** self.progress()
 
     def next_view(self) -> int:
         if not self.order:
-            perm = torch.randperm(self.views, generator=self.generator).tolist()
-            self.order = perm
+            self.order = torch.randperm(self.views, generator=self.generator).tolist()
         return self.order.pop()
 
-    # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         return {
-            "params": self.params.state_dict(),
-            "rule": self.rule.state_dict() if self.rule is not None else None,
+            "params": ops.parameters_state(self.params, self.optimizers),
+            "strategy": self.state,
+            "budget": asdict(self.budget),
             "camera_delta": None if self.camera_delta is None else self.camera_delta.detach(),
             "camera_optimizer": None
             if self.camera_optimizer is None
             else self.camera_optimizer.state_dict(),
-            "step": self.step,
-            "seconds": self.seconds,
-            "order": list(self.order),
-            "curve": self.curve,
+            **{k: getattr(self, k) for k in ("step", "seconds", "order", "curve", "timings")},
             "evaluations": self.evaluations,
-            "timings": self.timings,
+            "plan": self.plan,
             "count_before": self.count_before,
             "generator": self.generator.get_state(),
             "views": self.views,
@@ -278,20 +247,17 @@ class _Fit:
     def load_state_dict(self, state: dict) -> None:
         if int(state["views"]) != self.views:
             raise ValueError(f"checkpoint has {state['views']} views, the fit has {self.views}")
-        self.params.load_state_dict(state["params"])
-        if self.rule is not None and state["rule"] is not None:
-            self.rule.load_state_dict(state["rule"])
+        ops.load_parameters_state(self.params, self.optimizers, state["params"])
+        self.state = state["strategy"]
+        self.budget = FitBudget(**state["budget"])
+        self.strategy.cap = self.budget.cap
         if self.camera_delta is not None and state["camera_delta"] is not None:
             with torch.no_grad():
                 self.camera_delta.copy_(state["camera_delta"])
             self.camera_optimizer.load_state_dict(state["camera_optimizer"])
-        self.step = int(state["step"])
-        self.seconds = float(state["seconds"])
-        self.order = list(state["order"])
-        self.curve = list(state["curve"])
-        self.evaluations = list(state["evaluations"])
-        self.timings = dict(state["timings"])
-        self.count_before = int(state["count_before"])
+        self.step, self.seconds = int(state["step"]), float(state["seconds"])
+        self.order, self.curve = list(state["order"]), list(state["curve"])
+        self.evaluations, self.timings = list(state["evaluations"]), dict(state["timings"])
         self.generator.set_state(state["generator"])
 
 
@@ -304,9 +270,7 @@ def _save_checkpoint(fit: _Fit, path: Path) -> None:
 
 
 def _evaluate(fit: _Fit, evaluate: Evaluate | None, gaussians: Gaussians) -> None:
-    if evaluate is None:
-        return
-    if fit.evaluations and fit.evaluations[-1]["step"] == fit.step:
+    if evaluate is None or (fit.evaluations and fit.evaluations[-1]["step"] == fit.step):
         return
     with torch.no_grad():
         scores = evaluate(gaussians, fit.extrinsics().detach())
@@ -324,6 +288,131 @@ def _due_evaluation(fit: _Fit, eval_every: int | None, last_progress: float) -> 
         return fit.step % eval_every == 0
     quarters = math.floor(fit.progress() * 4)
     return quarters > math.floor(last_progress * 4) and quarters < 4
+
+
+def _step(fit: _Fit, background: Tensor) -> float | None:
+    """One step: render a view, the strategy's hooks around backward and Adam; the loss, or
+    ``None`` when it is not finite (nothing changed then)."""
+    s, timer = fit.settings, time.perf_counter
+    t0 = timer()
+    view = fit.next_view()
+    current, cameras = fit.gaussians(), fit.extrinsics()
+    images, shape = fit.level()
+    out = render(
+        current, cameras[view][None, None], fit.intrinsics[view][None, None], shape,
+        background=background, backend=s.backend,
+    )  # fmt: skip
+    info = {"render": out, "image_size": shape, "progress": fit.progress()}
+    info["lr_means"] = fit.lrs["means"] * fit.decay()
+    fit.strategy.step_pre_backward(fit.params, fit.optimizers, fit.state, fit.step, info)
+    loss = photometric_loss(out.color[0], images[view][None], s.ssim_weight)
+    loss = loss + fit.strategy.regularisation(fit.params)
+    t1 = timer()
+    if not torch.isfinite(loss):
+        return None
+    fit.last_good = (current.detach().replace(means=current.means.detach().clone()), cameras)
+    for optimizer in (*fit.optimizers.values(), fit.camera_optimizer):
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    t2 = timer()
+    ops.set_lr(fit.optimizers, "means", info["lr_means"])
+    for optimizer in fit.optimizers.values():
+        optimizer.step()
+    if fit.camera_optimizer is not None:
+        fit.camera_optimizer.param_groups[0]["lr"] = s.lr_cameras * fit.decay()
+        fit.camera_optimizer.step()
+    t3 = timer()
+    fit.step += 1
+    info["progress"] = fit.progress()
+    fit.strategy.step_post_backward(fit.params, fit.optimizers, fit.state, fit.step, info)
+    t4 = timer()
+    fit.seconds += t4 - t0
+    for name, seconds in zip(fit.timings, (t1 - t0, t2 - t1, t4 - t3, t3 - t2)):
+        fit.timings[name] += seconds
+    return loss.item()
+
+
+def _record(fit: _Fit, window: list[float]) -> None:
+    """Append the mean loss of ``window`` to the curve and empty it."""
+    if window:
+        loss = round(sum(window) / len(window), 5)
+        fit.curve.append({"step": fit.step, "loss": loss, "count": ops.count(fit.params)})
+        window.clear()
+
+
+def _run(fit: _Fit, evaluate, eval_every, checkpoint: Path | None, progress: bool) -> str:
+    """The loop: steps until the plan (or twice the time budget) is done; how it stopped."""
+    s = fit.settings
+    background = torch.tensor(s.background, dtype=torch.float32, device=fit.images.device)
+    if fit.step == 0:
+        _evaluate(fit, evaluate, fit.gaussians().detach())
+    bar = tqdm(total=fit.budget.steps, initial=fit.step, desc="refine", unit="step",
+               disable=not progress, dynamic_ncols=True)  # fmt: skip
+    window: list[float] = []
+    every = max(1, fit.budget.steps // 50)
+    try:
+        while fit.step < fit.budget.steps:
+            if s.time and fit.seconds >= TIME_GUARD * max(s.time, fit.budget.seconds):
+                return "time"
+            last_progress = fit.progress()
+            loss = _step(fit, background)
+            if loss is None:
+                return "nan"
+            window.append(loss)
+            if fit.step % every == 0:
+                _record(fit, window)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", gaussians=ops.count(fit.params), refresh=False)
+            if _due_evaluation(fit, eval_every, last_progress):
+                _evaluate(fit, evaluate, fit.gaussians().detach())
+            if checkpoint is not None and fit.step % s.checkpoint_every == 0:
+                _save_checkpoint(fit, checkpoint)
+        return "steps"
+    except KeyboardInterrupt as error:
+        return "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
+    finally:
+        _record(fit, window)
+        bar.close()
+
+
+def _working_start(start: Gaussians, photos, settings: RefineSettings, plan, strategy_counts):
+    """The start after the screen-size cap and, with a time budget, pruned to the working count
+    the measured step time allows; its :class:`FitBudget` and the plan's record."""
+    images, extrinsics, intrinsics = photos
+    shape = tuple(images.shape[-2:])
+    radii = screen_radii(start.means[0], start.scales[0], extrinsics, intrinsics, shape)
+    shrunk = 0
+    limit = screen_limit(settings.max_screen_fraction, shape)
+    if limit is not None:
+        start, shrunk = cap_screen_size(radii, start, limit)
+        radii = radii.clamp(max=limit)
+    count = int(start.count()[0])
+    order = torch.argsort(importance(radii, start.opacities[0], shape), descending=True)
+    step_time = None
+    if settings.time is not None:
+        step_time = measure_step_time(start, order, images, extrinsics, intrinsics, shape, settings)
+    budget = budget_fit(step_time, count, plan.max_count, settings, strategy_counts)
+    if budget.working < count:
+        start = start.map(lambda t: t[:, order[: budget.working]])
+    record = {**asdict(budget), "pruned": count - budget.working, "shrunk": shrunk}
+    record["step_seconds"] = None if step_time is None else round(step_time(budget.working), 4)
+    return start, budget, record
+
+
+def _announce(record: dict, count: int, settings: RefineSettings) -> None:
+    """One line on stderr: the plan (always when the budget pruned the start)."""
+    pruned = f", pruned from {count} by opacity x footprint" if record["pruned"] else ""
+    seconds = "" if record["step_seconds"] is None else f", {record['step_seconds']:.3f} s a step"
+    budget = f" in about {record['seconds']:.0f} s" if settings.time else ""
+    if settings.time and not settings.steps and record["steps"] < settings.min_steps:
+        budget += f" (the budget buys fewer than min_steps={settings.min_steps} here)"
+    print(
+        f"refine: {record['steps']} steps{budget} from {record['working']} Gaussians{pruned}"
+        f"{seconds}, densification cap {record['cap']}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def refine_gaussians(
@@ -353,194 +442,92 @@ def refine_gaussians(
             view 0 stays fixed, the others get an se(3) delta each.
         evaluate: ``evaluate(gaussians, extrinsics) -> {name: value}``, the caller's held-out
             scorer (the held-out photos never enter the fit), called at step 0, every
-            ``eval_every`` steps (default: at each quarter of the budget) and at the end.
+            ``eval_every`` steps (default: at each quarter of the planned steps) and at the end.
         eval_every: steps between evaluations.
         checkpoint_path: a file for the fit's state, saved every ``settings.checkpoint_every``
-            steps and at the end; when it exists, the fit resumes from it.
+            steps and at the end; when it exists, the fit resumes from it (and its plan).
         progress: show a tqdm bar (loss and Gaussian count).
 
     Raises:
-        RefineMemoryError: the estimated memory exceeds what is available.
-        RefineSettingsError: a setting out of range.
+        RefineSettingsError: an argument of the wrong type or out of range, or a fit too large
+            for the memory (naming ``size`` / ``max_gaussians`` and the largest that fits).
+        InputError: an unusable checkpoint.
         ValueError: inputs of the wrong shape.
     """
-    settings.check()
-    _check_inputs(images, extrinsics, intrinsics)
-    if gaussians.batch_size != 1:
-        raise ValueError(f"refine one scene at a time, got a batch of {gaussians.batch_size}")
+    _check_inputs(gaussians, images, extrinsics, intrinsics)
     device = gaussians.device
-    shape = fit_shape(tuple(images.shape[-2:]), settings.size)
-    degree = gaussians.sh_degree if settings.sh_degree is None else int(settings.sh_degree)
-    start_count = int(gaussians.count()[0])
-    cap = int(settings.max_gaussians) if settings.max_gaussians else max(2 * start_count, 1)
-    backend = settings.backend
-    need = estimate_memory(cap, images.shape[0], shape, degree, backend)
-    limit = settings.memory_limit or available_memory(str(device))
-    if need > limit:
-        raise RefineMemoryError(
-            "refine_size=",
-            f"the fit needs about {need / 2**30:.2f} GiB at {shape[1]}x{shape[0]} with up to "
-            f"{cap} Gaussians, {limit / 2**30:.2f} GiB is available: lower refine_size= or "
-            "max_gaussians=",
-        )
+    start = gaussians.compact() if gaussians.mask is not None else gaussians
+    plan = plan_fit(
+        settings, images.shape[0], tuple(images.shape[-2:]), int(start.count()[0]),
+        start.sh_degree, str(device),
+    )  # fmt: skip
     fitted = images.to(device=device, dtype=torch.float32)
-    if tuple(fitted.shape[-2:]) != shape:
-        fitted = F.interpolate(fitted, size=shape, mode="area")
-    fit = _Fit(
-        gaussians,
+    if tuple(fitted.shape[-2:]) != plan.image_size:
+        fitted = F.interpolate(fitted, size=plan.image_size, mode="area")
+    photos = (
         fitted.contiguous(),
         extrinsics.to(device=device, dtype=torch.float32),
         intrinsics.to(device=device, dtype=torch.float32),
-        settings,
-        optimize_cameras,
     )
     checkpoint = Path(checkpoint_path) if checkpoint_path is not None else None
-    if checkpoint is not None and checkpoint.is_file():
-        try:
-            state = torch.load(checkpoint, map_location=device, weights_only=False)
-            fit.load_state_dict(state)
-        except (OSError, RuntimeError, KeyError, ValueError) as error:
-            raise InputError(checkpoint, f"not a usable refinement checkpoint ({error})") from error
-    background = torch.tensor(settings.background, dtype=torch.float32, device=device)
-    if fit.step == 0:
-        _evaluate(fit, evaluate, fit.params.gaussians(fit.degree()).detach())
-
-    from tqdm.auto import tqdm
-
-    total = settings.steps
-    bar = tqdm(
-        total=total,
-        initial=fit.step,
-        desc="refine",
-        unit="step",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    stopped = "steps"
-    last_good = None
-    window: list[float] = []
-    curve_every = max(1, (settings.steps or 1000) // 50)
-    timer = time.perf_counter
-    interrupted_by = ""
-    try:
-        while True:
-            if settings.steps and fit.step >= settings.steps:
-                stopped = "steps"
-                break
-            if settings.time and fit.seconds >= settings.time:
-                stopped = "time"
-                break
-            last_progress = fit.progress()
-            t0 = timer()
-            view = fit.next_view()
-            current = fit.params.gaussians(fit.degree())
-            cameras = fit.extrinsics()
-            out = render(
-                current,
-                cameras[view][None, None],
-                fit.intrinsics[view][None, None],
-                shape,
-                background=background,
-                backend=backend,
-            )
-            if isinstance(fit.rule, ADC) and out.means2d is not None and out.means2d.requires_grad:
-                out.means2d.retain_grad()
-            rendered = out.color[0]  # [1, 3, H, W]
-            target = fit.images[view][None]
-            loss = photometric_loss(rendered, target, settings.ssim_weight)
-            if fit.rule is not None:
-                loss = loss + fit.rule.regulariser(fit.params)
-            t1 = timer()
-            if not torch.isfinite(loss):
-                stopped = "nan"
-                break
-            last_good = (current.detach().map(torch.clone), cameras.detach().clone())
-            fit.params.optimizer.zero_grad(set_to_none=True)
-            if fit.camera_optimizer is not None:
-                fit.camera_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            t2 = timer()
-            fit.params.set_lr("means", fit.lr_means())
-            fit.params.optimizer.step()
-            if fit.camera_optimizer is not None:
-                for group in fit.camera_optimizer.param_groups:
-                    group["lr"] = (
-                        settings.lr_cameras
-                        * (settings.lr_means_final / settings.lr_means) ** fit.progress()
-                    )
-                fit.camera_optimizer.step()
-            if isinstance(fit.rule, MCMC):
-                fit.rule.noise(fit.params, fit.lr_means())
-            t3 = timer()
-            fit.step += 1
-            if isinstance(fit.rule, ADC):
-                fit.rule.observe(out, shape)
-            _densify(fit)
-            t4 = timer()
-            fit.seconds += t4 - t0
-            fit.timings["forward"] += t1 - t0
-            fit.timings["backward"] += t2 - t1
-            fit.timings["optimizer"] += t3 - t2
-            fit.timings["densify"] += t4 - t3
-            value = loss.item()
-            window.append(value)
-            if fit.step % curve_every == 0:
-                fit.curve.append(
-                    {
-                        "step": fit.step,
-                        "loss": round(sum(window) / len(window), 5),
-                        "count": fit.params.count,
-                    }
-                )
-                window = []
-            bar.update(1)
-            bar.set_postfix(loss=f"{value:.4f}", gaussians=fit.params.count, refresh=False)
-            if _due_evaluation(fit, eval_every, last_progress):
-                _evaluate(fit, evaluate, fit.params.gaussians(fit.degree()).detach())
-            if checkpoint is not None and fit.step % settings.checkpoint_every == 0:
-                _save_checkpoint(fit, checkpoint)
-    except KeyboardInterrupt as error:
-        stopped = "interrupted"
-        interrupted_by = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
-    finally:
-        bar.close()
-    if stopped == "nan":
-        if last_good is None:
-            final, cameras = fit.params.gaussians(fit.degree()).detach(), fit.extrinsics().detach()
-        else:
-            final, cameras = last_good
-    else:
-        final, cameras = fit.params.gaussians(fit.degree()).detach(), fit.extrinsics().detach()
-        if window:
-            fit.curve.append(
-                {
-                    "step": fit.step,
-                    "loss": round(sum(window) / len(window), 5),
-                    "count": fit.params.count,
-                }
-            )
-    final = final.map(lambda t: t.detach().clone())
-    if final.harmonics.shape[-1] < (fit.params.sh_degree + 1) ** 2:
-        final.harmonics = F.pad(
-            final.harmonics, (0, (fit.params.sh_degree + 1) ** 2 - final.harmonics.shape[-1])
+    state = _load_checkpoint(checkpoint, device)
+    count = int(start.count()[0])
+    if state is None:
+        planner = make_strategy(settings.densify, settings.mcmc, settings.adc, 1, 1.0, None, None)
+        start, budget, record = _working_start(
+            start, photos, settings, plan, planner.expected_counts
         )
+        _announce(record, count, settings)
+    else:
+        budget, record = FitBudget(**state["budget"]), state["plan"]
+    fit = _Fit(start, photos, settings, budget, optimize_cameras)
+    if state is not None:
+        fit.load_state_dict(state)
+    fit.plan, fit.count_before = record, count if state is None else int(state["count_before"])
+    stopped = _run(fit, evaluate, eval_every, checkpoint, progress)
+    return _finish(fit, stopped, evaluate, checkpoint)
+
+
+def _load_checkpoint(path: Path | None, device) -> dict | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+        for key in ("params", "strategy", "budget", "plan", "step", "views"):
+            state[key]  # noqa: B018  (a KeyError: not a checkpoint of this fit)
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as error:
+        raise InputError(path, f"not a usable refinement checkpoint ({error})") from error
+    return state
+
+
+def _finish(fit: _Fit, stopped: str, evaluate, checkpoint: Path | None) -> RefineResult:
+    """The result: the final (or last finite) state, the last evaluation and checkpoint."""
+    interrupted_by = stopped if stopped in ("Ctrl-C", "SIGTERM") else ""
+    stopped = "interrupted" if interrupted_by else stopped
+    if stopped == "nan" and fit.last_good is not None:
+        final, cameras = fit.last_good
+    else:
+        final, cameras = fit.gaussians().detach(), fit.extrinsics().detach()
+    final = final.map(lambda t: t.detach().clone())
+    coefficients = (fit.sh_degree + 1) ** 2
+    if final.harmonics.shape[-1] < coefficients:
+        final.harmonics = F.pad(final.harmonics, (0, coefficients - final.harmonics.shape[-1]))
     if stopped != "interrupted":
         _evaluate(fit, evaluate, final)
-    if checkpoint is not None and stopped in ("steps", "time", "interrupted"):
+    if checkpoint is not None and stopped != "nan":
         _save_checkpoint(fit, checkpoint)
-    densify_counts = _rule_counts(fit)
     messages = {
         "steps": f"refined {fit.step} steps in {fit.seconds:.0f} s",
-        "time": f"refined {fit.step} steps in {fit.seconds:.0f} s (the time budget)",
+        "time": f"refined {fit.step} of {fit.budget.steps} planned steps in {fit.seconds:.0f} s: "
+        "twice the time budget passed (the machine is slower than measured)",
         "nan": f"refinement stopped at step {fit.step}: the loss is not finite; the last finite "
         "state is kept",
         "interrupted": f"refinement interrupted at step {fit.step} ({interrupted_by}); what it "
         "has is kept",
     }
     return RefineResult(
-        interrupted_by=interrupted_by,
         gaussians=final,
-        extrinsics=cameras,
+        extrinsics=cameras.detach().clone(),
         steps=fit.step,
         seconds=fit.seconds,
         count_before=fit.count_before,
@@ -548,34 +535,10 @@ def refine_gaussians(
         curve=fit.curve,
         evaluations=fit.evaluations,
         stopped=stopped,
-        image_size=shape,
-        densify=densify_counts,
+        interrupted_by=interrupted_by,
+        image_size=fit.shape,
+        densify=dict(fit.state["counts"]),
         timings=dict(fit.timings),
+        plan=dict(fit.plan),
         message=messages[stopped],
     )
-
-
-def _rule_counts(fit: _Fit) -> dict[str, int]:
-    if isinstance(fit.rule, MCMC):
-        return {"relocated": fit.rule.relocated, "added": fit.rule.added}
-    if isinstance(fit.rule, ADC):
-        r = fit.rule
-        return {"cloned": r.cloned, "split": r.split, "pruned": r.pruned, "resets": r.resets}
-    return {}
-
-
-def _densify(fit: _Fit) -> None:
-    """Run the densification rule when it is due."""
-    rule, step = fit.rule, fit.step
-    if rule is None:
-        return
-    sub = rule.settings
-    window = step >= sub.start and fit.progress() < sub.stop_fraction
-    if isinstance(rule, MCMC):
-        if window and step % sub.every == 0:
-            rule.step(fit.params)
-        return
-    if window and step % sub.every == 0:
-        rule.step(fit.params, after_reset=step > sub.reset_every)
-    if fit.progress() < sub.stop_fraction and step % sub.reset_every == 0:
-        rule.reset_opacity(fit.params)

@@ -2,15 +2,18 @@
 densification rule, with the defaults of 3DGS (Kerbl et al. 2023) and gsplat's 3DGS-MCMC strategy
 (Kheradmand et al. 2024) adapted to short CPU budgets (densification starts and repeats sooner).
 
-``infer.py``/``configs/infer.yaml`` map onto :class:`RefineSettings` with
-:func:`settings_from_config`: ``refine`` (steps), ``refine_time`` (seconds), ``refine_size`` (long
-side in pixels), ``max_gaussians`` (the densification cap) and the ``refinement:`` node (every
-other field, nested ``mcmc:`` / ``adc:``).
+The library speaks of its arguments (``steps``, ``time``, ``size``, ``max_gaussians``, ...);
+:func:`settings_from_config` is the command line's edge: it maps ``infer.py``'s keys onto
+:class:`RefineSettings` (``refine`` -> ``steps``, ``refine_time`` -> ``time``, ``refine_size`` ->
+``size``, ``refine_max_gaussians`` -> ``max_gaussians``, the ``refinement:`` node -> every other
+field, nested ``mcmc:`` / ``adc:``) and the errors' arguments back onto those keys
+(:data:`CONFIG_KEYS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +27,8 @@ __all__ = [
     "MCMCSettings",
     "RefineSettings",
     "RefineSettingsError",
+    "CONFIG_KEYS",
+    "config_key",
     "settings_from_config",
 ]
 
@@ -34,7 +39,31 @@ DENSIFY_RULES = ("mcmc", "adc", "none")
 
 
 class RefineSettingsError(InputError):
-    """A refinement setting out of range (one line naming the ``key=``)."""
+    """A fit argument of the wrong type, out of range, or too large for this machine: one line
+    naming the argument (``size``, ``steps``, ``time``, ``max_gaussians``, ...; the command line
+    maps it to its key with :func:`settings_from_config`'s table).
+
+    Attributes:
+        argument: the argument (also ``path``).
+        largest: the largest value that fits this machine, when that is what is wrong.
+    """
+
+    def __init__(self, argument: str, message: str, largest: int | float | None = None) -> None:
+        super().__init__(argument, message)
+        self.argument = argument
+        self.largest = largest
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any, argument: str, minimum: int, optional: bool = False) -> None:
+    """Refuse ``value`` unless a whole number >= ``minimum`` (or ``None`` when ``optional``)."""
+    if value is None and optional:
+        return
+    if not (_number(value) and float(value).is_integer() and value >= minimum):
+        raise RefineSettingsError(argument, f"must be a whole number >= {minimum}, got {value!r}")
 
 
 @dataclass
@@ -90,14 +119,31 @@ class RefineSettings:
     """How to refine Gaussians against posed photos.
 
     Attributes:
-        steps: optimisation steps (one photo each); ``None``: only ``time`` limits the fit.
-        time: budget in seconds (the fit stops at the first step after it); ``None``: only
-            ``steps``. The learning-rate decay and the densification window follow the fraction
-            of the budget used (the larger of steps/``steps`` and seconds/``time``).
+        steps: optimisation steps (one photo each); ``None``: the steps ``time`` buys.
+        time: budget in seconds; ``None``: only ``steps``. Before the first step the fit measures
+            its step time on the start and plans its steps, working count and cap from it
+            (:func:`models.refine.plan.budget_fit`); it then does exactly the planned steps
+            (stopping early only at twice the budget, on Ctrl-C or on a non-finite loss). The
+            learning-rate decay and the densification window follow the fraction of the planned
+            steps done.
         size: long side in pixels the photos are fitted at (``None``: their size capped at
             :data:`DEFAULT_MAX_SIZE`).
-        max_gaussians: the cap on the count (``None``: twice the starting count); a start
-            above it keeps its most opaque Gaussians.
+        max_gaussians: the densification cap (``None``: set by the budget: the largest count
+            whose expected step time still buys the planned steps within ``time``, and that fits
+            in memory); a start above it keeps its most important Gaussians (opacity x screen
+            footprint), announced.
+        min_steps: with a time budget, the steps the fit plans at least: the working count is
+            pruned (announced) until the measured step time buys them. 1000 by default: the SH
+            bands are all on at step 750 (``3 x sh_degree_every``), MCMC densifies 8 times
+            (every 100 steps from 100 to 85%), and each of ~35 photos is seen ~28 times; the
+            drone capture's fit from SfM points reached 28.2 dB held-out in 1,315 steps.
+        max_screen_fraction: the screen-size cap: a Gaussian whose radius (3 sigma) exceeds this
+            fraction of the long side (at least 16 px) in a training view is shrunk to it, at the
+            start and on each densification step (gsplat's ``prune_scale2d`` 0.15; ``None``: no
+            cap).
+        coarse_fraction: coarse-to-fine: the first this fraction of the planned steps fit the
+            photos at half the size (a step then costs about a third; 0: off; measured in
+            ``bench/refine_coarse_to_fine.py``, docs/refine.md).
         densify: ``"mcmc"`` (default, :class:`MCMCSettings`), ``"adc"``
             (:class:`ADCSettings`) or ``"none"``.
         sh_degree: the fitted SH degree (``None``: the start's); one band is switched on every
@@ -120,6 +166,9 @@ class RefineSettings:
     time: float | None = None
     size: int | None = None
     max_gaussians: int | None = None
+    min_steps: int = 1000
+    max_screen_fraction: float | None = 0.15
+    coarse_fraction: float = 0.0
     densify: str = "mcmc"
     mcmc: MCMCSettings = field(default_factory=MCMCSettings)
     adc: ADCSettings = field(default_factory=ADCSettings)
@@ -140,42 +189,43 @@ class RefineSettings:
     memory_limit: int | None = None
 
     def check(self) -> RefineSettings:
-        """Raise :class:`RefineSettingsError` naming the setting when one is out of range."""
+        """Raise :class:`RefineSettingsError` naming the argument when one has the wrong type or
+        is out of range."""
         if self.steps is None and self.time is None:
-            raise RefineSettingsError("refine", "set refine=STEPS or refine_time=SECONDS (> 0)")
-        if self.steps is not None and (isinstance(self.steps, bool) or int(self.steps) < 1):
-            raise RefineSettingsError("refine", f"must be a positive step count, got {self.steps}")
-        if self.time is not None and not float(self.time) > 0:
-            raise RefineSettingsError("refine_time", f"must be > 0 seconds, got {self.time}")
-        if self.size is not None and int(self.size) < 8:
-            raise RefineSettingsError("refine_size", f"must be at least 8 pixels, got {self.size}")
-        if self.max_gaussians is not None and int(self.max_gaussians) < 1:
+            raise RefineSettingsError("steps", "set steps or time (a budget > 0)")
+        _whole(self.steps, "steps", 1, optional=True)
+        if self.time is not None and not (_number(self.time) and 0 < self.time < math.inf):
+            raise RefineSettingsError("time", f"must be finite seconds > 0, got {self.time!r}")
+        _whole(self.size, "size", 8, optional=True)
+        _whole(self.max_gaussians, "max_gaussians", 1, optional=True)
+        _whole(self.min_steps, "min_steps", 1)
+        fraction = self.max_screen_fraction
+        if fraction is not None and not (_number(fraction) and 0 < fraction <= 1):
+            raise RefineSettingsError("max_screen_fraction", f"must be in (0, 1], got {fraction!r}")
+        if not (_number(self.coarse_fraction) and 0 <= self.coarse_fraction < 1):
             raise RefineSettingsError(
-                "max_gaussians", f"must be a positive count, got {self.max_gaussians}"
+                "coarse_fraction", f"must be in [0, 1), got {self.coarse_fraction!r}"
             )
         if self.densify not in DENSIFY_RULES:
             raise RefineSettingsError(
-                "refinement.densify",
-                f"must be one of {', '.join(DENSIFY_RULES)}, got {self.densify!r}",
+                "densify", f"must be one of {', '.join(DENSIFY_RULES)}, got {self.densify!r}"
             )
-        if self.sh_degree is not None and not 0 <= int(self.sh_degree) <= 3:
-            raise RefineSettingsError("refinement.sh_degree", f"must be 0..3, got {self.sh_degree}")
-        if not 0 <= self.ssim_weight <= 1:
-            raise RefineSettingsError(
-                "refinement.ssim_weight", f"must be in [0, 1], got {self.ssim_weight}"
-            )
+        if self.sh_degree is not None:
+            _whole(self.sh_degree, "sh_degree", 0)
+            if self.sh_degree > 3:
+                raise RefineSettingsError("sh_degree", f"must be 0..3, got {self.sh_degree}")
+        if not (_number(self.ssim_weight) and 0 <= self.ssim_weight <= 1):
+            raise RefineSettingsError("ssim_weight", f"must be in [0, 1], got {self.ssim_weight}")
         for name in ("sh_degree_every", "checkpoint_every"):
-            if int(getattr(self, name)) < 1:
-                raise RefineSettingsError(f"refinement.{name}", "must be a positive step count")
+            _whole(getattr(self, name), name, 1)
         for rule in ("mcmc", "adc"):
             sub = getattr(self, rule)
             if int(sub.every) < 1 or int(sub.start) < 0 or not 0 <= sub.stop_fraction <= 1:
                 raise RefineSettingsError(
-                    f"refinement.{rule}",
-                    "needs every >= 1, start >= 0 and stop_fraction in [0, 1]",
+                    rule, "needs every >= 1, start >= 0 and stop_fraction in [0, 1]"
                 )
         if len(self.background) != 3:
-            raise RefineSettingsError("refinement.background", "must be three numbers in [0, 1]")
+            raise RefineSettingsError("background", "must be three numbers in [0, 1]")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,11 +255,25 @@ def _merge(instance: Any, values: Mapping[str, Any], prefix: str) -> Any:
     return dataclasses.replace(instance, **changes)
 
 
+#: The command line's key of each library argument (the rest: ``refinement.<argument>``).
+CONFIG_KEYS = {
+    "steps": "refine",
+    "time": "refine_time",
+    "size": "refine_size",
+    "max_gaussians": "refine_max_gaussians",
+}
+
+
+def config_key(argument: str) -> str:
+    """``infer.py``'s key of a :class:`RefineSettings` argument (``size`` -> ``refine_size``)."""
+    return CONFIG_KEYS.get(argument, f"refinement.{argument}")
+
+
 def settings_from_config(
     refine: int | None = None,
     refine_time: float | None = None,
     refine_size: int | None = None,
-    max_gaussians: int | None = None,
+    refine_max_gaussians: int | None = None,
     refinement: Mapping[str, Any] | None = None,
     backend: str | None = None,
     seed: int | None = None,
@@ -218,17 +282,23 @@ def settings_from_config(
     ``refine_time`` means no refinement: the caller checks that before calling).
 
     Raises:
-        RefineSettingsError: an unknown ``refinement.`` key or a value out of range.
+        RefineSettingsError: an unknown ``refinement.`` key or a value out of range, naming the
+            command line's key.
     """
     settings = _merge(RefineSettings(), dict(refinement or {}), "refinement.")
     top: dict[str, Any] = {
         "steps": int(refine) if refine else None,
         "time": float(refine_time) if refine_time else None,
         "size": int(refine_size) if refine_size else None,
-        "max_gaussians": int(max_gaussians) if max_gaussians else None,
+        "max_gaussians": int(refine_max_gaussians) if refine_max_gaussians else None,
     }
     if backend is not None:
         top["backend"] = backend
     if seed is not None:
         top["seed"] = int(seed)
-    return dataclasses.replace(settings, **top).check()
+    try:
+        return dataclasses.replace(settings, **top).check()
+    except RefineSettingsError as error:
+        raise RefineSettingsError(
+            config_key(error.argument), error.message, error.largest
+        ) from None

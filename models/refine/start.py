@@ -1,5 +1,5 @@
-"""Where a refinement starts when no feed-forward Gaussians are given: structure-from-motion points,
-initialised as 3DGS does (Kerbl et al. 2023)."""
+"""Where a refinement starts: structure-from-motion points initialised as 3DGS does (Kerbl et al.
+2023), the feed-forward set, or both merged (:func:`merged_start`, ``refine_init=auto``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ import torch
 from torch import Tensor
 
 from models.gaussians import Gaussians, rgb_to_sh
+from models.layers.knn import knn
+from models.refine.plan import importance, screen_radii
 
-__all__ = ["gaussians_from_points"]
+__all__ = ["START_RULES", "gaussians_from_points", "merged_start"]
+
+#: The starts a fit can take: ``auto`` (:func:`merged_start`), ``feed_forward``, ``sfm``.
+START_RULES = ("auto", "feed_forward", "sfm")
+#: A feed-forward Gaussian fills a gap of the SfM cloud when its nearest SfM point is farther
+#: than this many times that point's own spacing (its scale: the RMS distance to 3 neighbours).
+GAP_FACTOR = 2.0
 
 
 def gaussians_from_points(
@@ -27,8 +35,6 @@ def gaussians_from_points(
         A batch of one scene: scale = the root mean square distance to the 3 nearest other
         points (``models.layers.knn``), rotation identity, DC colour = ``rgb``.
     """
-    from models.layers.knn import knn
-
     xyz = torch.as_tensor(xyz).float()
     rgb = torch.as_tensor(rgb)
     rgb = rgb.float() / 255.0 if rgb.dtype == torch.uint8 else rgb.float()
@@ -54,3 +60,57 @@ def gaussians_from_points(
         opacities=torch.full((1, count), float(opacity)),
         harmonics=harmonics[None],
     )
+
+
+def _nearest(queries: Tensor, points: Tensor, block: int = 4096) -> Tensor:
+    """``[Q]`` index of the nearest of ``points`` ``[P, 3]`` to each of ``queries`` ``[Q, 3]``."""
+    out = [
+        torch.cdist(queries[i : i + block], points).argmin(-1)
+        for i in range(0, len(queries), block)
+    ]
+    return torch.cat(out) if out else queries.new_zeros(0, dtype=torch.long)
+
+
+@torch.no_grad()
+def merged_start(
+    feed_forward: Gaussians | None,
+    points: Gaussians | None,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+) -> tuple[Gaussians, dict[str, int]]:
+    """``refine_init=auto``: the SfM points where the capture has them, plus the feed-forward
+    Gaussians that fill the gaps of that cloud; only the training cameras are used.
+
+    Rule: with no SfM points, the feed-forward set; with no feed-forward set, the points. Else
+    every SfM Gaussian (3DGS's start: the geometry the photos' matches agree on), and of the
+    feed-forward Gaussians those farther from their nearest SfM point than :data:`GAP_FACTOR`
+    times that point's spacing (where SfM found nothing to match: flat or distant surfaces, sky),
+    the most important first (opacity x footprint in the training views ``extrinsics`` ``[V, 4,
+    4]``, ``intrinsics`` ``[V, 3, 3]`` normalised, at ``shape``), at most as many as the points:
+    the fit's budget then prunes the merged set by the same importance when it must.
+
+    Returns:
+        ``(start, counts)``: a batch of one (the points' SH degree) and ``{"sfm", "feed_forward"}``
+        how many of each it holds.
+    """
+    if points is None or feed_forward is None:
+        start = points if feed_forward is None else feed_forward
+        start = start.compact() if start.mask is not None else start
+        kind = "sfm" if feed_forward is None else "feed_forward"
+        return start, {"sfm": 0, "feed_forward": 0, kind: int(start.count()[0])}
+    ff = feed_forward.compact() if feed_forward.mask is not None else feed_forward
+    ff = ff.to(points.device)
+    nearest = _nearest(ff.means[0].float(), points.means[0].float())
+    gap = (ff.means[0] - points.means[0][nearest]).norm(dim=-1)
+    fills = torch.nonzero(gap > GAP_FACTOR * points.scales[0, nearest, 0])[:, 0]
+    radii = screen_radii(ff.means[0][fills], ff.scales[0][fills], extrinsics, intrinsics, shape)
+    score = importance(radii, ff.opacities[0][fills], shape)
+    keep = fills[torch.argsort(score, descending=True)[: points.means.shape[1]]]
+    chosen = ff.map(lambda t: t[:, keep])
+    degree = (points.sh_degree + 1) ** 2
+    harmonics = chosen.harmonics[..., :degree]
+    if harmonics.shape[-1] < degree:
+        harmonics = torch.nn.functional.pad(harmonics, (0, degree - harmonics.shape[-1]))
+    start = Gaussians.cat([points, chosen.replace(harmonics=harmonics)])
+    return start, {"sfm": int(points.means.shape[1]), "feed_forward": int(keep.numel())}
