@@ -32,7 +32,7 @@ needs_drone = pytest.mark.skipif(
 )
 DRONE_COLMAP = SHARED_DATA / "real" / "drone_colmap"
 ROOM = REPO_ROOT / "examples" / "synthetic_room"
-RELEASE_COMMITS = ("1f5e548", "cc4594a", "e1b592d", "6a157ce", "9b04307")
+RELEASE_COMMITS = ("1f5e548", "cc4594a", "e1b592d", "6a157ce", "9b04307", "57937e4")
 
 
 # --------------------------------------------------------------------------- every tag

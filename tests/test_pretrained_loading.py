@@ -319,7 +319,7 @@ def test_every_model_is_in_one_of_the_four_families() -> None:
     """A family is the method: each family's own architectures and its release port."""
     assert registry.list_families() == ["pixel_aligned", "resplat", "splatweaver", "zipsplat"]
     expected = {
-        "pixel_aligned": ("pixel_aligned_*", "noposplat_*", "depthsplat_*"),
+        "pixel_aligned": ("pixel_aligned_*", "noposplat_*", "depthsplat_*", "anysplat_*"),
         "zipsplat": ("zipsplat_*",),
         "resplat": ("resplat_*",),
         "splatweaver": ("splatweaver_*",),
