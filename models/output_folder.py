@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -291,21 +292,6 @@ def terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextlib.contextmanager
-def _sigterm_held() -> Iterator[None]:
-    """SIGTERM blocked within the block (POSIX, main thread), delivered when it ends."""
-    if not hasattr(signal, "pthread_sigmask") or (
-        threading.current_thread() is not threading.main_thread()
-    ):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class OutputFolder:
     """Write a folder atomically: ``with OutputFolder(out, "infer.py") as staging: ...``.
 
@@ -337,16 +323,11 @@ class OutputFolder:
         self._terminate.__enter__()
         self.staging = None
         try:
-            # Created and marked with SIGTERM held back: one that lands meanwhile is raised
-            # when it is let through, inside this try, which then removes the folder.
-            with _sigterm_held():
-                self.output.parent.mkdir(parents=True, exist_ok=True)
-                remove_stale_staging(self.output)
-                self.staging = Path(
-                    tempfile.mkdtemp(prefix=f".{self.output.name}.tmp-", dir=self.output.parent)
-                )
-                (self.staging / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
-        except BaseException as error:
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_staging(self.output)
+            self._make_staging()
+            (self.staging / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
+        except BaseException as error:  # SIGTERM (SystemExit) included, at any point here
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
@@ -356,6 +337,19 @@ class OutputFolder:
                 raise OutputFolderError(self.shown, f"cannot be written ({reason})") from error
             raise
         return self.staging
+
+    def _make_staging(self) -> None:
+        """``mkdtemp`` with the name recorded before the folder exists: a SIGTERM landing just
+        after it appears (any thread may take the signal) finds it in ``self.staging``."""
+        for _ in range(100):
+            self.staging = self.output.parent / f".{self.output.name}.tmp-{secrets.token_hex(4)}"
+            try:
+                os.mkdir(self.staging, 0o700)
+                return
+            except FileExistsError:
+                continue
+        self.staging = None
+        raise FileExistsError(f"no free staging name beside {self.output}")
 
     def __exit__(self, exc_type, exc, tb) -> None:
         staging, self.staging = self.staging, None

@@ -13,7 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -254,16 +254,17 @@ def test_sigterm_cleans_staging(tmp_path, zipsplat_weights) -> None:
 def test_sigterm_while_the_staging_folder_is_made_leaves_nothing(tmp_path, monkeypatch) -> None:
     """The race the subprocess test above can hit on a busy machine: SIGTERM right after the
     staging folder appears (before it is marked and handed to the ``with`` block)."""
-    from models import output_folder
+    make = os.mkdir
 
-    make = tempfile.mkdtemp
+    def made_then_terminated(path, *args, **kwargs):
+        make(path, *args, **kwargs)
+        if Path(path).name.startswith(".out.tmp-"):
+            os.kill(os.getpid(), signal.SIGTERM)  # lands now, or at once in the main thread
+            time.sleep(0.2)
 
-    def made_then_terminated(*args, **kwargs):
-        folder = make(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGTERM)  # lands now unless held back
-        return folder
-
-    monkeypatch.setattr(output_folder.tempfile, "mkdtemp", made_then_terminated)
+    monkeypatch.setattr(os, "mkdir", made_then_terminated)
+    busy = threading.Thread(target=time.sleep, args=(2.0,))  # may take the signal (as in infer)
+    busy.start()
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
         with OutputFolder(tmp_path / "out", "prog"):
@@ -271,6 +272,7 @@ def test_sigterm_while_the_staging_folder_is_made_leaves_nothing(tmp_path, monke
     assert stopped.value.code == 143
     assert not list(tmp_path.iterdir())
     assert signal.getsignal(signal.SIGTERM) == previous
+    busy.join()
 
 
 def test_stale_staging_of_dead_process_is_removed(tmp_path) -> None:
