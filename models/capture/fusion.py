@@ -14,14 +14,22 @@ orientations, scale from the spread of their centres (a window whose centres coi
 the centroids. Without capture poses (pose-free photos), the first window's frame is the capture
 frame and each next one is chained through the photos it shares with earlier ones.
 
-Duplicates. Where windows overlap, a surface is predicted once per window. The rule
-(:func:`remove_duplicates`): the scene is cut into voxels of side ``voxel`` (default: the
-median pixel footprint, ``depth / focal`` in the nearest own camera, of all Gaussians); in every
-voxel that holds Gaussians of several windows only those of the window that sees it best are
-kept, "best" being the smallest mean depth of its Gaussians there in the nearest camera of their
-own window (the closest, sharpest view). ``max_gaussians`` then keeps the most opaque.
+Merging. Where windows overlap, a surface is predicted once per window (and within a window
+once per view that sees it). :func:`merge_surfaces` merges what they say about one **surface
+element**: each Gaussian is looked up in the input camera (of every window) that sees it
+nearest, and its element is the cell of ``cell`` pixels (at the windows' image size) it falls in
+there times a band of relative depth ``depth_tolerance`` along that camera's ray. Footprint: a
+Gaussian whose own window sees it from farther (its own pixel size ``depth / focal`` is ``2**L``
+times the nearest camera's, ``L`` rounded, at most 3) falls in cells ``2**L`` times as wide, so
+coarse and fine descriptions do not mix. The Gaussians of one element become one: the weighted
+mean of position, colour (every SH coefficient) and opacity, and the moment-matched covariance
+(the mixture's second moment about the merged mean) as scales and orientation; the weight is
+opacity x (nearest pixel size / own pixel size) ** ``sharpness``, so the windows that see an
+element closest dominate it. An element of one Gaussian keeps it unchanged. The fused count then
+follows the capture's content at the windows' pixel size, not the number of windows.
+``fusion_max_gaussians`` then keeps the most opaque.
 
-Floaters. Before that, :func:`remove_floaters` drops the Gaussians that other windows see
+Floaters (per-view depth agreement). Before that, :func:`remove_floaters` drops the Gaussians that other windows see
 through: each window's own Gaussians give a depth map per camera (``render``'s expected depth
 over its alpha, where alpha > 0.5); a Gaussian of another window that projects into such a
 camera nearer than ``(1 - margin)`` of that depth lies in space the camera sees empty. A
@@ -347,8 +355,8 @@ def merge_surfaces(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
-    cell: float = 1.0,
-    depth_tolerance: float = 0.05,
+    cell: float = 2.0,
+    depth_tolerance: float = 0.3,
     sharpness: float = 2.0,
     centre_weight: float = 0.0,
     same_window_apart: bool = False,
@@ -466,10 +474,10 @@ def fuse_windows(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
-    cell: float = 1.0,
+    cell: float = 2.0,
     fusion_max_gaussians: int | None = None,
     backend: str = "auto",
-    depth_tolerance: float = 0.05,
+    depth_tolerance: float = 0.3,
 ) -> tuple[Gaussians, dict]:
     """:func:`remove_floaters`, :func:`merge_surfaces`, then ``fusion_max_gaussians`` (the most
     opaque); counts: ``predicted``, ``floaters_removed``, :func:`merge_surfaces`' counts,
