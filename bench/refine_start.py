@@ -19,7 +19,7 @@ Captures:
 - ``garden``: an object-centred orbit made here: ``garden_views`` photos rendered with the
   project's renderer on a circle around the shared real garden scene
   (``gsplat_test_garden.npz``: 138,766 coloured points, each a Gaussian as 3DGS initialises
-  them), looking at its centre, written without cameras to a temporary folder, so that posed
+  them), looking at the point its three real cameras look at, written without cameras to a temporary folder, so that posed
   models get the project's own structure-from-motion poses. Nothing of it enters the repository.
 
 A run that ``infer.py`` refuses (e.g. a ``refine_init`` this build lacks) is a row saying why.
@@ -96,6 +96,16 @@ def _orbit(centre, up, radius: float, height: float, count: int):
     return torch.stack(poses)
 
 
+def _looked_at(cameras):
+    """The point nearest to every camera's optical axis (least squares) of ``[V, 4, 4]``."""
+    import torch
+
+    eye, axis = cameras[:, :3, 3].double(), cameras[:, :3, 2].double()
+    project = torch.eye(3, dtype=torch.float64) - axis[:, :, None] * axis[:, None, :]  # [V, 3, 3]
+    point = torch.linalg.solve(project.sum(0), (project @ eye[:, :, None]).sum(0))[:, 0]
+    return point.float()
+
+
 def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
     """The garden orbit's photos in ``folder`` (module doc); returns the folder."""
     import numpy as np
@@ -108,8 +118,8 @@ def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
     data = np.load(npz)
     means = torch.from_numpy(data["means3d"]).float()
     scene = gaussians_from_points(means, torch.from_numpy(data["colors"]), opacity=0.9)
-    centre = means.median(dim=0).values
     cameras = torch.linalg.inv(torch.from_numpy(data["viewmats"]).float())  # c2w [3, 4, 4]
+    centre = _looked_at(cameras)
     up = -cameras[:, :3, 1].mean(0)  # OpenCV +y is down in every real camera
     offset = cameras[:, :3, 3].mean(0) - centre
     height = float(offset @ (up / up.norm()))
