@@ -43,7 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-SHARED = REPO_ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 DEFAULTS = {
     "captures": "drone,garden",
     "models": "pixel_aligned_tiny,resplat_tiny,zipsplat_tiny,splatweaver_tiny",
