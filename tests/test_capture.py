@@ -287,6 +287,18 @@ def test_merge_is_moment_matching() -> None:
     )
 
 
+def test_element_camera_nearest_or_most_central() -> None:
+    """An element is looked up in the camera that sees it nearest; with ``centre_weight`` in
+    one that sees it nearer the middle of its image, a little farther."""
+    e, k = _cameras(2)  # at x = -0.3 and 0.3
+    e[1, 2, 3] = -0.5  # camera 1 steps back: it sees the point farther, near its centre
+    point = torch.tensor([[0.1, 0.0, 1.0]], dtype=torch.float64)  # near camera 0's right border
+    camera, u, _, z = fusion._nearest_views(point, e.double(), k.double(), 0.0)
+    assert int(camera[0]) == 0 and abs(float(z[0]) - 1.0) < 1e-9 and abs(float(u[0]) - 0.9) < 1e-6
+    camera, u, _, z = fusion._nearest_views(point, e.double(), k.double(), 10.0)
+    assert int(camera[0]) == 1 and abs(float(z[0]) - 1.5) < 1e-6
+
+
 def test_fused_count_is_capped() -> None:
     e, k = _cameras(2)
     windows = [_random_gaussians(500), _random_gaussians(500, seed=1)]

@@ -298,25 +298,6 @@ def _surface_keys(
     return key, level.long(), finest
 
 
-def _other_windows_only(key: Tensor, window: Tensor, weight: Tensor) -> Tensor:
-    """Group ids ``[N]`` where each element's Gaussians merge into its anchor (the one of most
-    weight) only when they come from other windows: two Gaussians of one window are two of its
-    pixels, never the same element twice; they stay apart (new ids, ``0..M-1`` renumbered)."""
-    groups = int(key.max()) + 1
-    top = torch.full((groups,), -1.0, dtype=weight.dtype).scatter_reduce(
-        0, key, weight, reduce="amax"
-    )
-    is_top = weight >= top[key]
-    index = torch.arange(len(key))
-    anchor = torch.full((groups,), len(key), dtype=torch.long).scatter_reduce(
-        0, key, torch.where(is_top, index, torch.full_like(index, len(key))), reduce="amin"
-    )  # [G] the first of the heaviest
-    alone = (window == window[anchor[key]]) & (index != anchor[key])
-    out = key.clone()
-    out[alone] = groups + torch.arange(int(alone.sum()))
-    return torch.unique(out, return_inverse=True)[1]
-
-
 def _merge_groups(g: Gaussians, group: Tensor, weight: Tensor) -> Gaussians:
     """One Gaussian per ``group`` id ``[N]`` (ids ``0..M-1``) of the set ``g`` (a batch of one,
     no mask): weighted means of position, colour and opacity, and the moment-matched covariance
@@ -359,7 +340,6 @@ def merge_surfaces(
     depth_tolerance: float = 0.3,
     sharpness: float = 2.0,
     centre_weight: float = 0.0,
-    same_window_apart: bool = False,
 ) -> tuple[Gaussians, dict]:
     """One set from per-window ``sets`` (each a batch of one, in the capture frame), merging the
     Gaussians that describe the same surface element (module doc, "Merging").
@@ -372,6 +352,8 @@ def merge_surfaces(
         depth_tolerance: relative depth band of one element along that camera's ray.
         sharpness: the merge weight is opacity x (the nearest camera's pixel size over the
             Gaussian's own) ** sharpness: the windows that see an element closest dominate it.
+        centre_weight: ranks the cameras an element is looked up in by depth x (1 +
+            centre_weight x its squared distance from the image centre); 0: the nearest.
 
     Returns:
         The fused set and counts (``before``, ``after``, ``merged``, ``per_window_before``,
@@ -397,8 +379,6 @@ def merge_surfaces(
     )
     finer = torch.where(torch.isfinite(own), (finest / own).clamp(0, 1), torch.ones_like(own))
     weight = flat.opacities[0].detach().double().cpu() * finer**sharpness  # opacity x sharpness
-    if same_window_apart:
-        key = _other_windows_only(key, window, weight)
     fused = _merge_groups(flat.detach().to("cpu"), key, weight).to(flat.means.device)
     # each fused Gaussian's window: the one of most weight in it
     groups = int(key.max()) + 1
