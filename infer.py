@@ -54,7 +54,7 @@ __all__ = [
 
 CONFIG = REPO_ROOT / "configs" / "infer.yaml"
 ConfigStore.instance().store(name="infer", node=OmegaConf.load(CONFIG))
-COUNTS = {"views": 1, "orbit_frames": 1, "fps": 1, "max_gaussians": 1}
+COUNTS = {"views": 1, "orbit_frames": 1, "fps": 1, "max_gaussians": 1, "fusion_max_gaussians": 1}
 
 
 def _check_count(cfg: DictConfig, key: str, minimum: int) -> None:
@@ -530,7 +530,7 @@ def _run_capture(
         fit_poses=int(cfg.fit_poses),
         backend=str(cfg.backend),
         fov=float(cfg.fov),
-        max_gaussians=knobs.pop("max_gaussians", None),
+        fusion_max_gaussians=cfg.get("fusion_max_gaussians"),
         **overrides,
         **knobs,
     )

@@ -91,7 +91,7 @@ def run_model(name: str, settings: dict, cache: dict, first_plan: list) -> dict[
         "pose_free": bool(getattr(model, "pose_free", False)),
         "windows": len(plan.windows),
         "gaussians": capture.reconstruction.count,
-        "removed_duplicates": capture.counts["removed"],
+        "merged": capture.counts["merged"],
         "seconds": round(seconds, 2),
         "seconds_with_loading": round(time.perf_counter() - start, 2),
         "psnr": mean.get("psnr"),

@@ -22,6 +22,7 @@ from models.capture import fusion, holdout, views
 from models.capture.inputs import load_inputs
 from models.capture.whole import CaptureError, plan_capture
 from models.gaussians import Gaussians, transform_gaussians
+from models.geometry.rotations import quaternion_to_matrix
 from models.geometry.similarity import Similarity
 from models.render.core import render
 
@@ -190,26 +191,123 @@ def test_capture_frame_is_normalize_scene(images) -> None:
     assert torch.allclose(move.cameras(images.extrinsics.double()), expected, atol=1e-6)
 
 
-def test_duplicates_removed_and_counted() -> None:
+def _surface(count: int = 24, depth: float = 3.0, seed: int = 0, jitter: float = 0.0):
+    """A textured wall of ``count x count`` per-pixel Gaussians at ``depth`` (camera 0 looks
+    at it), positions jittered along z by ``jitter`` (relative), as one window predicts it."""
+    g = torch.Generator().manual_seed(seed)
+    xs, ys = torch.meshgrid(
+        torch.linspace(-1, 1, count), torch.linspace(-1, 1, count), indexing="ij"
+    )
+    n = xs.numel()
+    z = depth * (1 + jitter * (torch.rand(n, generator=g) * 2 - 1))
+    colour = torch.stack([xs.flatten(), ys.flatten(), (xs * ys).flatten()], -1) * 0.5  # [n, 3]
+    return Gaussians(
+        means=torch.stack([xs.flatten(), ys.flatten(), z], -1)[None],
+        scales=torch.full((1, n, 3), 1.2 / count),
+        rotations=torch.tensor([1.0, 0, 0, 0]).expand(1, n, 4).clone(),
+        opacities=torch.full((1, n), 0.9),
+        harmonics=(colour + 0.05 * torch.randn(n, 3, generator=g))[None, :, :, None],
+    )
+
+
+def _part(g: Gaussians, keep: torch.Tensor) -> Gaussians:
+    out = g._gather(torch.nonzero(keep)[:, 0][None])
+    out.mask = None
+    return out
+
+
+def test_windows_describing_one_surface_merge() -> None:
+    """Three windows predict overlapping parts of one wall (depths a little apart, colours
+    noisy): the fused count follows the wall's pixels, not the windows; a patch one window alone
+    predicts is kept; the fused set renders the wall better than any single window."""
     e, k = _cameras(2)
-    base = _random_gaussians(500)
-    far = base.replace(means=base.means + torch.tensor([0.0, 0.0, 0.6]))  # seen farther
-    extra = _random_gaussians(200, seed=3).replace(
-        means=_random_gaussians(200, seed=3).means + torch.tensor([6.0, 0.0, 0.0])
+    walls = [_surface(24, seed=s, jitter=0.02) for s in (1, 2, 3)]
+    x = walls[0].means[0, :, 0]
+    windows = [_part(walls[0], x <= 0.35), _part(walls[1], x >= -0.35), walls[2]]
+    side = _random_gaussians(100, seed=4)
+    side = side.replace(harmonics=side.harmonics[..., :1])  # only window 2 predicts this patch
+    patch = torch.rand(1, 100, 3, generator=torch.Generator().manual_seed(4))
+    side = side.replace(means=patch * torch.tensor([0.3, 0.6, 0.0]) + torch.tensor([1.1, -0.3, 3]))
+    windows[1] = Gaussians.cat([windows[1], side])
+    windows[2] = _part(walls[2], (x.abs() < 0.5))  # the middle only
+    truth = Gaussians.cat([_surface(48), side])  # the wall as it is, finer than any window
+    target = render(truth, e[None], k[None], (32, 32), backend="torch").color
+    before = sum(int(w.means.shape[1]) for w in windows)
+    fused, counts = fusion.merge_surfaces(windows, [(e, k)] * 3, (32, 32))
+    assert counts["before"] == before and counts["after"] == int(fused.count()[0])
+    assert counts["after"] < 0.7 * before  # one wall, not three overlapping parts
+    assert counts["per_window_before"] == [int(w.means.shape[1]) for w in windows]
+    assert sum(counts["per_window"]) == counts["after"]
+    beside = int((fused.means[0, :, 0] > 1.05).sum())  # its own patch stays
+    assert 10 <= beside <= 100 and counts["per_window"][1] >= beside
+
+    def error(g: Gaussians) -> float:
+        out = render(g, e[None], k[None], (32, 32), backend="torch").color
+        return float((out - target).pow(2).mean())
+
+    assert error(fused) < min(error(w) for w in windows)
+    scales = fused.scales[0]
+    assert torch.isfinite(scales).all() and (scales > 0).all()
+    assert torch.allclose(fused.rotations[0].norm(dim=-1), torch.ones(len(scales)), atol=1e-5)
+
+
+def test_merge_is_moment_matching() -> None:
+    """Two Gaussians in one surface element become one with their weighted mean, colour and
+    the mixture's covariance; a lone Gaussian is kept as it is."""
+    e, k = _cameras(1)
+    means = torch.tensor([[[0.0, 0.0, 3.0], [0.002, 0.0, 3.0], [0.9, 0.9, 3.0]]])
+    g = Gaussians(
+        means=means,
+        scales=torch.tensor([[[0.01, 0.02, 0.03], [0.03, 0.01, 0.02], [0.05, 0.05, 0.05]]]),
+        rotations=torch.tensor([1.0, 0, 0, 0]).expand(1, 3, 4).clone(),
+        opacities=torch.tensor([[0.8, 0.4, 0.5]]),
+        harmonics=torch.tensor([[[0.2], [0.1], [0.0]], [[0.5], [0.4], [0.3]], [[1.0]] * 3])[None],
     )
-    # window 0 and window 1 predict the same surface; window 1 also sees a region of its own
-    window0 = base
-    window1 = Gaussians.cat([base, extra])
-    fused, counts = fusion.remove_duplicates([window0, window1], [(e, k), (e, k)], (32, 32))
-    assert counts["before"] == 1200 and counts["after"] == 700 and counts["removed"] == 500
-    assert counts["per_window"] == [500, 200]  # ties go to the first window; its own region kept
-    # the window that sees a voxel closer wins it
-    fused, counts = fusion.remove_duplicates([far, base], [(e, k), (e, k)], (32, 32), voxel=5.0)
-    assert counts["per_window"][1] == 500 and counts["after"] < 1000
+    fused, counts = fusion.merge_surfaces([g], [(e, k)], (32, 32))
+    assert counts["after"] == 2
+    w = torch.tensor([0.8, 0.4], dtype=torch.float64)
+    w = w / w.sum()
+    mean = (w[:, None] * means[0, :2].double()).sum(0)
+    var = (w[:, None] * (g.scales[0, :2].double() ** 2 + (means[0, :2].double() - mean) ** 2)).sum(
+        0
+    )
+    merged = int(torch.argmin((fused.means[0].double() - mean).norm(dim=-1)))
+    assert torch.allclose(fused.means[0, merged].double(), mean, atol=1e-6)
+    assert torch.allclose(
+        fused.opacities[0, merged].double(),
+        (w * torch.tensor([0.8, 0.4])).sum().double(),
+        atol=1e-6,
+    )
+    covariance = torch.diag(var)
+    r = quaternion_to_matrix(fused.rotations[0, merged].double())
+    rebuilt = r @ torch.diag(fused.scales[0, merged].double() ** 2) @ r.T
+    assert torch.allclose(rebuilt, covariance, atol=1e-8)
+    lone = 1 - merged
+    assert torch.allclose(fused.means[0, lone], means[0, 2]) and torch.allclose(
+        fused.scales[0, lone], g.scales[0, 2]
+    )
+
+
+def test_element_camera_nearest_or_most_central() -> None:
+    """An element is looked up in the camera that sees it nearest; with ``centre_weight`` in
+    one that sees it nearer the middle of its image, a little farther."""
+    e, k = _cameras(2)  # at x = -0.3 and 0.3
+    e[1, 2, 3] = -0.5  # camera 1 steps back: it sees the point farther, near its centre
+    point = torch.tensor([[0.1, 0.0, 1.0]], dtype=torch.float64)  # near camera 0's right border
+    camera, u, _, z = fusion._nearest_views(point, e.double(), k.double(), 0.0)
+    assert int(camera[0]) == 0 and abs(float(z[0]) - 1.0) < 1e-9 and abs(float(u[0]) - 0.9) < 1e-6
+    camera, u, _, z = fusion._nearest_views(point, e.double(), k.double(), 10.0)
+    assert int(camera[0]) == 1 and abs(float(z[0]) - 1.5) < 1e-6
+
+
+def test_fused_count_is_capped() -> None:
+    e, k = _cameras(2)
+    windows = [_random_gaussians(500), _random_gaussians(500, seed=1)]
     capped, counts = fusion.fuse_windows(
-        [window0, window1], [(e, k), (e, k)], (32, 32), max_gaussians=300
+        windows, [(e, k), (e, k)], (32, 32), fusion_max_gaussians=300, backend="torch"
     )
-    assert counts["final"] == 300 == int(capped.count()[0])
+    assert counts["final"] == 300 == int(capped.count()[0]) < counts["after"]
+    assert counts["per_window_predicted"] == [500, 500] and counts["fusion_max_gaussians"] == 300
 
 
 def test_floaters_other_windows_see_through_are_removed() -> None:
@@ -306,7 +404,7 @@ def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> Non
     output = tmp_path / "free"
     status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "model=zipsplat_tiny",
-        "views=all", "holdout=photo_05", "max_gaussians=1500", *COMMON,
+        "views=all", "holdout=photo_05", "fusion_max_gaussians=1500", *COMMON,
     )  # fmt: skip
     assert status == 0, err
     summary = json.loads((output / "summary.json").read_text())
@@ -314,6 +412,51 @@ def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> Non
     fused = summary["scene"]["fusion"]
     assert fused["after"] > 1500 == fused["final"] == summary["gaussians"]
     assert list(summary["holdout"]["metrics"]) == ["photo_05.png"]
+
+
+def test_fit_holdout_cameras_moves_towards_the_photo() -> None:
+    """A held-out camera started at a neighbour's pose is fitted against its photo with the
+    scene fixed: the render gets closer to the photo and the record says how far it moved."""
+    e, k = _cameras(3)
+    wall = _surface(32)
+    photo = render(wall, e[None, 1:2], k[None, 1:2], (32, 32), backend="torch").color[0]
+    before = wall.means.clone()
+    fitted, record = holdout.fit_holdout_cameras(
+        wall, photo, e[0:1], k[1:2], steps=60, backend="torch"
+    )
+    assert torch.equal(wall.means, before)  # the scene is never touched
+
+    def error(camera: torch.Tensor) -> float:
+        out = render(wall, camera[None], k[None, 1:2], (32, 32), backend="torch").color[0]
+        return float((out - photo).pow(2).mean())
+
+    assert error(fitted) < 0.5 * error(e[0:1])
+    moved = (fitted[0, :3, 3] - e[0, :3, 3]).norm()
+    assert abs(record["translation"][0] - float(moved)) < 1e-4 and record["steps"] == 60
+    assert "fitted" in record["placement"]
+
+
+def test_infer_pose_free_holdout_without_poses(capture: Path, tmp_path: Path, capsys) -> None:
+    """Photos without poses, a pose-free model, ``holdout=``: the held-out cameras are fitted
+    (issue 39 item 4) instead of stopping."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for photo in sorted(capture.glob("photo_*.png"))[:6]:
+        shutil.copy(photo, bare / photo.name)
+    output = tmp_path / "free"
+    status, out, err = infer_in_process(
+        capsys, f"input={bare}", f"output={output}", "model=zipsplat_tiny",
+        "views=all", "holdout=photo_02", "fit_poses=5", *COMMON,
+    )  # fmt: skip
+    assert status == 0, err
+    summary = json.loads((output / "summary.json").read_text())
+    cameras = summary["holdout"]["cameras"]
+    assert "fitted" in cameras["placement"] and cameras["steps"] == holdout.HOLDOUT_POSE_STEPS
+    assert len(cameras["translation"]) == 1 and len(cameras["rotation_deg"]) == 1
+    entry = summary["holdout"]["metrics"]["photo_02.png"]
+    assert entry["nearest_view"] in ("photo_01.png", "photo_03.png") and entry["psnr"] > 5
 
 
 def test_infer_holdout_too_few_is_one_line(capture: Path, tmp_path: Path, capsys) -> None:

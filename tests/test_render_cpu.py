@@ -319,3 +319,25 @@ def test_first_build_is_announced_once_and_reused_from_another_checkout(tmp_path
     assert len(announced) == 1 and f"about {render_cpu.BUILD_SECONDS} s" in announced[0]
     assert "compiling" not in runs[1].stderr, runs[1].stderr
     assert len(list((tmp_path / "extensions").glob("*/*.so"))) == 1
+
+
+def test_a_stale_build_lock_does_not_hang_the_next_process(cpu_backend):
+    """A build killed half-way leaves torch's ``lock`` file; torch 2.13's builder (its
+    ``FileBaton``) waits on it without end. The next process clears it (no live builder holds
+    the build folder's flock) and loads the extension. (torch 2.14 locks the file with an
+    advisory lock instead and keeps it.)"""
+    from torch.utils import cpp_extension
+
+    name = f"splatzoo_rasterize_cpu_{render_cpu._build_key(os.environ.get('CXX', 'c++'))}"
+    stale = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+    stale.touch()
+    script = (
+        "import sys\n"
+        "from models.render.cpu import cpu_rasterizer_error\n"
+        "sys.exit(cpu_rasterizer_error() is not None)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )  # a hang is a TimeoutExpired
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -14,14 +14,22 @@ orientations, scale from the spread of their centres (a window whose centres coi
 the centroids. Without capture poses (pose-free photos), the first window's frame is the capture
 frame and each next one is chained through the photos it shares with earlier ones.
 
-Duplicates. Where windows overlap, a surface is predicted once per window. The rule
-(:func:`remove_duplicates`): the scene is cut into voxels of side ``voxel`` (default: the
-median pixel footprint, ``depth / focal`` in the nearest own camera, of all Gaussians); in every
-voxel that holds Gaussians of several windows only those of the window that sees it best are
-kept, "best" being the smallest mean depth of its Gaussians there in the nearest camera of their
-own window (the closest, sharpest view). ``max_gaussians`` then keeps the most opaque.
+Merging. Where windows overlap, a surface is predicted once per window (and within a window
+once per view that sees it). :func:`merge_surfaces` merges what they say about one **surface
+element**: each Gaussian is looked up in the input camera (of every window) that sees it
+nearest, and its element is the cell of ``cell`` pixels (at the windows' image size) it falls in
+there times a band of relative depth ``depth_tolerance`` along that camera's ray. Footprint: a
+Gaussian whose own window sees it from farther (its own pixel size ``depth / focal`` is ``2**L``
+times the nearest camera's, ``L`` rounded, at most 3) falls in cells ``2**L`` times as wide, so
+coarse and fine descriptions do not mix. The Gaussians of one element become one: the weighted
+mean of position, colour (every SH coefficient) and opacity, and the moment-matched covariance
+(the mixture's second moment about the merged mean) as scales and orientation; the weight is
+opacity x (nearest pixel size / own pixel size) ** ``sharpness``, so the windows that see an
+element closest dominate it. An element of one Gaussian keeps it unchanged. The fused count then
+follows the capture's content at the windows' pixel size, not the number of windows.
+``fusion_max_gaussians`` then keeps the most opaque.
 
-Floaters. Before that, :func:`remove_floaters` drops the Gaussians that other windows see
+Floaters (per-view depth agreement). Before that, :func:`remove_floaters` drops the Gaussians that other windows see
 through: each window's own Gaussians give a depth map per camera (``render``'s expected depth
 over its alpha, where alpha > 0.5); a Gaussian of another window that projects into such a
 camera nearer than ``(1 - margin)`` of that depth lies in space the camera sees empty. A
@@ -31,6 +39,7 @@ it, a wrongly placed Gaussian of one window occludes the views of all the others
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -44,8 +53,8 @@ __all__ = [
     "capture_frame",
     "depth_ratio",
     "fuse_windows",
+    "merge_surfaces",
     "pixel_footprint",
-    "remove_duplicates",
     "remove_floaters",
     "window_to_capture",
 ]
@@ -142,75 +151,164 @@ def pixel_footprint(
     return best, best / fx[index]
 
 
-def remove_duplicates(
+def _nearest_views(
+    means: Tensor, extrinsics: Tensor, intrinsics: Tensor, centre_weight: float = 0.0
+) -> tuple[Tensor, ...]:
+    """Per point ``[N, 3]``, the camera (of ``[C, 4, 4]``) nearest in z-depth among those that
+    have it in front and in view: its index ``[N]`` (-1: none), ``u``, ``v`` (normalised image
+    coordinates there) and ``z`` (``inf`` when none). ``centre_weight`` ranks the cameras by
+    ``z * (1 + centre_weight * r**2)`` instead, ``r`` the distance from the image centre (1 at
+    the border): an element is best seen near the middle of a view, where a feed-forward model
+    has context on all sides."""
+    from models.geometry.cameras import transform_points, world_to_camera
+
+    best_score = torch.full((len(means),), float("inf"), dtype=means.dtype, device=means.device)
+    best_z = torch.full((len(means),), float("inf"), dtype=means.dtype, device=means.device)
+    best = torch.full((len(means),), -1, dtype=torch.long, device=means.device)
+    best_u, best_v = torch.zeros_like(best_z), torch.zeros_like(best_z)
+    view = world_to_camera(extrinsics.to(means))  # [C, 4, 4]
+    k = intrinsics.to(means)
+    for c in range(len(view)):  # one camera at a time: [N] tensors only
+        local = transform_points(view[c], means)  # [N, 3]
+        z = local[:, 2]
+        u = k[c, 0, 0] * local[:, 0] / z.clamp_min(1e-8) + k[c, 0, 2]
+        v = k[c, 1, 1] * local[:, 1] / z.clamp_min(1e-8) + k[c, 1, 2]
+        r = 2 * torch.maximum((u - 0.5).abs(), (v - 0.5).abs())
+        score = z * (1 + centre_weight * r**2)
+        nearer = (z > 1e-6) & (r < 1) & (score < best_score)
+        best_score = torch.where(nearer, score, best_score)
+        best_z = torch.where(nearer, z, best_z)
+        best = torch.where(nearer, torch.full_like(best, c), best)
+        best_u, best_v = torch.where(nearer, u, best_u), torch.where(nearer, v, best_v)
+    return best, best_u, best_v, best_z
+
+
+def _surface_keys(
+    means: Tensor,
+    own_footprint: Tensor,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    cell: float,
+    depth_tolerance: float,
+    centre_weight: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The surface element of every Gaussian (module doc, "Merging"): a key ``[N]`` (equal keys
+    describe the same element), its level ``[N]`` and its nearest camera's pixel size ``[N]``."""
+    camera, u, v, z = _nearest_views(means, extrinsics, intrinsics, centre_weight)
+    seen = camera >= 0
+    fx = intrinsics.to(means)[:, 0, 0] * shape[1]  # [C] pixels
+    finest = z / fx[camera.clamp_min(0)]  # [N] the nearest camera's pixel size there
+    ratio = (own_footprint / finest).clamp(1.0, 8.0)
+    level = torch.where(seen & torch.isfinite(ratio), ratio.log2().round(), torch.zeros_like(z))
+    side = cell * 2.0**level  # cell side in the nearest camera's pixels
+    col = torch.floor(u * shape[1] / side)
+    row = torch.floor(v * shape[0] / side)
+    band = torch.floor(z.clamp_min(1e-12).log() / math.log1p(depth_tolerance))
+    fields = torch.stack([level, camera.to(z.dtype), col, row, band], -1)  # [N, 5]
+    fields[~seen] = 0.0
+    _, key = torch.unique(fields.long(), dim=0, return_inverse=True)
+    unseen = torch.nonzero(~seen)[:, 0]  # never merged: a key of their own each
+    key[unseen] = int(key.max()) + 1 + torch.arange(len(unseen), device=key.device)
+    return key, level.long(), finest
+
+
+def _merge_groups(g: Gaussians, group: Tensor, weight: Tensor) -> Gaussians:
+    """One Gaussian per ``group`` id ``[N]`` (ids ``0..M-1``) of the set ``g`` (a batch of one,
+    no mask): weighted means of position, colour and opacity, and the moment-matched covariance
+    (the mixture's second moment about the merged mean) as scales and orientation."""
+    from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
+
+    m = int(group.max()) + 1
+    w = weight.double()  # [N]
+    total = torch.zeros(m, dtype=torch.float64).index_add_(0, group, w).clamp_min(1e-30)  # [M]
+
+    def average(values: Tensor) -> Tensor:  # [N, ...] -> [M, ...]
+        flat = values.double().reshape(len(values), -1) * w[:, None]
+        out = torch.zeros(m, flat.shape[1], dtype=torch.float64).index_add_(0, group, flat)
+        return (out / total[:, None]).reshape(m, *values.shape[1:])
+
+    means = g.means[0].double()  # [N, 3]
+    mean = average(means)  # [M, 3]
+    r = quaternion_to_matrix(g.rotations[0].double())  # [N, 3, 3]
+    cov = r @ torch.diag_embed(g.scales[0].double() ** 2) @ r.transpose(-1, -2)  # [N, 3, 3]
+    d = means - mean[group]
+    second = average(cov + d[:, :, None] * d[:, None, :])  # [M, 3, 3]
+    values, vectors = torch.linalg.eigh(0.5 * (second + second.transpose(-1, -2)))
+    flip = torch.linalg.det(vectors) < 0
+    vectors[flip, :, 0] = -vectors[flip, :, 0]
+    dtype = g.means.dtype
+    return Gaussians(
+        means=mean[None].to(dtype),
+        scales=values.clamp_min(1e-20).sqrt()[None].to(dtype),
+        rotations=matrix_to_quaternion(vectors)[None].to(dtype),
+        opacities=average(g.opacities[0])[None].to(dtype).clamp(1e-6, 1 - 1e-6),
+        harmonics=average(g.harmonics[0])[None].to(dtype),
+    )
+
+
+def merge_surfaces(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
-    voxel: float | None = None,
+    cell: float = 2.0,
+    depth_tolerance: float = 0.3,
+    sharpness: float = 2.0,
+    centre_weight: float = 0.0,
 ) -> tuple[Gaussians, dict]:
-    """One set from per-window ``sets`` (each a batch of one, in the capture frame) without the
-    duplicates of overlapping windows (module doc).
+    """One set from per-window ``sets`` (each a batch of one, in the capture frame), merging the
+    Gaussians that describe the same surface element (module doc, "Merging").
 
     Args:
         sets: per window.
         cameras: per window ``(extrinsics [V, 4, 4], intrinsics [V, 3, 3])`` in the capture frame.
-        shape: ``(H, W)`` of the window's images (pixel footprint).
-        voxel: voxel side in capture units (``None``: the median pixel footprint).
+        shape: ``(H, W)`` of the windows' images (pixel sizes).
+        cell: side of a surface element in pixels of its nearest camera (at level 0).
+        depth_tolerance: relative depth band of one element along that camera's ray.
+        sharpness: the merge weight is opacity x (the nearest camera's pixel size over the
+            Gaussian's own) ** sharpness: the windows that see an element closest dominate it.
+        centre_weight: ranks the cameras an element is looked up in by depth x (1 +
+            centre_weight x its squared distance from the image centre); 0: the nearest.
 
     Returns:
-        The fused set and counts (``before``, ``after``, ``removed``, ``voxel``, ``per_window``).
+        The fused set and counts (``before``, ``after``, ``merged``, ``per_window_before``,
+        ``per_window``: each fused Gaussian counted for the window of most weight in it).
     """
-    valid = [g.valid_mask()[0] for g in sets]
-    means = torch.cat([g.means[0][m] for g, m in zip(sets, valid)]).double()  # [N, 3]
+    sets = [g.compact() if g.mask is not None else g for g in sets]
+    flat = Gaussians.cat(list(sets))
+    count = int(flat.means.shape[1])
     window = torch.cat(
-        [torch.full((int(m.sum()),), i, dtype=torch.long) for i, m in enumerate(valid)]
-    ).to(means.device)
-    depth, footprint = [], []
-    for g, m, (e, k) in zip(sets, valid, cameras):
-        d, f = pixel_footprint(g.means[0][m].double(), e.double(), k.double(), shape)
-        depth.append(d)
-        footprint.append(f)
-    depth, footprint = torch.cat(depth), torch.cat(footprint)
-    if voxel is None:
-        finite = footprint[torch.isfinite(footprint)]
-        voxel = float(finite.median()) if finite.numel() else 1e-2
-    voxel = max(float(voxel), 1e-9)
-    cell = torch.floor((means - means.min(0).values) / voxel).long()  # [N, 3]
-    _, voxel_id = torch.unique(cell, dim=0, return_inverse=True)  # [N]
-    count = len(sets)
-    group = voxel_id * count + window  # (voxel, window)
-    groups, group_id = torch.unique(group, return_inverse=True)
-    seen = torch.isfinite(depth)
-    total = torch.zeros(len(groups), dtype=torch.float64, device=means.device)
-    total.index_add_(0, group_id, torch.where(seen, depth, torch.zeros_like(depth)))
-    size = torch.zeros(len(groups), dtype=torch.float64, device=means.device)
-    size.index_add_(0, group_id, seen.double())
-    # mean depth of a window's Gaussians in a voxel, over those its cameras see (none: inf)
-    score = torch.where(size > 0, total / size.clamp_min(1), torch.full_like(total, float("inf")))
-    group_voxel, group_window = groups // count, groups % count
-    voxels = int(group_voxel.max()) + 1
-    best = torch.full((voxels,), float("inf"), dtype=torch.float64, device=means.device)
-    best = best.scatter_reduce(0, group_voxel, score, reduce="amin")
-    keep_group = score <= best[group_voxel]
-    # ties: the first window
-    first = torch.full((voxels,), count, dtype=torch.long, device=means.device)
-    first = first.scatter_reduce(
-        0, group_voxel[keep_group], group_window[keep_group], reduce="amin"
+        [torch.full((int(g.means.shape[1]),), i, dtype=torch.long) for i, g in enumerate(sets)]
     )
-    keep_group &= group_window == first[group_voxel]
-    keep = keep_group[group_id]  # [N]
-    merged = Gaussians.cat([g.compact() if g.mask is not None else g for g in sets])
-    if merged.mask is not None:
-        merged = merged.compact()
-    flat_keep = keep[None]
-    fused = merged._gather(torch.nonzero(flat_keep[0])[:, 0][None])
-    fused.mask = None
+    means = flat.means[0].detach().double().cpu()  # [N, 3]
+    own = torch.cat(
+        [
+            pixel_footprint(g.means[0].detach().double().cpu(), e.double(), k.double(), shape)[1]
+            for g, (e, k) in zip(sets, cameras)
+        ]
+    )  # [N] the pixel size in the Gaussian's own nearest camera
+    all_e = torch.cat([e.double().cpu() for e, _ in cameras])  # [C, 4, 4]
+    all_k = torch.cat([k.double().cpu() for _, k in cameras])
+    key, level, finest = _surface_keys(
+        means, own, all_e, all_k, shape, cell, depth_tolerance, centre_weight
+    )
+    finer = torch.where(torch.isfinite(own), (finest / own).clamp(0, 1), torch.ones_like(own))
+    weight = flat.opacities[0].detach().double().cpu() * finer**sharpness  # opacity x sharpness
+    fused = _merge_groups(flat.detach().to("cpu"), key, weight).to(flat.means.device)
+    # each fused Gaussian's window: the one of most weight in it
+    groups = int(key.max()) + 1
+    per = torch.zeros(groups, len(sets), dtype=torch.float64)
+    per.index_put_((key, window), weight.clamp_min(1e-30), accumulate=True)
+    owner = per.argmax(dim=1)  # [M]
     counts = {
-        "before": int(len(keep)),
-        "after": int(keep.sum()),
-        "removed": int((~keep).sum()),
-        "voxel": round(voxel, 6),
-        "per_window": [int(keep[window == i].sum()) for i in range(count)],
+        "before": count,
+        "after": groups,
+        "merged": count - groups,
+        "cell": float(cell),
+        "depth_tolerance": float(depth_tolerance),
+        "levels": [int((level == i).sum()) for i in range(int(level.max()) + 1)],
+        "per_window_before": [int(g.means.shape[1]) for g in sets],
+        "per_window": [int((owner == i).sum()) for i in range(len(sets))],
     }
     return fused, counts
 
@@ -271,24 +369,27 @@ def fuse_windows(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
     shape: tuple[int, int],
-    voxel: float | None = None,
-    max_gaussians: int | None = None,
+    cell: float = 2.0,
+    fusion_max_gaussians: int | None = None,
     backend: str = "auto",
+    depth_tolerance: float = 0.3,
 ) -> tuple[Gaussians, dict]:
-    """:func:`remove_floaters`, :func:`remove_duplicates`, then ``max_gaussians`` (the most
-    opaque); counts: ``predicted``, ``floaters_removed``, ``before`` / ``after`` duplicates,
-    ``final``."""
-    if len(sets) == 1:
-        g = sets[0].compact() if sets[0].mask is not None else sets[0]
-        n = int(g.count()[0])
-        fused, counts = g, {"before": n, "after": n, "removed": 0, "voxel": None}
-        counts["per_window"] = [n]
-    else:
-        before = sum(int(g.count()[0]) for g in sets)
+    """:func:`remove_floaters`, :func:`merge_surfaces`, then ``fusion_max_gaussians`` (the most
+    opaque); counts: ``predicted``, ``floaters_removed``, :func:`merge_surfaces`' counts,
+    ``fusion_max_gaussians`` and ``final``."""
+    predicted = [int(g.count()[0]) for g in sets]
+    floaters = 0
+    if len(sets) > 1:
         sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
-        fused, counts = remove_duplicates(sets, cameras, shape, voxel)
-        counts = {"predicted": before, "floaters_removed": floaters, **counts}
-    if max_gaussians is not None and int(fused.count()[0]) > int(max_gaussians):
-        fused = fused.prune(max_count=int(max_gaussians))
+    fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
+    counts = {
+        "predicted": sum(predicted),
+        "per_window_predicted": predicted,
+        "floaters_removed": floaters,
+        **counts,
+        "fusion_max_gaussians": fusion_max_gaussians,
+    }
+    if fusion_max_gaussians is not None and int(fused.count()[0]) > int(fusion_max_gaussians):
+        fused = fused.prune(max_count=int(fusion_max_gaussians))
     counts["final"] = int(fused.count()[0])
     return fused, counts

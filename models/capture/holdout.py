@@ -8,6 +8,13 @@ weights are on disk, else left out and said), beside the **nearest-view baseline
 photo whose camera is nearest (centre distance relative to the capture's median neighbour
 distance, plus the angle between viewing directions in radians), shown as is at the same size.
 Everything is scored at the model's input size (``holdout.image_size``).
+
+Photos without poses (a pose-free model on bare photos): the held-out photos have no camera to
+render at, so :func:`fit_holdout_cameras` places each one as the pose-free evaluation protocol
+does (``eval.py``, NoPoSplat's): it starts at the nearest input photo's camera in the scene's frame
+(nearest by the capture's overlap graph) and optimises that camera against the held-out photo
+with the Gaussians fixed, :data:`HOLDOUT_POSE_STEPS` steps (``models.pose_fit``), never
+touching the scene. ``summary.json`` ``holdout.cameras`` says so and how far each camera moved.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from models.gaussians import Gaussians
 from models.pixels import image_to_uint8
 
 __all__ = [
+    "HOLDOUT_POSE_STEPS",
     "HoldoutError",
     "HoldoutScores",
     "HoldoutViews",
@@ -35,10 +43,15 @@ __all__ = [
     "holdout_summary",
     "holdout_table",
     "holdout_views",
+    "fit_holdout_cameras",
     "nearest_views",
     "save_holdout",
     "score_holdout",
 ]
+
+
+#: Pose-fit steps of a held-out camera the photos give no pose for (fixed, as eval's protocol).
+HOLDOUT_POSE_STEPS = 100
 
 
 class HoldoutError(InputError):
@@ -133,11 +146,15 @@ def holdout_views(
     intrinsics: Tensor,
     held: Sequence[int],
     inputs: Sequence[int],
+    nearest: Sequence[int] | None = None,
 ) -> HoldoutViews:
     """:class:`HoldoutViews` of photos ``held`` with their nearest photo among ``inputs``
-    (``images`` ``[V, 3, h, w]``, cameras ``[V, ...]`` all in one frame)."""
+    (``images`` ``[V, 3, h, w]``, cameras ``[V, ...]`` all in one frame); ``nearest``: the
+    nearest photo's index per held-out photo when known otherwise (default: nearest camera)."""
     held, inputs = list(held), list(inputs)
-    nearest = [inputs[j] for j in nearest_views(extrinsics[held], extrinsics[inputs])]
+    if nearest is None:
+        nearest = [inputs[j] for j in nearest_views(extrinsics[held], extrinsics[inputs])]
+    nearest = list(nearest)
     base = images[nearest].float()
     if base.shape[-2:] != images.shape[-2:]:
         base = torch.nn.functional.interpolate(base, size=images.shape[-2:], mode="area")
@@ -149,6 +166,52 @@ def holdout_views(
         nearest_names=[names[i] for i in nearest],
         nearest_images=base,
     )
+
+
+def fit_holdout_cameras(
+    gaussians: Gaussians,
+    images: Tensor,
+    start: Tensor,
+    intrinsics: Tensor,
+    *,
+    steps: int = HOLDOUT_POSE_STEPS,
+    backend: str = "auto",
+) -> tuple[Tensor, dict[str, Any]]:
+    """Held-out cameras placed against their photos with the scene fixed (module doc).
+
+    Args:
+        gaussians: the scene (a batch of one); never modified.
+        images: ``[H, 3, h, w]`` the held-out photos in [0, 1].
+        start: ``[H, 4, 4]`` camera-to-world starts (the nearest input photo's camera).
+        intrinsics: ``[H, 3, 3]`` normalised (kept fixed).
+        steps: pose-fit steps per camera.
+        backend: renderer backend.
+
+    Returns:
+        ``[H, 4, 4]`` the fitted cameras and ``summary.json``'s ``holdout.cameras``: how they
+        were placed, the steps and, per photo, how far each moved (``rotation_deg``;
+        ``translation`` in scene units).
+    """
+    from models.pose_fit import fit_target_poses, pose_error
+
+    device = gaussians.means.device
+    fitted = fit_target_poses(
+        gaussians.detach(),
+        images[None].to(device).float(),
+        start[None].to(device).float(),
+        intrinsics[None].to(device).float(),
+        steps=int(steps),
+        backend=backend,
+    )[0].cpu()
+    angle, distance = pose_error(fitted.double(), start.double().cpu())
+    record = {
+        "placement": "fitted: each held-out camera starts at its nearest input photo's camera "
+        "and is optimised against the photo with the Gaussians fixed (the photos have no poses)",
+        "steps": int(steps),
+        "rotation_deg": [round(float(a), 3) for a in angle],
+        "translation": [round(float(t), 5) for t in distance],
+    }
+    return fitted.float(), record
 
 
 def score_holdout(

@@ -42,6 +42,7 @@ __all__ = [
     "covisibility",
     "image_affinity",
     "max_rotation_deg",
+    "nearest_photos",
     "order_affinity",
     "pose_affinity",
     "select_views",
@@ -230,6 +231,13 @@ def center_index(names: Sequence[str], center_view: str | None, allowed: Sequenc
     if matches[0] not in allowed:
         raise ViewError(f"center_view={wanted}: that photo is held out or not connected")
     return matches[0]
+
+
+def nearest_photos(graph: ViewGraph, photos: Sequence[int], among: Sequence[int]) -> list[int]:
+    """Per photo of ``photos``, the photo of ``among`` it overlaps most (the largest affinity;
+    ties: capture order): the nearest view when the photos have no poses."""
+    among = [int(i) for i in among]
+    return [among[int(np.argmax(graph.affinity[int(i), among]))] for i in photos]
 
 
 def select_views(graph: ViewGraph, count: int, center: int, allowed: Sequence[int]) -> list[int]:

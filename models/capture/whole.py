@@ -268,8 +268,7 @@ def reconstruct_capture(
     fit_poses: int = 50,
     backend: str = "auto",
     fov: float = 60.0,
-    voxel: float | None = None,
-    max_gaussians: int | None = None,
+    fusion_max_gaussians: int | None = None,
     lpips: bool = True,
     near: float | None = None,
     far: float | None = None,
@@ -278,8 +277,8 @@ def reconstruct_capture(
     **knobs: Any,
 ) -> CaptureResult:
     """Reconstruct every window of ``plan``, fuse them in the capture frame and score the
-    held-out photos (module doc). ``max_gaussians`` caps the fused set (for one window it is the
-    model's own knob); ``near``, ``far``, ``scene_scale`` override the recipe's for every window;
+    held-out photos (module doc). ``fusion_max_gaussians`` caps the fused set (``max_gaussians``,
+    a knob, goes to every window's forward pass); ``near``, ``far``, ``scene_scale`` override the recipe's for every window;
     ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
     from models.inference import Reconstruction, progress, reconstruct
 
@@ -291,13 +290,7 @@ def reconstruct_capture(
     capture_e = move = None
     if images.extrinsics is not None:
         capture_e, move = fusion.capture_frame(images.extrinsics[used])  # [U, 4, 4]
-    if plan.held and images.extrinsics is None:
-        raise CaptureError(
-            f"holdout={_shown(plan.names(plan.held), 3)}: the photos have no poses to render the held-out ones at"
-        )
     window_knobs = dict(knobs)
-    if len(plan.windows) == 1 and max_gaussians is not None:
-        window_knobs["max_gaussians"] = max_gaussians
     sets, cameras, known, seconds, angles, moves = [], [], {}, [], [], []
     ratios: list[float | None] = []
     points = getattr(images, "points", None)  # [P, 3] sparse points, the capture's own frame
@@ -385,8 +378,9 @@ def reconstruct_capture(
         bar.set_postfix(gaussians=result.count)
     bar.close()
     start = time.perf_counter()
-    cap = max_gaussians if len(plan.windows) > 1 else None
-    gaussians, counts = fusion.fuse_windows(sets, cameras, shape, voxel, cap, backend=backend)
+    gaussians, counts = fusion.fuse_windows(
+        sets, cameras, shape, fusion_max_gaussians=fusion_max_gaussians, backend=backend
+    )
     fuse_s = round(time.perf_counter() - start, 3)
 
     all_e = capture_e.float() if capture_e is not None else torch.stack([known[i] for i in used])
@@ -421,7 +415,7 @@ def reconstruct_capture(
         model=name,
         family=getattr(model, "family", None),
         pose_free=pose_free,
-        knobs={**first.knobs, **({"max_gaussians": max_gaussians} if max_gaussians else {})},
+        knobs=dict(first.knobs),
         timings={**stages, "windows": round(sum(seconds), 4), "fuse": fuse_s},
         maps=first.maps if len(plan.windows) == 1 else {},
         source=subset(images, used),
@@ -450,24 +444,38 @@ def reconstruct_capture(
         },
     }
     if plan.held:
-        held_e = move.cameras(images.extrinsics[plan.held].double()).float()
-        held_k = (
-            images.intrinsics[plan.held]
-            if images.intrinsics is not None
-            else all_k[:1].expand(len(plan.held), 3, 3)
-        )
+        nearest = fitted = None
+        if images.extrinsics is None:  # placed against their photos (holdout module doc)
+            nearest = view_lib.nearest_photos(plan.graph, plan.held, used)
+            held_k = torch.stack([intrinsics[i] for i in nearest]).float()
+            held_e, fitted = holdout_lib.fit_holdout_cameras(
+                gaussians,
+                images.images[plan.held].float(),
+                torch.stack([known[i] for i in nearest]),
+                held_k,
+                backend=backend,
+            )
+        else:
+            held_e = move.cameras(images.extrinsics[plan.held].double()).float()
+            held_k = (
+                images.intrinsics[plan.held]
+                if images.intrinsics is not None
+                else all_k[:1].expand(len(plan.held), 3, 3)
+            )
         every_e = torch.zeros(len(images.names), 4, 4)
         every_k = torch.zeros(len(images.names), 3, 3)
         every_e[used], every_k[used] = all_e, all_k
         every_e[plan.held], every_k[plan.held] = held_e, held_k.float()
         held_views = holdout_lib.holdout_views(
-            images.names, images.images, every_e, every_k, plan.held, used
+            images.names, images.images, every_e, every_k, plan.held, used, nearest
         )
         start = time.perf_counter()
         scores = holdout_lib.score_holdout(gaussians, held_views, backend=backend, lpips=lpips)
         recon.timings["holdout"] = round(time.perf_counter() - start, 4)
         notes.extend(scores.notes)
         summary["holdout"] = holdout_lib.holdout_summary(held_views, scores)
+        if fitted is not None:
+            summary["holdout"]["cameras"] = fitted
     return CaptureResult(recon, plan, held_views, scores, counts, summary, notes)
 
 

@@ -21,6 +21,8 @@ of loading a binary made for another torch. Build failures are cached for the pr
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -29,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -113,6 +116,22 @@ def _copy_sources(build_dir: Path) -> Path:
     return source_dir
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold the build folder's own lock for the build, and clear a stale torch lock first.
+
+    torch's builder marks a build with a ``lock`` file and waits, without end, while one exists;
+    a build killed half-way (Ctrl-C, SIGTERM, a time-out) leaves it behind, and every later
+    process would hang on it. Every build of this extension runs under this ``flock``, so while
+    it is held no other builder is alive and a ``lock`` file found is stale."""
+    with open(build_dir / ".splatzoo-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits only for a live build (released on exit)
+        stale = build_dir / "lock"
+        if stale.exists():
+            stale.unlink(missing_ok=True)
+        yield
+
+
 def _build() -> None:
     """Compile (or reuse) the extension and load it into ``torch.ops.splatzoo_cpu``."""
     if _loaded():
@@ -143,15 +162,16 @@ def _build() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        cpp_extension.load(
-            name=name,
-            sources=[str(source_dir / s) for s in SOURCES],
-            extra_cflags=_CFLAGS,
-            extra_ldflags=_LDFLAGS,
-            extra_include_paths=[str(source_dir)],
-            is_python_module=False,
-            verbose=False,
-        )
+        with _build_lock(build_dir):
+            cpp_extension.load(
+                name=name,
+                sources=[str(source_dir / s) for s in SOURCES],
+                extra_cflags=_CFLAGS,
+                extra_ldflags=_LDFLAGS,
+                extra_include_paths=[str(source_dir)],
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as error:  # compiler errors, a broken toolchain, a failed load
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
