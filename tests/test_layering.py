@@ -37,6 +37,7 @@ RANKS: dict[str, float] = {
     "models.command_line": 0,
     "models.budget": 0,  # time/memory estimates of big work (imports only datamodules.errors)
     "models.geometry": 1,
+    "models.splat_formats": 1,  # splat file formats (NumPy; imports only datamodules.errors)
     "models.gaussians": 2,
     "models.sh": 2,
     "models.render": 3,
