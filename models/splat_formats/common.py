@@ -169,36 +169,31 @@ def morton_order(points: np.ndarray, bits: int = 10) -> np.ndarray:
     return np.argsort(code, kind="stable")
 
 
-def kmeans_1d(
-    values: np.ndarray, k: int = 256, iterations: int = 30
-) -> tuple[np.ndarray, np.ndarray]:
+def kmeans_1d(values: np.ndarray, k: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """A ``k``-entry sorted codebook for ``values`` and each value's nearest entry (uint8 for
-    ``k <= 256``). Lloyd's iterations over a 4096-bin histogram whose bins weigh ``count^0.5``
-    (sub-linear in density, as splat-transform's quantiser, so that the tails keep entries too)."""
+    ``k <= 256``): the distinct values when there are at most ``k``; else the means of ``k``
+    groups cut at equal steps of ``(rank / N + (x - min) / (max - min)) / 2``, a blend of
+    quantiles (entries where values are dense) and a uniform grid (so that no gap between entries
+    exceeds ``2 (max - min) / k`` and sparse tails keep their entries, as splat-transform's
+    blended histogram does)."""
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    dtype = np.uint8 if k <= 256 else np.uint16
     if flat.size == 0:
-        return np.zeros(k, dtype=np.float32), np.zeros(np.shape(values), dtype=np.uint8)
-    low, high = float(flat.min()), float(flat.max())
-    bins = np.clip(((flat - low) / max(high - low, 1e-30) * 4096).astype(np.int64), 0, 4095)
-    counts = np.bincount(bins, minlength=4096)
-    filled = counts > 0
-    centres_of_bins = np.bincount(bins, weights=flat, minlength=4096)[filled] / counts[filled]
-    weights = np.sqrt(counts[filled])
-    cumulative = np.cumsum(weights) / weights.sum()
-    centres = np.unique(centres_of_bins[np.searchsorted(cumulative, (np.arange(k) + 0.5) / k)])
-    for _ in range(iterations):
-        edges = (centres[1:] + centres[:-1]) / 2
-        label = np.searchsorted(edges, centres_of_bins)
-        total = np.bincount(label, weights=weights, minlength=centres.size)
-        moved = np.bincount(label, weights=weights * centres_of_bins, minlength=centres.size)
-        moved = np.unique(np.where(total > 0, moved / np.maximum(total, 1e-30), centres))
-        if moved.size == centres.size and np.allclose(moved, centres, rtol=0, atol=1e-9):
-            break
-        centres = moved
+        return np.zeros(k, dtype=np.float32), np.zeros(np.shape(values), dtype=dtype)
+    ordered = np.sort(flat)
+    low, high = ordered[0], ordered[-1]
+    if np.unique(ordered).size <= k:
+        centres = np.unique(ordered)
+    else:
+        blend = 0.5 * np.arange(ordered.size) / ordered.size + 0.5 * (ordered - low) / (high - low)
+        group = np.minimum((blend * k).astype(np.int64), k - 1)
+        counts = np.bincount(group, minlength=k)
+        sums = np.bincount(group, weights=ordered, minlength=k)
+        centres = np.unique(sums[counts > 0] / counts[counts > 0])
     codebook = np.full(k, centres[-1])
     codebook[: centres.size] = centres
     edges = (centres[1:] + centres[:-1]) / 2
-    labels = np.searchsorted(edges, flat).astype(np.uint8 if k <= 256 else np.uint16)
+    labels = np.searchsorted(edges, flat).astype(dtype)
     return codebook.astype(np.float32), labels.reshape(np.shape(values))
 
 

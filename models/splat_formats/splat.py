@@ -38,6 +38,8 @@ def write_splat(path: str | os.PathLike, splats: SplatArrays) -> bytes:
 def read_splat(path: str | os.PathLike) -> SplatArrays:
     """Read a ``.splat`` file."""
     data = read_bytes(path)
+    if not data:
+        raise InputError(path, "empty file")
     if len(data) % RECORD.itemsize:
         raise InputError(
             path,
