@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -342,7 +343,17 @@ class Gaussians:
         from models.splat_formats import format_of, write_splats
 
         if format_of(path) == "ply":
-            self.save_ply(path, index)
+            folder = os.path.dirname(os.path.abspath(path))
+            os.makedirs(folder, exist_ok=True)
+            handle, staging = tempfile.mkstemp(prefix=".splat-", suffix=".ply", dir=folder)
+            os.close(handle)
+            try:
+                self.save_ply(staging, index)
+                os.chmod(staging, 0o644)
+                os.replace(staging, path)
+            finally:
+                if os.path.exists(staging):
+                    os.unlink(staging)
             return
         if not 0 <= index < self.batch_size:
             raise IndexError(f"scene index {index} out of range for batch of {self.batch_size}")

@@ -62,6 +62,7 @@ RANKS: dict[str, float] = {
     "models.metrics": 8,
     "models.inference": 8,
     "models.refine": 8,  # per-scene refinement (application layer, beside inference)
+    "models.convert_splats": 8,  # python -m models.convert_splats (splat file formats)
     "models.pose_refinement": 8,
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
