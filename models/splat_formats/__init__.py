@@ -23,6 +23,8 @@ __all__ = [
     "FORMATS",
     "SplatArrays",
     "format_of",
+    "is_splat_file",
+    "parse_formats",
     "read_splats",
     "suffix_of",
     "write_splats",
@@ -44,6 +46,26 @@ def suffix_of(name: str) -> str:
     if name not in FORMATS:
         raise InputError(f"formats: unknown format {name!r} (known: {', '.join(FORMATS)})")
     return FORMATS[name]
+
+
+def parse_formats(value) -> tuple[str, ...]:
+    """The ``formats`` setting (``[spz,sog]``, ``spz,sog``, ``spz`` or empty) as format names
+    besides ``ply``; InputError naming the setting for an unknown one."""
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower().lstrip(".") for item in items if str(item).strip()]
+    for name in names:
+        suffix_of(name)
+    return tuple(dict.fromkeys(n for n in names if n != "ply"))
+
+
+def is_splat_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a splat file by its suffix (a SOG folder holding meta.json too)."""
+    name = os.path.basename(os.fspath(path).rstrip("/\\")).lower()
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "meta.json"))
+    return name.endswith((".ply", ".spz", ".sog", ".glb", ".splat")) or name == "meta.json"
 
 
 def format_of(path: str | os.PathLike) -> str:
