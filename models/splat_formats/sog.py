@@ -55,6 +55,11 @@ def _webp(rgba: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def _short(codebook: np.ndarray) -> list[float]:
+    """float32 values as the shortest decimals that read back to them (a smaller meta.json)."""
+    return [float(str(v)) for v in codebook.astype(np.float32)]
+
+
 def _log_transform(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.log1p(np.abs(x))
 
@@ -137,9 +142,9 @@ def _images(splats: SplatArrays) -> tuple[dict, dict[str, bytes]]:
         "asset": {"generator": "splatzoo"},
         "count": n,
         "means": {"mins": low.tolist(), "maxs": high.tolist(), "files": _FILES["means"]},
-        "scales": {"codebook": scale_book.tolist(), "files": _FILES["scales"]},
+        "scales": {"codebook": _short(scale_book), "files": _FILES["scales"]},
         "quats": {"files": _FILES["quats"]},
-        "sh0": {"codebook": colour_book.tolist(), "files": _FILES["sh0"]},
+        "sh0": {"codebook": _short(colour_book), "files": _FILES["sh0"]},
     }
     if splats.sh_degree > 0 and n > 0:
         meta["shN"], shn_files = _palette(splats, width, height, image)
@@ -166,7 +171,7 @@ def _palette(splats: SplatArrays, width: int, height: int, image) -> tuple[dict,
     meta = {
         "count": k,
         "bands": splats.sh_degree,
-        "codebook": book.tolist(),
+        "codebook": _short(book),
         "files": _FILES["shN"],
     }
     return meta, files
