@@ -41,6 +41,7 @@ from models.command_line import (  # noqa: E402
 )
 from models.inference import InferenceError  # noqa: E402
 from models.registry import to_plain  # noqa: E402
+from models.splat_formats import parse_formats  # noqa: E402
 
 __all__ = [
     "compose",
@@ -144,6 +145,7 @@ def run(cfg: DictConfig) -> Path:
         if value not in (None, "", True, "auto") and ":" not in str(value)[:10]
     ]
     folder = inference.output_folder(output, inputs, bool(cfg.overwrite))  # checked now
+    formats = parse_formats(cfg.get("formats"))  # spz, sog, ... beside gaussians.ply
     refine = _refine_settings(cfg)  # None: no refinement (refine=0, no refine_time)
     capture = _capture_mode(cfg)  # views=N|all, center_view=, holdout= (models.capture.whole)
     for key, minimum in {**COUNTS, "iterations": 0}.items():
@@ -249,6 +251,7 @@ def run(cfg: DictConfig) -> Path:
         backend=str(cfg.backend),
         summary={"weights": loaded.weights, "input": str(source), "warnings": notes, **more},
         started=started,
+        formats=formats,
     )
     print(
         f"{output}: {result.count} Gaussians from {len(result.names)} view(s) with {cfg.model} "
@@ -555,6 +558,7 @@ def _run_capture(
             "warnings": notes + capture.notes,
         },
         started=started,
+        formats=parse_formats(cfg.get("formats")),
         extra=plot,
     )
     print_holdout(capture)

@@ -5,7 +5,8 @@
         [max_gaussians=N] [views=N] [image_size=H,W|S] [near=N] [far=F] [scene_scale=S]
         [cameras=PATH] [fov=60] [refine=N] [refine_time=S] [refine_size=PX]
 
-``PATH`` is a ``.ply`` (INRIA 3DGS layout), an ``infer.py`` output folder (``gaussians.ply``,
+``PATH`` is a splat file (``.ply``, ``.compressed.ply``, ``.spz``, ``.sog``, ``meta.json``, ``.glb``,
+``.splat``; docs/formats.md), an ``infer.py`` output folder (``gaussians.ply``,
 ``cameras.json``, ``renders/``, ``summary.json``), or a folder of photos, a video or an image with
 ``model=NAME`` (reconstructed here, as ``infer.py`` would). The viewer shows the Gaussians, the input cameras as
 frustums with their images, the rendered camera path, and a panel with the model's inference
@@ -340,6 +341,7 @@ def _summary_settings(folder: Path, settings: dict[str, Any]) -> tuple[Path, dic
 def build(path: str, settings: dict[str, Any]):
     """The ``SplatViewer`` for ``path`` (started, serving)."""
     from models.output_folder import OutputFile
+    from models.splat_formats import is_splat_file
     from models.viewer import SplatViewer, ViewerError, check_port, load_view_scene
 
     source = Path(path).expanduser()
@@ -351,7 +353,7 @@ def build(path: str, settings: dict[str, Any]):
     if not source.exists():
         raise ViewerError(f"{source}: not found")
     is_output = source.is_dir() and (source / "gaussians.ply").is_file()
-    if source.is_file() and source.suffix.lower() != ".ply" and settings["model"]:
+    if source.is_file() and not is_splat_file(source) and settings["model"]:
         scene, runner, initial = reconstruct(source, settings)  # a video or one image
     elif source.is_dir() and not is_output:
         if not settings["model"]:

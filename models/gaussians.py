@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -332,6 +333,86 @@ class Gaussians:
             rotations=rotations[None].float(),
             opacities=opacity[None].float(),
             harmonics=harmonics[None].float(),
+        )
+
+    # ------------------------------------------------------------------ other formats
+    def save(self, path: str | os.PathLike, index: int = 0, *, spz_version: int = 4) -> None:
+        """Write scene ``index`` in the format the suffix names (valid entries only).
+
+        ``.ply`` (INRIA, exact), ``.compressed.ply`` (PlayCanvas), ``.spz`` (Niantic; version 4,
+        or 3 with ``spz_version=3``), ``.sog`` (PlayCanvas, bundled) or ``meta.json`` (SOG
+        unbundled: the images beside it), ``.glb`` (``KHR_gaussian_splatting``), ``.splat``; each
+        quantised as its specification does (docs/formats.md). Written atomically.
+        """
+        from models.splat_formats import format_of, write_splats
+
+        if format_of(path) == "ply":
+            folder = os.path.dirname(os.path.abspath(path))
+            os.makedirs(folder, exist_ok=True)
+            handle, staging = tempfile.mkstemp(prefix=".splat-", suffix=".ply", dir=folder)
+            os.close(handle)
+            try:
+                self.save_ply(staging, index)
+                os.chmod(staging, 0o644)
+                os.replace(staging, path)
+            finally:
+                if os.path.exists(staging):
+                    os.unlink(staging)
+            return
+        if not 0 <= index < self.batch_size:
+            raise IndexError(f"scene index {index} out of range for batch of {self.batch_size}")
+        write_splats(path, self._splat_arrays(index), spz_version=spz_version)
+
+    def _splat_arrays(self, index: int):
+        from models.splat_formats import SplatArrays
+
+        g = self[index].detach().to("cpu")
+        valid = g.valid_mask()[0]
+        return SplatArrays(
+            means=g.means[0][valid].double().numpy(),
+            scales=g.scales[0][valid].double().numpy(),
+            rotations=g.rotations[0][valid].double().numpy(),
+            opacities=g.opacities[0][valid].double().numpy(),
+            harmonics=g.harmonics[0][valid].double().numpy(),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Gaussians:
+        """Read any format :meth:`save` writes (by suffix; a folder: unbundled SOG) into a batch
+        of one scene (float32). Bad files raise ``InputError`` naming the file."""
+        from datamodules.errors import InputError
+        from models.splat_formats import format_of, read_splats
+        from models.splat_formats.compressed_ply import is_compressed_ply
+
+        if format_of(path) == "ply":
+            try:
+                with open(path, "rb") as stream:
+                    head = stream.read(65536)
+            except OSError as error:
+                raise InputError(path, f"cannot be read ({error.strerror})") from error
+            if not is_compressed_ply(head):
+                try:
+                    loaded = cls.load_ply(path)
+                except ValueError as error:
+                    raise InputError(
+                        path, str(error).removeprefix(f"{os.fspath(path)}: ")
+                    ) from error
+                try:
+                    loaded.validate()
+                except ValueError as error:
+                    raise InputError(path, str(error).replace("gaussians.", "")) from error
+                return loaded
+        splats = read_splats(path)
+
+        def tensor(array) -> Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))[None]
+
+        return cls(
+            means=tensor(splats.means),
+            scales=tensor(splats.scales),
+            rotations=tensor(splats.rotations),
+            opacities=tensor(splats.opacities),
+            harmonics=tensor(splats.harmonics),
         )
 
     def replace(self, **changes) -> Gaussians:

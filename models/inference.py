@@ -1055,6 +1055,21 @@ def refine_reconstruction(
     return refined, fitted
 
 
+def _save_formats(gaussians, staging: Path, formats: Iterable[str], timer) -> dict[str, dict]:
+    """Write ``gaussians.<suffix>`` for each format; ``{name: {"file", "bytes"}}`` (ply too)."""
+    from models.splat_formats import parse_formats, suffix_of
+
+    written = {
+        "ply": {"file": "gaussians.ply", "bytes": (staging / "gaussians.ply").stat().st_size}
+    }
+    for name in parse_formats(list(formats)):
+        file = "gaussians" + suffix_of(name)
+        with timer(f"save_{name}"):
+            gaussians.save(staging / file)
+        written[name] = {"file": file, "bytes": (staging / file).stat().st_size}
+    return written
+
+
 def write_reconstruction(
     result: Reconstruction,
     output: str | os.PathLike | OutputFolder,
@@ -1067,6 +1082,7 @@ def write_reconstruction(
     summary: Mapping[str, Any] | None = None,
     started: float | None = None,
     extra: Callable[[Path], None] | None = None,
+    formats: Iterable[str] = (),
 ) -> Path:
     """Write ``result``'s output folder atomically (nothing half-written, ever).
 
@@ -1088,6 +1104,9 @@ def write_reconstruction(
             default: the sum of the stages).
         extra: called with the staging folder before ``summary.json`` is written, to add
             files of the caller's (e.g. ``models.capture``'s held-out renders).
+        formats: more files of the Gaussians, ``gaussians.<suffix>`` (``models.splat_formats``
+            names: spz, sog, glb, splat, compressed.ply); ``summary.json`` lists every
+            ``gaussians.*`` file with its size under ``formats``.
 
     Returns:
         The output folder.
@@ -1109,6 +1128,7 @@ def write_reconstruction(
         with timer("save_ply"):  # in the capture's own frame and scale
             moved = transform_gaussians(gaussians, frame.to_capture)
             moved.save_ply(staging / "gaussians.ply")
+        written = _save_formats(moved, staging, formats, timer)
         with timer("render_inputs", device), torch.inference_mode():
             rendered = render_views(
                 gaussians,
@@ -1192,6 +1212,7 @@ def write_reconstruction(
         }
         if cardinality is not None:
             record["cardinality"] = cardinality
+        record["formats"] = written
         (staging / "summary.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     result.timings.update(timings)
     return folder.output

@@ -39,6 +39,7 @@ from models.gaussians import SH_C0, Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
 from models.output_folder import OutputFile, OutputFolderError, free_file_name
+from models.splat_formats import is_splat_file
 
 __all__ = [
     "ViewCamera",
@@ -148,7 +149,7 @@ class ViewScene:
 
 def _read_ply(path: Path) -> Gaussians:
     try:
-        gaussians = Gaussians.load_ply(path)
+        gaussians = Gaussians.load(path)
     except ValueError as error:
         message = " ".join(str(error).split())
         if not message.startswith(str(path)):
@@ -231,9 +232,9 @@ def load_view_scene(path: str | os.PathLike) -> ViewScene:
     path = Path(path).expanduser()
     if not path.exists():
         raise ViewerError(f"{path}: not found")
-    if path.is_file():
-        if path.suffix.lower() != ".ply":
-            raise ViewerError(f"{path}: not a .ply file or a folder")
+    if path.is_file() or is_splat_file(path):
+        if not is_splat_file(path):
+            raise ViewerError(f"{path}: not a splat file (.ply, .spz, .sog, .glb, ...) or a folder")
         return ViewScene(_read_ply(path), title=path.name)
     ply = path / "gaussians.ply"
     if not ply.is_file():

@@ -38,6 +38,7 @@ RANKS: dict[str, float] = {
     "models.budget": 0,
     "models.pixels": 0,  # 8-bit pixels <-> float images (no project imports)  # time/memory estimates of big work (imports only datamodules.errors)
     "models.geometry": 1,
+    "models.splat_formats": 1,  # splat file formats (NumPy; imports only datamodules.errors)
     "models.gaussians": 2,
     "models.sh": 2,
     "models.render": 3,
@@ -62,6 +63,7 @@ RANKS: dict[str, float] = {
     "models.metrics": 8,
     "models.inference": 8,
     "models.refine": 8,  # per-scene refinement (application layer, beside inference)
+    "models.convert_splats": 8,  # python -m models.convert_splats (splat file formats)
     "models.pose_fit": 8,
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference

@@ -489,6 +489,7 @@ def write_capture(
     summary: dict | None = None,
     started: float | None = None,
     extra: Any = None,
+    formats: tuple[str, ...] = (),
 ) -> Path:
     """``models.inference.write_reconstruction`` of the fused scene, plus
     ``renders/holdout/<stem>.png`` and ``holdout_sheet.png`` when photos were held out (and
@@ -517,6 +518,7 @@ def write_capture(
         summary={**capture.summary, **dict(summary or {})},
         started=started,
         extra=extra,
+        formats=formats,
     )
 
 

@@ -148,10 +148,10 @@ def _load(positional: list[str], top: dict[str, Any]):
         gaussians = gaussians_from_points(xyz, rgb, sh_degree=3)
     else:
         ply = Path(positional[0]).expanduser()
-        if not ply.is_file():
+        if not ply.exists():
             raise RefineCommandError(ply, "file not found")
         try:
-            gaussians = Gaussians.load_ply(ply)
+            gaussians = Gaussians.load(ply)  # any splat format (docs/formats.md)
         except ValueError as error:
             raise RefineCommandError(str(error)) from error
         if gaussians.num_slots < 1:
