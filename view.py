@@ -81,7 +81,8 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     Raises:
         ValueError: one line naming the argument.
     """
-    from models.command_line import angle_setting, closest
+    from models.pipeline.refinement import check_fit_memory, photo_shape, refine_settings
+    from models.pipeline.settings import angle_problem, closest, refine_values
     from models.viewer import ViewerError
 
     paths = [a for a in argv if "=" not in a]
@@ -104,11 +105,16 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
         raise ViewerError(f"port={settings['port']}: not a port number") from error
     if str(settings["live"]).lower() not in ("auto", "true", "false"):
         raise ViewerError(f"live={settings['live']}: must be auto, true or false")
-    for key, check in {"fov": angle_setting, **CHECKS}.items():
+    for key, check in {"fov": angle_problem, **CHECKS}.items():
         value = settings[key]
         problem = None if value is None else check(str(value))
         if problem is not None:
             raise ViewerError(f"{key}={value}: {problem}")
+    refine = refine_values([a for a in argv if "=" in a], "view.py")  # as every command does
+    settings["refine_settings"] = refine_settings(refine, str(settings["backend"]), 0)
+    if settings["refine_settings"] is not None:  # before anything loads
+        shape, photos = photo_shape(Path(paths[0]))
+        check_fit_memory(settings["refine_settings"], shape, photos, str(settings["device"]))
     return paths[0], settings
 
 
@@ -266,18 +272,14 @@ def _refined(placed, images, settings: dict[str, Any], known: list[int], frame):
     refine_reconstruction``) on the input photos at the model's input size and crop, in the
     capture's frame. A knob moved later re-runs the feed-forward pass only (the refinement is
     not repeated; say ``refine=`` again to refine that)."""
-    from models.inference import InferenceError, refine_reconstruction
-    from models.refine import settings_from_config
+    from models.inference import refine_reconstruction
+    from models.pipeline.refinement import refine_settings
 
-    try:
-        refine = settings_from_config(
-            refine=int(settings["refine"]) if settings.get("refine") else None,
-            refine_time=float(settings["refine_time"]) if settings.get("refine_time") else None,
-            refine_size=int(settings["refine_size"]) if settings.get("refine_size") else None,
-            backend=str(settings["backend"]),
-        )
-    except ValueError as error:
-        raise InferenceError("refine", f"refine=, refine_time=, refine_size=: {error}") from None
+    refine = settings.get("refine_settings") or refine_settings(
+        {k: settings.get(k) for k in ("refine", "refine_time", "refine_size")},
+        str(settings["backend"]),
+        0,
+    )
     placed.placement = [p if i in known else "unknown" for i, p in enumerate(placed.placement)]
     refined, fitted = refine_reconstruction(placed, images.images.float(), refine)
     print(

@@ -206,7 +206,7 @@ class Reconstruction:
         family: the model's family.
         pose_free: whether the model ignores input cameras.
         knobs: the inference knobs it ran with (checked, converted).
-        timings: seconds per stage (``inference``, ``refine_poses``; callers add their own).
+        timings: seconds per stage (``inference``, ``pose_fit``; callers add their own).
         maps: per-family per-view maps, e.g. ``"cardinality"`` ``[V, H, W]`` int64 (Gaussians per
             pixel of a MoE-cardinality model).
         source: the ``ImageSet`` the images came from (original sizes, SfM result), or ``None``.
@@ -715,8 +715,8 @@ def reconstruct(
     images: Any,
     cameras: Mapping[str, Tensor] | None = None,
     *,
-    refine_poses: int = 50,
-    refine_size: int = 128,
+    pose_fit_steps: int = 50,
+    pose_fit_size: int = 128,
     backend: str = "auto",
     fov: float = 60.0,
     name: str | None = None,
@@ -737,10 +737,10 @@ def reconstruct(
             replacing the image set's poses, in the capture's frame. Posed models need
             extrinsics; pose-free ones do not see them, but their views are placed by them when
             the model predicts no cameras.
-        refine_poses: for pose-free models that predict no cameras and have no given cameras:
-            test-time pose refinement steps placing views 1.. (0: their poses stay unknown).
-        refine_size: the refinement fits images downsampled to at most this many pixels.
-        backend: renderer for the pose refinement (``auto``, ``torch``, ``gsplat``, ``cpu``).
+        pose_fit_steps: for pose-free models that predict no cameras and have no given cameras:
+            test-time pose fitting steps placing views 1.. (0: their poses stay unknown).
+        pose_fit_size: the pose fit compares images downsampled to at most this many pixels.
+        backend: renderer for the pose fit (``auto``, ``torch``, ``gsplat``, ``cpu``).
         fov: horizontal field of view in degrees assumed when there are no intrinsics.
         name: the model's name in messages (default: its registry name).
         near: near plane (default: the recipe's, :func:`model_recipe`).
@@ -820,18 +820,18 @@ def reconstruct(
         poses = f"input ({label}); pose-free {name} does not predict cameras"
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
-        steps = int(refine_poses)
+        steps = int(pose_fit_steps)
         if views > 1 and steps > 0:
             # Views 1.. by test-time pose refinement (as eval does for pose-free models), each
             # from view 0's pose, against its own image with the Gaussians frozen.
             from models.pose_refinement import refine_target_poses
 
             targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
-            if max(targets.shape[-2:]) > refine_size:  # intrinsics are normalised
-                factor = refine_size / max(targets.shape[-2:])
+            if max(targets.shape[-2:]) > pose_fit_size:  # intrinsics are normalised
+                factor = pose_fit_size / max(targets.shape[-2:])
                 small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
                 targets = F.interpolate(targets[0], size=small, mode="area")[None]
-            with timer("refine_poses", device):
+            with timer("pose_fit", device):
                 extrinsics[1:] = refine_target_poses(
                     gaussians,
                     targets,
@@ -1075,7 +1075,7 @@ def refine_reconstruction(
         raise InferenceError(
             "refine",
             f"model {result.model} predicts no cameras and {shown} have none: refinement fits "
-            "the photos at their cameras (give cameras=, or refine_poses= > 0)",
+            "the photos at their cameras (give cameras=, or pose_fit_steps= > 0)",
         )
     if len(photos) != len(result.names):
         raise ValueError(f"photos: {len(photos)} for {len(result.names)} views")

@@ -378,7 +378,7 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
         assert len(plan.windows) > 1
         with torch.no_grad():
             results.append(
-                reconstruct_capture(model, plan, refine_poses=0, backend="torch", lpips=False)
+                reconstruct_capture(model, plan, pose_fit_steps=0, backend="torch", lpips=False)
             )
     first, second = results
     assert first.plan.windows == second.plan.windows
@@ -396,7 +396,9 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
             back = fusion.frame_similarity(result.reconstruction.frame)
             steps = result.summary["scene"]["window_to_frame"]
             for window, step in zip(result.plan.windows, steps):
-                alone = reconstruct(model, subset(photos, window), refine_poses=0, backend="torch")
+                alone = reconstruct(
+                    model, subset(photos, window), pose_fit_steps=0, backend="torch"
+                )
                 move = fusion.Similarity(
                     step["scale"],
                     *(torch.tensor(step[k]).double() for k in ("rotation", "translation")),

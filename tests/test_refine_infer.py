@@ -187,7 +187,7 @@ def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, caps
         shutil.copy(path, photos / path.name)
     output = tmp_path / "free"
     status, _, err = infer_in_process(
-        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "refine_poses=0",
+        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "pose_fit_steps=0",
         "refine=5", "image_size=32", "orbit_frames=2", "backend=torch", "device=cpu",
     )  # fmt: skip
     assert status == 2, err

@@ -268,11 +268,12 @@ def reconstruct_capture(
     model: nn.Module,
     plan: CapturePlan,
     *,
-    refine_poses: int = 50,
+    pose_fit_steps: int = 50,
+    pose_fit_size: int = 128,
     backend: str = "auto",
     fov: float = 60.0,
     voxel: float | None = None,
-    max_gaussians: int | None = None,
+    fusion_max_gaussians: int | None = None,
     lpips: bool = True,
     near: float | None = None,
     far: float | None = None,
@@ -281,8 +282,9 @@ def reconstruct_capture(
     **knobs: Any,
 ) -> CaptureResult:
     """Reconstruct every window of ``plan``, fuse them in the capture frame and score the
-    held-out photos (module doc). ``max_gaussians`` caps the fused set (for one window it is the
-    model's own knob); ``near``, ``far``, ``scene_scale`` override the recipe's for every window;
+    held-out photos (module doc). ``fusion_max_gaussians`` caps the fused set of several windows
+    (``max_gaussians``, a knob, caps each window's forward pass); ``near``, ``far``,
+    ``scene_scale`` override the recipe's for every window;
     ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
     from models.inference import Reconstruction, progress, reconstruct
 
@@ -299,8 +301,6 @@ def reconstruct_capture(
             f"holdout={_shown(plan.names(plan.held), 3)}: the photos have no poses to render the held-out ones at"
         )
     window_knobs = dict(knobs)
-    if len(plan.windows) == 1 and max_gaussians is not None:
-        window_knobs["max_gaussians"] = max_gaussians
     sets, cameras, known, seconds, angles, moves = [], [], {}, [], [], []
     ratios: list[float | None] = []
     points = getattr(images, "points", None)  # [P, 3] sparse points, the capture's own frame
@@ -318,7 +318,8 @@ def reconstruct_capture(
         result = reconstruct(
             model,
             subset(images, window),
-            refine_poses=refine_poses,
+            pose_fit_steps=pose_fit_steps,
+            pose_fit_size=pose_fit_size,
             backend=backend,
             fov=fov,
             name=name,
@@ -329,7 +330,7 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
-        for key, value in result.timings.items():  # inference, refine_poses: summed
+        for key, value in result.timings.items():  # inference, pose_fit: summed
             stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
             target = capture_e[[position[i] for i in window]]
@@ -344,7 +345,7 @@ def reconstruct_capture(
             if "unknown" in result.placement and len(plan.windows) > 1:
                 raise CaptureError(
                     f"model={name}: views=all without camera poses needs the model's cameras "
-                    f"or pose refinement (refine_poses > 0)"
+                    f"or pose fitting (pose_fit_steps > 0)"
                 )
             shared = [k for k, i in enumerate(window) if i in known]
             if not shared:
@@ -387,7 +388,7 @@ def reconstruct_capture(
         bar.set_postfix(gaussians=result.count)
     bar.close()
     start = time.perf_counter()
-    cap = max_gaussians if len(plan.windows) > 1 else None
+    cap = fusion_max_gaussians if len(plan.windows) > 1 else None
     gaussians, counts = fusion.fuse_windows(sets, cameras, shape, voxel, cap, backend=backend)
     fuse_s = round(time.perf_counter() - start, 3)
 
@@ -423,7 +424,7 @@ def reconstruct_capture(
         model=name,
         family=getattr(model, "family", None),
         pose_free=pose_free,
-        knobs={**first.knobs, **({"max_gaussians": max_gaussians} if max_gaussians else {})},
+        knobs=dict(first.knobs),
         timings={**stages, "windows": round(sum(seconds), 4), "fuse": fuse_s},
         maps=first.maps if len(plan.windows) == 1 else {},
         source=subset(images, used),

@@ -22,7 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.errors import InputError
+from models.capture.holdout import holdout_indices
 from models.command_line import Terminated
+from models.pipeline.refinement import check_fit_memory, photo_shape, refine_settings
+from models.pipeline.settings import MISSING, RefineCommandConfig, parse_key_values
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments"]
@@ -40,29 +43,15 @@ settings:
   refine_time=S              budget in seconds (the first of refine/refine_time that is reached)
   refine_size=PX             long side the photos are fitted at (default: theirs, at most 320)
   refine_init=feed_forward   start from GAUSSIANS.ply (feed_forward) or the SfM points (sfm)
-  max_gaussians=N            cap of the densification (default: twice the starting count)
-  holdout=K                  keep every K-th photo out of the fit and score it (0: none)
+  refine_max_gaussians=N     cap of the densification (default: twice the starting count)
+  holdout=K|NAME,NAME        keep every K-th photo (from the first), or the named ones, out
+                             of the fit and score them (as in infer.py)
   refine_checkpoint_every=N  save the fit's state every N steps beside DIR and resume from it
   optimize_cameras=false     refine the cameras jointly (view 0 fixed)
   backend=auto device=auto seed=0 overwrite=false
   refinement.KEY=VALUE       any RefineSettings field, e.g. refinement.densify=adc,
                              refinement.mcmc.growth=0.1 (configs/infer.yaml's refinement: node)"""
 
-_TOP = {
-    "output": None,
-    "refine": None,
-    "refine_time": None,
-    "refine_size": None,
-    "refine_init": "feed_forward",
-    "max_gaussians": None,
-    "holdout": 0,
-    "refine_checkpoint_every": None,
-    "optimize_cameras": False,
-    "backend": "auto",
-    "device": "auto",
-    "seed": 0,
-    "overwrite": False,
-}
 DEFAULT_STEPS = 1000
 
 
@@ -70,47 +59,26 @@ class RefineCommandError(InputError):
     """Bad command-line input (one line naming the argument)."""
 
 
-def _value(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text != "" else None
-    except yaml.YAMLError:
-        return text
+def parse_arguments(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """Positional paths and every setting of :class:`RefineCommandConfig` (``refinement.``
+    nested), typed and checked as ``infer.py`` checks its own."""
+    return parse_key_values(argv, RefineCommandConfig, PROGRAM)
 
 
-def parse_arguments(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """Positional paths, top-level settings and the nested ``refinement.`` settings."""
-    positional, top, nested = [], dict(_TOP), {}
-    for arg in argv:
-        key, sep, text = arg.partition("=")
-        if not sep:
-            positional.append(arg)
-            continue
-        if key.startswith("refinement."):
-            node = nested
-            parts = key.split(".")[1:]
-            for part in parts[:-1]:
-                node = node.setdefault(part, {})
-            node[parts[-1]] = _value(text)
-        elif key in _TOP:
-            top[key] = text if key == "output" else _value(text)
-        else:
-            raise RefineCommandError(
-                arg, f"unknown setting (known: {', '.join(_TOP)}, refinement.KEY)"
-            )
-    return positional, top, nested
-
-
-def _holdout_indices(names: list[str], every: Any) -> list[int]:
-    if every in (None, 0, False):
-        return []
-    if isinstance(every, bool) or not isinstance(every, int) or every < 2:
-        raise RefineCommandError(f"holdout={every}", "must be an integer >= 2 (or 0 for none)")
-    held = [i for i in range(len(names)) if i % every == 0]
-    if len(names) - len(held) < 1:
-        raise RefineCommandError(f"holdout={every}", "leaves no photo to fit")
+def _holdout_indices(names: list[str], holdout: Any) -> list[int]:
+    """``holdout=K`` (every K-th photo from the first) or ``NAME,NAME``, as in ``infer.py``."""
+    held = holdout_indices(holdout, names)
+    if held and len(names) - len(held) < 1:
+        raise RefineCommandError(f"holdout={holdout}", "leaves no photo to fit")
     return held
+
+
+def _check_finite(gaussians, ply: Path) -> None:
+    """Refuse a ``.ply`` with NaN or infinite values (the fit would diverge at once)."""
+    fields = ("means", "scales", "rotations", "opacities", "harmonics")
+    bad = [f for f in fields if not torch.isfinite(getattr(gaussians, f)).all()]
+    if bad:
+        raise RefineCommandError(ply, f"holds NaN or infinite values in {', '.join(bad)}")
 
 
 def _load(positional: list[str], top: dict[str, Any]):
@@ -120,8 +88,6 @@ def _load(positional: list[str], top: dict[str, Any]):
     from models.refine.start import gaussians_from_points, read_colmap_points
 
     init = top["refine_init"]
-    if init not in ("feed_forward", "sfm"):
-        raise RefineCommandError(f"refine_init={init}", "must be feed_forward or sfm")
     wanted = 1 if init == "sfm" else 2
     if len(positional) != wanted:
         what = "PHOTOS" if init == "sfm" else "GAUSSIANS.ply PHOTOS"
@@ -154,6 +120,7 @@ def _load(positional: list[str], top: dict[str, Any]):
             raise RefineCommandError(str(error)) from error
         if gaussians.num_slots < 1:
             raise RefineCommandError(ply, "holds no Gaussians")
+        _check_finite(gaussians, ply)
     return gaussians, images
 
 
@@ -176,31 +143,21 @@ def run(argv: list[str]) -> int:
     from models.metrics import nearest_view_baseline
     from models.output_folder import OutputFolder
     from models.refine.fit import fit_shape, refine_gaussians
-    from models.refine.settings import settings_from_config
 
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    positional, top, nested = parse_arguments(argv)
-    if not top["output"]:
+    positional, top = parse_arguments(argv)
+    if top["output"] in (None, MISSING, ""):
         raise RefineCommandError("output", "set output=DIR")
-    steps = top["refine"]
-    if steps is None and top["refine_time"] is None:
-        steps = DEFAULT_STEPS
-    settings = settings_from_config(
-        refine=steps,
-        refine_time=top["refine_time"],
-        refine_size=top["refine_size"],
-        max_gaussians=top["max_gaussians"],
-        refinement=nested,
-        backend=str(top["backend"]),
-        seed=top["seed"],
-    )
+    if not top["refine"] and top["refine_time"] is None:
+        top["refine"] = DEFAULT_STEPS
+    settings = refine_settings(top, str(top["backend"]), top["seed"])
     every = top["refine_checkpoint_every"]
-    if every:
-        settings.checkpoint_every = int(every)
     device = choose_device(str(top["device"]))
     check_backend(settings.backend, device)
+    shape, count = photo_shape(Path(positional[-1])) if positional else ((1, 1), 1)
+    check_fit_memory(settings, shape, count, str(device))  # before anything loads
     folder = OutputFolder(
         top["output"], PROGRAM, inputs=positional, overwrite=bool(top["overwrite"])
     )

@@ -1,0 +1,138 @@
+"""The per-scene fit's settings for every command, checked together before any work: the
+``RefineSettings`` a command's settings make (:func:`refine_settings`) and the memory the fit
+needs at that size and count (:func:`check_fit_memory`), refused in one line naming the setting
+and the largest value that fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from datamodules.readers.image_folder import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+from models.budget import available_memory
+from models.pipeline.settings import SettingError
+from models.refine.fit import estimate_memory, fit_shape
+from models.refine.settings import RefineSettings, RefineSettingsError, settings_from_config
+
+__all__ = ["check_fit_memory", "fit_memory", "photo_shape", "refine_settings"]
+
+# RefineSettingsError names RefineSettings' fields; the commands' keys for them
+COMMAND_KEYS = {
+    "refine": "refine",
+    "refine_time": "refine_time",
+    "refine_size": "refine_size",
+    "max_gaussians": "refine_max_gaussians",
+}
+
+
+def refine_settings(values: Mapping[str, Any], backend: str, seed: int) -> RefineSettings | None:
+    """:class:`RefineSettings` from a command's ``refine``, ``refine_time``, ``refine_size``,
+    ``refine_max_gaussians``, ``refine_checkpoint_every`` and ``refinement`` (a mapping), or
+    ``None`` when neither budget is set (no refinement).
+
+    Raises:
+        SettingError: a value out of range, one line naming the command's key.
+    """
+    steps, seconds = values.get("refine"), values.get("refine_time")
+    if not steps and seconds in (None, 0):
+        return None
+    try:
+        settings = settings_from_config(
+            refine=steps,
+            refine_time=seconds,
+            refine_size=values.get("refine_size"),
+            max_gaussians=values.get("refine_max_gaussians"),
+            refinement=dict(values.get("refinement") or {}),
+            backend=backend,
+            seed=seed,
+        )
+    except RefineSettingsError as error:
+        key = str(error.path) if error.path is not None else "refinement"
+        raise SettingError(COMMAND_KEYS.get(key, key), error.message) from None
+    every = values.get("refine_checkpoint_every")
+    if every is not None:
+        settings.checkpoint_every = int(every)
+    return settings
+
+
+def fit_memory(count: int, views: int, shape: tuple[int, int], sh_degree: int, backend: str) -> int:
+    """Bytes the fit needs at its peak with ``count`` Gaussians and ``views`` photos of
+    ``shape`` ``(H, W)`` (the refinement's own estimate)."""
+    return estimate_memory(count, views, shape, sh_degree, backend)
+
+
+def photo_shape(source: Path) -> tuple[tuple[int, int], int]:
+    """``((H, W), photos)`` of an input as read from its first image's header (no decoding);
+    a video or an unreadable header: a square and 8 frames (the check is then an upper bound)."""
+    source = Path(source).expanduser()
+    files = []
+    if source.is_dir():
+        files = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    elif source.suffix.lower() not in VIDEO_EXTENSIONS:
+        files = [source]
+    for path in files[:1]:
+        try:
+            with Image.open(path) as image:
+                return (image.height, image.width), len(files)
+        except (OSError, ValueError):
+            break
+    return (1, 1), max(len(files), 8)
+
+
+def _largest_size(shape: tuple[int, int], fits) -> int | None:
+    """The largest long side (>= 8) at which ``fits(fit shape)`` holds, or ``None``."""
+    low, high = 8, max(shape)
+    if not fits(fit_shape(shape, low)):
+        return None
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(fit_shape(shape, middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def check_fit_memory(
+    settings: RefineSettings,
+    shape: tuple[int, int],
+    views: int,
+    device: str,
+    count: int = 0,
+    sh_degree: int = 3,
+) -> None:
+    """Refuse a fit whose memory (at ``settings.size`` on the long side of ``shape``, with up
+    to ``settings.max_gaussians`` or ``count`` Gaussians) exceeds what ``device`` has now.
+
+    Raises:
+        SettingError: ``refine_size=N: the fit needs about X GiB ...: at most refine_size=M
+            fits`` (or ``refine_max_gaussians=``).
+    """
+    cap = int(settings.max_gaussians or count)
+    fitted = fit_shape(shape, settings.size)
+    limit = available_memory(device)
+
+    def need(at: tuple[int, int], gaussians: int = cap) -> int:
+        return fit_memory(gaussians, views, at, sh_degree, settings.backend)
+
+    if need(fitted) <= limit:
+        return
+    what = (
+        f"the fit needs about {need(fitted) / 2**30:.1f} GiB at {fitted[1]}x{fitted[0]} with "
+        f"{views} photo(s) and up to {cap} Gaussians, {limit / 2**30:.1f} GiB is available"
+    )
+    largest = _largest_size(fitted, lambda at: need(at) <= limit)
+    if largest is not None and settings.size is not None:
+        raise SettingError(
+            f"refine_size={settings.size}", f"{what}: at most refine_size={largest} fits"
+        )
+    per = need(fitted, 1) - need(fitted, 0)
+    most = max((limit - need(fitted, 0)) // max(per, 1), 0)
+    key = (
+        f"refine_max_gaussians={cap}" if settings.max_gaussians else f"refine_size={settings.size}"
+    )
+    raise SettingError(key, f"{what}: at most refine_max_gaussians={most} fits at this size")
