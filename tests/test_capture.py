@@ -294,10 +294,11 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
     assert len(cameras["frames"]) == 9 and len(cameras["path"]) == 4
     # view.py shows a fused output as saved (and says so): its knobs would re-run every window
     import view
+    from models.pipeline import live
 
     settings = {"model": None, "weights": None, "views": None, "image_size": None}
     settings |= {k: None for k in view.KNOB_KEYS}
-    assert view._summary_settings(output, settings) is None
+    assert live.settings_from_summary(output, settings) is None
     assert "fuses 8 windows" in capsys.readouterr().err
 
 
@@ -305,7 +306,7 @@ def test_infer_pose_free_views_all(capture: Path, tmp_path: Path, capsys) -> Non
     output = tmp_path / "free"
     status, _, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "model=zipsplat_tiny",
-        "views=all", "holdout=photo_05", "max_gaussians=1500", *COMMON,
+        "views=all", "holdout=photo_05", "fusion_max_gaussians=1500", *COMMON,
     )  # fmt: skip
     assert status == 0, err
     summary = json.loads((output / "summary.json").read_text())

@@ -442,7 +442,7 @@ def reconstruct_capture(
             "windows": [plan.names(w) for w in plan.windows],
             "window_max_rotation_deg": angles,
             "window_seconds": seconds,
-            "fusion": counts,
+            "fusion": {**counts, "fusion_max_gaussians": cap},
             "frame": "written in the capture's own frame and scale; fused in its poses moved "
             "so that the first used photo is the identity and the largest camera distance is 1"
             if capture_e is not None

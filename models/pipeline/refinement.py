@@ -14,11 +14,12 @@ from PIL import Image
 
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from models.budget import available_memory
+from models.capture.holdout import HoldoutScores, HoldoutViews, holdout_summary
 from models.pipeline.settings import SettingError
 from models.refine.fit import estimate_memory, fit_shape
 from models.refine.settings import RefineSettings, RefineSettingsError, settings_from_config
 
-__all__ = ["check_fit_memory", "fit_memory", "photo_shape", "refine_settings"]
+__all__ = ["check_fit_memory", "fit_memory", "holdout_table", "photo_shape", "refine_settings"]
 
 # RefineSettingsError names RefineSettings' fields; the commands' keys for them
 COMMAND_KEYS = {
@@ -136,3 +137,14 @@ def check_fit_memory(
         f"refine_max_gaussians={cap}" if settings.max_gaussians else f"refine_size={settings.size}"
     )
     raise SettingError(key, f"{what}: at most refine_max_gaussians={most} fits at this size")
+
+
+def holdout_table(views: HoldoutViews, before: HoldoutScores, after: HoldoutScores) -> dict:
+    """``summary.json``'s ``holdout`` of a refinement: the held-out photos scored before
+    (``psnr_before_refine``, ``ssim_before_refine``) and after it, with the nearest-view
+    baseline, all at one size (``image_size``)."""
+    table = holdout_summary(views, after, before=before)
+    for name, entry in table["metrics"].items():
+        entry["ssim_before_refine"] = before.metrics[name]["ssim"]
+    table["mean"]["ssim_before_refine"] = before.mean["ssim"]
+    return table

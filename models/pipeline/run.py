@@ -31,7 +31,12 @@ from models.capture.whole import (
 )
 from models.inference import InferenceError, check_knobs
 from models.knobs import declared_knob_names
-from models.pipeline.refinement import check_fit_memory, photo_shape, refine_settings
+from models.pipeline.refinement import (
+    check_fit_memory,
+    holdout_table,
+    photo_shape,
+    refine_settings,
+)
 from models.pipeline.settings import InferConfig, check_values
 from models.refine import fit_shape, gaussians_from_points, plot_holdout_psnr, read_colmap_points
 
@@ -344,6 +349,7 @@ def _refine_record(s: InferConfig, settings, fitted, output: Path) -> dict:
     return {
         **fitted.summary(),
         "init": s.refine_init,
+        "refine_max_gaussians": settings.max_gaussians,
         "checkpoint": str(checkpoint)
         if checkpoint is not None and fitted.stopped == "interrupted"
         else None,
@@ -503,10 +509,7 @@ def _refine_capture(s, model, images, capture, settings, points):
         scores = holdout_lib.score_holdout(refined.gaussians, views, backend=backend)
         if "holdout" in summary:  # the feed-forward scores at the model's input size
             record["holdout_mean_at_input_size"] = summary["holdout"]["mean"]
-        table = holdout_lib.holdout_summary(views, scores, before=before)
-        for name, entry in table["metrics"].items():
-            entry["ssim_before_refine"] = before.metrics[name]["ssim"]
-        table["mean"]["ssim_before_refine"] = before.mean["ssim"]
+        table = holdout_table(views, before, scores)
         table["scored_at"] = (
             "the refinement's size: before (feed-forward), after (refined) and the nearest view"
         )

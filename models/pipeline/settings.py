@@ -325,8 +325,11 @@ def check_arguments(
             )
         item = known[bare]
         problem = type_problem(item, value)
-        if problem is None and item.rule.get("path") and value.strip():
-            problem = _path_problem(value.strip().strip("'\""))  # before Hydra stats it
+        if problem is None and value.strip().lower() not in ("null", "none", ""):
+            if item.rule.get("path"):  # before Hydra stats it
+                problem = _path_problem(value.strip().strip("'\""))
+            elif item.rule.get("angle"):
+                problem = _rule_problem(item, _read(value))
         if problem is not None:
             raise SettingError(_shown(arg), problem)
 

@@ -19,13 +19,22 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
 
 from datamodules.errors import InputError
-from models.capture.holdout import holdout_indices
+from models.capture.holdout import holdout_indices, holdout_views, score_holdout
 from models.command_line import Terminated
-from models.pipeline.refinement import check_fit_memory, photo_shape, refine_settings
+from models.inference import check_backend, choose_device
+from models.output_folder import OutputFolder
+from models.pipeline.refinement import (
+    check_fit_memory,
+    holdout_table,
+    photo_shape,
+    refine_settings,
+)
 from models.pipeline.settings import MISSING, RefineCommandConfig, parse_key_values
+from models.refine.fit import fit_shape, refine_gaussians
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
 
 __all__ = ["USAGE", "main", "parse_arguments"]
@@ -124,40 +133,55 @@ def _load(positional: list[str], top: dict[str, Any]):
     return gaussians, images
 
 
-def _scores(rendered: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    from models.metrics import psnr_per_image, ssim_per_image
-
-    return psnr_per_image(rendered, target), ssim_per_image(rendered, target)
-
-
 def _save_png(image: Tensor, path: Path) -> None:
-    from PIL import Image
-
     array = (image.detach().clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
     Image.fromarray(array).save(path)
 
 
-def run(argv: list[str]) -> int:
-    """The command; returns the exit status (bad input raises an ``InputError``)."""
-    from models.inference import check_backend, choose_device
-    from models.metrics import nearest_view_baseline
-    from models.output_folder import OutputFolder
-    from models.refine.fit import fit_shape, refine_gaussians
-
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
+def _settings(argv: list[str]) -> tuple[list[str], dict[str, Any], Any, torch.device]:
+    """The arguments, checked before anything loads: ``(positional, settings, RefineSettings,
+    device)``."""
     positional, top = parse_arguments(argv)
     if top["output"] in (None, MISSING, ""):
         raise RefineCommandError("output", "set output=DIR")
     if not top["refine"] and top["refine_time"] is None:
         top["refine"] = DEFAULT_STEPS
     settings = refine_settings(top, str(top["backend"]), top["seed"])
-    every = top["refine_checkpoint_every"]
     device = choose_device(str(top["device"]))
     check_backend(settings.backend, device)
     shape, count = photo_shape(Path(positional[-1])) if positional else ((1, 1), 1)
-    check_fit_memory(settings, shape, count, str(device))  # before anything loads
+    check_fit_memory(settings, shape, count, str(device))
+    return positional, top, settings, device
+
+
+def _holdout(photos, held: list[int], train: list[int], shape: tuple[int, int]):
+    """The held-out photos at the fit's size with their nearest training photo
+    (``models.capture.holdout``, as ``infer.py`` scores them), or ``None``."""
+    if not held:
+        return None
+    resized = F.interpolate(photos.images.float(), size=shape, mode="area")
+    return holdout_views(photos.names, resized, photos.extrinsics, photos.intrinsics, held, train)
+
+
+def _write(folder, result, summary: dict, scores, baseline) -> None:
+    """``gaussians.ply``, ``summary.json``, held-out renders and the PSNR plot, atomically."""
+    with folder as staging:
+        result.gaussians.save_ply(staging / "gaussians.ply")
+        if scores is not None:
+            (staging / "renders" / "holdout").mkdir(parents=True)
+            for name, image in zip(summary["holdout"]["views"], scores.renders):
+                _save_png(image, staging / "renders" / "holdout" / f"{Path(name).stem}.png")
+            if len(result.evaluations) > 1:
+                plot_holdout_psnr(result.evaluations, baseline, staging / "refine_psnr.png")
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+
+
+def run(argv: list[str]) -> int:
+    """The command; returns the exit status (bad input raises an ``InputError``)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    positional, top, settings, device = _settings(argv)
     folder = OutputFolder(
         top["output"], PROGRAM, inputs=positional, overwrite=bool(top["overwrite"])
     )
@@ -166,31 +190,17 @@ def run(argv: list[str]) -> int:
     held = _holdout_indices(names, top["holdout"])
     train = [i for i in range(len(names)) if i not in held]
     shape = fit_shape(tuple(photos.images.shape[-2:]), settings.size)
-    evaluate, held_images = None, None
-    if held:
-        evaluate, held_images = holdout_evaluator(
-            photos.images[held].to(device),
-            photos.extrinsics[held].to(device),
-            photos.intrinsics[held].to(device),
-            shape,
-            settings.backend,
-        )
+    views = _holdout(photos, held, train, shape)
     gaussians = gaussians.to(device)
-    before = None
-    if held:
-        from models.render import render
-
-        with torch.no_grad():
-            out = render(
-                gaussians,
-                photos.extrinsics[held][None].to(device),
-                photos.intrinsics[held][None].to(device),
-                shape,
-                backend=settings.backend,
-            )
-        before = _scores(out.color[0], held_images)
+    evaluate = before = None
+    if views is not None:
+        evaluate, _ = holdout_evaluator(
+            views.images.to(device), views.extrinsics.to(device), views.intrinsics.to(device),
+            shape, settings.backend,
+        )  # fmt: skip
+        before = score_holdout(gaussians, views, backend=settings.backend, lpips=False)
     checkpoint = None
-    if every:
+    if top["refine_checkpoint_every"]:
         out_path = Path(top["output"]).expanduser().resolve()
         checkpoint = out_path.with_name(f".{out_path.name}.refine-checkpoint.pt")
     result = refine_gaussians(
@@ -215,67 +225,18 @@ def run(argv: list[str]) -> int:
         "view_names": [names[i] for i in train],
         "refine": {**result.summary(), "settings": settings.to_dict()},
     }
-    renders = {}
-    if held:
-        from models.render import render
-
-        with torch.no_grad():
-            out = render(
-                result.gaussians,
-                photos.extrinsics[held][None].to(device),
-                photos.intrinsics[held][None].to(device),
-                shape,
-                backend=settings.backend,
-            )
-        psnr, ssim = _scores(out.color[0], held_images)
-        context = {
-            "image": F.interpolate(photos.images[train], size=shape, mode="area")[None],
-            "extrinsics": photos.extrinsics[train][None],
-        }
-        nearest = nearest_view_baseline(
-            context, {"image": held_images[None].cpu(), "extrinsics": photos.extrinsics[held][None]}
-        )[0]
-        nearest_psnr, nearest_ssim = _scores(nearest, held_images.cpu())
-        metrics = {}
-        for j, i in enumerate(held):
-            metrics[names[i]] = {
-                "psnr": round(float(psnr[j]), 3),
-                "ssim": round(float(ssim[j]), 4),
-                "nearest_view_psnr": round(float(nearest_psnr[j]), 3),
-                "nearest_view_ssim": round(float(nearest_ssim[j]), 4),
-                "psnr_before_refine": round(float(before[0][j]), 3),
-                "ssim_before_refine": round(float(before[1][j]), 4),
-            }
-            renders[Path(names[i]).stem] = out.color[0, j]
-        means = {
-            k: round(sum(m[k] for m in metrics.values()) / len(metrics), 3)
-            for k in next(iter(metrics.values()))
-        }
-        summary["holdout"] = {
-            "views": [names[i] for i in held],
-            "image_size": list(shape),
-            "every": top["holdout"],
-            "metrics": metrics,
-            "mean": means,
-        }
+    scores = baseline = None
+    if views is not None:
+        scores = score_holdout(result.gaussians, views, backend=settings.backend, lpips=False)
+        summary["holdout"] = {**holdout_table(views, before, scores), "every": top["holdout"]}
+        means = summary["holdout"]["mean"]
+        baseline = means["nearest_view_psnr"]
         print(
             f"held-out PSNR {means['psnr_before_refine']:.2f} -> {means['psnr']:.2f} dB "
-            f"(nearest view {means['nearest_view_psnr']:.2f} dB) over {len(held)} photos",
+            f"(nearest view {baseline:.2f} dB) over {len(held)} photos",
             file=sys.stderr,
         )
-    with folder as staging:
-        result.gaussians.save_ply(staging / "gaussians.ply")
-        if renders:
-            (staging / "renders" / "holdout").mkdir(parents=True)
-            for stem, image in renders.items():
-                _save_png(image, staging / "renders" / "holdout" / f"{stem}.png")
-            if len(result.evaluations) > 1:
-                plot_holdout_psnr(
-                    result.evaluations,
-                    summary["holdout"]["mean"]["nearest_view_psnr"],
-                    staging / "refine_psnr.png",
-                )
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    _write(folder, result, summary, scores, baseline)
     if checkpoint is not None and result.stopped != "interrupted":
         checkpoint.unlink(missing_ok=True)
     print(f"wrote {folder.output}", file=sys.stderr)
