@@ -37,20 +37,24 @@ REPO_ROOT = Path(__file__).resolve().parent
 if str(REPO_ROOT) not in sys.path:  # `python /path/to/view.py` from another folder
     sys.path.insert(0, str(REPO_ROOT))
 
+from datamodules.errors import InputError  # noqa: E402
+from models.knobs import MAX_GAUSSIANS, declared_knob_names  # noqa: E402
+from models.pipeline.live import build  # noqa: E402
+from models.pipeline.refinement import (  # noqa: E402
+    check_fit_memory,
+    photo_shape,
+    refine_settings,
+)
+from models.pipeline.settings import angle_problem, closest, refine_values  # noqa: E402
+from models.viewer import ViewerError  # noqa: E402
+
 USAGE = (
     "usage: python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] "
     "[save=FILE.ply] [device=auto] [live=auto|true|false] [KNOB=VALUE ...]"
 )
 
 
-def _knob_keys() -> tuple[str, ...]:
-    """The knobs the families declare (``models.knobs``), read once."""
-    from models.knobs import declared_knob_names
-
-    return declared_knob_names()
-
-
-KNOB_KEYS = _knob_keys()
+KNOB_KEYS = declared_knob_names()  # the knobs the families declare (models.knobs), read once
 SETTINGS: dict[str, Any] = {
     "model": None,
     "weights": None,
@@ -80,10 +84,6 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
     Raises:
         ValueError: one line naming the argument.
     """
-    from models.pipeline.refinement import check_fit_memory, photo_shape, refine_settings
-    from models.pipeline.settings import angle_problem, closest, refine_values
-    from models.viewer import ViewerError
-
     paths = [a for a in argv if "=" not in a]
     if len(paths) != 1:
         raise ViewerError(USAGE)
@@ -128,8 +128,6 @@ def _size(value: str) -> str | None:
 
 
 def _max_gaussians(value: str) -> str | None:
-    from models.knobs import MAX_GAUSSIANS
-
     try:
         MAX_GAUSSIANS.check(value)
     except ValueError as error:
@@ -143,13 +141,9 @@ CHECKS = {"views": _whole, "image_size": _size, "max_gaussians": _max_gaussians}
 
 def serve_cli(argv: list[str]) -> int:
     """Parse, build and serve until Ctrl-C; bad input → one line on stderr, 2."""
-    from datamodules.errors import InputError
-
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0
-    from models.pipeline.live import build
-
     try:
         path, settings = parse_args(argv)
         viewer = build(path, settings)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
+from models.factory import create_model
 from models.gaussians import Gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import (
@@ -46,6 +47,7 @@ from models.geometry.cameras import (
     invert_extrinsics,
     project,
 )
+from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 from models.input_recipe import (
     BASELINE_DEPTH_RATIO,
     MAX_UPSAMPLE,
@@ -54,7 +56,13 @@ from models.input_recipe import (
     parse_image_size,
 )
 from models.knobs import Knob, inference_knobs
+from models.metrics import psnr
 from models.output_folder import OutputFolder
+from models.refine import holdout_evaluator, refine_gaussians
+from models.registry import get_pretrained_cfg, is_model, list_models
+from models.render.core import render
+from models.sh import eval_sh_bases, sh_degree_of
+from models.weights.hub import weights_location
 
 __all__ = [
     "PLACEMENTS",
@@ -154,7 +162,6 @@ class SceneFrame:
 def _sh_rotation(rotation: Tensor, degree: int) -> Tensor:
     """``[K, K]`` ``M`` with ``SH(R^T d) = SH(d) @ M`` in gsplat's real basis (exact per degree:
     each degree's span is closed under rotation; least squares over fixed directions)."""
-    from models.sh import eval_sh_bases
 
     generator = torch.Generator().manual_seed(0)
     directions = torch.randn(256, 3, generator=generator, dtype=torch.float64)
@@ -166,8 +173,6 @@ def _sh_rotation(rotation: Tensor, degree: int) -> Tensor:
 
 def transform_gaussians(gaussians: Gaussians, transform: Tensor, scale: float = 1.0) -> Gaussians:
     """Gaussians under ``p -> R @ (scale * p) + t`` (``transform = [R | t]``, rigid ``[4, 4]``)."""
-    from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
-    from models.sh import sh_degree_of
 
     dtype = gaussians.means.dtype
     rotation = transform[:3, :3].double().to(gaussians.means.device)
@@ -389,8 +394,6 @@ def load_for_inference(
         InferenceError: unknown model name, weights path not found.
         PretrainedError: weights that do not load (one line naming the file).
     """
-    from models.factory import create_model
-    from models.registry import is_model, list_models
 
     if not is_model(name):
         raise InferenceError(
@@ -414,8 +417,6 @@ def load_for_inference(
         and Path(w.filename).resolve().is_relative_to(REPO_ROOT)
     ]
     if pretrained is True:
-        from models.weights.hub import weights_location
-
         described = weights_location(name)
     else:
         described = str(pretrained)
@@ -441,7 +442,6 @@ def model_recipe(model: nn.Module | str) -> InputRecipe:
     """The input recipe of ``model``: its weights' tag (``pretrained_cfg.recipe``), else its
     architecture's default tag, else :func:`~models.input_recipe.fallback_recipe` (the size it
     records and its own near/far)."""
-    from models.registry import get_pretrained_cfg
 
     if isinstance(model, str):
         cfg = get_pretrained_cfg(model)
@@ -889,7 +889,6 @@ def render_views(
 ) -> Tensor:
     """Render every camera, ``views_per_call`` at a time (batched views are several times cheaper
     per view on the torch backend); returns ``[N, 3, H, W]`` on CPU."""
-    from models.render.core import render
 
     out = []
     with progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
@@ -1065,7 +1064,6 @@ def refine_reconstruction(
         InferenceError: a view without a camera (one line).
         models.refine.RefineMemoryError / RefineSettingsError: one line naming the setting.
     """
-    from models.refine import holdout_evaluator, refine_gaussians
 
     unknown = [n for n, kind in zip(result.names, result.placement) if kind == "unknown"]
     if unknown:
@@ -1180,7 +1178,6 @@ def write_reconstruction(
             )
         (staging / "renders").mkdir()
         _save_pngs(rendered, [staging / "renders" / render_names[i] for i in known])
-        from models.metrics import psnr
 
         input_psnr = [psnr(r, result.images[i]) for i, r in zip(known, rendered)]
         cardinality = None

@@ -34,9 +34,19 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
+from models import budget
 from models.capture import fusion
 from models.capture import holdout as holdout_lib
 from models.capture import views as view_lib
+from models.geometry.cameras import transform_points, world_to_camera
+from models.inference import (
+    Reconstruction,
+    SceneFrame,
+    progress,
+    reconstruct,
+    write_reconstruction,
+)
+from models.registry import get_pretrained_cfg
 
 __all__ = [
     "CaptureError",
@@ -71,7 +81,6 @@ def subset(images: Any, indices: list[int]) -> Any:
 def window_size(model: nn.Module, name: str) -> int:
     """Views per window for ``views=all``: the release's recipe (``recipe.views``), else its
     pretrained config's ``views``, else 2; at least the model's ``min_views``."""
-    from models.registry import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(name)
     recipe = getattr(cfg, "recipe", None) if cfg is not None else None
@@ -190,7 +199,6 @@ def capture_estimate(model: nn.Module, plan: CapturePlan, device: torch.device |
     """``models.budget``'s estimate of ``plan``: one window's forward pass
     (:func:`models.budget.forward_estimate`, its peak memory) times the number of windows (the
     time). ``budget.check`` refuses it naming ``image_size``."""
-    from models import budget
 
     shape = tuple(plan.images.images.shape[-2:])
     one = budget.forward_estimate(
@@ -228,7 +236,6 @@ class CaptureResult:
 def _depth_ratio(fused: list, camera: Tensor, window_g, window_camera: Tensor) -> float | None:
     """Median depth of the fused Gaussians over that of a window's, seen from one shared photo
     (each in its own frame): the scale of a chained window whose cameras have no spread."""
-    from models.geometry.cameras import transform_points, world_to_camera
 
     def median_depth(g, e) -> float | None:
         z = transform_points(world_to_camera(e.to(g.means)), g.means[0][g.valid_mask()[0]])[:, 2]
@@ -246,7 +253,6 @@ def _capture_scene_frame(move: fusion.Similarity | None, first: Any) -> Any:
     """The fused scene's :class:`~models.inference.SceneFrame`: the capture frame (``move`` of
     the capture's own poses) mapped back to the capture's own frame and scale; without capture
     poses, the first window's frame (chained windows share it)."""
-    from models.inference import SceneFrame
 
     if move is None:
         return first
@@ -286,7 +292,6 @@ def reconstruct_capture(
     (``max_gaussians``, a knob, caps each window's forward pass); ``near``, ``far``,
     ``scene_scale`` override the recipe's for every window;
     ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
-    from models.inference import Reconstruction, progress, reconstruct
 
     images, name = plan.images, plan.name
     pose_free = bool(getattr(model, "pose_free", False))
@@ -488,7 +493,6 @@ def write_capture(
     """``models.inference.write_reconstruction`` of the fused scene, plus
     ``renders/holdout/<stem>.png`` and ``holdout_sheet.png`` when photos were held out (and
     ``extra(staging)``'s files, e.g. the refinement's plot)."""
-    from models.inference import write_reconstruction
 
     more = extra
 

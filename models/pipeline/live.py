@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from models import budget, inference
-from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
 from models.capture.whole import subset
 from models.knobs import KnobRunner, declared_knob_names
 from models.output_folder import OutputFile, free_file_name
 from models.pipeline.refinement import refine_settings
+from models.pipeline.run import load_stage
 from models.pipeline.settings import ViewConfig
 from models.viewer import (
     SplatViewer,
@@ -58,36 +58,30 @@ def live_scene(source: Path, settings: dict[str, Any]):
     knob values)``."""
     name = str(settings["model"])
     device = inference.choose_device(settings["device"])
-    loaded = inference.load_for_inference(name, settings["weights"], device)
-    model = loaded.model
-    recipe = inference.model_recipe(model)
-    shape = inference.input_size(model, settings["image_size"], recipe)
     numbers = {}
     for key in ("near", "far", "scene_scale"):
         try:
             numbers[key] = None if settings[key] is None else float(settings[key])
         except (TypeError, ValueError):
             raise inference.InferenceError(f"{key}={settings[key]}", "must be a number") from None
-    views = int(settings["views"]) if settings["views"] is not None else None
-    shown = []
-    if needs_sfm(source, model, settings["cameras"]):  # minutes of SfM: its checks first
-        preflight = sfm_preflight(source, views, {})
-        shown = preflight.notes
-        for note in shown:
-            print(f"warning: {note}", file=sys.stderr)
-        count = preflight.count if views is None else min(views, preflight.count)
-        budget.check(budget.forward_estimate(model, count, shape, device=str(device), name=name))
-    images, more = load_inputs(
-        source, shape, model, name=name, views=views, cameras=settings["cameras"]
+    wanted_names = set(settings.get("view_names") or ())
+
+    def pick(images):  # an infer.py views=N output: the photos it chose
+        wanted = [i for i, n in enumerate(images.names) if n in wanted_names]
+        return subset(images, wanted) if wanted else images
+
+    loaded = load_stage(
+        source, name, settings["weights"], device, settings["image_size"],
+        views=int(settings["views"]) if settings["views"] is not None else None,
+        cameras=settings["cameras"], sfm={}, pick=pick if wanted_names else None,
+    )  # fmt: skip
+    model, recipe, images = loaded.model, loaded.recipe, loaded.images
+    shape = tuple(images.images.shape[-2:])
+    notes = loaded.notes + inference.recipe_warnings(
+        recipe, name, shape, numbers["near"], numbers["far"]
     )
-    if settings.get("view_names"):  # an infer.py views=N output: the photos it chose
-        wanted = [i for i, n in enumerate(images.names) if n in set(settings["view_names"])]
-        images = subset(images, wanted) if wanted else images
-    inference.check_input(images, recipe, name, shape)
-    notes = loaded.notes + more
-    notes += inference.recipe_warnings(recipe, name, shape, numbers["near"], numbers["far"])
     for note in notes:
-        if note not in shown:
+        if note not in loaded.shown:
             print(f"warning: {note}", file=sys.stderr)
     pose_free = bool(getattr(model, "pose_free", False))
     fov = float(settings["fov"])

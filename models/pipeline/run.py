@@ -40,7 +40,14 @@ from models.pipeline.refinement import (
 from models.pipeline.settings import InferConfig, check_values
 from models.refine import fit_shape, gaussians_from_points, plot_holdout_psnr, read_colmap_points
 
-__all__ = ["Pipeline", "RefineInterrupted", "forward_kwargs", "settings_from"]
+__all__ = [
+    "Loaded",
+    "Pipeline",
+    "RefineInterrupted",
+    "forward_kwargs",
+    "load_stage",
+    "settings_from",
+]
 
 
 def settings_from(config) -> InferConfig:
@@ -73,7 +80,7 @@ def forward_kwargs(model, settings) -> dict:
 @dataclasses.dataclass
 class Loaded:
     """What the load stage hands on: the model, its knobs and recipe, the inputs at the model's
-    input size, the warnings shown so far and the timings."""
+    input size, the warnings (``shown``: those printed already) and the timings."""
 
     model: object
     weights: object
@@ -83,6 +90,55 @@ class Loaded:
     notes: list
     timings: dict
     points: object = None
+    shown: list = dataclasses.field(default_factory=list)
+
+
+def load_stage(
+    source: Path,
+    name: str,
+    weights,
+    device,
+    image_size,
+    *,
+    views: int | None,
+    cameras,
+    sfm: dict,
+    knobs=None,
+    estimate=None,
+    pick=None,
+) -> Loaded:
+    """Load the model ``name`` and the inputs in ``source`` at its input size (``infer.py`` and
+    ``view.py`` alike). Every check that needs the model runs before structure-from-motion:
+    ``knobs(model) -> dict`` (the forward knobs, checked), the forward pass's memory
+    (``estimate(model, preflight, size)``, default: ``views`` or every photo at once).
+    ``pick(images)`` keeps some of the photos (``view.py`` on an ``infer.py`` folder)."""
+    start = time.perf_counter()
+    loaded = inference.load_for_inference(name, weights, device)
+    timings = {"load_model": round(time.perf_counter() - start, 4)}
+    model = loaded.model
+    forward = knobs(model) if knobs is not None else {}
+    recipe = inference.model_recipe(model)
+    size = inference.input_size(model, image_size, recipe)
+    shown = _warn(loaded.notes)  # the weights' notes now, not after the inputs load
+    if needs_sfm(source, model, cameras):  # minutes of SfM: every other check first
+        preflight = sfm_preflight(source, views, sfm)
+        shown += _warn(preflight.notes)
+        if estimate is None:
+            count = preflight.count if views is None else min(views, preflight.count)
+            work = budget.forward_estimate(model, max(count, 1), size, str(device), name=name)
+        else:
+            work = estimate(model, preflight, size)
+        budget.check(work)
+    start = time.perf_counter()
+    images, notes = load_inputs(
+        source, size, model, name=name, views=views, cameras=cameras, sfm=sfm
+    )
+    timings["load_inputs"] = round(time.perf_counter() - start, 4)
+    if pick is not None:
+        images = pick(images)
+    inference.check_input(images, recipe, name, size)
+    notes = loaded.notes + notes
+    return Loaded(model, loaded.weights, forward, recipe, images, notes, timings, shown=shown)
 
 
 class Pipeline:
@@ -121,38 +177,25 @@ class Pipeline:
 
     def load(self) -> Loaded:
         """The model (its knobs and recipe checked) and the inputs at its input size."""
-        s, source, device = self.s, self.source, self.device
+        s = self.s
         torch.manual_seed(s.seed)
-        start = time.perf_counter()
-        loaded = inference.load_for_inference(s.model, s.weights, device)
-        timings = {"load_model": round(time.perf_counter() - start, 4)}
-        model = loaded.model
-        knobs = forward_kwargs(model, s)
-        recipe = inference.model_recipe(model)
-        size = inference.input_size(model, s.image_size, recipe)
-        shown = _warn(loaded.notes)  # the weights' notes now, not after the inputs load
-        sfm = dataclasses.asdict(s.sfm)
-        load_views = _load_views(s, source, self.capture)
-        if needs_sfm(source, model, s.cameras):  # minutes of SfM: every other check first
-            preflight = sfm_preflight(source, load_views, sfm)
-            shown += _warn(preflight.notes)
-            budget.check(_preflight_estimate(s, model, preflight, size, self.capture, device))
-        start = time.perf_counter()
-        images, notes = load_inputs(
-            source, size, model, name=s.model, views=load_views, cameras=s.cameras, sfm=sfm
-        )
-        timings["load_inputs"] = round(time.perf_counter() - start, 4)
-        inference.check_input(images, recipe, s.model, size)
-        notes = loaded.notes + notes
+        loaded = load_stage(
+            self.source, s.model, s.weights, self.device, s.image_size,
+            views=_load_views(s, self.source, self.capture), cameras=s.cameras,
+            sfm=dataclasses.asdict(s.sfm), knobs=lambda model: forward_kwargs(model, s),
+            estimate=lambda model, preflight, size: _preflight_estimate(
+                s, model, preflight, size, self.capture, self.device
+            ),
+        )  # fmt: skip
         views = s.views  # views=all: each window has the recipe's count
-        notes += inference.recipe_warnings(
-            recipe, s.model, views=int(views) if str(views).isdigit() else None
+        more = inference.recipe_warnings(
+            loaded.recipe, s.model, views=int(views) if str(views).isdigit() else None
         )
-        _warn([note for note in notes if note not in shown])
-        points = None
+        loaded.notes += more
+        _warn([note for note in loaded.notes if note not in loaded.shown])
         if self.refine is not None and s.refine_init == "sfm":  # before the forward pass
-            points = _sfm_points(images, s)
-        return Loaded(model, loaded.weights, knobs, recipe, images, notes, timings, points)
+            loaded.points = _sfm_points(loaded.images, s)
+        return loaded
 
     def run(self) -> Path:
         """Plan, load, reconstruct, refine, write; returns the output folder."""

@@ -23,8 +23,10 @@ from PIL import Image
 from torch import Tensor
 
 from datamodules.errors import InputError
+from datamodules.readers.image_folder import load_images
 from models.capture.holdout import holdout_indices, holdout_views, score_holdout
 from models.command_line import Terminated
+from models.gaussians import Gaussians
 from models.inference import check_backend, choose_device
 from models.output_folder import OutputFolder
 from models.pipeline.refinement import (
@@ -36,6 +38,7 @@ from models.pipeline.refinement import (
 from models.pipeline.settings import MISSING, RefineCommandConfig, parse_key_values
 from models.refine.fit import fit_shape, refine_gaussians
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
+from models.refine.start import gaussians_from_points, read_colmap_points
 
 __all__ = ["USAGE", "main", "parse_arguments"]
 
@@ -92,10 +95,6 @@ def _check_finite(gaussians, ply: Path) -> None:
 
 def _load(positional: list[str], top: dict[str, Any]):
     """The start Gaussians and the photos (an ``ImageSet``)."""
-    from datamodules.readers.image_folder import load_images
-    from models.gaussians import Gaussians
-    from models.refine.start import gaussians_from_points, read_colmap_points
-
     init = top["refine_init"]
     wanted = 1 if init == "sfm" else 2
     if len(positional) != wanted:
