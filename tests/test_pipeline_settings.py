@@ -218,3 +218,14 @@ def test_library_errors_are_mapped_to_the_commands_keys() -> None:
     assert refine_settings({"refine": 0, "refine_time": None}, "auto", 0) is None
     made = refine_settings({"refine": 5, "refine_max_gaussians": 300}, "torch", 2)
     assert (made.steps, made.max_gaussians, made.backend, made.seed) == (5, 300, "torch", 2)
+
+
+def test_library_field_names_become_command_keys() -> None:
+    from models.pipeline.refinement import command_key
+
+    assert [command_key(k) for k in ("steps", "time", "size", "max_gaussians")] == [
+        "refine", "refine_time", "refine_size", "refine_max_gaussians",
+    ]  # fmt: skip
+    assert command_key("densify") == "refinement.densify"
+    assert command_key("refinement.mcmc") == "refinement.mcmc"
+    assert command_key("refine_size") == "refine_size"

@@ -21,13 +21,22 @@ from models.refine.settings import RefineSettings, RefineSettingsError, settings
 
 __all__ = ["check_fit_memory", "fit_memory", "holdout_table", "photo_shape", "refine_settings"]
 
-# RefineSettingsError names RefineSettings' fields; the commands' keys for them
+# RefineSettingsError names RefineSettings' fields (steps, time, size, max_gaussians, or a
+# refinement field); the commands' keys for them
 COMMAND_KEYS = {
-    "refine": "refine",
-    "refine_time": "refine_time",
-    "refine_size": "refine_size",
+    "steps": "refine",
+    "time": "refine_time",
+    "size": "refine_size",
     "max_gaussians": "refine_max_gaussians",
+    "checkpoint_every": "refine_checkpoint_every",
 }
+
+
+def command_key(field: str) -> str:
+    """The command-line key of a ``RefineSettings`` field named in a library error."""
+    if field in COMMAND_KEYS.values() or field.startswith("refinement."):
+        return field  # already a command's key
+    return COMMAND_KEYS.get(field, f"refinement.{field}")
 
 
 def refine_settings(values: Mapping[str, Any], backend: str, seed: int) -> RefineSettings | None:
@@ -53,7 +62,7 @@ def refine_settings(values: Mapping[str, Any], backend: str, seed: int) -> Refin
         )
     except RefineSettingsError as error:
         key = str(error.path) if error.path is not None else "refinement"
-        raise SettingError(COMMAND_KEYS.get(key, key), error.message) from None
+        raise SettingError(command_key(key.rstrip("=")), error.message) from None
     every = values.get("refine_checkpoint_every")
     if every is not None:
         settings.checkpoint_every = int(every)
