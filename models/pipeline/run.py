@@ -250,24 +250,8 @@ def _run_all(pipeline: Pipeline, loaded: Loaded, folder) -> Path:
     more: dict = {}
     fitted = None
     if pipeline.refine is not None:  # per-scene refinement on every input photo
-        photos, k, full = _refine_photos(
-            s, loaded.model, loaded.images, pipeline.refine, result.names
-        )
-        if not full and not all(p in ("given", "sfm") for p in result.placement):
-            k = None  # predicted / placed cameras: the model's intrinsics, its crop
-        start_set = None
-        if loaded.points is not None:
-            start_set = _points_start(loaded.points, result.frame.to_scene_points)
-        result, fitted = inference.refine_reconstruction(
-            result,
-            photos,
-            pipeline.refine,
-            intrinsics=k,
-            start=start_set,
-            checkpoint_path=_checkpoint(s, output),
-        )
+        result, fitted, _, _ = refine_stage(pipeline, loaded, result, result.frame.to_scene_points)
         more["refine"] = _refine_record(s, pipeline.refine, fitted, output)
-        print(fitted.message, file=sys.stderr)
     inference.write_reconstruction(
         result,
         folder,
@@ -462,14 +446,12 @@ def forward_capture(pipeline: Pipeline, loaded: Loaded):
 
 def _run_capture(pipeline: Pipeline, loaded: Loaded, folder) -> Path:
     """The planned windows fused, refined, scored on the held-out photos and written."""
-    s, output, images = pipeline.s, pipeline.output, loaded.images
+    s, output = pipeline.s, pipeline.output
     capture = forward_capture(pipeline, loaded)
     plan, notes = capture.plan, loaded.notes
     fitted = plot = None
     if pipeline.refine is not None:
-        capture, fitted, plot = _refine_capture(
-            s, loaded.model, images, capture, pipeline.refine, loaded.points
-        )
+        capture, fitted, plot = _refine_capture(pipeline, loaded, capture)
     result = capture.reconstruction
     result.timings = {**loaded.timings, **result.timings}
     write_capture(
@@ -503,48 +485,50 @@ def _run_capture(pipeline: Pipeline, loaded: Loaded, folder) -> Path:
     return output
 
 
-def _refine_capture(s, model, images, capture, settings, points):
-    """The fused scene refined on its non-held-out photos; the held-out photos scored before and
-    after at the refinement's size (``holdout.image_size``, the nearest-view baseline too).
-    Returns ``(capture, RefineResult, extra)``; ``extra(staging)`` writes ``refine_psnr.png``."""
-    recon = capture.reconstruction
-    plan = capture.plan
-    held_names = list(capture.holdout_views.names) if capture.holdout_views is not None else []
-    photos, k, full = _refine_photos(s, model, images, settings, recon.names + held_names)
+def refine_stage(pipeline: Pipeline, loaded: Loaded, recon, to_scene, held=None):
+    """The one place ``infer.py`` starts a refinement: ``recon`` (a ``Reconstruction``) fitted
+    on its photos read at ``refine_size`` (``_refine_photos``), from the feed-forward set or the
+    SfM points moved into its frame by ``to_scene``; ``held`` (``HoldoutViews`` at the model's
+    size) are read at the fit's size too and scored before the fit. Returns ``(refined,
+    RefineResult, held-out views at the fit's size or None, their scores before or None)``."""
+    s, settings = pipeline.s, pipeline.refine
+    held_names = list(held.names) if held is not None else []
+    names = recon.names + held_names
+    photos, k, full = _refine_photos(s, loaded.model, loaded.images, settings, names)
     used = len(recon.names)
-    train_k = k[:used] if full else None
-    views = None
+    views = before = None
     if held_names:
-        hv = capture.holdout_views
-        every_e = torch.cat([recon.extrinsics.float(), hv.extrinsics.float()])
-        every_k = k if full else torch.cat([recon.intrinsics.float(), hv.intrinsics.float()])
-        count = len(recon.names) + len(held_names)
-        views = holdout_lib.holdout_views(
-            recon.names + held_names,
-            photos,
-            every_e,
-            every_k,
-            list(range(used, count)),
-            list(range(used)),
-        )
-    start = None
-    if points is not None:
-        _, move = fusion.capture_frame(images.extrinsics[plan.used])
-        start = _points_start(points, move.points)
-    backend = s.backend
-    before = None
-    if views is not None:
-        before = holdout_lib.score_holdout(recon.gaussians, views, backend=backend)
+        every_e = torch.cat([recon.extrinsics.float(), held.extrinsics.float()])
+        every_k = k if full else torch.cat([recon.intrinsics.float(), held.intrinsics.float()])
+        held_at, inputs = list(range(used, len(names))), list(range(used))
+        views = holdout_lib.holdout_views(names, photos, every_e, every_k, held_at, inputs)
+        before = holdout_lib.score_holdout(recon.gaussians, views, backend=s.backend)
+    start = _points_start(loaded.points, to_scene) if loaded.points is not None else None
     refined, fitted = inference.refine_reconstruction(
         recon,
         photos[:used],
         settings,
-        intrinsics=train_k,
+        intrinsics=k[:used] if full else None,  # else the model's intrinsics, its crop
         holdout=views,
         start=start,
-        checkpoint_path=_checkpoint(s, Path(s.output).expanduser()),
+        checkpoint_path=_checkpoint(s, pipeline.output),
     )
     print(fitted.message, file=sys.stderr)
+    return refined, fitted, views, before
+
+
+def _refine_capture(pipeline: Pipeline, loaded: Loaded, capture):
+    """The fused scene refined on its non-held-out photos; the held-out photos scored before and
+    after at the refinement's size (``holdout.image_size``, the nearest-view baseline too).
+    Returns ``(capture, RefineResult, extra)``; ``extra(staging)`` writes ``refine_psnr.png``."""
+    s, settings, recon = pipeline.s, pipeline.refine, capture.reconstruction
+    to_scene = None
+    if loaded.points is not None:  # refine_init=sfm: the points into the fused set's frame
+        to_scene = fusion.capture_frame(loaded.images.extrinsics[capture.plan.used])[1].points
+    refined, fitted, views, before = refine_stage(
+        pipeline, loaded, recon, to_scene, capture.holdout_views
+    )
+    backend = s.backend
     summary = dict(capture.summary)
     record = _refine_record(s, settings, fitted, Path(s.output).expanduser())
     scores = None
