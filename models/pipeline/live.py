@@ -20,7 +20,6 @@ from models.knobs import KnobRunner, declared_knob_names
 from models.output_folder import OutputFile, free_file_name
 from models.pipeline.refinement import refine_settings
 from models.pipeline.run import load_stage
-from models.pipeline.settings import ViewConfig
 from models.viewer import (
     SplatViewer,
     ViewCamera,
@@ -34,7 +33,7 @@ from models.viewer import (
 __all__ = ["build", "live_scene", "settings_from_summary"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SAVE = ViewConfig.save
+DEFAULT_SAVE = "gaussians_view.ply"  # save= unless given
 
 
 def _known_cameras(images, context, given, pred, pose_free: bool):

@@ -6,9 +6,9 @@ The commands read their arguments through one parser: :func:`check_arguments` re
 key (naming the closest one) or a value of the wrong type before Hydra reads the command line;
 :func:`check_values` refuses values out of range (counts, positive and finite numbers, angles,
 path lengths, choices). ``infer.py`` registers :class:`InferConfig` with Hydra as a structured
-config (:func:`infer_config`), ``view.py`` and ``python -m models.refine`` parse their
-``key=value`` arguments with :func:`parse_key_values` over :class:`ViewConfig` and
-:class:`RefineCommandConfig`, which share the refinement's fields (:class:`RefineFields`), so a
+config, ``python -m models.refine`` parses its ``key=value`` arguments with
+:func:`parse_key_values` over :class:`RefineCommandConfig`, and ``view.py`` its refinement
+settings with :func:`refine_values`: all share the refinement's fields (:class:`RefineFields`), so a
 refinement setting is checked the same way in every command. Errors are :class:`SettingError`
 (an ``InputError``): one line naming ``key=value``.
 
@@ -39,7 +39,6 @@ __all__ = [
     "RefineFields",
     "SettingError",
     "SfmConfig",
-    "ViewConfig",
     "check_arguments",
     "angle_problem",
     "check_values",
@@ -158,27 +157,6 @@ class RefineCommandConfig(RefineFields):
     device: str = "auto"
     backend: str = setting("auto", choices=("auto", "torch", "gsplat", "cpu"))
     seed: int = 0
-
-
-@dataclass
-class ViewConfig(RefineFields):
-    """``python view.py PATH key=value ...`` (the families' knobs are added by the viewer)."""
-
-    model: str | None = None
-    weights: str | None = setting(None, path=True)
-    host: str = "127.0.0.1"
-    port: int = setting(0, minimum=0, maximum=65535)
-    save: str = setting("gaussians_view.ply", path=True)
-    device: str = "auto"
-    live: str = setting("auto", choices=("auto", "true", "false"))
-    views: Any = setting(None, count=True, minimum=1)
-    image_size: Any = None
-    near: float | None = setting(None, above=0.0, finite=True)
-    far: float | None = setting(None, above=0.0, finite=True)
-    scene_scale: float | None = setting(None, above=0.0, finite=True)
-    cameras: str | None = setting(None, path=True)
-    fov: float = setting(60.0, angle=True)
-    backend: str = setting("auto", choices=("auto", "torch", "gsplat", "cpu"))
 
 
 # ---------------------------------------------------------------------------------- the fields
