@@ -1,10 +1,10 @@
-"""What every command shares: its arguments before Hydra parses them, its settings checks, the
+"""What every command shares: its arguments before Hydra parses them, the
 plain ``key=value`` commands' tail, and the one-line stop on Ctrl-C or SIGTERM.
 
 Hydra's override grammar rejects unquoted values with accents, CJK characters, parentheses,
 spaces and the like (``input=café`` is a lexer error), so path-valued arguments are quoted for it
-here (:func:`quote_path_arguments`): a user types any path their shell passes.
-:func:`check_settings` names the closest known setting of a mistyped one (``SettingError``);
+here (:func:`quote_path_arguments`): a user types any path their shell passes (the settings
+themselves are declared and checked in :mod:`models.pipeline.settings`);
 :func:`key_value_arguments` and :func:`run_key_value_command` are the argument parsing and the
 ``--help`` / one-line-error tail of the plain commands (``models.training.export``,
 ``models.weights.convert``); :func:`stopped_cleanly` ends a command on Ctrl-C or SIGTERM with one
@@ -14,7 +14,6 @@ line and exit status 130 / 143. Pure Python: no Hydra import.
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import signal
 import sys
@@ -26,11 +25,7 @@ from datamodules.errors import InputError
 
 __all__ = [
     "PATH_KEYS",
-    "SettingError",
     "Terminated",
-    "angle_setting",
-    "check_settings",
-    "closest",
     "config_help",
     "key_value_arguments",
     "quote_lists",
@@ -107,110 +102,6 @@ def quote_path_arguments(argv: list[str], keys: frozenset[str] = PATH_KEYS) -> l
     return out
 
 
-class SettingError(InputError):
-    """A ``key=value`` setting that does not exist or has a value of the wrong kind."""
-
-
-def closest(name: str, names: list[str]) -> str | None:
-    """The declared name ``name`` was most likely meant to be (``orbit_frame`` → ``orbit_frames``)."""
-    import difflib
-
-    tail = {n.rsplit(".", 1)[-1]: n for n in names}
-    found = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    if not found:  # a misspelt leaf of a group: sfm.matchng → sfm.matching
-        found = [tail[t] for t in difflib.get_close_matches(name.rsplit(".", 1)[-1], tail, 1, 0.75)]
-    return found[0] if found else None
-
-
-def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in config.items():
-        if key in ("defaults", "hydra"):
-            continue
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}."))
-        out[name] = value
-    return out
-
-
-_BOOLS = {"true", "false"}
-
-
-def _kind_error(name: str, default: object, value: str) -> str | None:
-    """What is wrong with ``value`` for a setting whose default is ``default`` (its type), or
-    ``None``. Settings declared ``null`` or as text take any value (their own code checks)."""
-    text = value.strip().strip("'\"")
-    if isinstance(default, bool):
-        return None if text.lower() in _BOOLS else "must be true or false"
-    if isinstance(default, int):
-        try:
-            int(text)
-        except ValueError:
-            return f"must be a whole number (default {default})"
-        return None
-    if isinstance(default, float):
-        try:
-            number = float(text)
-        except ValueError:
-            return f"must be a number (default {default})"
-        if not math.isfinite(number):
-            return f"must be a finite number (default {default})"
-    return None
-
-
-def check_settings(
-    argv: list[str],
-    config: dict,
-    program: str,
-    rules: dict[str, Callable[[str], str | None]] | None = None,
-) -> None:
-    """Refuse a ``key=value`` argument whose key the configuration does not declare (naming the
-    closest declared one) or whose value does not fit the declared default's type (``bool``,
-    ``int``, ``float``), before Hydra reads them; ``rules`` add per-key checks (value → what is
-    wrong, or ``None``). Hydra's own arguments (``-m``, ``--cfg``, ``hydra.*``) pass.
-
-    Args:
-        argv: the command line (after the program name).
-        config: the configuration as plain containers (its ``defaults``/``hydra`` ignored).
-        program: the command's name, for messages.
-        rules: extra checks by dotted key.
-
-    Raises:
-        SettingError: one line naming the argument.
-    """
-    declared = _flatten(config)
-    names = sorted(n for n in declared if not isinstance(declared[n], dict))
-    for arg in argv:
-        if arg.startswith("-"):
-            continue
-        key, sep, value = arg.partition("=")
-        bare = key.lstrip("+~")
-        if not sep:
-            raise SettingError(arg, f"not a setting of {program} (settings are key=value)")
-        if bare == "hydra" or bare.startswith(("hydra.", "hydra/")):
-            continue
-        if bare not in declared:
-            group = bare.rsplit(".", 1)[0] if "." in bare else None
-            shown = names
-            if group is not None and isinstance(declared.get(group), dict):
-                shown = [n for n in names if n.startswith(f"{group}.")]  # that group's keys
-            guess = closest(bare, names)
-            hint = f"did you mean {guess}? " if guess else ""
-            raise SettingError(
-                arg, f"unknown setting of {program} ({hint}settings: {', '.join(shown)})"
-            )
-        default = declared[bare]
-        low = value.strip().lower()
-        if low in ("null", "none") and not isinstance(default, (bool, int, float)):
-            continue
-        problem = _kind_error(bare, default, value)
-        if problem is None and rules and bare in rules:
-            problem = rules[bare](value)
-        if problem is not None:
-            raise SettingError(arg, problem)
-
-
 def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     """``--help`` of a Hydra entry point: the usage (the config's first four ``# `` lines) and
     every top-level setting with its default and the comment written above it (Hydra's own help
@@ -232,15 +123,6 @@ def config_help(config: str | Path, notes: tuple[str, ...] = ()) -> str:
     width = max(len(key) for key, _ in rows)
     body = [f"  {key.ljust(width)}  {text}".rstrip() for key, text in rows]
     return "\n".join([*header, "", "Settings:", *body, *(("",) + notes if notes else ())])
-
-
-def angle_setting(value: str) -> str | None:
-    """A settings rule (``check_settings``' ``rules``): an angle in degrees in (0, 180)."""
-    try:
-        ok = 0 < float(value) < 180
-    except ValueError:
-        ok = False
-    return None if ok else "must be an angle in degrees between 0 and 180"
 
 
 def truthy(value: str | None) -> bool:

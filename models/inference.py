@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
+from models.factory import create_model
 from models.gaussians import Gaussians, transform_gaussians
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import (
@@ -54,8 +55,13 @@ from models.input_recipe import (
     parse_image_size,
 )
 from models.knobs import Knob, inference_knobs
+from models.metrics import psnr
 from models.output_folder import OutputFolder
 from models.pixels import image_to_uint8
+from models.refine import holdout_evaluator, refine_gaussians
+from models.registry import get_pretrained_cfg, is_model, list_models
+from models.render.core import render
+from models.weights.hub import weights_location
 
 __all__ = [
     "PLACEMENTS",
@@ -148,7 +154,7 @@ class Reconstruction:
         family: the model's family.
         pose_free: whether the model ignores input cameras.
         knobs: the inference knobs it ran with (checked, converted).
-        timings: seconds per stage (``inference``, ``fit_poses``; callers add their own).
+        timings: seconds per stage (``inference``, ``pose_fit``; callers add their own).
         maps: per-family per-view maps, e.g. ``"cardinality"`` ``[V, H, W]`` int64 (Gaussians per
             pixel of a MoE-cardinality model).
         source: the ``ImageSet`` the images came from (original sizes, SfM result), or ``None``.
@@ -331,8 +337,6 @@ def load_for_inference(
         InferenceError: unknown model name, weights path not found.
         PretrainedError: weights that do not load (one line naming the file).
     """
-    from models.factory import create_model
-    from models.registry import is_model, list_models
 
     if not is_model(name):
         raise InferenceError(
@@ -356,8 +360,6 @@ def load_for_inference(
         and Path(w.filename).resolve().is_relative_to(REPO_ROOT)
     ]
     if pretrained is True:
-        from models.weights.hub import weights_location
-
         described = weights_location(name)
     else:
         described = str(pretrained)
@@ -383,7 +385,6 @@ def model_recipe(model: nn.Module | str) -> InputRecipe:
     """The input recipe of ``model``: its weights' tag (``pretrained_cfg.recipe``), else its
     architecture's default tag, else :func:`~models.input_recipe.fallback_recipe` (the size it
     records and its own near/far)."""
-    from models.registry import get_pretrained_cfg
 
     if isinstance(model, str):
         cfg = get_pretrained_cfg(model)
@@ -660,8 +661,8 @@ def reconstruct(
     images: Any,
     cameras: Mapping[str, Tensor] | None = None,
     *,
-    fit_poses: int = 50,
-    refine_size: int = 128,
+    pose_fit_steps: int = 50,
+    pose_fit_size: int = 128,
     backend: str = "auto",
     fov: float = 60.0,
     name: str | None = None,
@@ -682,9 +683,9 @@ def reconstruct(
             replacing the image set's poses, in the capture's frame. Posed models need
             extrinsics; pose-free ones do not see them, but their views are placed by them when
             the model predicts no cameras.
-        fit_poses: for pose-free models that predict no cameras and have no given cameras:
-            test-time pose fit steps placing views 1.. (0: their poses stay unknown).
-        refine_size: the refinement fits images downsampled to at most this many pixels.
+        pose_fit_steps: for pose-free models that predict no cameras and have no given cameras:
+            test-time pose fitting steps placing views 1.. (0: their poses stay unknown).
+        pose_fit_size: the pose fit compares images downsampled to at most this many pixels.
         backend: renderer for the pose fit (``auto``, ``torch``, ``gsplat``, ``cpu``).
         fov: horizontal field of view in degrees assumed when there are no intrinsics.
         name: the model's name in messages (default: its registry name).
@@ -765,18 +766,18 @@ def reconstruct(
         poses = f"input ({label}); pose-free {name} does not predict cameras"
     else:
         extrinsics = torch.eye(4, device=device).expand(views, 4, 4).clone()
-        steps = int(fit_poses)
+        steps = int(pose_fit_steps)
         if views > 1 and steps > 0:
             # Views 1.. by test-time pose fit (as eval does for pose-free models), each
             # from view 0's pose, against its own image with the Gaussians frozen.
             from models.pose_fit import fit_target_poses
 
             targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
-            if max(targets.shape[-2:]) > refine_size:  # intrinsics are normalised
-                factor = refine_size / max(targets.shape[-2:])
+            if max(targets.shape[-2:]) > pose_fit_size:  # intrinsics are normalised
+                factor = pose_fit_size / max(targets.shape[-2:])
                 small = [max(8, round(n * factor)) for n in targets.shape[-2:]]
                 targets = F.interpolate(targets[0], size=small, mode="area")[None]
-            with timer("fit_poses", device):
+            with timer("pose_fit", device):
                 extrinsics[1:] = fit_target_poses(
                     gaussians,
                     targets,
@@ -835,7 +836,6 @@ def render_views(
 ) -> Tensor:
     """Render every camera, ``views_per_call`` at a time (batched views are several times cheaper
     per view on the torch backend); returns ``[N, 3, H, W]`` on CPU."""
-    from models.render.core import render
 
     out = []
     with progress(total=extrinsics.shape[0], desc=desc, unit="view") as bar:
@@ -1004,7 +1004,6 @@ def refine_reconstruction(
         InferenceError: a view without a camera (one line).
         models.refine.RefineSettingsError: one line naming the argument.
     """
-    from models.refine import holdout_evaluator, refine_gaussians
 
     unknown = [n for n, kind in zip(result.names, result.placement) if kind == "unknown"]
     if unknown:
@@ -1014,7 +1013,7 @@ def refine_reconstruction(
         raise InferenceError(
             "refine",
             f"model {result.model} predicts no cameras and {shown} have none: refinement fits "
-            "the photos at their cameras (give cameras=, or fit_poses= > 0)",
+            "the photos at their cameras (give cameras=, or pose_fit_steps= > 0)",
         )
     if len(photos) != len(result.names):
         raise ValueError(f"photos: {len(photos)} for {len(result.names)} views")
@@ -1140,7 +1139,6 @@ def write_reconstruction(
             )
         (staging / "renders").mkdir()
         _save_pngs(rendered, [staging / "renders" / render_names[i] for i in known])
-        from models.metrics import psnr
 
         input_psnr = [psnr(r, result.images[i]) for i, r in zip(known, rendered)]
         cardinality = None

@@ -633,14 +633,14 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
         ("sfm.matchng=auto", "did you mean sfm.matching?"),
         ("fov=abc", "must be a number"),
         ("fov=400", "between 0 and 180"),
-        ("fit_poses=abc", "must be a whole number"),
+        ("pose_fit_steps=abc", "must be a whole number"),
         ("overwrite=maybe", "must be true or false"),
     ],
 )
 def test_infer_settings_are_checked_against_the_config(arg: str, expected: str) -> None:
     sys.path.insert(0, str(REPO_ROOT))
     import infer
-    from models.command_line import SettingError
+    from models.pipeline.settings import SettingError
 
     with pytest.raises(SettingError) as caught:
         infer.arguments(["input=photos", "output=out", arg])
@@ -650,9 +650,18 @@ def test_infer_settings_are_checked_against_the_config(arg: str, expected: str) 
 
 def test_settings_declared_later_are_checked_too() -> None:
     """The check reads the config's keys and default types, not a list of today's keys."""
-    from models.command_line import SettingError, check_settings
+    from dataclasses import field, make_dataclass
+    from typing import Any
 
-    config = {"views": None, "holdout": 0, "refine_time": 1.5, "center_view": "", "x": {"y": True}}
+    from models.pipeline.settings import SettingError
+    from models.pipeline.settings import check_arguments as check_settings
+
+    x = make_dataclass("X", [("y", bool, True)])
+    config = make_dataclass(
+        "Config",
+        [("views", Any, None), ("holdout", int, 0), ("refine_time", float, 1.5),
+         ("center_view", str, ""), ("x", x, field(default_factory=x))],
+    )  # fmt: skip
     check_settings(["views=all", "holdout=3", "refine_time=2", "center_view=a.png", "x.y=false"],
                    config, "prog")  # fmt: skip
     for arg, expected in (

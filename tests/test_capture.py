@@ -393,10 +393,11 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
     assert len(cameras["frames"]) == 9 and len(cameras["path"]) == 4
     # view.py shows a fused output as saved (and says so): its knobs would re-run every window
     import view
+    from models.pipeline import live
 
     settings = {"model": None, "weights": None, "views": None, "image_size": None}
     settings |= {k: None for k in view.KNOB_KEYS}
-    assert view._summary_settings(output, settings) is None
+    assert live.settings_from_summary(output, settings) is None
     assert "fuses 8 windows" in capsys.readouterr().err
 
 
@@ -448,7 +449,7 @@ def test_infer_pose_free_holdout_without_poses(capture: Path, tmp_path: Path, ca
     output = tmp_path / "free"
     status, out, err = infer_in_process(
         capsys, f"input={bare}", f"output={output}", "model=zipsplat_tiny",
-        "views=all", "holdout=photo_02", "fit_poses=5", *COMMON,
+        "views=all", "holdout=photo_02", "pose_fit_steps=5", *COMMON,
     )  # fmt: skip
     assert status == 0, err
     summary = json.loads((output / "summary.json").read_text())
@@ -522,7 +523,7 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
         assert len(plan.windows) > 1
         with torch.no_grad():
             results.append(
-                reconstruct_capture(model, plan, fit_poses=0, backend="torch", lpips=False)
+                reconstruct_capture(model, plan, pose_fit_steps=0, backend="torch", lpips=False)
             )
     first, second = results
     assert first.plan.windows == second.plan.windows
@@ -540,7 +541,9 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
             back = result.reconstruction.frame.to_capture
             steps = result.summary["scene"]["window_to_frame"]
             for window, step in zip(result.plan.windows, steps):
-                alone = reconstruct(model, subset(photos, window), fit_poses=0, backend="torch")
+                alone = reconstruct(
+                    model, subset(photos, window), pose_fit_steps=0, backend="torch"
+                )
                 move = Similarity(
                     step["scale"],
                     *(torch.tensor(step[k]).double() for k in ("rotation", "translation")),

@@ -460,9 +460,9 @@ def test_forward_knobs_are_checked_against_the_model() -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from infer import forward_kwargs
     from models import create_model
     from models.inference import InferenceError
+    from models.pipeline.run import forward_kwargs
 
     with torch.device("meta"):
         weaver = create_model("splatweaver_tiny")

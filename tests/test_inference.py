@@ -61,7 +61,7 @@ from models import create_model
 from models.inference import reconstruct, write_reconstruction
 
 model = create_model("zipsplat_tiny").eval()
-result = reconstruct(model, torch.rand(2, 3, 32, 32), fit_poses=0, compression=0.5)
+result = reconstruct(model, torch.rand(2, 3, 32, 32), pose_fit_steps=0, compression=0.5)
 write_reconstruction(result, sys.argv[1], frames=2, backend="torch")
 shared = ("datamodules", "datamodules.errors")  # the bad-input error class, and its package
 print(sorted(m for m in sys.modules if m.split(".")[0] in {_BLOCKED!r} + shared[:1]
@@ -121,15 +121,15 @@ def test_pose_free_model_places_views(views, one_thread) -> None:
     given = reconstruct(model, views["image"], {"extrinsics": views["extrinsics"]}, compression=1.0)
     assert given.pose_free and given.placement == ["given", "given"]
     assert "does not predict cameras" in given.poses
-    unknown = reconstruct(model, views["image"], fit_poses=0, compression=1.0)
+    unknown = reconstruct(model, views["image"], pose_fit_steps=0, compression=1.0)
     assert unknown.placement == ["identity", "unknown"] and unknown.known == [0]
     # The model never saw the poses: the same Gaussians either way.
     assert torch.equal(given.gaussians.means, unknown.gaussians.means)
-    refined = reconstruct(model, views["image"], fit_poses=2, backend="torch")
+    refined = reconstruct(model, views["image"], pose_fit_steps=2, backend="torch")
     assert refined.placement == ["identity", "refined"] and "pose fit" in refined.poses
     assert torch.allclose(refined.extrinsics[0], torch.eye(4))
     assert not torch.allclose(refined.extrinsics[1], torch.eye(4))  # moved by the fit
-    fewer = reconstruct(model, views["image"], fit_poses=0, compression=0.25)
+    fewer = reconstruct(model, views["image"], pose_fit_steps=0, compression=0.25)
     assert 0 < fewer.count < unknown.count
 
 

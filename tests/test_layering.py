@@ -67,6 +67,10 @@ RANKS: dict[str, float] = {
     "models.pose_fit": 8,
     "models.viewer": 8,
     "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
+    # the application layer: typed settings, the refinement's checks, infer.py's stages
+    "models.pipeline": 9.5,
+    "models.refine.cli": 9.6,  # python -m models.refine: a client of the pipeline's checks
+    "models.refine.__main__": 9.6,
     "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)
     "datamodules.synthetic_scenes": 3,  # its scenes (textures, primitives, camera paths)
     "datamodules.synthetic_render": 3,  # its analytic ray casting
@@ -192,7 +196,8 @@ def graph():
 def test_graph_covers_scripts_tests_and_bench(graph) -> None:
     edges, _ = graph
     assert {"train", "infer", "tests.test_layering", "bench.common"} <= set(edges)
-    assert "models.factory" in edges["infer"] or "models.inference" in edges["infer"]
+    assert "models.pipeline.run" in edges["infer"]  # infer.py runs the pipeline
+    assert "models.inference" in edges["models.pipeline.run"]
     assert "tests.test_infer" in edges["tests.test_bad_inputs"]  # a sibling, by bare name
     assert "view" in edges["tests.test_viewer"]
     assert "datamodules.training.datamodule" in edges["datamodules"]  # lazily, by _LAZY

@@ -390,6 +390,7 @@ def _ply(path: Path, count: int = 40) -> Path:
 
 def test_view_save_never_replaces_the_input_or_a_users_file(tmp_path, capsys, monkeypatch) -> None:
     import view
+    from models.pipeline import live
 
     scene = _ply(tmp_path / "scene.ply")
     notes = tmp_path / "notes.ply"
@@ -407,7 +408,7 @@ def test_view_save_never_replaces_the_input_or_a_users_file(tmp_path, capsys, mo
     # The default name never replaces an earlier run's file: the next free name is taken.
     monkeypatch.chdir(tmp_path)
     (tmp_path / "gaussians_view.ply").write_bytes(b"an earlier save")
-    assert view._save_path(None) == Path("gaussians_view-1.ply")
+    assert live._save_path(None) == Path("gaussians_view-1.ply")
 
 
 def test_viewer_save_button_replaces_only_its_own_file(tmp_path, capsys) -> None:

@@ -157,14 +157,15 @@ def test_view_refine_builds_a_scene(capture, capsys) -> None:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     import view
+    from models.pipeline import live
 
     path, settings = view.parse_args(
         [str(capture), "model=pixel_aligned_tiny", "refine=10", "device=cpu", "backend=torch",
          "image_size=32"]
     )  # fmt: skip
-    refined, _, _ = view.reconstruct(Path(path), settings)
+    refined, _, _ = live.live_scene(Path(path), settings)
     settings["refine"] = None
-    plain, _, _ = view.reconstruct(Path(path), settings)
+    plain, _, _ = live.live_scene(Path(path), settings)
     assert "re-runs the feed-forward pass only" in capsys.readouterr().err
     assert refined.gaussians.count()[0] == plain.gaussians.count()[0]
     assert not torch.equal(refined.gaussians.means, plain.gaussians.means)
@@ -199,7 +200,7 @@ def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, caps
         shutil.copy(path, photos / path.name)
     output = tmp_path / "free"
     status, _, err = infer_in_process(
-        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "fit_poses=0",
+        capsys, f"input={photos}", f"output={output}", "model=zipsplat_tiny", "pose_fit_steps=0",
         "refine=5", "image_size=32", "orbit_frames=2", "backend=torch", "device=cpu",
     )  # fmt: skip
     assert status == 2, err

@@ -28,6 +28,7 @@ import view
 from models import Gaussians, create_model, list_models
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, KnobRunner, inference_knobs, knob_free_modules
+from models.pipeline import live
 from models.viewer import (
     SplatViewer,
     ViewerError,
@@ -221,7 +222,7 @@ def test_infer_output_folder_scene(tmp_path):
     from hydra import initialize_config_dir
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        viewer = view.build(*view.parse_args([str(out)]))
+        viewer = live.build(*view.parse_args([str(out)]))
     try:
         assert viewer.runner is not None and "compression" in viewer.knobs
         assert viewer.count == scene.gaussians.num_slots
@@ -229,7 +230,7 @@ def test_infer_output_folder_scene(tmp_path):
         assert len(viewer.scene.cameras) == 2
     finally:
         viewer.stop()
-    viewer = view.build(*view.parse_args([str(out), "live=false"]))
+    viewer = live.build(*view.parse_args([str(out), "live=false"]))
     try:
         assert viewer.runner is None and list(viewer.knobs) == ["max_gaussians"]
     finally:
@@ -405,7 +406,7 @@ def test_viewer_in_headless_chromium(tmp_path):
     path, settings = view.parse_args(
         [str(EXAMPLE), "model=zipsplat_tiny", "views=2", f"save={saved}"]
     )
-    viewer = view.build(path, settings)
+    viewer = live.build(path, settings)
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for argument in (

@@ -392,7 +392,7 @@ def test_infer_on_a_plain_image_folder_places_views_by_pose_fit(tmp_path, capsys
         "model=zipsplat_da3_tiny",
         f"weights={weights}",
         "orbit_frames=2",
-        "fit_poses=3",
+        "pose_fit_steps=3",
         "compression=0.5",
     )
     assert status == 0, err

@@ -34,11 +34,21 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
+from models import budget
 from models.capture import fusion
 from models.capture import holdout as holdout_lib
 from models.capture import views as view_lib
 from models.gaussians import transform_gaussians
+from models.geometry.cameras import transform_points, world_to_camera
 from models.geometry.similarity import Similarity
+from models.inference import (
+    Reconstruction,
+    SceneFrame,
+    progress,
+    reconstruct,
+    write_reconstruction,
+)
+from models.registry import get_pretrained_cfg
 
 __all__ = [
     "CaptureError",
@@ -73,7 +83,6 @@ def subset(images: Any, indices: list[int]) -> Any:
 def window_size(model: nn.Module, name: str) -> int:
     """Views per window for ``views=all``: the release's recipe (``recipe.views``), else its
     pretrained config's ``views``, else 2; at least the model's ``min_views``."""
-    from models.registry import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(name)
     recipe = getattr(cfg, "recipe", None) if cfg is not None else None
@@ -192,7 +201,6 @@ def capture_estimate(model: nn.Module, plan: CapturePlan, device: torch.device |
     """``models.budget``'s estimate of ``plan``: one window's forward pass
     (:func:`models.budget.forward_estimate`, its peak memory) times the number of windows (the
     time). ``budget.check`` refuses it naming ``image_size``."""
-    from models import budget
 
     shape = tuple(plan.images.images.shape[-2:])
     one = budget.forward_estimate(
@@ -230,7 +238,6 @@ class CaptureResult:
 def _depth_ratio(fused: list, camera: Tensor, window_g, window_camera: Tensor) -> float | None:
     """Median depth of the fused Gaussians over that of a window's, seen from one shared photo
     (each in its own frame): the scale of a chained window whose cameras have no spread."""
-    from models.geometry.cameras import transform_points, world_to_camera
 
     def median_depth(g, e) -> float | None:
         z = transform_points(world_to_camera(e.to(g.means)), g.means[0][g.valid_mask()[0]])[:, 2]
@@ -248,7 +255,6 @@ def _capture_scene_frame(move: Similarity | None, first: Any) -> Any:
     """The fused scene's :class:`~models.inference.SceneFrame`: the capture frame (``move`` of
     the capture's own poses) mapped back to the capture's own frame and scale; without capture
     poses, the first window's frame (chained windows share it)."""
-    from models.inference import SceneFrame
 
     if move is None:
         return first
@@ -265,7 +271,8 @@ def reconstruct_capture(
     model: nn.Module,
     plan: CapturePlan,
     *,
-    fit_poses: int = 50,
+    pose_fit_steps: int = 50,
+    pose_fit_size: int = 128,
     backend: str = "auto",
     fov: float = 60.0,
     fusion_max_gaussians: int | None = None,
@@ -277,10 +284,10 @@ def reconstruct_capture(
     **knobs: Any,
 ) -> CaptureResult:
     """Reconstruct every window of ``plan``, fuse them in the capture frame and score the
-    held-out photos (module doc). ``fusion_max_gaussians`` caps the fused set (``max_gaussians``,
-    a knob, goes to every window's forward pass); ``near``, ``far``, ``scene_scale`` override the recipe's for every window;
+    held-out photos (module doc). ``fusion_max_gaussians`` caps the fused set of several windows
+    (``max_gaussians``, a knob, caps each window's forward pass); ``near``, ``far``,
+    ``scene_scale`` override the recipe's for every window;
     ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
-    from models.inference import Reconstruction, progress, reconstruct
 
     images, name = plan.images, plan.name
     pose_free = bool(getattr(model, "pose_free", False))
@@ -308,7 +315,8 @@ def reconstruct_capture(
         result = reconstruct(
             model,
             subset(images, window),
-            fit_poses=fit_poses,
+            pose_fit_steps=pose_fit_steps,
+            pose_fit_size=pose_fit_size,
             backend=backend,
             fov=fov,
             name=name,
@@ -319,7 +327,7 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
-        for key, value in result.timings.items():  # inference, fit_poses: summed
+        for key, value in result.timings.items():  # inference, pose_fit: summed
             stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
             target = capture_e[[position[i] for i in window]]
@@ -334,7 +342,7 @@ def reconstruct_capture(
             if "unknown" in result.placement and len(plan.windows) > 1:
                 raise CaptureError(
                     f"model={name}: views=all without camera poses needs the model's cameras "
-                    f"or pose fit (fit_poses > 0)"
+                    f"or pose fitting (pose_fit_steps > 0)"
                 )
             shared = [k for k, i in enumerate(window) if i in known]
             if not shared:
@@ -378,8 +386,9 @@ def reconstruct_capture(
         bar.set_postfix(gaussians=result.count)
     bar.close()
     start = time.perf_counter()
+    cap = fusion_max_gaussians if len(plan.windows) > 1 else None
     gaussians, counts = fusion.fuse_windows(
-        sets, cameras, shape, fusion_max_gaussians=fusion_max_gaussians, backend=backend
+        sets, cameras, shape, fusion_max_gaussians=cap, backend=backend
     )
     fuse_s = round(time.perf_counter() - start, 3)
 
@@ -433,7 +442,7 @@ def reconstruct_capture(
             "windows": [plan.names(w) for w in plan.windows],
             "window_max_rotation_deg": angles,
             "window_seconds": seconds,
-            "fusion": counts,
+            "fusion": {**counts, "fusion_max_gaussians": cap},
             "frame": "written in the capture's own frame and scale; fused in its poses moved "
             "so that the first used photo is the identity and the largest camera distance is 1"
             if capture_e is not None
@@ -494,7 +503,6 @@ def write_capture(
     """``models.inference.write_reconstruction`` of the fused scene, plus
     ``renders/holdout/<stem>.png`` and ``holdout_sheet.png`` when photos were held out (and
     ``extra(staging)``'s files, e.g. the refinement's plot)."""
-    from models.inference import write_reconstruction
 
     more = extra
 

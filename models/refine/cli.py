@@ -19,12 +19,29 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
 
 from datamodules.errors import InputError
+from datamodules.readers.colmap import read_colmap_points
+from datamodules.readers.image_folder import load_images
+from models.capture.holdout import holdout_indices, holdout_views, score_holdout
 from models.command_line import Terminated
+from models.gaussians import Gaussians
+from models.inference import check_backend, choose_device
+from models.output_folder import OutputFolder
+from models.pipeline.refinement import (
+    check_fit_memory,
+    holdout_table,
+    photo_shape,
+    refine_settings,
+)
+from models.pipeline.settings import MISSING, RefineCommandConfig, parse_key_values
 from models.pixels import image_to_uint8
+from models.refine.fit import refine_gaussians
+from models.refine.plan import fit_shape
 from models.refine.report import holdout_evaluator, plot_holdout_psnr
+from models.refine.start import gaussians_from_points
 
 __all__ = ["USAGE", "main", "parse_arguments"]
 
@@ -40,30 +57,17 @@ settings:
   refine=N                   optimisation steps (default 1000 unless refine_time is given)
   refine_time=S              budget in seconds (the first of refine/refine_time that is reached)
   refine_size=PX             long side the photos are fitted at (default: theirs, at most 320)
-  refine_init=feed_forward   start from GAUSSIANS.ply (feed_forward) or the SfM points (sfm)
+  refine_init=auto           start from GAUSSIANS.ply when given, else the photos' SfM points;
+                             feed_forward or sfm choose
   refine_max_gaussians=N     cap of the densification (default: what the budget and memory allow)
-  holdout=K                  keep every K-th photo out of the fit and score it (0: none)
+  holdout=K|NAME,NAME        keep every K-th photo (from the first), or the named ones, out
+                             of the fit and score them (as in infer.py)
   refine_checkpoint_every=N  save the fit's state every N steps beside DIR and resume from it
   optimize_cameras=false     refine the cameras jointly (view 0 fixed)
   backend=auto device=auto seed=0 overwrite=false
   refinement.KEY=VALUE       any RefineSettings field, e.g. refinement.densify=adc,
                              refinement.mcmc.growth=0.1 (configs/infer.yaml's refinement: node)"""
 
-_TOP = {
-    "output": None,
-    "refine": None,
-    "refine_time": None,
-    "refine_size": None,
-    "refine_init": "feed_forward",
-    "refine_max_gaussians": None,
-    "holdout": 0,
-    "refine_checkpoint_every": None,
-    "optimize_cameras": False,
-    "backend": "auto",
-    "device": "auto",
-    "seed": 0,
-    "overwrite": False,
-}
 DEFAULT_STEPS = 1000
 
 
@@ -71,59 +75,33 @@ class RefineCommandError(InputError):
     """Bad command-line input (one line naming the argument)."""
 
 
-def _value(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text != "" else None
-    except yaml.YAMLError:
-        return text
+def parse_arguments(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """Positional paths and every setting of :class:`RefineCommandConfig` (``refinement.``
+    nested), typed and checked as ``infer.py`` checks its own."""
+    return parse_key_values(argv, RefineCommandConfig, PROGRAM)
 
 
-def parse_arguments(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """Positional paths, top-level settings and the nested ``refinement.`` settings."""
-    positional, top, nested = [], dict(_TOP), {}
-    for arg in argv:
-        key, sep, text = arg.partition("=")
-        if not sep:
-            positional.append(arg)
-            continue
-        if key.startswith("refinement."):
-            node = nested
-            parts = key.split(".")[1:]
-            for part in parts[:-1]:
-                node = node.setdefault(part, {})
-            node[parts[-1]] = _value(text)
-        elif key in _TOP:
-            top[key] = text if key == "output" else _value(text)
-        else:
-            raise RefineCommandError(
-                arg, f"unknown setting (known: {', '.join(_TOP)}, refinement.KEY)"
-            )
-    return positional, top, nested
-
-
-def _holdout_indices(names: list[str], every: Any) -> list[int]:
-    if every in (None, 0, False):
-        return []
-    if isinstance(every, bool) or not isinstance(every, int) or every < 2:
-        raise RefineCommandError(f"holdout={every}", "must be an integer >= 2 (or 0 for none)")
-    held = [i for i in range(len(names)) if i % every == 0]
-    if len(names) - len(held) < 1:
-        raise RefineCommandError(f"holdout={every}", "leaves no photo to fit")
+def _holdout_indices(names: list[str], holdout: Any) -> list[int]:
+    """``holdout=K`` (every K-th photo from the first) or ``NAME,NAME``, as in ``infer.py``."""
+    held = holdout_indices(holdout, names)
+    if held and len(names) - len(held) < 1:
+        raise RefineCommandError(f"holdout={holdout}", "leaves no photo to fit")
     return held
+
+
+def _check_finite(gaussians, ply: Path) -> None:
+    """Refuse a ``.ply`` with NaN or infinite values (the fit would diverge at once)."""
+    fields = ("means", "scales", "rotations", "opacities", "harmonics")
+    bad = [f for f in fields if not torch.isfinite(getattr(gaussians, f)).all()]
+    if bad:
+        raise RefineCommandError(ply, f"holds NaN or infinite values in {', '.join(bad)}")
 
 
 def _load(positional: list[str], top: dict[str, Any]):
     """The start Gaussians and the photos (an ``ImageSet``)."""
-    from datamodules.readers.colmap import read_colmap_points
-    from datamodules.readers.image_folder import load_images
-    from models.gaussians import Gaussians
-    from models.refine.start import gaussians_from_points
-
     init = top["refine_init"]
-    if init not in ("feed_forward", "sfm"):
-        raise RefineCommandError(f"refine_init={init}", "must be feed_forward or sfm")
+    if init == "auto":  # a file given: start from it; photos alone: their SfM points
+        init = top["refine_init"] = "feed_forward" if len(positional) == 2 else "sfm"
     wanted = 1 if init == "sfm" else 2
     if len(positional) != wanted:
         what = "PHOTOS" if init == "sfm" else "GAUSSIANS.ply PHOTOS"
@@ -156,51 +134,58 @@ def _load(positional: list[str], top: dict[str, Any]):
             raise RefineCommandError(str(error)) from error
         if gaussians.num_slots < 1:
             raise RefineCommandError(ply, "holds no Gaussians")
+        _check_finite(gaussians, ply)
     return gaussians, images
 
 
-def _scores(rendered: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    from models.metrics import psnr_per_image, ssim_per_image
-
-    return psnr_per_image(rendered, target), ssim_per_image(rendered, target)
-
-
 def _save_png(image: Tensor, path: Path) -> None:
-    from PIL import Image
-
     Image.fromarray(image_to_uint8(image)).save(path)
+
+
+def _settings(argv: list[str]) -> tuple[list[str], dict[str, Any], Any, torch.device]:
+    """The arguments, checked before anything loads: ``(positional, settings, RefineSettings,
+    device)``."""
+    positional, top = parse_arguments(argv)
+    if top["output"] in (None, MISSING, ""):
+        raise RefineCommandError("output", "set output=DIR")
+    if not top["refine"] and top["refine_time"] is None:
+        top["refine"] = DEFAULT_STEPS
+    settings = refine_settings(top, str(top["backend"]), top["seed"])
+    device = choose_device(str(top["device"]))
+    check_backend(settings.backend, device)
+    shape, count = photo_shape(Path(positional[-1])) if positional else ((1, 1), 1)
+    check_fit_memory(settings, shape, count, str(device))
+    return positional, top, settings, device
+
+
+def _holdout(photos, held: list[int], train: list[int], shape: tuple[int, int]):
+    """The held-out photos at the fit's size with their nearest training photo
+    (``models.capture.holdout``, as ``infer.py`` scores them), or ``None``."""
+    if not held:
+        return None
+    resized = F.interpolate(photos.images.float(), size=shape, mode="area")
+    return holdout_views(photos.names, resized, photos.extrinsics, photos.intrinsics, held, train)
+
+
+def _write(folder, result, summary: dict, scores, baseline) -> None:
+    """``gaussians.ply``, ``summary.json``, held-out renders and the PSNR plot, atomically."""
+    with folder as staging:
+        result.gaussians.save_ply(staging / "gaussians.ply")
+        if scores is not None:
+            (staging / "renders" / "holdout").mkdir(parents=True)
+            for name, image in zip(summary["holdout"]["views"], scores.renders):
+                _save_png(image, staging / "renders" / "holdout" / f"{Path(name).stem}.png")
+            if len(result.evaluations) > 1:
+                plot_holdout_psnr(result.evaluations, baseline, staging / "refine_psnr.png")
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
 
 
 def run(argv: list[str]) -> int:
     """The command; returns the exit status (bad input raises an ``InputError``)."""
-    from models.inference import check_backend, choose_device
-    from models.metrics import nearest_view_baseline
-    from models.output_folder import OutputFolder
-    from models.refine import fit_shape, refine_gaussians, settings_from_config
-
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    positional, top, nested = parse_arguments(argv)
-    if not top["output"]:
-        raise RefineCommandError("output", "set output=DIR")
-    steps = top["refine"]
-    if steps is None and top["refine_time"] is None:
-        steps = DEFAULT_STEPS
-    settings = settings_from_config(
-        refine=steps,
-        refine_time=top["refine_time"],
-        refine_size=top["refine_size"],
-        refine_max_gaussians=top["refine_max_gaussians"],
-        refinement=nested,
-        backend=str(top["backend"]),
-        seed=top["seed"],
-    )
-    every = top["refine_checkpoint_every"]
-    if every:
-        settings.checkpoint_every = int(every)
-    device = choose_device(str(top["device"]))
-    check_backend(settings.backend, device)
+    positional, top, settings, device = _settings(argv)
     folder = OutputFolder(
         top["output"], PROGRAM, inputs=positional, overwrite=bool(top["overwrite"])
     )
@@ -209,31 +194,17 @@ def run(argv: list[str]) -> int:
     held = _holdout_indices(names, top["holdout"])
     train = [i for i in range(len(names)) if i not in held]
     shape = fit_shape(tuple(photos.images.shape[-2:]), settings.size)
-    evaluate, held_images = None, None
-    if held:
-        evaluate, held_images = holdout_evaluator(
-            photos.images[held].to(device),
-            photos.extrinsics[held].to(device),
-            photos.intrinsics[held].to(device),
-            shape,
-            settings.backend,
-        )
+    views = _holdout(photos, held, train, shape)
     gaussians = gaussians.to(device)
-    before = None
-    if held:
-        from models.render import render
-
-        with torch.no_grad():
-            out = render(
-                gaussians,
-                photos.extrinsics[held][None].to(device),
-                photos.intrinsics[held][None].to(device),
-                shape,
-                backend=settings.backend,
-            )
-        before = _scores(out.color[0], held_images)
+    evaluate = before = None
+    if views is not None:
+        evaluate, _ = holdout_evaluator(
+            views.images.to(device), views.extrinsics.to(device), views.intrinsics.to(device),
+            shape, settings.backend,
+        )  # fmt: skip
+        before = score_holdout(gaussians, views, backend=settings.backend, lpips=False)
     checkpoint = None
-    if every:
+    if top["refine_checkpoint_every"]:
         out_path = Path(top["output"]).expanduser().resolve()
         checkpoint = out_path.with_name(f".{out_path.name}.refine-checkpoint.pt")
     result = refine_gaussians(
@@ -258,67 +229,18 @@ def run(argv: list[str]) -> int:
         "view_names": [names[i] for i in train],
         "refine": {**result.summary(), "settings": settings.to_dict()},
     }
-    renders = {}
-    if held:
-        from models.render import render
-
-        with torch.no_grad():
-            out = render(
-                result.gaussians,
-                photos.extrinsics[held][None].to(device),
-                photos.intrinsics[held][None].to(device),
-                shape,
-                backend=settings.backend,
-            )
-        psnr, ssim = _scores(out.color[0], held_images)
-        context = {
-            "image": F.interpolate(photos.images[train], size=shape, mode="area")[None],
-            "extrinsics": photos.extrinsics[train][None],
-        }
-        nearest = nearest_view_baseline(
-            context, {"image": held_images[None].cpu(), "extrinsics": photos.extrinsics[held][None]}
-        )[0]
-        nearest_psnr, nearest_ssim = _scores(nearest, held_images.cpu())
-        metrics = {}
-        for j, i in enumerate(held):
-            metrics[names[i]] = {
-                "psnr": round(float(psnr[j]), 3),
-                "ssim": round(float(ssim[j]), 4),
-                "nearest_view_psnr": round(float(nearest_psnr[j]), 3),
-                "nearest_view_ssim": round(float(nearest_ssim[j]), 4),
-                "psnr_before_refine": round(float(before[0][j]), 3),
-                "ssim_before_refine": round(float(before[1][j]), 4),
-            }
-            renders[Path(names[i]).stem] = out.color[0, j]
-        means = {
-            k: round(sum(m[k] for m in metrics.values()) / len(metrics), 3)
-            for k in next(iter(metrics.values()))
-        }
-        summary["holdout"] = {
-            "views": [names[i] for i in held],
-            "image_size": list(shape),
-            "every": top["holdout"],
-            "metrics": metrics,
-            "mean": means,
-        }
+    scores = baseline = None
+    if views is not None:
+        scores = score_holdout(result.gaussians, views, backend=settings.backend, lpips=False)
+        summary["holdout"] = {**holdout_table(views, before, scores), "every": top["holdout"]}
+        means = summary["holdout"]["mean"]
+        baseline = means["nearest_view_psnr"]
         print(
             f"held-out PSNR {means['psnr_before_refine']:.2f} -> {means['psnr']:.2f} dB "
-            f"(nearest view {means['nearest_view_psnr']:.2f} dB) over {len(held)} photos",
+            f"(nearest view {baseline:.2f} dB) over {len(held)} photos",
             file=sys.stderr,
         )
-    with folder as staging:
-        result.gaussians.save_ply(staging / "gaussians.ply")
-        if renders:
-            (staging / "renders" / "holdout").mkdir(parents=True)
-            for stem, image in renders.items():
-                _save_png(image, staging / "renders" / "holdout" / f"{stem}.png")
-            if len(result.evaluations) > 1:
-                plot_holdout_psnr(
-                    result.evaluations,
-                    summary["holdout"]["mean"]["nearest_view_psnr"],
-                    staging / "refine_psnr.png",
-                )
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    _write(folder, result, summary, scores, baseline)
     if checkpoint is not None and result.stopped != "interrupted":
         checkpoint.unlink(missing_ok=True)
     print(f"wrote {folder.output}", file=sys.stderr)
