@@ -149,6 +149,9 @@ def test_budget_buys_the_minimum_steps_by_pruning_and_caps_growth():
     assert budget.cap >= budget.working
     small = budget_fit(step_time, 1000, 10**7, settings, strategy.expected_counts)
     assert small.working == 1000 and small.steps > 1000  # the spare time buys more steps
+    slow = StepTime(fixed=1.0, per_gaussian=1e-4)  # 1000 steps cannot fit in 120 s at all
+    unreachable = budget_fit(slow, 100_000, 10**7, settings, strategy.expected_counts)
+    assert unreachable.working == 10_000 and 0 < unreachable.steps < 1000  # pruned to 2x fixed
     fixed = budget_fit(step_time, 100_000, 10**7, RefineSettings(steps=50), None)
     assert (fixed.working, fixed.steps) == (100_000, 50)
 

@@ -299,7 +299,9 @@ def budget_fit(
     Without ``time`` (``step_time`` may then be ``None``): the start (at most ``max_count``),
     cap ``max_count``, ``steps``. With
     ``time``: ``target`` = ``steps`` or ``min_steps``; the working count is the largest (at most
-    the start, at least :data:`MIN_WORKING`) whose steps ``target`` fit in ``time``; the cap the largest whose expected count
+    the start, at least :data:`MIN_WORKING`) whose steps ``target`` fit in ``time`` (when even
+    that many cannot buy them, pruning stops where the per-Gaussian part of the step time equals
+    its fixed part: below that a step gets at most twice as fast); the cap the largest whose expected count
     schedule (``expected_counts(working, steps, cap)``) still fits; the steps, when not given,
     the most the time buys along that schedule (at least ``target``).
     """
@@ -312,6 +314,8 @@ def budget_fit(
     seconds = float(settings.time)
     target = int(settings.steps or settings.min_steps)
     floor = min(working, MIN_WORKING)
+    if target * step_time(floor) > seconds:  # out of reach: prune only what costs more than
+        floor = min(working, max(floor, int(step_time.fixed / step_time.per_gaussian)))
     working = _largest(floor, working, lambda n: target * step_time(n) <= seconds)
     cap = ceiling
     if not settings.max_gaussians:
