@@ -129,7 +129,11 @@ def test_the_largest_size_named_fits_and_one_more_does_not() -> None:
     largest = int(str(caught.value).rsplit("refine_size=", 1)[1].split()[0])
     limit = available_memory("cpu")
     assert fit_memory(0, 3, fit_shape((24, 32), largest), 3, "auto") <= limit
-    assert fit_memory(0, 3, fit_shape((24, 32), largest + 1), 3, "auto") > limit * 0.99
+    # one more does not fit, or the largest is the photos' own long side (the planner never
+    # suggests fitting above the photos' size)
+    assert largest == 32 or fit_memory(0, 3, fit_shape((24, 32), largest + 1), 3, "auto") > (
+        limit * 0.99
+    )
     check_fit_memory(dataclasses.replace(settings, size=largest // 2), (24, 32), 3, "cpu")
 
 
@@ -183,7 +187,7 @@ def test_refine_command_refuses_a_ply_with_nan_or_inf(tmp_path: Path, capsys, ba
     capsys.readouterr()
     status = main([str(ply), str(photos), f"output={tmp_path / 'o'}", "refine=3"])
     line = _one_error_line(capsys.readouterr().err)
-    assert status == 2 and "bad.ply: holds NaN or infinite values in means" in line
+    assert status == 2 and "bad.ply: means has non-finite values" in line
     assert not (tmp_path / "o").exists()
 
 

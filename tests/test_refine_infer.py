@@ -48,7 +48,7 @@ def test_views_all_holdout_refine_scores_before_and_after(capture, tmp_path, cap
         )
     refine = summary["refine"]
     assert refine["steps"] == 150 and refine["stopped"] == "steps"
-    assert refine["image_size"] == [48, 48] and refine["init"] == "feed_forward"
+    assert refine["image_size"] == [48, 48] and refine["init"] == "auto"  # the default
     assert refine["count_before"] > 0 and refine["curve"] and len(refine["evaluations"]) >= 2
     assert refine["evaluations"][0]["step"] == 0 and refine["evaluations"][-1]["step"] == 150
     # the refinement helps the held-out photos (a real gain, not noise)

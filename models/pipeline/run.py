@@ -332,9 +332,11 @@ def _sfm_points(images, s: InferConfig, required: bool = True):
         raise InferenceError(where, "refine_init=sfm needs posed photos with their SfM points")
     try:
         return read_colmap_points(where, min_points=2)
-    except InputError:
+    except InputError as error:
         if required:
-            raise
+            raise InferenceError(
+                error.path, f"{error.message}: refine_init=sfm needs them"
+            ) from None
         return None
 
 

@@ -129,7 +129,7 @@ class InferConfig(RefineFields):
     voxel_size: Any = None
     max_gaussians: Any = setting(None, count=True, minimum=1)
     fusion_max_gaussians: int | None = setting(None, minimum=1)
-    formats: Any = None  # extra splat files beside gaussians.ply (models.splat_formats)
+    formats: Any = setting([])  # extra splat files beside gaussians.ply (models.splat_formats)
     image_size: Any = None
     near: float | None = setting(None, above=0.0, finite=True)
     far: float | None = setting(None, above=0.0, finite=True)

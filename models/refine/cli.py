@@ -89,14 +89,6 @@ def _holdout_indices(names: list[str], holdout: Any) -> list[int]:
     return held
 
 
-def _check_finite(gaussians, ply: Path) -> None:
-    """Refuse a ``.ply`` with NaN or infinite values (the fit would diverge at once)."""
-    fields = ("means", "scales", "rotations", "opacities", "harmonics")
-    bad = [f for f in fields if not torch.isfinite(getattr(gaussians, f)).all()]
-    if bad:
-        raise RefineCommandError(ply, f"holds NaN or infinite values in {', '.join(bad)}")
-
-
 def _load(positional: list[str], top: dict[str, Any]):
     """The start Gaussians and the photos (an ``ImageSet``)."""
     init = top["refine_init"]
@@ -134,7 +126,6 @@ def _load(positional: list[str], top: dict[str, Any]):
             raise RefineCommandError(str(error)) from error
         if gaussians.num_slots < 1:
             raise RefineCommandError(ply, "holds no Gaussians")
-        _check_finite(gaussians, ply)
     return gaussians, images
 
 
