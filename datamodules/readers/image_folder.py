@@ -338,14 +338,14 @@ def write_cameras_json(
 
 def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     """Poses of a COLMAP model below ``folder`` in the ``read_cameras_json`` layout, or None."""
-    from datamodules.readers import colmap
+    from datamodules.readers import colmap, colmap_records
 
     model = colmap.find_model_dir(folder)
     if model is None:
         return None
     try:
         cameras, images, _ = colmap.read_model(model, points=False)
-    except colmap.ColmapError as error:  # its message names the file already
+    except colmap_records.ColmapError as error:  # its message names the file already
         raise InputError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
     out: dict[str, dict] = {}
     for image in images.values():
@@ -355,7 +355,7 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
         try:
             pose = colmap.image_pose(image, camera)
             distortion = colmap.camera_distortion(camera)
-        except colmap.UnsupportedCameraError as error:
+        except colmap_records.UnsupportedCameraError as error:
             raise InputError(f"{model}: {error}") from error
         if np.abs(distortion).max() > 1e-6:
             warnings.warn(
@@ -369,11 +369,11 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
 
 def _sparse_points(model: Path) -> Tensor | None:
     """``[P, 3]`` float64 positions of a COLMAP model's points (None when it has none)."""
-    from datamodules.readers import colmap
+    from datamodules.readers import colmap, colmap_records
 
     try:
         xyz, _ = colmap.read_colmap_points(model, min_points=1)
-    except colmap.ColmapError:
+    except colmap_records.ColmapError:
         return None
     return xyz
 

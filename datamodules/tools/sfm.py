@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from datamodules.errors import InputError
-from datamodules.readers import colmap
+from datamodules.readers import colmap_records
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from datamodules.tools.sfm_cache import (
     cache_key,
@@ -124,10 +124,10 @@ class SfmSettings:
         """Raise ``ValueError`` naming the first invalid setting."""
         if self.matching not in MATCHING:
             raise ValueError(f"matching={self.matching!r}: must be one of {', '.join(MATCHING)}")
-        if self.camera_model not in colmap.SUPPORTED_MODELS:
+        if self.camera_model not in colmap_records.SUPPORTED_MODELS:
             raise ValueError(
                 f"camera_model={self.camera_model!r}: must be one of "
-                f"{', '.join(colmap.SUPPORTED_MODELS)}"
+                f"{', '.join(colmap_records.SUPPORTED_MODELS)}"
             )
         if self.fov is not None and not 1.0 <= float(self.fov) <= 179.0:
             raise ValueError(f"fov={self.fov}: must be in [1, 179] degrees")

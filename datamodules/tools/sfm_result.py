@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.readers import colmap
+from datamodules.readers import colmap, colmap_records
 from models.geometry.cameras import normalize_scene
 from models.pixels import image_from_uint8, image_to_uint8
 
@@ -243,7 +243,7 @@ def read_entry(entry: Path, image_dir: Path) -> SfmResult | None:
         data["image_dir"] = image_dir
         result = SfmResult(**data, cached=True)
         _, images, _ = colmap.read_model(result.model_dir, points=False)  # a corrupt entry: redo
-    except (OSError, ValueError, TypeError, colmap.ColmapError):
+    except (OSError, ValueError, TypeError, colmap_records.ColmapError):
         return None
     if not set(result.registered) <= {image.name for image in images.values()}:
         return None
