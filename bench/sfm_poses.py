@@ -37,7 +37,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.readers import colmap  # noqa: E402
-from datamodules.tools.sfm import estimate_poses, image_files, pose_errors  # noqa: E402
+from datamodules.tools.pose_errors import pose_errors  # noqa: E402
+from datamodules.tools.sfm import estimate_poses, image_files  # noqa: E402
 
 
 def reference_poses(model_dir: Path) -> tuple[dict[str, torch.Tensor], float]:

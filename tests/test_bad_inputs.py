@@ -28,8 +28,6 @@ from test_infer import (  # what `python infer.py ARGS` runs, in-process
 
 from datamodules.errors import InputError
 from datamodules.readers.colmap import (
-    ColmapError,
-    UnsupportedCameraError,
     read_cameras_binary,
     read_cameras_text,
     read_frames_text,
@@ -40,6 +38,7 @@ from datamodules.readers.colmap import (
     read_points3d_text,
     read_rigs_text,
 )
+from datamodules.readers.colmap_records import ColmapError, UnsupportedCameraError
 from datamodules.readers.image_folder import load_images, read_cameras_json
 from datamodules.tools import convert
 

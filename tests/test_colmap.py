@@ -11,10 +11,6 @@ import torch
 from data_fixtures import SHARED_DATA
 
 from datamodules.readers.colmap import (
-    CAMERA_MODELS,
-    Camera,
-    ColmapError,
-    UnsupportedCameraError,
     camera_distortion,
     camera_intrinsics,
     camera_intrinsics_pixels,
@@ -26,6 +22,12 @@ from datamodules.readers.colmap import (
     read_images_text,
     read_model,
     read_rigs_text,
+)
+from datamodules.readers.colmap_records import (
+    CAMERA_MODELS,
+    Camera,
+    ColmapError,
+    UnsupportedCameraError,
 )
 from models.geometry.cameras import invert_extrinsics, project
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix

@@ -358,7 +358,7 @@ def test_export_checkpoint(lightning_checkpoint, tmp_path: Path) -> None:
     assert config[METADATA_KEY]["model_name"] == TINY
     assert config["pretrained_backbone"] is False
     # Refuses a non-empty output unless overwrite.
-    from models.weights.hub import ExportError
+    from models.weights.publish import ExportError
 
     with pytest.raises(ExportError, match="already holds files"):
         export_checkpoint(ckpt, out)

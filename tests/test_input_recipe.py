@@ -74,7 +74,7 @@ def test_release_recipes_match_their_configs() -> None:
 
 
 def test_model_card_includes_the_recipe(tmp_path: Path) -> None:
-    from models.weights.hub import model_card
+    from models.weights.publish import model_card
 
     model = create_model("pixel_aligned_tiny", pretrained=False)
     card = model_card(model, "pixel_aligned_tiny", {}, {})

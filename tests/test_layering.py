@@ -53,7 +53,8 @@ RANKS: dict[str, float] = {
     "models.weights": 5.1,  # the package (a docstring)
     "models.weights.pretrained_cfg": 5.1,  # PretrainedCfg, the architecture.tag tables
     "models.registry": 5.2,  # entry points, families, list_models
-    "models.weights.hub": 5.3,  # locations, downloads, sha256, files, model cards
+    "models.weights.hub": 5.3,  # locations, downloads, sha256, files
+    "models.weights.publish": 5.3,  # model cards, the upload to the Hub, ExportError
     "models.weights.builder": 5.4,  # build from recorded arguments, filter fns, strict load
     "models.input_recipe": 0,  # a dataclass the pretrained configs hold
     "models.families": 6,

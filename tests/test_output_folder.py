@@ -323,7 +323,7 @@ def test_output_appearing_meanwhile_is_not_replaced(tmp_path) -> None:
 
 def test_export_refuses_a_foreign_folder(tmp_path) -> None:
     from models.training.export import export_checkpoint
-    from models.weights.hub import ExportError
+    from models.weights.publish import ExportError
 
     out = tmp_path / "mine"
     out.mkdir()

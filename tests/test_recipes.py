@@ -176,7 +176,8 @@ def test_lightning_checkpoint_with_a_training_key_is_refused(tmp_path: Path) -> 
     """A training checkpoint whose ``model_config`` records a training setting: load_model and
     export_checkpoint refuse it in one line naming the key."""
     from models.training.export import export_checkpoint
-    from models.weights.hub import ExportError, model_config
+    from models.weights.hub import model_config
+    from models.weights.publish import ExportError
 
     name = "resplat_tiny"
     shipped = create_model(name, pretrained=f"local-dir:{CHECKPOINTS / name}")

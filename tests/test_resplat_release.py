@@ -14,12 +14,8 @@ import resplat_release_fixtures as fx
 import torch
 
 from models import create_model, get_pretrained_cfg, list_models
-from models.families.resplat_release import (
-    ReSplatRelease,
-    checkpoint_filter_fn,
-    official_key_to_ours,
-    split_fused_qkv,
-)
+from models.families.resplat_release import ReSplatRelease, checkpoint_filter_fn
+from models.families.resplat_release_weights import official_key_to_ours, split_fused_qkv
 from models.knobs import inference_knobs
 from models.layers.knn import knn
 from models.layers.point_transformer import KNNAttention

@@ -27,14 +27,14 @@ pycolmap = pytest.importorskip("pycolmap")
 from config_fixtures import infer_in_process  # noqa: E402
 
 from datamodules.readers import colmap  # noqa: E402
+from datamodules.tools.pose_errors import pose_errors  # noqa: E402
 from datamodules.tools.sfm import (  # noqa: E402
     SfmError,
     SfmSettings,
-    _cache_key,
     estimate_poses,
     image_files,
-    pose_errors,
 )
+from datamodules.tools.sfm_cache import cache_key  # noqa: E402
 from models.geometry.cameras import camera_centers, invert_extrinsics, project  # noqa: E402
 from models.geometry.rotations import quaternion_to_matrix  # noqa: E402
 
@@ -164,18 +164,18 @@ def test_cache_reuses_the_model(drone8, cache: Path, tmp_path: Path, capsys) -> 
         torch.testing.assert_close(first[name]["camera_to_world"], second[name]["camera_to_world"])
     # The key follows the bytes and the settings.
     names = [p.name for p in image_files(DRONE8)]
-    base = _cache_key(DRONE8, names, SfmSettings(), pycolmap.__version__)
+    base = cache_key(DRONE8, names, SfmSettings(), pycolmap.__version__)
     assert base == drone8.key
-    assert _cache_key(DRONE8, names, SfmSettings(matching="sequential"), "x") != base
+    assert cache_key(DRONE8, names, SfmSettings(matching="sequential"), "x") != base
     copy = tmp_path / "copy"
     shutil.copytree(DRONE8, copy)
-    assert _cache_key(copy, names, SfmSettings(), pycolmap.__version__) == base
+    assert cache_key(copy, names, SfmSettings(), pycolmap.__version__) == base
     path = copy / names[3]
     data = bytearray(path.read_bytes())
     data[-3] ^= 1
     path.chmod(0o644)
     path.write_bytes(bytes(data))
-    assert _cache_key(copy, names, SfmSettings(), pycolmap.__version__) != base
+    assert cache_key(copy, names, SfmSettings(), pycolmap.__version__) != base
 
 
 # --------------------------------------------------------------------------- reference model
@@ -322,7 +322,7 @@ def test_distorted_cameras_are_undistorted(tmp_path: Path) -> None:
     from PIL import Image
 
     from datamodules.readers.undistort import undistort_image
-    from datamodules.tools.sfm import SfmResult
+    from datamodules.tools.sfm_result import SfmResult
 
     rng = np.random.default_rng(0)
     images = tmp_path / "images"

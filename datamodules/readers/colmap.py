@@ -15,7 +15,8 @@ of one line naming the file and the line number (text) or byte offset (binary): 
 files are bounded by the bytes left before anything is allocated, names must be UTF-8, camera
 models known with the right number of finite parameters, positive image sizes and focal lengths,
 quaternions non-zero (non-unit ones are normalised), numbers finite, ids unique, and nothing may
-follow the last record.
+follow the last record. The records (``Camera``, ``Image``, ``Point3D``), the errors and the
+checks both formats share are in ``datamodules.readers.colmap_records``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import functools
 import math
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.errors import InputError
+from datamodules.readers.colmap_records import (
+    CAMERA_MODEL_IDS,
+    CAMERA_MODELS,
+    MAX_NAME_BYTES,
+    SUPPORTED_MODELS,
+    Camera,
+    ColmapError,
+    Image,
+    Point3D,
+    UnsupportedCameraError,
+    check_camera,
+    check_image,
+    unit_qvec,
+)
 from models.geometry.cameras import intrinsics_to_normalized
 from models.geometry.rotations import quaternion_to_matrix
 
 __all__ = [
-    "CAMERA_MODELS",
-    "CAMERA_MODEL_IDS",
-    "SUPPORTED_MODELS",
-    "Camera",
-    "Image",
-    "Point3D",
-    "ColmapError",
-    "UnsupportedCameraError",
     "read_cameras_text",
     "read_colmap_points",
     "read_images_text",
@@ -63,112 +68,6 @@ __all__ = [
     "image_world_to_camera",
     "image_pose",
 ]
-
-# name -> (model id, number of parameters); ids and counts follow COLMAP's camera_models.h.
-CAMERA_MODELS: dict[str, tuple[int, int]] = {
-    "SIMPLE_PINHOLE": (0, 3),
-    "PINHOLE": (1, 4),
-    "SIMPLE_RADIAL": (2, 4),
-    "RADIAL": (3, 5),
-    "OPENCV": (4, 8),
-    "OPENCV_FISHEYE": (5, 8),
-    "FULL_OPENCV": (6, 12),
-    "FOV": (7, 5),
-    "SIMPLE_RADIAL_FISHEYE": (8, 4),
-    "RADIAL_FISHEYE": (9, 5),
-    "THIN_PRISM_FISHEYE": (10, 12),
-    "RAD_TAN_THIN_PRISM_FISHEYE": (11, 16),
-}
-CAMERA_MODEL_IDS: dict[int, str] = {model_id: name for name, (model_id, _) in CAMERA_MODELS.items()}
-
-# Models whose projection is a pinhole plus (optionally) Brown-Conrady polynomial distortion;
-# everything else (fisheye, FOV, thin prism) cannot be expressed by the chunk format's pinhole rows.
-SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV")
-
-
-class ColmapError(InputError):
-    """A COLMAP model is missing, malformed or inconsistent."""
-
-
-class UnsupportedCameraError(ColmapError):
-    """A camera model that cannot be converted to a pinhole camera."""
-
-
-@dataclass
-class Camera:
-    """One COLMAP camera (intrinsics shared by images).
-
-    Attributes:
-        id: COLMAP camera id.
-        model: model name, e.g. ``"PINHOLE"``.
-        width: image width in pixels.
-        height: image height in pixels.
-        params: model parameters in COLMAP's order (pixels for focal lengths and principal point).
-    """
-
-    id: int
-    model: str
-    width: int
-    height: int
-    params: np.ndarray
-
-
-@dataclass
-class Image:
-    """One registered COLMAP image.
-
-    Attributes:
-        id: COLMAP image id.
-        qvec: world-to-camera rotation as a unit quaternion, wxyz.
-        tvec: world-to-camera translation.
-        camera_id: id of the image's ``Camera``.
-        name: image file name relative to the image folder.
-        xys: ``[P, 2]`` float64 2D keypoints in pixels.
-        point3d_ids: ``[P]`` int64 id of the triangulated point of each keypoint, -1 for none.
-    """
-
-    id: int
-    qvec: np.ndarray
-    tvec: np.ndarray
-    camera_id: int
-    name: str
-    xys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
-    point3d_ids: np.ndarray = field(default_factory=lambda: np.zeros((0,), dtype=np.int64))
-
-
-@dataclass
-class Point3D:
-    """One triangulated COLMAP point.
-
-    Attributes:
-        id: COLMAP point id.
-        xyz: world position.
-        rgb: uint8 colour.
-        error: mean reprojection error in pixels.
-        image_ids: ids of the images observing the point.
-        point2d_idxs: index of the observing keypoint in each of those images.
-    """
-
-    id: int
-    xyz: np.ndarray
-    rgb: np.ndarray
-    error: float
-    image_ids: np.ndarray
-    point2d_idxs: np.ndarray
-
-
-# Sanity bounds for values read from files: image sides (COLMAP stores them as uint64) and image
-# name lengths (Linux's PATH_MAX); anything beyond is a corrupt file.
-_MAX_SIDE = 1 << 20
-_MAX_NAME_BYTES = 4096
-# Models with one focal length f (the rest have fx, fy); the focal lengths come first in all.
-_SINGLE_FOCAL = (
-    "SIMPLE_PINHOLE",
-    "SIMPLE_RADIAL",
-    "RADIAL",
-    "SIMPLE_RADIAL_FISHEYE",
-    "RADIAL_FISHEYE",
-)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -236,58 +135,6 @@ def _parses(kind: type, text: str) -> bool:
     return True
 
 
-def _unit_qvec(qvec: np.ndarray) -> np.ndarray:
-    """``qvec`` (wxyz) at unit length; ``ValueError`` for a zero or non-finite one."""
-    norm = float(np.linalg.norm(qvec))
-    if not np.isfinite(norm) or norm < 1e-8:
-        raise ValueError(
-            f"rotation quaternion ({', '.join(f'{q:g}' for q in qvec)}) is not a rotation "
-            "(zero or non-finite norm)"
-        )
-    # Unit ones (to rounding) are kept bit for bit, so that text and binary copies agree.
-    return qvec if abs(norm - 1.0) < 1e-12 else qvec / norm
-
-
-def _check_camera(camera: Camera) -> None:
-    """``ValueError`` for a wrong parameter count, a non-positive size or focal length, or
-    non-finite parameters; ``UnsupportedCameraError`` for an unknown model."""
-    if camera.model not in CAMERA_MODELS:
-        raise UnsupportedCameraError(f"camera {camera.id} has unknown model {camera.model!r}")
-    expected = CAMERA_MODELS[camera.model][1]
-    if len(camera.params) != expected:
-        raise ValueError(
-            f"camera {camera.id} ({camera.model}) has {len(camera.params)} parameters, "
-            f"expected {expected}"
-        )
-    if not (0 < camera.width <= _MAX_SIDE and 0 < camera.height <= _MAX_SIDE):
-        raise ValueError(
-            f"camera {camera.id} has an invalid image size {camera.width}x{camera.height}"
-        )
-    if not np.isfinite(camera.params).all():
-        raise ValueError(f"camera {camera.id} ({camera.model}) has non-finite parameters")
-    focal = camera.params[: 1 if camera.model in _SINGLE_FOCAL else 2]
-    if (focal <= 0).any():
-        raise ValueError(
-            f"camera {camera.id} ({camera.model}) has a non-positive focal length "
-            f"({', '.join(f'{f:g}' for f in focal)})"
-        )
-
-
-def _check_image(image: Image) -> Image:
-    """The image with its quaternion normalised; ``ValueError`` for a zero quaternion, a
-    non-finite translation or keypoint, an empty name or an invalid point id."""
-    image.qvec = _unit_qvec(image.qvec)
-    if not np.isfinite(image.tvec).all():
-        raise ValueError(f"image {image.id} ({image.name}) has a non-finite translation")
-    if not image.name:
-        raise ValueError(f"image {image.id} has an empty name")
-    if not np.isfinite(image.xys).all():
-        raise ValueError(f"image {image.id} ({image.name}) has non-finite 2D points")
-    if len(image.point3d_ids) and image.point3d_ids.min() < -1:
-        raise ValueError(f"image {image.id} ({image.name}) has a negative 3D point id")
-    return image
-
-
 class _LaterLine(ValueError):
     """A record's error found on its ``offset``-th following line (``images.txt``' points)."""
 
@@ -346,7 +193,7 @@ def _camera_record(line: str) -> tuple[int, Camera]:
         _int(elems[3], "height"),
         _floats(elems[4:], "parameter"),
     )
-    _check_camera(camera)
+    check_camera(camera)
     return camera.id, camera
 
 
@@ -370,7 +217,7 @@ def _image_record(line: str, points_line: str) -> tuple[int, Image]:
     if len(elems) < 10:
         raise ValueError("expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME")
     image_id = _int(elems[0], "image id", 0)
-    qvec = _unit_qvec(_floats(elems[1:5], "quaternion"))
+    qvec = unit_qvec(_floats(elems[1:5], "quaternion"))
     tvec = _floats(elems[5:8], "translation")
     camera_id = _int(elems[8], "camera id", 0)
     name = elems[9]
@@ -384,7 +231,7 @@ def _image_record(line: str, points_line: str) -> tuple[int, Image]:
         points = _floats(points_elems, "2D point").reshape(-1, 3)  # [P, 3]
         if (points[:, 2] != np.round(points[:, 2])).any():
             raise ValueError(f"image {image_id} has a POINT3D_ID that is not an integer")
-        image = _check_image(
+        image = check_image(
             Image(
                 image_id,
                 qvec,
@@ -462,7 +309,7 @@ def _rig_record(line: str) -> tuple[int, dict]:
             values = _floats(elems[pos : pos + 7], "sensor_from_rig")
             if len(values) != 7:
                 raise ValueError("sensor_from_rig needs 7 numbers")
-            pose = (_unit_qvec(values[:4]), values[4:])
+            pose = (unit_qvec(values[:4]), values[4:])
             pos += 7
         rig["sensors"].append({"sensor": sensor, "sensor_from_rig": pose})
     return rig_id, rig
@@ -501,7 +348,7 @@ def _frame_record(line: str) -> tuple[int, dict]:
         for i in range(count)
     ]
     frame_id, rig_id = _int(elems[0], "frame id", 0), _int(elems[1], "rig id", 0)
-    qvec = _unit_qvec(values[:4])
+    qvec = unit_qvec(values[:4])
     return frame_id, {"rig_id": rig_id, "qvec": qvec, "tvec": values[4:], "data_ids": data}
 
 
@@ -557,11 +404,11 @@ class _BinaryFile:
     def name(self, what: str) -> str:
         """A NUL-terminated UTF-8 string."""
         start = self.offset
-        end = self.data.find(b"\x00", start, start + _MAX_NAME_BYTES + 1)
+        end = self.data.find(b"\x00", start, start + MAX_NAME_BYTES + 1)
         if end < 0:
-            if self.size - start <= _MAX_NAME_BYTES:
+            if self.size - start <= MAX_NAME_BYTES:
                 raise self.error(f"file is truncated in the name of {what}")
-            raise self.error(f"the name of {what} is longer than {_MAX_NAME_BYTES} bytes")
+            raise self.error(f"the name of {what} is longer than {MAX_NAME_BYTES} bytes")
         raw = self.data[start:end]
         self.offset = end + 1
         try:
@@ -651,7 +498,7 @@ def read_cameras_binary(path: str | Path) -> dict[int, Camera]:
         model = CAMERA_MODEL_IDS[model_id]
         params = np.array(file.read("d" * CAMERA_MODELS[model][1]), dtype=np.float64)
         camera = Camera(camera_id, model, width, height, params)
-        _check_camera(camera)
+        check_camera(camera)
         return camera_id, camera
 
     # Smallest record: ids, size and a 3-parameter model.
@@ -688,7 +535,7 @@ def read_images_binary(path: str | Path) -> dict[int, Image]:
             points["id"].astype(np.int64),
         )
         try:
-            _check_image(image)
+            check_image(image)
         except ValueError as error:
             raise ValueError(f"image {image_id} ({name}): {error}") from error
         return image_id, image

@@ -338,14 +338,14 @@ def write_cameras_json(
 
 def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     """Poses of a COLMAP model below ``folder`` in the ``read_cameras_json`` layout, or None."""
-    from datamodules.readers import colmap
+    from datamodules.readers import colmap, colmap_records
 
     model = colmap.find_model_dir(folder)
     if model is None:
         return None
     try:
         cameras, images, _ = colmap.read_model(model, points=False)
-    except colmap.ColmapError as error:  # its message names the file already
+    except colmap_records.ColmapError as error:  # its message names the file already
         raise InputError(str(error) if str(model) in str(error) else f"{model}: {error}") from error
     out: dict[str, dict] = {}
     for image in images.values():
@@ -355,13 +355,13 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
         try:
             pose = colmap.image_pose(image, camera)
             distortion = colmap.camera_distortion(camera)
-        except colmap.UnsupportedCameraError as error:
+        except colmap_records.UnsupportedCameraError as error:
             raise InputError(f"{model}: {error}") from error
         if np.abs(distortion).max() > 1e-6:
             warnings.warn(
                 f"{model}: camera {camera.id} ({camera.model}) has lens distortion, which is "
                 "ignored (undistort the images for exact poses)",
-                stacklevel=3,
+                stacklevel=4,  # load_image_folder's caller
             )
         out[image.name] = pose
     return out
@@ -369,11 +369,11 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
 
 def _sparse_points(model: Path) -> Tensor | None:
     """``[P, 3]`` float64 positions of a COLMAP model's points (None when it has none)."""
-    from datamodules.readers import colmap
+    from datamodules.readers import colmap, colmap_records
 
     try:
         xyz, _ = colmap.read_colmap_points(model, min_points=1)
-    except colmap.ColmapError:
+    except colmap_records.ColmapError:
         return None
     return xyz
 
@@ -418,7 +418,7 @@ def _warn_no_baseline(poses: list[Tensor], pose_file: Path | None) -> None:
     warnings.warn(
         f"{pose_file}: all {len(poses)} views have {what}; posed models estimate depth from "
         "the baseline between views, which is zero here",
-        stacklevel=3,
+        stacklevel=4,  # load_image_folder's caller
     )
 
 
@@ -524,7 +524,34 @@ def load_image_folder(
         p.suffix.lower() in IMAGE_EXTENSIONS for p in root.iterdir() if p.is_file()
     ):
         folder = root / "images"
+    pose_table, pose_source, pose_file = _find_poses(root, folder, poses)
+    files = _image_files(folder)
+    entries: dict[Path, dict] = {}
+    if pose_table is not None:
+        files, entries = _posed_files(files, pose_table, pose_source, pose_file, root, folder)
+    if not files:
+        raise InputError(f"{folder}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
+    loaded = _open_images(files, entries, background, pose_source)
+    if len(loaded) < max(min_views, 1):
+        what = "no readable images" if not loaded else f"only {len(loaded)} readable image(s)"
+        raise InputError(f"{folder}: {what}, at least {max(min_views, 1)} needed")
+    if num_views is not None and len(loaded) > num_views:
+        loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
 
+    result = _assemble(
+        [(f.name, im) for f, im in loaded], image_size, root, labels=[str(f) for f, _ in loaded]
+    )
+    if pose_table is not None:
+        return _posed_image_set(loaded, entries, result, pose_source, pose_file)
+    result.pop("crops")
+    return ImageSet(**result)
+
+
+def _find_poses(
+    root: Path, folder: Path, poses: str
+) -> tuple[dict[str, dict] | None, str | None, Path | None]:
+    """``(pose table, "cameras.json" | "colmap", its file)`` as ``poses`` asks (all ``None``
+    when there are none); ``InputError`` when a pose source that was asked for is missing."""
     pose_table, pose_source, pose_file = None, None, None
     if poses not in ("auto", "none", "cameras.json", "colmap") and Path(poses).is_dir():
         pose_file = Path(poses)  # a COLMAP model folder elsewhere (sparse/0, sparse or itself)
@@ -548,31 +575,44 @@ def load_image_folder(
         pose_file = _colmap_model_dir(root) if pose_table is not None else None
         if pose_table is None and poses == "colmap":
             raise InputError(f"{root}: no COLMAP model (sparse/0, sparse or the folder) found")
+    return pose_table, pose_source, pose_file
 
-    files = _image_files(folder)
-    entries: dict[Path, dict] = {}
-    if pose_table is not None:
-        if not pose_table:
-            empty = "has no registered images" if pose_source == "colmap" else "lists no frames"
-            raise InputError(f"{pose_file}: {empty}")
-        entries = _match_poses(files, pose_table, root)
-        if files and not entries:
-            listed = list(pose_table)
-            raise InputError(
-                f"{pose_file}: none of the {len(listed)} files it lists exists in {folder} "
-                f"(looked for {_some(listed)}; the folder has {_some([f.name for f in files])})"
-            )
-        unposed = [f for f in files if f not in entries]
-        if unposed:
-            warnings.warn(
-                f"{root}: {len(unposed)} image(s) without a pose in {pose_source} skipped "
-                f"(first: {unposed[0].name})",
-                stacklevel=2,
-            )
-            files = [f for f in files if f in entries]
-    if not files:
-        raise InputError(f"{folder}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
 
+def _posed_files(
+    files: list[Path],
+    pose_table: dict[str, dict],
+    pose_source: str | None,
+    pose_file: Path | None,
+    root: Path,
+    folder: Path,
+) -> tuple[list[Path], dict[Path, dict]]:
+    """The files that have a pose (the others skipped with a warning) and their pose entries."""
+    if not pose_table:
+        empty = "has no registered images" if pose_source == "colmap" else "lists no frames"
+        raise InputError(f"{pose_file}: {empty}")
+    entries = _match_poses(files, pose_table, root)
+    if files and not entries:
+        listed = list(pose_table)
+        raise InputError(
+            f"{pose_file}: none of the {len(listed)} files it lists exists in {folder} "
+            f"(looked for {_some(listed)}; the folder has {_some([f.name for f in files])})"
+        )
+    unposed = [f for f in files if f not in entries]
+    if unposed:
+        warnings.warn(
+            f"{root}: {len(unposed)} image(s) without a pose in {pose_source} skipped "
+            f"(first: {unposed[0].name})",
+            stacklevel=3,  # load_image_folder's caller
+        )
+        files = [f for f in files if f in entries]
+    return files, entries
+
+
+def _open_images(
+    files: list[Path], entries: dict[Path, dict], background, pose_source: str | None
+) -> list[tuple[Path, Image.Image]]:
+    """The readable images (others skipped with a warning), in their stored orientation when
+    that is the size their pose entry gives."""
     loaded: list[tuple[Path, Image.Image]] = []
     for file in files:
         try:
@@ -592,41 +632,41 @@ def load_image_folder(
         except ValueError as error:
             if isinstance(error, InputError):
                 raise
-            warnings.warn(f"{file}: {error} (skipped)", stacklevel=2)
-    if len(loaded) < max(min_views, 1):
-        what = "no readable images" if not loaded else f"only {len(loaded)} readable image(s)"
-        raise InputError(f"{folder}: {what}, at least {max(min_views, 1)} needed")
-    if num_views is not None and len(loaded) > num_views:
-        loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
+            warnings.warn(f"{file}: {error} (skipped)", stacklevel=3)  # load_image_folder's caller
+    return loaded
 
-    result = _assemble(
-        [(f.name, im) for f, im in loaded], image_size, root, labels=[str(f) for f, _ in loaded]
-    )
-    if pose_table is not None:
-        _warn_no_baseline([entries[f]["camera_to_world"] for f, _ in loaded], pose_file)
-        extrinsics, intrinsics = [], []
-        for (file, image), crop in zip(loaded, result.pop("crops")):
-            entry = entries[file]
-            k_px = torch.tensor(
-                [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
-                dtype=torch.float64,
-            )
-            k = intrinsics_to_normalized(k_px, (image.height, image.width)).float()
-            intrinsics.append(crop @ k)
-            extrinsics.append(entry["camera_to_world"].float())
-        points = None
-        if pose_source == "colmap" and pose_file is not None:
-            model_dir = _colmap_model_dir(pose_file) or pose_file
-            points = _sparse_points(model_dir)
-        return ImageSet(
-            extrinsics=torch.stack(extrinsics),
-            intrinsics=torch.stack(intrinsics),
-            pose_source=pose_source,
-            points=points,
-            **result,
+
+def _posed_image_set(
+    loaded: list[tuple[Path, Image.Image]],
+    entries: dict[Path, dict],
+    result: dict,
+    pose_source: str | None,
+    pose_file: Path | None,
+) -> ImageSet:
+    """The ``ImageSet`` with cameras (intrinsics through each image's resize/crop) and, for a
+    COLMAP model, its sparse points."""
+    _warn_no_baseline([entries[f]["camera_to_world"] for f, _ in loaded], pose_file)
+    extrinsics, intrinsics = [], []
+    for (file, image), crop in zip(loaded, result.pop("crops")):
+        entry = entries[file]
+        k_px = torch.tensor(
+            [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
+            dtype=torch.float64,
         )
-    result.pop("crops")
-    return ImageSet(**result)
+        k = intrinsics_to_normalized(k_px, (image.height, image.width)).float()
+        intrinsics.append(crop @ k)
+        extrinsics.append(entry["camera_to_world"].float())
+    points = None
+    if pose_source == "colmap" and pose_file is not None:
+        model_dir = _colmap_model_dir(pose_file) or pose_file
+        points = _sparse_points(model_dir)
+    return ImageSet(
+        extrinsics=torch.stack(extrinsics),
+        intrinsics=torch.stack(intrinsics),
+        pose_source=pose_source,
+        points=points,
+        **result,
+    )
 
 
 def _assemble(

@@ -66,9 +66,7 @@ from tqdm import tqdm
 
 from datamodules.errors import InputError
 from datamodules.readers.chunk_writer import ChunkWriter, camera_row, encode_bytes
-from datamodules.readers.colmap import (
-    ColmapError,
-)
+from datamodules.readers.colmap_records import ColmapError
 from datamodules.readers.undistort import undistort_image
 from datamodules.tools.scene_sources import (
     Resolution,

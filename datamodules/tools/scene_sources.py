@@ -16,13 +16,13 @@ from PIL import Image as PILImage
 
 from datamodules.errors import InputError
 from datamodules.readers.colmap import (
-    ColmapError,
     camera_distortion,
     camera_intrinsics,
     find_model_dir,
     image_world_to_camera,
     read_model,
 )
+from datamodules.readers.colmap_records import ColmapError
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
 from models.geometry.cameras import (
     intrinsics_to_normalized,

@@ -25,7 +25,6 @@ behind. Fewer than two registered images raise ``SfmError`` (one line).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import json
 import os
@@ -34,20 +33,22 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-from torch import Tensor
-
 from datamodules.errors import InputError
-from datamodules.readers import colmap
+from datamodules.readers import colmap_records
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
-from models.geometry.cameras import normalize_scene
-from models.geometry.similarity import umeyama
-from models.pixels import image_from_uint8, image_to_uint8
+from datamodules.tools.sfm_cache import (
+    cache_key,
+    default_cache_dir,
+    remove_stale,
+    staged_folder,
+    store_entry,
+)
+from datamodules.tools.sfm_result import SfmResult, read_entry, write_entry
+from models.pixels import image_to_uint8
 
 __all__ = [
     "MATCHING",
@@ -56,18 +57,15 @@ __all__ = [
     "SfmResult",
     "estimate_poses",
     "cache_root",
-    "default_cache_dir",
     "image_files",
     "poses_for_input",
     "pose_free_hint",
-    "pose_errors",
 ]
 
 MATCHING = ("auto", "exhaustive", "sequential")
 _EXHAUSTIVE_MAX = (
     30  # auto: exhaustive matching up to this many images (435 pairs), else sequential
 )
-_CACHE_VERSION = 1
 _REMOVE_AT_EXIT: list[Path] = []  # temporary results (cache=False), removed at exit
 
 
@@ -126,10 +124,10 @@ class SfmSettings:
         """Raise ``ValueError`` naming the first invalid setting."""
         if self.matching not in MATCHING:
             raise ValueError(f"matching={self.matching!r}: must be one of {', '.join(MATCHING)}")
-        if self.camera_model not in colmap.SUPPORTED_MODELS:
+        if self.camera_model not in colmap_records.SUPPORTED_MODELS:
             raise ValueError(
                 f"camera_model={self.camera_model!r}: must be one of "
-                f"{', '.join(colmap.SUPPORTED_MODELS)}"
+                f"{', '.join(colmap_records.SUPPORTED_MODELS)}"
             )
         if self.fov is not None and not 1.0 <= float(self.fov) <= 179.0:
             raise ValueError(f"fov={self.fov}: must be in [1, 179] degrees")
@@ -138,207 +136,7 @@ class SfmSettings:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
 
 
-@dataclass
-class SfmResult:
-    """A finished reconstruction.
-
-    Attributes:
-        model_dir: folder with ``cameras.txt``, ``images.txt``, ``points3D.txt`` (COLMAP's world
-            frame).
-        image_dir: the folder the image names are relative to.
-        registered: names of the posed images, in natural name order.
-        missing: names of the images that did not register.
-        num_points3d: triangulated points.
-        mean_reprojection_error: mean over all observations, pixels.
-        camera_model: COLMAP model of the cameras.
-        focal_px: focal length(s) of the camera(s) in pixels (``fx`` of each camera).
-        matching: the matching actually run.
-        timings_s: seconds per stage (``features``, ``matching``, ``mapping``, ``total``) of the
-            run that made the model (a cached result keeps the original timings).
-        cached: the model came from the cache.
-        key: the cache key.
-    """
-
-    model_dir: Path
-    image_dir: Path
-    registered: list[str]
-    missing: list[str]
-    num_points3d: int
-    mean_reprojection_error: float
-    camera_model: str
-    focal_px: list[float]
-    matching: str
-    timings_s: dict[str, float] = field(default_factory=dict)
-    cached: bool = False
-    key: str = ""
-
-    # ------------------------------------------------------------------ cameras
-
-    def poses(self) -> dict[str, dict]:
-        """Per registered image: ``camera_to_world [4, 4]`` float64 (COLMAP's world frame), pinhole
-        ``fx, fy, cx, cy`` in pixels, ``width``, ``height`` and ``distortion`` (OpenCV
-        ``[k1, k2, p1, p2, k3, k4, k5, k6]``, zeros for pinhole cameras); the layout of
-        ``image_folder.read_cameras_json``."""
-        memo = self.__dict__.get("_poses")
-        if memo is not None and memo[0] == self.model_dir:
-            return dict(memo[1])
-        cameras, images, _ = colmap.read_model(self.model_dir, points=False)
-        out: dict[str, dict] = {}
-        for image in images.values():
-            camera = cameras[image.camera_id]
-            distortion = colmap.camera_distortion(camera)
-            out[image.name] = {**colmap.image_pose(image, camera), "distortion": distortion}
-        poses = {name: out[name] for name in self.registered}
-        self.__dict__["_poses"] = (self.model_dir, poses)
-        return dict(poses)
-
-    @property
-    def distorted(self) -> bool:
-        """The cameras have non-zero lens distortion (images must be undistorted to use them)."""
-        return any(np.abs(p["distortion"]).max() > 0 for p in self.poses().values())
-
-    def scene_frame(self, names: Sequence[str] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Cameras of ``names`` (default: all registered) in the scene frame.
-
-        Returns:
-            ``extrinsics [V, 4, 4]`` camera-to-world (first view the identity, largest camera
-            distance 1), ``intrinsics [V, 3, 3]`` normalised by each image's size and the
-            ``scale`` that COLMAP's world distances were divided by.
-        """
-        from models.geometry.cameras import intrinsics_to_normalized
-
-        poses = self.poses()
-        names = list(names) if names is not None else self.registered
-        unknown = [n for n in names if n not in poses]
-        if unknown:
-            raise KeyError(f"not registered: {', '.join(unknown[:5])}")
-        c2w = torch.stack([poses[n]["camera_to_world"] for n in names])  # [V, 4, 4]
-        extrinsics, _, scale = normalize_scene(c2w)
-        intrinsics = torch.stack(
-            [
-                intrinsics_to_normalized(
-                    torch.tensor(
-                        [[p["fx"], 0.0, p["cx"]], [0.0, p["fy"], p["cy"]], [0.0, 0.0, 1.0]],
-                        dtype=torch.float64,
-                    ),
-                    (p["height"], p["width"]),
-                )
-                for p in (poses[n] for n in names)
-            ]
-        )
-        return extrinsics, intrinsics, scale
-
-    def write_cameras_json(self, path: str | Path, image_dir: str | Path | None = None) -> Path:
-        """Write the registered cameras as ``cameras.json`` (COLMAP's world frame, pinhole
-        intrinsics in pixels); ``image_dir`` (default ``self.image_dir``) is recorded for
-        reference only."""
-        frames = []
-        for name, pose in self.poses().items():
-            frames.append(
-                {
-                    "file": name,
-                    "camera_to_world": pose["camera_to_world"].tolist(),
-                    **{k: pose[k] for k in ("fx", "fy", "cx", "cy", "width", "height")},
-                }
-            )
-        path = Path(path)
-        data = {
-            "frames": frames,
-            "poses": "structure-from-motion (pycolmap), COLMAP world frame",
-            "images": str(image_dir or self.image_dir),
-        }
-        path.write_text(json.dumps(data, indent=2), encoding="utf-8")
-        return path
-
-    def export(
-        self, dest: str | Path, names: Sequence[str] | None = None, scene_frame: bool = True
-    ) -> Path:
-        """Write the model as COLMAP text to ``dest`` (created), moved into the scene frame of
-        ``names`` (default: all registered; the frame ``scene_frame(names)`` uses), so that its
-        cameras and points agree with Gaussians predicted from those views; ``scene_frame=False``
-        keeps COLMAP's own world frame (the capture's frame, where ``infer.py`` writes).
-        """
-        pycolmap = import_pycolmap()
-
-        if not scene_frame:
-            dest = Path(dest)
-            dest.mkdir(parents=True, exist_ok=True)
-            pycolmap.Reconstruction(str(self.model_dir)).write_text(str(dest))
-            return dest
-
-        poses = self.poses()
-        names = list(names) if names is not None else self.registered
-        c2w = torch.stack([poses[n]["camera_to_world"] for n in names])  # [V, 4, 4]
-        _, _, scale = normalize_scene(c2w)
-        w2c = torch.linalg.inv(c2w[0]).numpy()  # [4, 4]
-        s = 1.0 / float(scale)
-        rotation = pycolmap.Rotation3d(w2c[:3, :3])
-        transform = pycolmap.Sim3d(s, rotation, (w2c[:3, 3] * s).reshape(3, 1))
-        reconstruction = pycolmap.Reconstruction(str(self.model_dir))
-        reconstruction.transform(transform)
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        reconstruction.write_text(str(dest))
-        return dest
-
-    def undistort(self, dest: str | Path) -> Path:
-        """Write the registered images, resampled into the pinhole part of their cameras, to
-        ``dest`` (PNG, same names with ``.png``); a distortion-free camera's image is copied.
-
-        Returns:
-            ``dest``.
-        """
-        from PIL import Image
-
-        from datamodules.readers.undistort import undistort_image
-
-        dest = Path(dest)
-        dest.mkdir(parents=True, exist_ok=True)
-        for name, pose in self.poses().items():
-            source = self.image_dir / name
-            if np.abs(pose["distortion"]).max() == 0:
-                shutil.copy2(source, dest / name)
-                continue
-            with Image.open(source) as image:
-                array = image_from_uint8(image.convert("RGB"))
-            k = torch.tensor(
-                [
-                    [pose["fx"] / pose["width"], 0.0, pose["cx"] / pose["width"]],
-                    [0.0, pose["fy"] / pose["height"], pose["cy"] / pose["height"]],
-                    [0.0, 0.0, 1.0],
-                ],
-                dtype=torch.float64,
-            )
-            out = undistort_image(array, k, pose["distortion"])
-            Image.fromarray(image_to_uint8(out)).save(dest / name)
-        return dest
-
-    def summary(self) -> dict:
-        """A JSON-ready summary (for ``summary.json`` and reports)."""
-        return {
-            "registered": len(self.registered),
-            "images": len(self.registered) + len(self.missing),
-            "missing": list(self.missing),
-            "mean_reprojection_error_px": round(self.mean_reprojection_error, 4),
-            "points3d": self.num_points3d,
-            "camera_model": self.camera_model,
-            "focal_px": [round(f, 2) for f in self.focal_px],
-            "matching": self.matching,
-            "cached": self.cached,
-            "timings_s": dict(self.timings_s),
-        }
-
-
 # ---------------------------------------------------------------------------------- helpers
-
-
-def default_cache_dir() -> Path:
-    """``$SPLATZOO_SFM_CACHE``, else ``$XDG_CACHE_HOME/splatzoo/sfm``, else
-    ``~/.cache/splatzoo/sfm``."""
-    if os.environ.get("SPLATZOO_SFM_CACHE"):
-        return Path(os.environ["SPLATZOO_SFM_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "splatzoo" / "sfm"
 
 
 def image_files(folder: str | Path) -> list[Path]:
@@ -378,19 +176,6 @@ def _resolve_inputs(images: str | Path | Sequence[str | Path]) -> tuple[Path, li
     return folder, names
 
 
-def _cache_key(folder: Path, names: list[str], settings: SfmSettings, version: str) -> str:
-    digest = hashlib.sha256()
-    meta = {"v": _CACHE_VERSION, "pycolmap": version, "settings": asdict(settings)}
-    digest.update(json.dumps(meta, sort_keys=True).encode())
-    for name in names:
-        digest.update(name.encode() + b"\0")
-        with open(folder / name, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        digest.update(b"\1")
-    return digest.hexdigest()[:24]
-
-
 def _readable_images(folder: Path, names: list[str]) -> tuple[list[str], list[tuple[int, int]]]:
     """The names that decode (others skipped with the image loader's warning) and their sizes."""
     from PIL import Image
@@ -428,37 +213,6 @@ def cache_root(cache: bool | str | Path) -> Path | None:
         )
         return None
     return root
-
-
-_CLEANED_TEMP: list[bool] = []  # the temporary folder's stale work was removed in this process
-
-
-def _remove_stale(root: Path | None) -> None:
-    """Work folders of killed runs (in the cache and the temporary folder). The temporary folder
-    once per process: later, what is there of this process's marked folders is in use (a
-    video's frames when the cache is off)."""
-    from models.output_folder import remove_stale_folders
-
-    if not _CLEANED_TEMP:
-        temp = Path(tempfile.gettempdir())
-        remove_stale_folders(temp, (".sfm-*", "splatzoo-sfm-frames-*", "splatzoo-sfm-*"))
-        _CLEANED_TEMP.append(True)
-    if root is not None:
-        remove_stale_folders(root, (".sfm-*",))
-        remove_stale_folders(root / "frames", (".*.tmp-*",))
-
-
-def import_pycolmap():
-    """``import pycolmap`` keeping Python's SIGTERM handling: pycolmap installs glog's failure
-    handler for SIGTERM on import (a C++ stack dump, sometimes a hang), which is put back here."""
-    import signal
-
-    previous = signal.getsignal(signal.SIGTERM)
-    import pycolmap
-
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
-    return pycolmap
 
 
 def _pycolmap_version() -> str:
@@ -525,28 +279,6 @@ def pose_free_hint() -> str:
     return names[0] if names else "zipsplat_tiny"
 
 
-def _write_entry(entry: Path, result: SfmResult) -> None:
-    data = asdict(result)
-    data["model_dir"] = "sparse"
-    data["image_dir"] = str(result.image_dir)
-    data.pop("cached")
-    (entry / "result.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
-
-
-def _read_entry(entry: Path, image_dir: Path) -> SfmResult | None:
-    try:
-        data = json.loads((entry / "result.json").read_text(encoding="utf-8"))
-        data["model_dir"] = entry / "sparse"
-        data["image_dir"] = image_dir
-        result = SfmResult(**data, cached=True)
-        _, images, _ = colmap.read_model(result.model_dir, points=False)  # a corrupt entry: redo
-    except (OSError, ValueError, TypeError, colmap.ColmapError):
-        return None
-    if not set(result.registered) <= {image.name for image in images.values()}:
-        return None
-    return result
-
-
 # ---------------------------------------------------------------------------------- main
 
 
@@ -589,6 +321,30 @@ def estimate_poses(
     settings.check()
     folder, names = _resolve_inputs(images)
     names, sizes = _readable_images(folder, names)
+    chosen = _check_images(folder, names, sizes, settings)
+    key = cache_key(folder, names, settings, version)
+    root = cache_root(cache)
+    remove_stale(root)
+    if root is not None:
+        cached = read_entry(root / key, folder)
+        if cached is not None:
+            if verbose:
+                print(
+                    f"sfm: reusing the cached model {root / key} "
+                    f"({len(cached.registered)}/{len(names)} images registered)",
+                    file=sys.stderr,
+                )
+            return _finish(cached, out_dir, len(names), verbose)
+    _check_budget(folder, sizes, chosen, settings, verbose)
+    result = _run_colmap(folder, names, sizes, settings, chosen, key, root, verbose)
+    return _finish(result, out_dir, len(names), verbose)
+
+
+def _check_images(
+    folder: Path, names: list[str], sizes: list[tuple[int, int]], settings: SfmSettings
+) -> str:
+    """The matching to run (``auto`` decided by the count); ``SfmError`` for fewer than two
+    images or ``fov=`` over images of several sizes."""
     chosen = settings.matching
     if chosen == "auto":
         chosen = "exhaustive" if len(names) <= _EXHAUSTIVE_MAX else "sequential"
@@ -604,34 +360,41 @@ def estimate_poses(
     single = settings.single_camera if settings.single_camera is not None else len(set(sizes)) == 1
     if settings.fov is not None and not single:
         raise SfmError(f"{folder}: fov= needs images of one size (one shared camera)")
+    return chosen
 
-    key = _cache_key(folder, names, settings, version)
-    root = cache_root(cache)
-    _remove_stale(root)
-    if root is not None:
-        cached = _read_entry(root / key, folder)
-        if cached is not None:
-            if verbose:
-                print(
-                    f"sfm: reusing the cached model {root / key} "
-                    f"({len(cached.registered)}/{len(names)} images registered)",
-                    file=sys.stderr,
-                )
-            return _finish(cached, out_dir, len(names), verbose)
 
+def _check_budget(
+    folder: Path, sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings, verbose: int
+) -> None:
+    """Refuse a run over the time/memory budget (``models.budget``); announce the estimate."""
     from models import budget
-    from models.output_folder import mark_staging
 
     largest = max(sizes, key=lambda size: size[0] * size[1])
     estimate = budget.sfm_estimate(
-        len(names), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
+        len(sizes), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
     )
     try:
         budget.check(estimate)
     except budget.BudgetError as error:
-        raise SfmError(f"{folder}: {error.message}", total=len(names)) from None
+        raise SfmError(f"{folder}: {error.message}", total=len(sizes)) from None
     if verbose:
         budget.announce(estimate, force=True)
+
+
+def _run_colmap(
+    folder: Path,
+    names: list[str],
+    sizes: list[tuple[int, int]],
+    settings: SfmSettings,
+    chosen: str,
+    key: str,
+    root: Path | None,
+    verbose: int,
+) -> SfmResult:
+    """COLMAP in a child process, in a work folder below ``root`` (or the temporary folder);
+    the finished entry is moved into the cache (or a temporary folder removed at exit)."""
+    from models.output_folder import mark_staging
+
     start = time.perf_counter()
     parent = root if root is not None else Path(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix=f".sfm-{key}-", dir=parent))
@@ -672,8 +435,8 @@ def estimate_poses(
             timings_s={**info["timings_s"], "total": round(time.perf_counter() - start, 3)},
             key=key,
         )
-        _write_entry(entry, result)
-        if root is not None and not _store_entry(entry, root / key):
+        write_entry(entry, result)
+        if root is not None and not store_entry(entry, root / key):
             root = None  # the cache went away during the run: its one warning, then no cache
         if root is not None:
             result.model_dir = root / key / "sparse"
@@ -685,40 +448,7 @@ def estimate_poses(
             _REMOVE_AT_EXIT.append(keep)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _finish(result, out_dir, len(names), verbose)
-
-
-def _store_entry(entry: Path, final: Path) -> bool:
-    """Move a finished entry into the cache; ``False``, with a warning, when the cache cannot
-    take it any more (its folder was removed or made read-only during the run)."""
-    try:
-        if final.exists():  # another process finished the same input (or a corrupt entry)
-            shutil.rmtree(final, ignore_errors=True)
-        entry.rename(final)
-    except OSError as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        warnings.warn(
-            f"{final.parent}: the structure-from-motion cache cannot be written ({reason}); "
-            "running without it (set SPLATZOO_SFM_CACHE to a writable folder)",
-            stacklevel=4,
-        )
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def _staged_folder(target: Path) -> Iterator[Path]:
-    """A staging folder beside ``target`` (``.<name>.tmp-*``) that replaces ``target`` when the
-    block succeeds; removed, and ``target`` left as it was, when the block fails."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield staging
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    return result
 
 
 def _finish(result: SfmResult, out_dir: str | Path | None, total: int, verbose: int) -> SfmResult:
@@ -742,7 +472,7 @@ def _finish(result: SfmResult, out_dir: str | Path | None, total: int, verbose: 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         target = out_dir / "sparse"
-        with _staged_folder(target) as staging:
+        with staged_folder(target) as staging:
             for path in result.model_dir.iterdir():
                 shutil.copy2(path, staging / path.name)
         result.model_dir = target
@@ -768,7 +498,7 @@ def _video_frames(video: Path, num_views: int, root: Path) -> Path:
         return folder
     frames = load_video(video, num_views=num_views, image_size=None, min_views=1)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _staged_folder(folder) as staging:
+    with staged_folder(folder) as staging:
         for name, image in zip(frames.names, frames.images):
             Image.fromarray(image_to_uint8(image)).save(staging / f"{name}.png")
     return folder
@@ -804,7 +534,7 @@ def poses_for_input(
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
     root = cache_root(cache)
-    _remove_stale(root)  # before this run's own temporary frames exist
+    remove_stale(root)  # before this run's own temporary frames exist
     if root is None:  # frames in a temporary folder removed at exit (or by the next run)
         from models.output_folder import mark_staging
 
@@ -844,72 +574,7 @@ def poses_for_input(
     if result.distorted:
         image_folder = entry / "undistorted"
         if not image_folder.is_dir():
-            with _staged_folder(image_folder) as staging:
+            with staged_folder(image_folder) as staging:
                 result.undistort(staging)
     cameras_json = result.write_cameras_json(entry / "cameras.json", image_folder)
     return result, image_folder, cameras_json
-
-
-# ---------------------------------------------------------------------------------- evaluation
-
-
-def _angle(rotation: np.ndarray) -> float:
-    """Rotation angle of ``[3, 3]`` in degrees."""
-    return float(np.degrees(np.arccos(np.clip((np.trace(rotation) - 1) / 2, -1.0, 1.0))))
-
-
-def pose_errors(estimated: dict[str, Tensor], reference: dict[str, Tensor]) -> dict[str, float]:
-    """Errors of estimated camera-to-world poses against reference ones (shared names).
-
-    The estimate is aligned to the reference by the least-squares similarity (``models.geometry.similarity.umeyama``) that
-    maps its camera centres, and a point one scene extent (the largest camera distance) ahead of
-    each camera on its optical axis, onto the reference's: centres alone leave the rotation about
-    a short, nearly straight camera path ill-determined, which would show up as rotation error.
-    Rotation errors are the angles between aligned and reference orientations, centre errors
-    distances divided by the reference's largest camera distance (the scene frame's unit).
-    ``relative_rotation_*`` compares every pair's relative rotation and needs no alignment.
-
-    Args:
-        estimated: name → ``[4, 4]`` camera-to-world.
-        reference: name → ``[4, 4]`` camera-to-world.
-
-    Returns:
-        ``views``, ``rotation_median_deg``, ``rotation_max_deg``, ``center_median``,
-        ``center_max``, ``relative_rotation_median_deg``, ``relative_rotation_max_deg``, ``scale``.
-    """
-    names = [n for n in reference if n in estimated]
-    if len(names) < 3:
-        raise ValueError(f"need at least 3 shared views to align, got {len(names)}")
-    est = np.stack([np.asarray(estimated[n], np.float64) for n in names])  # [V, 4, 4]
-    ref = np.stack([np.asarray(reference[n], np.float64) for n in names])
-
-    def extent_of(poses: np.ndarray) -> float:
-        return float(np.linalg.norm(poses[:, None, :3, 3] - poses[None, :, :3, 3], axis=-1).max())
-
-    extent, extent_est = extent_of(ref), extent_of(est)
-    ahead = [
-        np.concatenate([p[:, :3, 3], p[:, :3, 3] + d * p[:, :3, 2]])
-        for p, d in ((est, extent_est), (ref, extent))
-    ]  # [2V, 3] each
-    fit = umeyama(torch.from_numpy(ahead[0]), torch.from_numpy(ahead[1]))
-    scale, rotation = float(fit.scale), fit.rotation.numpy()
-    aligned = fit.points(torch.from_numpy(est[:, :3, 3])).numpy()  # [V, 3]
-    centers = np.linalg.norm(aligned - ref[:, :3, 3], axis=-1) / extent
-    rotations = np.array([_angle((rotation @ e[:3, :3]).T @ r[:3, :3]) for e, r in zip(est, ref)])
-    relative = np.array(
-        [
-            _angle((est[i, :3, :3].T @ est[j, :3, :3]).T @ (ref[i, :3, :3].T @ ref[j, :3, :3]))
-            for i in range(len(names))
-            for j in range(i + 1, len(names))
-        ]
-    )
-    return {
-        "views": len(names),
-        "rotation_median_deg": float(np.median(rotations)),
-        "rotation_max_deg": float(rotations.max()),
-        "center_median": float(np.median(centers)),
-        "center_max": float(centers.max()),
-        "relative_rotation_median_deg": float(np.median(relative)),
-        "relative_rotation_max_deg": float(relative.max()),
-        "scale": scale,
-    }

@@ -43,25 +43,40 @@ kNN is the project's exact one (``models.layers.knn``), any device.
 
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
 from models.base import ModelOutput, SplatModel, check_context
-from models.families.depthsplat import official_key_to_ours as depthsplat_key
-from models.gaussians import Gaussians
-from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
-from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
+from models.families.resplat_release_weights import (
+    DL3DV_LAYOUT,
+    official_key_to_ours,
+    split_fused_qkv,
+)
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.depth_trunk import DepthTrunk, depth_trunk_size
 from models.layers.point_transformer import PointTransformer, ViewGridAttention
+from models.layers.resplat_state import (
+    D_SH,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    MIN_SCALE,
+    RAW_DIM,
+    RELEASE_POINT_OPTIONS,
+    RESNET_DIM,
+    STATE_PARAMS,
+    FrozenResNet18,
+    PointLinear,
+    RawState,
+    lift,
+    pixel_grid,
+    rgb_to_sh,
+    view_heads,
+)
 from models.registry import register_model
 from models.render import render
 from models.weights.builder import check_mapped_state, encoder_state_dict
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
 
 __all__ = [
     "ReSplatRelease",
@@ -72,124 +87,23 @@ __all__ = [
     "resplat_release_tiny",
 ]
 
-SH_DEGREE = 3
-D_SH = (SH_DEGREE + 1) ** 2
-RAW_DIM = 4 + 3 + 1 + 2 + 3 * D_SH  # quaternion, scale, opacity, offset, SH (58)
-STATE_PARAMS = 3 + 3 + 4 + 1 + 3 * D_SH  # mean, scale, quaternion, opacity logit, SH (59)
-RESNET_DIM = 64 + 64 + 128
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-MIN_SCALE = 1e-6
-
-
 # The screen-space dilation of the release's renders inside the update (its gsplat eps2d).
 RELEASE_EPS2D = 0.1
 
 
-# ----------------------------------------------------------------------------- point layers
-# The release's point transformers are models.layers.point_transformer's with these options:
-# single-head kNN attention over projections of width attn_proj_dim, bias-free, no relative
-# position encoding, its matmul arithmetic, chunks of 2^16 queries; pre-norm blocks with MLPs of
-# ratio 4; no final norm.
-RELEASE_POINT_OPTIONS = dict(
-    heads=1,
-    relative_position=False,
-    qkv_bias=False,
-    mlp_ratio=4.0,
-    final_norm=False,
-    matmul=True,
-    chunk=1 << 16,
-)
-
-
-def _view_heads(dim: int) -> int:
-    """Heads of the release's low-resolution view attention at width ``dim``."""
-    if dim in (3, 48):
-        return 1
-    return 2 if dim % 32 != 0 and dim % 16 == 0 else 4
-
-
-class FrozenResNet18(nn.Module):
-    """torchvision's ResNet-18 stem, layer1 and layer2 (ImageNet weights in the release), always
-    in eval mode; returns conv1's output (before batch norm), layer1's and layer2's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        from torchvision.models import resnet18
-
-        net = resnet18(weights=None)
-        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
-        self.layer1, self.layer2 = net.layer1, net.layer2
-        for p in self.parameters():
-            p.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> FrozenResNet18:
-        return super().train(False)
-
-    def forward(self, x: Tensor) -> list[Tensor]:
-        a = self.conv1(x)
-        b = self.layer1(self.maxpool(self.relu(self.bn1(a))))
-        return [a, b, self.layer2(b)]
-
-
-# ----------------------------------------------------------------------------- geometry helpers
-def _grid(h: int, w: int, device, dtype) -> Tensor:
-    """Pixel centres ``[h*w, 2]`` (x, y) in (0, 1), row-major."""
-    ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) / h
-    xs = (torch.arange(w, device=device, dtype=dtype) + 0.5) / w
-    y, x = torch.meshgrid(ys, xs, indexing="ij")
-    return torch.stack([x, y], dim=-1).reshape(h * w, 2)
-
-
-def _lift(xy: Tensor, depth: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> Tensor:
-    """World points of normalised pixels ``xy [B, V, N, 2]`` at z-depth ``depth [B, V, N]``."""
-    ones = torch.ones_like(xy[..., :1])
-    k_inv = torch.linalg.inv(intrinsics)[:, :, None]  # [B, V, 1, 3, 3]
-    dirs = (k_inv @ torch.cat([xy, ones], dim=-1)[..., None])[..., 0]
-    dirs = dirs / dirs[..., -1:]
-    dirs = (extrinsics[:, :, None, :3, :3] @ dirs[..., None])[..., 0]
-    return extrinsics[:, :, None, :3, 3] + dirs * depth[..., None]
-
-
-def _rgb_to_sh(rgb: Tensor) -> Tensor:
-    return (rgb - 0.5) / 0.28209479177387814
-
-
-class RawState:
-    """The release's Gaussian parameters: means ``[B, N, 3]``, scales, camera-frame raw
-    quaternions (xyzw), opacity logits ``[B, N, 1]``, flattened SH ``[B, N, 3*16]``
-    (channel-major). Gaussian ``n`` belongs to view ``n // (N / V)``."""
-
-    def __init__(self, means, scales, quats, opacity_logits, sh) -> None:
-        self.means, self.scales, self.quats = means, scales, quats
-        self.opacity_logits, self.sh = opacity_logits, sh
-
-    def flat(self) -> Tensor:
-        return torch.cat(
-            [self.means, self.scales, self.quats, self.opacity_logits, self.sh], dim=-1
-        )
-
-    def gaussians(self, extrinsics: Tensor, opacities: Tensor | None = None) -> Gaussians:
-        """World-frame Gaussians (wxyz quaternions: the view's camera rotation times the
-        camera-frame one); ``opacities`` overrides ``sigmoid(logits)``."""
-        b, n = self.means.shape[:2]
-        v = extrinsics.shape[1]
-        unit = self.quats / (self.quats.norm(dim=-1, keepdim=True) + 1e-8)
-        cam_wxyz = torch.cat([unit[..., 3:], unit[..., :3]], dim=-1).view(b, v, n // v, 4)
-        c2w = matrix_to_quaternion(extrinsics[..., :3, :3])[:, :, None]  # [B, V, 1, 4]
-        world = quaternion_multiply(c2w.expand_as(cam_wxyz), cam_wxyz).reshape(b, n, 4)
-        if opacities is None:
-            opacities = torch.sigmoid(self.opacity_logits[..., 0])
-        return Gaussians(
-            means=self.means,
-            scales=self.scales,
-            rotations=F.normalize(world, dim=-1),
-            opacities=opacities,
-            harmonics=self.sh.reshape(b, n, 3, D_SH),
-        )
-
-
 # ----------------------------------------------------------------------------- the model
+def _check_arguments(latent_downsample, gaussians_per_latent, lowest_resolution, near, far):
+    if (latent_downsample, gaussians_per_latent) not in ((4, 1), (2, 4)):
+        raise ValueError(
+            "(latent_downsample, gaussians_per_latent) must be (4, 1) (the DL3DV files) or "
+            f"(2, 4) (the RE10K file), got ({latent_downsample}, {gaussians_per_latent})"
+        )
+    if lowest_resolution not in (4, 8):
+        raise ValueError(f"lowest_resolution must be 4 or 8, got {lowest_resolution}")
+    if not 0 < near < far:
+        raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
+
+
 class ReSplatRelease(SplatModel):
     """ReSplat's released architecture: posed images in, a compact Gaussian set refined by
     ``iterations`` recurrent updates out.
@@ -260,15 +174,7 @@ class ReSplatRelease(SplatModel):
         dpt_out_channels: list[int] | None = None,
     ) -> None:
         super().__init__()
-        if (latent_downsample, gaussians_per_latent) not in ((4, 1), (2, 4)):
-            raise ValueError(
-                "(latent_downsample, gaussians_per_latent) must be (4, 1) (the DL3DV files) or "
-                f"(2, 4) (the RE10K file), got ({latent_downsample}, {gaussians_per_latent})"
-            )
-        if lowest_resolution not in (4, 8):
-            raise ValueError(f"lowest_resolution must be 4 or 8, got {lowest_resolution}")
-        if not 0 < near < far:
-            raise ValueError(f"need 0 < near < far, got near={near}, far={far}")
+        _check_arguments(latent_downsample, gaussians_per_latent, lowest_resolution, near, far)
         if iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {iterations}")
         vit_spec, dpt, embed = depth_trunk_size(
@@ -303,23 +209,40 @@ class ReSplatRelease(SplatModel):
             max_vit_width=560,
             wide_attn_splits=True,
         )
-        # the release's DINOv2 attends through scaled_dot_product_attention (DepthSplat's
-        # through explicit softmax, which models.layers.backbones.dinov2 reproduces by default)
+        self._use_fused_attention()
+        self._build_initial(embed, regressor_dim, init_blocks, attn_proj_dim, knn_method)
+        if recurrent_update:
+            self._build_update(
+                regressor_dim, state_dim, update_blocks, error_attn_blocks, attn_proj_dim,
+                knn_method,
+            )  # fmt: skip
+        self.register_buffer("rgb_mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), False)
+        self.register_buffer("rgb_std", torch.tensor(IMAGENET_STD).view(3, 1, 1), False)
+
+    def _use_fused_attention(self) -> None:
+        """The release's DINOv2 attends through scaled_dot_product_attention (DepthSplat's
+        through explicit softmax, which models.layers.backbones.dinov2 reproduces by default),
+        and so does its UniMatch transformer."""
         for block in self.depth_predictor.backbone.blocks:
             block.attn.fused_attn = True
-        for layer in self.depth_predictor.matcher.modules():  # and its UniMatch transformer too
+        for layer in self.depth_predictor.matcher.modules():
             if hasattr(layer, "fused"):
                 layer.fused = True
+
+    def _build_initial(
+        self, embed: int, c: int, init_blocks: int, attn_proj_dim: int, knn_method: str
+    ) -> None:
+        """The initial model after the depth trunk: regressor, projection, point transformer,
+        Gaussian head (``c``: the regressor's width)."""
         match_dim = 128
-        if latent_downsample == 4:
+        if self.latent_downsample == 4:
             features = embed // 4 + 64 + 96 + 128 + match_dim
-        elif lowest_resolution == 8:
+        elif self.lowest_resolution == 8:
             features = embed // 64 * 4 + 64 + 96 // 4 + 128 // 16 + match_dim // 16
         else:
             features = embed // 64 * 4 + 64 + 96 + 128 // 4 + match_dim // 4
         self.feature_dim = features
-        image_dim = 3 * latent_downsample**2
-        c = regressor_dim
+        image_dim = 3 * self.latent_downsample**2
         self.gaussian_regressor = nn.Sequential(
             nn.Conv2d(image_dim + 1 + 1 + features, c, 3, padding=1),
             nn.GELU(),
@@ -330,51 +253,55 @@ class ReSplatRelease(SplatModel):
         self.pt = PointTransformer(
             c,
             2 * init_blocks,
-            k=knn_k,
+            k=self.knn_k,
             global_attention="views",
-            global_heads=_view_heads(c),
+            global_heads=view_heads(c),
             inner_dim=attn_proj_dim,
             knn_method=knn_method,
             **RELEASE_POINT_OPTIONS,
         )
-        out = RAW_DIM * gaussians_per_latent
+        m = self.gaussians_per_latent
+        out = RAW_DIM * m
         self.gaussian_head = nn.Sequential(nn.Linear(c, out), nn.GELU(), nn.Linear(out, out))
         # the release's initialisation: only the quaternions start random
-        nn.init.zeros_(self.gaussian_head[-1].weight[4 * gaussians_per_latent :])
-        nn.init.zeros_(self.gaussian_head[-1].bias[4 * gaussians_per_latent :])
-        if recurrent_update:
-            self.update_proj = nn.Conv2d(c, state_dim, 1)
-            rgb_in = 3 if gaussians_per_latent == 4 else 3 * latent_downsample**2
-            self.update_rgb_error_proj = nn.Sequential(
-                nn.Linear(rgb_in, RESNET_DIM), nn.LayerNorm(RESNET_DIM)
-            )
-            self.update_module = nn.Sequential(
-                _PointLinear(STATE_PARAMS + state_dim + RESNET_DIM, state_dim),
-                PointTransformer(
-                    state_dim,
-                    update_blocks,
-                    k=update_k,
-                    global_attention=None,
-                    inner_dim=attn_proj_dim,
-                    knn_method=knn_method,
-                    **RELEASE_POINT_OPTIONS,
-                ),
-            )
-            layers: list[nn.Module] = []
-            for _ in range(3):
-                layers += [nn.Linear(state_dim, state_dim), nn.GELU()]
-            self.update_head = nn.Sequential(*layers, nn.Linear(state_dim, STATE_PARAMS))
-            nn.init.zeros_(self.update_head[-1].weight)
-            nn.init.zeros_(self.update_head[-1].bias)
-            self.update_feature = FrozenResNet18()
-            self.update_error_attn = nn.ModuleList(
-                [
-                    ViewGridAttention(RESNET_DIM, _view_heads(RESNET_DIM))
-                    for _ in range(error_attn_blocks)
-                ]
-            )
-        self.register_buffer("rgb_mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), False)
-        self.register_buffer("rgb_std", torch.tensor(IMAGENET_STD).view(3, 1, 1), False)
+        nn.init.zeros_(self.gaussian_head[-1].weight[4 * m :])
+        nn.init.zeros_(self.gaussian_head[-1].bias[4 * m :])
+
+    def _build_update(
+        self, c: int, state_dim: int, blocks: int, error_attn_blocks: int, attn_proj_dim: int,
+        knn_method: str,
+    ) -> None:  # fmt: skip
+        """The recurrent update's modules (``c``: the regressor's width)."""
+        self.update_proj = nn.Conv2d(c, state_dim, 1)
+        rgb_in = 3 if self.gaussians_per_latent == 4 else 3 * self.latent_downsample**2
+        self.update_rgb_error_proj = nn.Sequential(
+            nn.Linear(rgb_in, RESNET_DIM), nn.LayerNorm(RESNET_DIM)
+        )
+        self.update_module = nn.Sequential(
+            PointLinear(STATE_PARAMS + state_dim + RESNET_DIM, state_dim),
+            PointTransformer(
+                state_dim,
+                blocks,
+                k=self.update_k,
+                global_attention=None,
+                inner_dim=attn_proj_dim,
+                knn_method=knn_method,
+                **RELEASE_POINT_OPTIONS,
+            ),
+        )
+        layers: list[nn.Module] = []
+        for _ in range(3):
+            layers += [nn.Linear(state_dim, state_dim), nn.GELU()]
+        self.update_head = nn.Sequential(*layers, nn.Linear(state_dim, STATE_PARAMS))
+        nn.init.zeros_(self.update_head[-1].weight)
+        nn.init.zeros_(self.update_head[-1].bias)
+        self.update_feature = FrozenResNet18()
+        self.update_error_attn = nn.ModuleList(
+            [
+                ViewGridAttention(RESNET_DIM, view_heads(RESNET_DIM))
+                for _ in range(error_attn_blocks)
+            ]
+        )
 
     # ------------------------------------------------------------------ sizes and budgets
     @property
@@ -506,8 +433,8 @@ class ReSplatRelease(SplatModel):
         )
         x = torch.cat([x, unshuffled, features, confidence], dim=1)
         tokens = self.proj(rearrange(x, "bv c h w -> (bv h w) c"))  # [B*N, C]
-        xy = _grid(h, w, images.device, images.dtype).expand(b, v, h * w, 2)
-        points = _lift(xy, latent_depth.flatten(2), extrinsics, intrinsics).reshape(b, -1, 3)
+        xy = pixel_grid(h, w, images.device, images.dtype).expand(b, v, h * w, 2)
+        points = lift(xy, latent_depth.flatten(2), extrinsics, intrinsics).reshape(b, -1, 3)
         refined = self.pt(tokens.view(b, v * h * w, -1), points, grid=(v, h, w))  # [B, N, C]
         tokens = tokens + refined.flatten(0, 1)
         condition = rearrange(tokens, "(bv h w) c -> bv c h w", h=h, w=w)
@@ -527,14 +454,14 @@ class ReSplatRelease(SplatModel):
             gh, gw = h, w
             gdepth = latent_depth
             colour = F.interpolate(flat_images, scale_factor=1.0 / ld, mode="area")
-        xy = _grid(gh, gw, images.device, images.dtype).expand(b, v, gh * gw, 2)
+        xy = pixel_grid(gh, gw, images.device, images.dtype).expand(b, v, gh * gw, 2)
         pixel = 1 / torch.tensor((gw, gh), dtype=torch.float32, device=images.device)
         xy = xy + (torch.sigmoid(offset) - 0.5) * pixel
-        means = _lift(xy, gdepth.flatten(2), extrinsics, intrinsics)
+        means = lift(xy, gdepth.flatten(2), extrinsics, intrinsics)
         scales = torch.clamp(F.softplus(scale - 4.0), min=MIN_SCALE, max=self.max_scale)
         sh = sh.reshape(b, v, gh * gw, 3, D_SH).clone()
         colour = rearrange(colour, "(b v) c h w -> b v (h w) c", b=b)
-        sh[..., 0] = sh[..., 0] + _rgb_to_sh(colour)
+        sh[..., 0] = sh[..., 0] + rgb_to_sh(colour)
 
         def flat(t: Tensor) -> Tensor:
             return t.reshape(b, v * gh * gw, *t.shape[3:])
@@ -695,81 +622,7 @@ class ReSplatRelease(SplatModel):
         )
 
 
-class _PointLinear(nn.Module):
-    """The update's input projection (``update_module.0.linear``)."""
-
-    def __init__(self, in_dim: int, out_dim: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(in_dim, out_dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear(x)
-
-
 # ----------------------------------------------------------------------------- official weights
-# the release's keys (after "encoder.") that are not the depth trunk keep their names here
-_OWN_PREFIXES = ("gaussian_regressor.", "proj.", "pt.", "gaussian_head.", "update_proj.",
-                 "update_rgb_error_proj.", "update_module.", "update_head.", "update_feature.",
-                 "update_error_attn.")  # fmt: skip
-
-
-# the release's point-layer names -> models.layers.point_transformer's (first match wins)
-_KNN_BLOCK_NAMES = {"attn.proj.": "attn.out.", "mlp.fc1.": "mlp.0.", "mlp.fc2.": "mlp.2."}
-_VIEW_ATTENTION_NAMES = {
-    "attn.attn.proj.": "block.attn.out.",
-    "attn.attn.": "block.attn.",
-    "attn.norm": "block.norm",
-    "attn.mlp.fc1.": "block.mlp.0.",
-    "attn.mlp.fc2.": "block.mlp.2.",
-}
-# a kNN attention's fused projection: our q and kv rows (checkpoint_filter_fn splits it)
-_FUSED_QKV = re.compile(r"(pt|update_module\.1)\.blocks\.\d+\.attn\.qkv\.weight")
-
-
-def _rename(rest: str, names: dict[str, str]) -> str:
-    for old, new in names.items():
-        if rest.startswith(old):
-            return new + rest[len(old) :]
-    return rest
-
-
-def _point_layer_key(key: str) -> str:
-    """The release's point-transformer keys in the unified layout: the initial transformer's
-    ``blocks.i`` (kNN) and ``mv_blocks.i`` (view attention) interleave as ``blocks.2i`` and
-    ``blocks.2i+1``; other keys are unchanged."""
-    if match := re.fullmatch(r"(pt|update_module\.1)\.blocks\.(\d+)\.(.+)", key):
-        prefix, i, rest = match.groups()
-        i = 2 * int(i) if prefix == "pt" else int(i)
-        return f"{prefix}.blocks.{i}.{_rename(rest, _KNN_BLOCK_NAMES)}"
-    if match := re.fullmatch(r"pt\.mv_blocks\.(\d+)\.(.+)", key):
-        return f"pt.blocks.{2 * int(match[1]) + 1}.{_rename(match[2], _VIEW_ATTENTION_NAMES)}"
-    if match := re.fullmatch(r"update_error_attn\.(\d+)\.(.+)", key):
-        return f"update_error_attn.{match[1]}.{_rename(match[2], _VIEW_ATTENTION_NAMES)}"
-    return key
-
-
-def split_fused_qkv(key: str, value: Tensor) -> dict[str, Tensor]:
-    """Our tensors of one mapped key: a kNN attention's fused ``attn.qkv.weight [3P, C]`` is our
-    ``attn.q.weight [P, C]`` and ``attn.kv.weight [2P, C]``; any other key is itself."""
-    if not _FUSED_QKV.fullmatch(key):
-        return {key: value}
-    p = value.shape[0] // 3
-    base = key[: -len("qkv.weight")]
-    return {base + "q.weight": value[:p], base + "kv.weight": value[p:]}
-
-
-def official_key_to_ours(key: str) -> str | None:
-    """One official key (without ``encoder.``) -> this module's name, ``None`` if unknown; a kNN
-    attention's fused ``….attn.qkv.weight`` keeps that name and ``split_fused_qkv`` makes it ours.
-    """
-    if key.startswith("depth_predictor."):
-        ours = depthsplat_key(key)
-        return None if ours is None else "depth_predictor." + ours[len("depth.") :]
-    if key.startswith(_OWN_PREFIXES):
-        return _point_layer_key(key)
-    return None
-
-
 def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor]:
     """Map a released ReSplat file onto ``model``'s state dict.
 
@@ -825,154 +678,18 @@ INFERENCE_KNOBS = (
 )
 KNOB_FREE_MODULES = ("depth_predictor",)  # the depth trunk does not depend on the knobs
 
-_DL3DV = dict(lowest_resolution=8, latent_downsample=4, gaussians_per_latent=1, far=200.0)
-_RE10K = dict(lowest_resolution=4, latent_downsample=2, gaussians_per_latent=4, far=100.0)
-_HUB = "haofeixu/resplat"
-_SOURCE = (
-    "ReSplat (Xu, Barath, Geiger, Pollefeys; arXiv 2510.08575), official code commit cc4594a "
-    "('resplat release', 2026-03-24), https://github.com/baoxperceptionio/resplat"
-)
-_METRICS_SOURCE = "authors' release scripts (scripts/*.sh of cc4594a), not verified here"
-_LICENSE = (
-    "MIT (the ReSplat release's LICENSE covers its code and weights; author Haofei Xu); "
-    "the weights contain a "
-    "DINOv2 ViT-{size} initialised from Depth Anything V2 {da} ({da_licence}) through "
-    "DepthSplat/UniMatch (MIT), and torchvision's ImageNet ResNet-18, whose weights carry no "
-    "stated licence (unstated; torchvision's BSD-3-Clause covers its code)"
-)
-_LIC = {
-    "S": _LICENSE.format(size="S", da="Small", da_licence="Apache-2.0"),
-    "B": _LICENSE.format(size="B", da="Base", da_licence="CC-BY-NC-4.0: non-commercial use only"),
-    "L": _LICENSE.format(size="L", da="Large", da_licence="CC-BY-NC-4.0: non-commercial use only"),
-}
-
-
-def _recipe(shape, views: int, script: str, notes: str = "") -> InputRecipe:
-    """A release's input recipe: its experiment config's near/far (dataset scale) and the shape
-    and views of its training script (``scripts/<script>.sh`` of cc4594a)."""
-    re10k = script.startswith("re10k")
-    experiment = "re10k" if re10k else "dl3dv"
-    far = 100.0 if re10k else 200.0
-    return InputRecipe(
-        image_size=shape,
-        multiple=32 if re10k else 64,
-        resize="resize_crop",
-        views=views,
-        near=0.01,
-        far=far,
-        pose_scale="dataset",
-        reference_depth=RE10K_REFERENCE_DEPTH if re10k else DL3DV_REFERENCE_DEPTH,
-        source=(
-            f"baoxperceptionio/resplat config/experiment/{experiment}.yaml (near 0.01, far "
-            f"{far:g}, make_baseline_1 false, baseline_scale_bounds false) and "
-            f"scripts/{script}.sh (image_shape, num_context_views) @ cc4594a"
-        ),
-        notes=notes or "near/far in the dataset's own scale",
-    )
-
-
-def _cfg(
-    filename: str,
-    size: str,
-    train: str,
-    input_size,
-    views,
-    metrics,
-    recipe: InputRecipe | None = None,
-    **kw,
-) -> PretrainedCfg:
-    return PretrainedCfg(
-        recipe=recipe,
-        hf_hub_id=_HUB,
-        hf_hub_filename=filename,
-        file_format="official",
-        sha256_prefix=filename.rsplit("-", 1)[1].split(".")[0],
-        arch_kwargs=kw,
-        license=_LIC[size],
-        source=_SOURCE,
-        train_data=train,
-        input_size=input_size,
-        views=views,
-        pose_free=False,
-        metrics=metrics,
-        metrics_source=_METRICS_SOURCE,
-    )
-
-
-register_pretrained_cfgs(
-    {
-        "resplat_small.dl3dv_256x448_view8": _cfg(
-            "resplat-small-dl3dv-256x448-view8-548993fe.pth", "S", "DL3DV", (256, 448), 8,
-            {"dl3dv/psnr@1it": 28.168, "dl3dv/psnr@2it": 28.727, "dl3dv/psnr@4it": 29.065,
-             "dl3dv/ssim@4it": 0.902, "dl3dv/lpips@4it": 0.105},
-            iterations=2, recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_small_refine"),
-            **_DL3DV,
-        ),
-        "resplat_base.dl3dv_256x448_view8": _cfg(
-            "resplat-base-dl3dv-256x448-view8-1934a04c.pth", "B", "DL3DV", (256, 448), 8,
-            {"dl3dv/psnr@1it": 28.523, "dl3dv/psnr@2it": 28.959, "dl3dv/psnr@4it": 29.198,
-             "dl3dv/ssim@4it": 0.904, "dl3dv/lpips@4it": 0.104},
-            iterations=2, recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_base_refine"),
-            **_DL3DV,
-        ),
-        "resplat_base.dl3dv_256x448_view16": _cfg(
-            "resplat-base-dl3dv-256x448-view16-f38bf984.pth", "B", "DL3DV", (256, 448), 16,
-            {"dl3dv16/psnr@4it": 29.017, "dl3dv16/ssim@4it": 0.901, "dl3dv16/lpips@4it": 0.105},
-            iterations=4, recipe=_recipe((256, 448), 16, "dl3dv_view16_256x448_base_refine"),
-            **_DL3DV,
-        ),
-        "resplat_base.dl3dv_256x448_view32": _cfg(
-            "resplat-base-dl3dv-256x448-view32-439b63a6.pth", "B", "DL3DV", (256, 448), 32,
-            {"dl3dv32/psnr@4it": 28.301, "dl3dv32/ssim@4it": 0.891, "dl3dv32/lpips@4it": 0.114},
-            iterations=4, recipe=_recipe((256, 448), 32, "dl3dv_view32_256x448_base_refine"),
-            **_DL3DV,
-        ),
-        "resplat_base.dl3dv_512x960_view8": _cfg(
-            "resplat-base-dl3dv-512x960-view8-8179ed87.pth", "B", "DL3DV", (512, 960), 8,
-            {"dl3dv/psnr@2it": 27.513, "dl3dv/psnr@4it": 27.698, "dl3dv/ssim@4it": 0.868,
-             "dl3dv/lpips@4it": 0.160},
-            iterations=2, recipe=_recipe((512, 960), 8, "dl3dv_view8_512x960_base_refine"),
-            **_DL3DV,
-        ),
-        "resplat_base.dl3dv_540x960_view16": _cfg(
-            "resplat-base-dl3dv-540x960-view16-a72dc6d0.pth", "B", "DL3DV", (540, 960), 16,
-            {"dl3dv16/psnr@0it": 22.684, "dl3dv16/psnr@1it": 23.234, "dl3dv16/psnr@2it": 23.512},
-            iterations=2, max_scale=3.0, depth_half_res=True,
-            recipe=_recipe(
-                (512, 960), 16, "dl3dv_view16_540x960_base_refine",
-                "trained at 512x960 (from 540x960 frames); the release script tests at 540x960, "
-                "which this port cannot take (sides must be multiples of 64): 512x960 here",
-            ),
-            **_DL3DV,
-        ),
-        "resplat_base.re10k_256x256_view2": _cfg(
-            "resplat-base-re10k-256x256-view2-b90d1b53.pth", "B", "RealEstate10K", (256, 256), 2,
-            {"re10k/psnr@0it": 29.06, "re10k/psnr@2it": 29.751, "re10k/ssim@2it": 0.912,
-             "re10k/lpips@2it": 0.100, "acid_zero_shot/psnr@2it": 29.870},
-            iterations=2, recipe=_recipe((256, 256), 2, "re10k_view2_256x256_base_refine"),
-            **_RE10K,
-        ),
-        "resplat_large.dl3dv_256x448_view8": _cfg(
-            "resplat-large-dl3dv-256x448-view8-62f1703a.pth", "L", "DL3DV", (256, 448), 8,
-            {"dl3dv/psnr@0it": 27.861, "dl3dv/ssim@0it": 0.886, "dl3dv/lpips@0it": 0.121},
-            iterations=0, recurrent_update=False,
-            recipe=_recipe((256, 448), 8, "dl3dv_view8_256x448_large_init"), **_DL3DV,
-        ),
-    }
-)  # fmt: skip
-
 
 @register_model
 def resplat_small(**kwargs) -> ReSplatRelease:
     """ReSplat-S as released: DINOv2 ViT-S depth trunk, 256-channel regressor (76.6 M)."""
-    return ReSplatRelease(**{**dict(vit_size="vits", regressor_dim=256), **_DL3DV, **kwargs})
+    return ReSplatRelease(**{**dict(vit_size="vits", regressor_dim=256), **DL3DV_LAYOUT, **kwargs})
 
 
 @register_model
 def resplat_base(**kwargs) -> ReSplatRelease:
     """ReSplat-B as released: DINOv2 ViT-B, 512-channel regressor (224.0 M; the RE10K file's
     layout: ``latent_downsample=2, gaussians_per_latent=4, lowest_resolution=4``)."""
-    return ReSplatRelease(**{**dict(vit_size="vitb", regressor_dim=512), **_DL3DV, **kwargs})
+    return ReSplatRelease(**{**dict(vit_size="vitb", regressor_dim=512), **DL3DV_LAYOUT, **kwargs})
 
 
 @register_model
@@ -980,7 +697,7 @@ def resplat_large(**kwargs) -> ReSplatRelease:
     """ReSplat-L as released: DINOv2 ViT-L, 768-channel regressor, no recurrent update
     (559.5 M)."""
     large = dict(vit_size="vitl", regressor_dim=768, recurrent_update=False, iterations=0)
-    return ReSplatRelease(**{**large, **_DL3DV, **kwargs})
+    return ReSplatRelease(**{**large, **DL3DV_LAYOUT, **kwargs})
 
 
 @register_model
@@ -992,6 +709,6 @@ def resplat_release_tiny(**kwargs) -> ReSplatRelease:
         dpt_depth_features=16, dpt_features=32, dpt_out_channels=[16, 32, 64, 64],
         num_depth_candidates=16, unet_dim=32, transformer_depth=1, regressor_dim=32, init_blocks=1,
         attn_proj_dim=16, state_dim=64, update_blocks=1, iterations=1, render_backend="torch",
-        **_DL3DV,
+        **DL3DV_LAYOUT,
     )  # fmt: skip
     return ReSplatRelease(**{**tiny, **kwargs})

@@ -426,38 +426,8 @@ class SplatWeaverRelease(SplatModel):
         images = context["image"]
         dtype = self.camera_head.embed_pose.weight.dtype
         images = images.to(dtype)
-
-        # --- trunk: released aggregator input is rounded to bfloat16 ---
-        trunk_in = images.to(torch.bfloat16).to(self.aggregator.camera_token.dtype)
-        outputs = self.aggregator(trunk_in, self.out_layers)
-        kept = sorted(set(self.out_layers) | {self.aggregator.depth - 1})
-        by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
-        layers = [by_layer[i] for i in self.out_layers]
-        start = self.aggregator.patch_start_idx
-
-        # --- cameras and depth ---
-        encoding = self.camera_head(by_layer[self.aggregator.depth - 1])[-1]  # [B, V, 9]
-        w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
-        grid = (h // p, w // p)
-        raw_depth = self.depth_head(layers, grid, (h, w), prefix_tokens=start)
-        raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
-        depth = torch.exp(raw_depth[:, :, 0])
-        depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
-        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
-        bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
-        c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
-        intrinsics = torch.stack(
-            [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
-        )
-
-        # --- per-pixel features, wavelet guidance and routing ---
-        flat_images = images.reshape(b * v, 3, h, w)
-        maps = self.feature_head.token_maps(layers, grid, start)
-        fused = self.feature_head.fuse_maps(maps)  # [BV, C, 8h, 8w]
-        fused = F.interpolate(fused, size=(h, w), mode="bilinear", align_corners=True)
-        fused = add_uv_embedding(fused + self.image_encoder(flat_images))
-        features = self.feature_conv(fused)  # [BV, C, H, W]
-        logits = self.router(features + fused * self.prior(flat_images))  # [BV, M + 1, H, W]
+        layers, cameras, geometry = self._trunk_and_geometry(images, dtype)
+        features, logits = self._route_features(images, layers)
         noise = frozen_gumbel_noise(logits, v) if routing == "frozen_gumbel" else None
         shift = None
         if gaussians_per_pixel is not None:
@@ -473,6 +443,8 @@ class SplatWeaverRelease(SplatModel):
         gates, choice = route(logits, routing, noise, self.gumbel_tau)
 
         # --- experts and neighbour refinement, one scene at a time (kNN within a scene) ---
+        encoding, c2w, intrinsics = cameras
+        depth, depth_conf, points = geometry
         flat_features = rearrange(features, "(b v) c h w -> b (v h w) c", b=b)
         flat_points = rearrange(points, "b v h w c -> b (v h w) c")
         flat_gates = rearrange(gates, "(b v) e h w -> b (v h w) e", b=b)
@@ -507,6 +479,53 @@ class SplatWeaverRelease(SplatModel):
         return ModelOutput(
             gaussians, depth=depth, extrinsics=c2w, intrinsics=intrinsics, diagnostics=diagnostics
         )
+
+    def _trunk_and_geometry(
+        self, images: Tensor, dtype: torch.dtype
+    ) -> tuple[list[Tensor], tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+        """The aggregator's chosen layers, the cameras ``(pose encoding [B, V, 9], c2w
+        [B, V, 4, 4], normalised intrinsics [B, V, 3, 3])`` and the geometry ``(depth
+        [B, V, H, W], depth confidence, points [B, V, H, W, 3])`` in the release's frame."""
+        b, v, _, h, w = images.shape
+        p = self.patch_size
+        # the released aggregator's input is rounded to bfloat16
+        trunk_in = images.to(torch.bfloat16).to(self.aggregator.camera_token.dtype)
+        outputs = self.aggregator(trunk_in, self.out_layers)
+        kept = sorted(set(self.out_layers) | {self.aggregator.depth - 1})
+        by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
+        layers = [by_layer[i] for i in self.out_layers]
+        start = self.aggregator.patch_start_idx
+
+        encoding = self.camera_head(by_layer[self.aggregator.depth - 1])[-1]  # [B, V, 9]
+        w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
+        grid = (h // p, w // p)
+        raw_depth = self.depth_head(layers, grid, (h, w), prefix_tokens=start)
+        raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
+        depth = torch.exp(raw_depth[:, :, 0])
+        depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
+        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
+        bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
+        c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
+        intrinsics = torch.stack(
+            [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
+        )
+        return layers, (encoding, c2w, intrinsics), (depth, depth_conf, points)
+
+    def _route_features(self, images: Tensor, layers: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """Per-pixel features ``[BV, C, H, W]`` (DPT maps, image encoder, UV embedding) and the
+        router's logits ``[BV, M + 1, H, W]`` (wavelet-guided)."""
+        b, v, _, h, w = images.shape
+        p = self.patch_size
+        flat_images = images.reshape(b * v, 3, h, w)
+        maps = self.feature_head.token_maps(
+            layers, (h // p, w // p), self.aggregator.patch_start_idx
+        )
+        fused = self.feature_head.fuse_maps(maps)  # [BV, C, 8h, 8w]
+        fused = F.interpolate(fused, size=(h, w), mode="bilinear", align_corners=True)
+        fused = add_uv_embedding(fused + self.image_encoder(flat_images))
+        features = self.feature_conv(fused)  # [BV, C, H, W]
+        logits = self.router(features + fused * self.prior(flat_images))  # [BV, M + 1, H, W]
+        return features, logits
 
 
 # ----------------------------------------------------------------------------- official weights

@@ -34,13 +34,9 @@ from models.command_line import (
 )
 from models.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_from_recorded, load_state_dict_strict
-from models.weights.hub import (
-    ExportError,
-    load_checkpoint_state_dict,
-    model_card,
-    push_folder,
-)
+from models.weights.hub import load_checkpoint_state_dict
 from models.weights.hub import save_pretrained as save_with_metadata
+from models.weights.publish import ExportError, model_card, push_folder
 
 __all__ = ["checkpoint_metrics", "export_checkpoint", "main"]
 

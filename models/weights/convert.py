@@ -38,15 +38,9 @@ from models.command_line import (
 from models.output_folder import OutputFolder, OutputFolderError
 from models.registry import is_model
 from models.weights.builder import build_model, is_release_format
-from models.weights.hub import (
-    ExportError,
-    WeightsSource,
-    model_card,
-    push_folder,
-    resolve_source,
-    save_pretrained,
-)
+from models.weights.hub import WeightsSource, resolve_source, save_pretrained
 from models.weights.pretrained_cfg import split_model_name
+from models.weights.publish import ExportError, model_card, push_folder
 
 __all__ = ["convert_release", "main", "provenance"]
 

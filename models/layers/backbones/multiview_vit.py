@@ -198,6 +198,22 @@ class MultiViewTransformer(nn.Module):
                 f"embed_dim {self.embed_dim} is not divisible by {self.num_heads} heads"
             )
 
+        self._set_layers(global_layers, out_layers)
+        self.use_camera_tokens = use_camera_tokens
+        self.normalize_input = normalize_input
+        self.grad_checkpointing = False
+        self._build_vit(in_chans, mlp_ratio, drop_path_rate)
+        self._build_multiview(use_camera_tokens)
+        self._init_weights()
+        self.pretrained_source: str | None = None
+        if pretrained_backbone:
+            self.load_pretrained_backbone(pretrained_backbone)
+
+    def _set_layers(
+        self, global_layers: Sequence[int] | None, out_layers: Sequence[int] | None
+    ) -> None:
+        """``global_layers`` (default: every second block from 1) and ``out_layers`` (default:
+        ``default_out_layers``), sorted, each checked against the depth."""
         if global_layers is None:
             global_layers = range(1, self.depth, 2)
         self.global_layers: list[int] = sorted({int(i) for i in global_layers})
@@ -213,11 +229,9 @@ class MultiViewTransformer(nn.Module):
                 raise ValueError(f"{name} {bad} out of range for depth {self.depth}")
         if not self.out_layers:
             raise ValueError("out_layers must name at least one block")
-        self.use_camera_tokens = use_camera_tokens
-        self.normalize_input = normalize_input
-        self.grad_checkpointing = False
 
-        # --- the plain-ViT part (DINOv2 names) ---
+    def _build_vit(self, in_chans: int, mlp_ratio: float, drop_path_rate: float) -> None:
+        """The plain-ViT part (DINOv2 names)."""
         self.patch_embed = PatchEmbed(
             img_size=self.image_size,  # timm's name
             patch_size=self.patch_size,
@@ -243,7 +257,9 @@ class MultiViewTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(self.embed_dim, eps=1e-6)
 
-        # --- multi-view additions ---
+    def _build_multiview(self, use_camera_tokens: bool) -> None:
+        """The multi-view additions: view 0's reference embedding, the camera-token embedding,
+        the input normalisation."""
         self.ref_embed = nn.Parameter(torch.zeros(1, 1, self.embed_dim))  # view 0's tokens
         if use_camera_tokens:
             self.camera_embed = nn.Conv2d(
@@ -257,10 +273,6 @@ class MultiViewTransformer(nn.Module):
         self.register_buffer(
             "image_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False
         )
-        self._init_weights()
-        self.pretrained_source: str | None = None
-        if pretrained_backbone:
-            self.load_pretrained_backbone(pretrained_backbone)
 
     # ------------------------------------------------------------------ init / weights
     def _init_weights(self) -> None:
