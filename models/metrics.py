@@ -10,7 +10,6 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics.functional.image import structural_similarity_index_measure
 
 __all__ = [
     "VGG16_WEIGHTS",
@@ -35,6 +34,10 @@ def ssim_per_image(prediction: Tensor, target: Tensor) -> Tensor:
     lead = prediction.shape[:-3]
     p = prediction.clamp(0, 1).reshape(-1, *prediction.shape[-3:]).float()
     t = target.clamp(0, 1).reshape(-1, *target.shape[-3:]).float()
+    # torchmetrics is imported on first use: its import loads matplotlib, which writes a font
+    # cache into the home folder (a command refusing a bad setting must leave nothing there)
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
     values = structural_similarity_index_measure(
         p, t, data_range=1.0, kernel_size=11, sigma=1.5, reduction="none"
     )

@@ -374,14 +374,18 @@ def fuse_windows(
     backend: str = "auto",
     depth_tolerance: float = 0.3,
 ) -> tuple[Gaussians, dict]:
-    """:func:`remove_floaters`, :func:`merge_surfaces`, then ``fusion_max_gaussians`` (the most
-    opaque); counts: ``predicted``, ``floaters_removed``, :func:`merge_surfaces`' counts,
+    """:func:`remove_floaters`, :func:`merge_surfaces` (several windows; one window's set is kept
+    as the model made it), then ``fusion_max_gaussians`` (the most opaque); counts: ``predicted``, ``floaters_removed``, :func:`merge_surfaces`' counts,
     ``fusion_max_gaussians`` and ``final``."""
     predicted = [int(g.count()[0]) for g in sets]
     floaters = 0
-    if len(sets) > 1:
+    if len(sets) > 1:  # one window: the model's own set (what the viewer re-runs live)
         sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
-    fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
+        fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
+    else:
+        fused = sets[0]
+        counts = {"before": predicted[0], "after": predicted[0], "merged": 0}
+        counts.update(per_window_before=predicted, per_window=predicted)
     counts = {
         "predicted": sum(predicted),
         "per_window_predicted": predicted,

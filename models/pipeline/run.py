@@ -129,7 +129,9 @@ def load_stage(
         shown += _warn(preflight.notes)
         if estimate is None:
             count = preflight.count if views is None else min(views, preflight.count)
-            work = budget.forward_estimate(model, max(count, 1), size, str(device), name=name)
+            work = budget.forward_estimate(
+                model, max(count, 1), size, device=str(device), name=name
+            )
         else:
             work = estimate(model, preflight, size)
         budget.check(work)

@@ -20,6 +20,7 @@ saved every ``checkpoint_every`` steps and a later call resumes from it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -249,7 +250,7 @@ class _Fit:
             raise ValueError(f"checkpoint has {state['views']} views, the fit has {self.views}")
         ops.load_parameters_state(self.params, self.optimizers, state["params"])
         self.state = state["strategy"]
-        self.budget = FitBudget(**state["budget"])
+        self.budget = dataclasses.replace(FitBudget(**state["budget"]), steps=self.budget.steps)
         self.strategy.cap = self.budget.cap
         if self.camera_delta is not None and state["camera_delta"] is not None:
             with torch.no_grad():
@@ -479,7 +480,10 @@ def refine_gaussians(
         )
         _announce(record, count, settings)
     else:
-        budget, record = FitBudget(**state["budget"]), state["plan"]
+        budget, record = FitBudget(**state["budget"]), dict(state["plan"])
+        if settings.steps is not None:  # a rerun with refine=N continues to step N
+            budget = dataclasses.replace(budget, steps=int(settings.steps))
+            record["steps"] = int(settings.steps)
     fit = _Fit(start, photos, settings, budget, optimize_cameras)
     if state is not None:
         fit.load_state_dict(state)
