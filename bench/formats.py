@@ -124,12 +124,11 @@ def main() -> int:
     parser.add_argument("--no-garden", action="store_true", help="only the infer.py output")
     args = parser.parse_args()
     scenes = {}
-    if args.no_garden:
-        pass
-    elif GARDEN.is_file():
-        scenes[f"garden ({GARDEN.name})"] = garden_scene(GARDEN)
-    else:
-        print(f"garden scene skipped: {GARDEN} not found", file=sys.stderr)
+    if not args.no_garden:
+        if GARDEN.is_file():
+            scenes[f"garden ({GARDEN.name})"] = garden_scene(GARDEN)
+        else:
+            print(f"garden scene skipped: {GARDEN} not found", file=sys.stderr)
     if args.infer_output is not None:
         scenes[f"infer.py output ({args.infer_output})"] = infer_scene(args.infer_output)
     if splat_transform() is None:

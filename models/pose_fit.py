@@ -31,6 +31,7 @@ from torch import Tensor
 
 from models.gaussians import Gaussians
 from models.geometry.similarity import CAMERA_FITS, Similarity, fit_cameras
+from models.render.core import render
 
 __all__ = [
     "ContextPlacement",
@@ -109,6 +110,33 @@ def _announce_pose_fit(first_step: float, steps: int, views: int, size: tuple[in
         )
 
 
+def _check_shapes(image: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> torch.Size:
+    """``image``'s shape ``[B, V, 3, H, W]``, with cameras of the same ``B, V``."""
+    if image.ndim != 5 or image.shape[2] != 3:
+        raise ValueError(f"image must be [B, V, 3, H, W], got {tuple(image.shape)}")
+    b, v = image.shape[:2]
+    if tuple(extrinsics.shape) != (b, v, 4, 4) or tuple(intrinsics.shape) != (b, v, 3, 3):
+        raise ValueError(
+            f"extrinsics [B, V, 4, 4] and intrinsics [B, V, 3, 3] must match image {(b, v)}, got "
+            f"{tuple(extrinsics.shape)} and {tuple(intrinsics.shape)}"
+        )
+    return image.shape
+
+
+@torch.no_grad()
+def _pivot_point(frozen, start, intrinsics, size, background, backend) -> Tensor:
+    """``[B, V, 3]``: a point on each camera's axis at the median rendered depth of its start
+    pose (1 where nothing renders), the pivot the pose fit rotates about."""
+    first = render(frozen, start, intrinsics, size, background=background, backend=backend)
+    depth = first.depth / first.alpha.clamp_min(1e-6)  # [B, V, H, W]
+    masked = torch.where(first.alpha > 0.5, depth, torch.full_like(depth, float("nan")))
+    median = masked.flatten(2).nanmedian(dim=-1).values  # [B, V]
+    median = torch.where(torch.isfinite(median), median, torch.ones_like(median))
+    point = torch.zeros(*median.shape, 3, device=start.device, dtype=start.dtype)
+    point[..., 2] = median
+    return point
+
+
 def fit_target_poses(
     gaussians: Gaussians,
     image: Tensor,
@@ -150,16 +178,7 @@ def fit_target_poses(
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
         lowest photometric loss among the initial pose and every step's pose.
     """
-    from models.render.core import render
-
-    if image.ndim != 5 or image.shape[2] != 3:
-        raise ValueError(f"image must be [B, V, 3, H, W], got {tuple(image.shape)}")
-    b, v, _, h, w = image.shape
-    if tuple(extrinsics.shape) != (b, v, 4, 4) or tuple(intrinsics.shape) != (b, v, 3, 3):
-        raise ValueError(
-            f"extrinsics [B, V, 4, 4] and intrinsics [B, V, 3, 3] must match image {(b, v)}, got "
-            f"{tuple(extrinsics.shape)} and {tuple(intrinsics.shape)}"
-        )
+    b, v, _, h, w = _check_shapes(image, extrinsics, intrinsics)
     if steps <= 0:
         return extrinsics.detach().clone()
 
@@ -185,17 +204,7 @@ def fit_target_poses(
 
         pivot_point = None
         if pivot:
-            with torch.no_grad():
-                first = render(
-                    frozen, start, intrinsics, (h, w), background=background, backend=backend
-                )
-                depth = first.depth / first.alpha.clamp_min(1e-6)  # [B, V, H, W]
-                valid = first.alpha > 0.5
-                masked = torch.where(valid, depth, torch.full_like(depth, float("nan")))
-                median = masked.flatten(2).nanmedian(dim=-1).values  # [B, V]
-                median = torch.where(torch.isfinite(median), median, torch.ones_like(median))
-            pivot_point = torch.zeros(b, v, 3, device=start.device, dtype=start.dtype)
-            pivot_point[..., 2] = median
+            pivot_point = _pivot_point(frozen, start, intrinsics, (h, w), background, backend)
         best_loss = torch.full((b, v), float("inf"), device=start.device, dtype=start.dtype)
         best_pose = start.clone()
         started = time.perf_counter()
@@ -221,10 +230,9 @@ def fit_target_poses(
             optimizer.step()
             if step == 0 and announce:
                 _announce_pose_fit(time.perf_counter() - started, steps, v, (h, w))
-            progress = (step + 1) / steps
             factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
-                1 + math.cos(math.pi * progress)
-            )
+                1 + math.cos(math.pi * (step + 1) / steps)
+            )  # cosine decay
             for group, base in zip(optimizer.param_groups, base_lrs):
                 group["lr"] = base * factor
     return best_pose.detach().to(extrinsics.dtype)
@@ -323,8 +331,6 @@ def place_context_views(
     Returns:
         The ``ContextPlacement``.
     """
-    from models.render.core import render
-
     if alignment not in CAMERA_FITS:
         raise ValueError(f"alignment must be one of {', '.join(CAMERA_FITS)}, got {alignment!r}")
     b, v = image.shape[:2]
