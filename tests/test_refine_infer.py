@@ -117,7 +117,7 @@ def test_stop_writes_the_output_then_a_rerun_resumes(capture, tmp_path, signum) 
         args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     checkpoint = tmp_path / ".stopped.refine-checkpoint.pt"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # waits for an event: generous for a loaded machine
     while not checkpoint.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
     assert checkpoint.exists(), process.communicate(timeout=30)

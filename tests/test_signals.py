@@ -49,7 +49,7 @@ class Command:
             self.lines.put(line)
         self.lines.put(None)
 
-    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+    def wait_for(self, text: str, timeout: float = 300.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             try:
@@ -201,7 +201,7 @@ def test_sigterm_to_generator_ends_its_workers(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     workers: list[int] = []
     while len(workers) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -232,7 +232,7 @@ def test_sigterm_to_the_generator_command(tmp_path: Path) -> None:
          "--resolution", "32", "--quiet"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         if [p for p in tmp_path.iterdir() if p.name.startswith(".")]:  # the staging folder
             break
@@ -274,7 +274,7 @@ def _lightning_command(script: str, root: Path, run: Path, *args: str) -> Comman
     return Command([script, *common, *args], {"PROJECT_ROOT": str(REPO_ROOT)})
 
 
-def _wait_until(found, what: str, command: Command, timeout: float = 120.0) -> None:
+def _wait_until(found, what: str, command: Command, timeout: float = 600.0) -> None:
     end = time.monotonic() + timeout
     while not found():
         if command.process.poll() is not None or time.monotonic() > end:
