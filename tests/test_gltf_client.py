@@ -13,7 +13,6 @@ import subprocess
 
 import numpy as np
 import pytest
-import torch
 from data_fixtures import REPO_ROOT
 from splat_format_fixtures import small_scene
 
