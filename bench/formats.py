@@ -1,7 +1,7 @@
 """Splat file formats: size, write/read time and render fidelity, ours against splat-transform's.
 
     python bench/formats.py [--infer-output DIR] [--no-garden] [--size H,W] [--backend torch]
-        [--cameras 1]
+        [--cameras 1] [--formats "sog,compressed.ply"]
 
 For gsplat's garden scene (138,766 Gaussians, SH degree 0) and, with ``--infer-output``, an
 ``infer.py`` output folder (its ``gaussians.ply`` seen from its ``cameras.json`` input cameras),
@@ -103,7 +103,8 @@ def measure(scene, folder: Path, args) -> list[str]:
         "| exact | - | - | - | - |"
     ]
     command = splat_transform()
-    for name, (file, options, theirs) in FORMATS.items():
+    chosen = {n: FORMATS[n] for n in args.formats} if args.formats else FORMATS
+    for name, (file, options, theirs) in chosen.items():
         ours = folder / "ours" / name.replace(" ", "_") / file
         ours.parent.mkdir(parents=True)
         _, write = timed(lambda ours=ours, options=options: gaussians.save(ours, **options))
@@ -136,7 +137,12 @@ def main() -> int:
     parser.add_argument("--backend", default="torch", help="renderer backend for the PSNR")
     parser.add_argument("--cameras", type=int, default=1, help="cameras rendered per scene")
     parser.add_argument("--no-garden", action="store_true", help="only the infer.py output")
+    parser.add_argument("--formats", default="", help=f"comma-separated rows of {list(FORMATS)}")
     args = parser.parse_args()
+    args.formats = [n.strip() for n in args.formats.split(",") if n.strip()]
+    unknown = [n for n in args.formats if n not in FORMATS]
+    if unknown:
+        parser.error(f"--formats: unknown {unknown} (known: {', '.join(FORMATS)})")
     scenes = {}
     if not args.no_garden:
         if GARDEN.is_file():
