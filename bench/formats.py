@@ -1,7 +1,7 @@
 """Splat file formats: size, write/read time and render fidelity, ours against splat-transform's.
 
     python bench/formats.py [--infer-output DIR] [--no-garden] [--size H,W] [--backend torch]
-        [--cameras 1]
+        [--cameras 1] [--formats "sog,compressed.ply"]
 
 For gsplat's garden scene (138,766 Gaussians, SH degree 0) and, with ``--infer-output``, an
 ``infer.py`` output folder (its ``gaussians.ply`` seen from its ``cameras.json`` input cameras),
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -31,10 +32,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from data_fixtures import GARDEN, garden_scene  # noqa: E402
-from splat_format_fixtures import file_size, render_psnr, splat_transform  # noqa: E402
+from splat_format_fixtures import file_size, splat_transform  # noqa: E402
 
 from models.gaussians import Gaussians  # noqa: E402
 from models.geometry.cameras import intrinsics_to_normalized  # noqa: E402
+from models.render import render  # noqa: E402
 
 FORMATS = {  # name -> (file name, our save options, splat-transform options or None)
     "spz (v4)": ("scene.spz", {}, []),
@@ -77,8 +79,20 @@ def measure(scene, folder: Path, args) -> list[str]:
     extrinsics, intrinsics = extrinsics[:, : args.cameras], intrinsics[:, : args.cameras]
     size = tuple(int(s) for s in args.size.split(","))
 
+    def image(scene) -> torch.Tensor:  # [1, V, 3, H, W]
+        with torch.no_grad():
+            rendered = render(scene, extrinsics, intrinsics, size, backend=args.backend)
+        return rendered.color.clamp(0, 1)
+
+    reference = image(gaussians)  # rendered once, not once a format
+
     def psnr(decoded) -> float:
-        return render_psnr(gaussians, decoded, extrinsics, intrinsics, size, args.backend)
+        k = gaussians.harmonics.shape[-1]  # SH bands a format dropped render as zero
+        if decoded.harmonics.shape[-1] < k:
+            pad = torch.zeros(*decoded.harmonics.shape[:-1], k - decoded.harmonics.shape[-1])
+            decoded = decoded.replace(harmonics=torch.cat([decoded.harmonics, pad], dim=-1))
+        mse = ((image(decoded) - reference) ** 2).mean().item()
+        return 10 * math.log10(1.0 / max(mse, 1e-12))
 
     source = folder / "scene.ply"
     _, ply_write = timed(lambda: gaussians.save(source))
@@ -89,7 +103,8 @@ def measure(scene, folder: Path, args) -> list[str]:
         "| exact | - | - | - | - |"
     ]
     command = splat_transform()
-    for name, (file, options, theirs) in FORMATS.items():
+    chosen = {n: FORMATS[n] for n in args.formats} if args.formats else FORMATS
+    for name, (file, options, theirs) in chosen.items():
         ours = folder / "ours" / name.replace(" ", "_") / file
         ours.parent.mkdir(parents=True)
         _, write = timed(lambda ours=ours, options=options: gaussians.save(ours, **options))
@@ -122,7 +137,12 @@ def main() -> int:
     parser.add_argument("--backend", default="torch", help="renderer backend for the PSNR")
     parser.add_argument("--cameras", type=int, default=1, help="cameras rendered per scene")
     parser.add_argument("--no-garden", action="store_true", help="only the infer.py output")
+    parser.add_argument("--formats", default="", help=f"comma-separated rows of {list(FORMATS)}")
     args = parser.parse_args()
+    args.formats = [n.strip() for n in args.formats.split(",") if n.strip()]
+    unknown = [n for n in args.formats if n not in FORMATS]
+    if unknown:
+        parser.error(f"--formats: unknown {unknown} (known: {', '.join(FORMATS)})")
     scenes = {}
     if not args.no_garden:
         if GARDEN.is_file():

@@ -1,7 +1,9 @@
 """A compressed file in a real web viewer: Spark (``@sparkjsdev/spark`` with three.js, from npm,
-installed into ``.node/`` by ``.ci/run``) opens an SPZ written by splatzoo in headless Chromium
-(software WebGL), served on 127.0.0.1; the screenshot shows the scene where splatzoo's own render
-of it does. Skipped, saying why, without Chromium, chromedriver, selenium or the npm packages."""
+installed into ``.node/`` by ``.ci/run``) opens a SOG (our default writer) and a version-3 SPZ
+written by splatzoo in headless Chromium (software WebGL), served on 127.0.0.1; the screenshot
+shows the scene where splatzoo's own render of it does. Spark 2.2.0 reads SOG (its "pcsogszip")
+and gzip SPZ (v2, v3) but not the ZSTD SPZ v4 ("Invalid gzip header"). Skipped, saying why,
+without Chromium, chromedriver, selenium or the npm packages."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ scene.add(new SparkRenderer({ renderer }));
 const camera = new THREE.PerspectiveCamera(view.fovy, view.width / view.height, 0.01, 1000);
 new THREE.Matrix4().fromArray(view.matrix).decompose(camera.position, camera.quaternion, camera.scale);
 camera.updateMatrixWorld(true);
-const splats = new SplatMesh({ url: "scene.spz" });
+const splats = new SplatMesh({ url: "SCENE_FILE" });
 scene.add(splats);
 window.frames_drawn = 0;
 window.addEventListener("error", (event) => { window.load_error = String(event.message); });
@@ -91,13 +93,16 @@ def _serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/index.html"
 
 
-def test_spark_shows_our_spz(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("file", "options"), [("scene.sog", {}), ("scene.spz", {"spz_version": 3})], ids=["sog", "spz3"]
+)
+def test_spark_shows_our_file(tmp_path, file, options) -> None:
     webdriver, Service = _browser_or_skip()
     from PIL import Image
 
     gaussians, extrinsics, intrinsics, _ = small_scene(count=3000)
     gaussians = gaussians.replace(scales=gaussians.scales * 3)  # visible at this size
-    gaussians.save(tmp_path / "scene.spz", spz_version=3)  # Spark 2.2 reads gzip SPZ (v2, v3) only
+    gaussians.save(tmp_path / file, **options)  # Spark 2.2 reads no SPZ v4 (ZSTD)
     for name, source in FILES.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, tmp_path / name)
@@ -109,7 +114,8 @@ def test_spark_shows_our_spz(tmp_path) -> None:
         "fovy": math.degrees(2 * math.atan(HEIGHT / (2 * fy))),
         "matrix": c2w.T.reshape(-1).tolist(),  # column-major, OpenCV -> three.js camera axes
     }
-    (tmp_path / "index.html").write_text(PAGE.replace("VIEW", json.dumps(view)))
+    page = PAGE.replace("VIEW", json.dumps(view)).replace("SCENE_FILE", file)
+    (tmp_path / "index.html").write_text(page)
     with torch.no_grad():
         ours = render(
             gaussians, extrinsics[:, :1], intrinsics[:, :1], (HEIGHT, WIDTH), backend="torch"
@@ -151,7 +157,8 @@ def test_spark_shows_our_spz(tmp_path) -> None:
     assert shot.shape == reference.shape, shot.shape
     covered_here, covered_there = shot.max(-1) > 0.05, reference.max(-1) > 0.05
     print(
-        f"\nSpark: {covered_here.mean():.1%} of the pixels lit, splatzoo {covered_there.mean():.1%}"
+        f"\nSpark ({file}): {covered_here.mean():.1%} of the pixels lit, "
+        f"splatzoo {covered_there.mean():.1%}"
     )
     assert covered_here.mean() > 0.2 * covered_there.mean(), "the screenshot is (nearly) blank"
     overlap = (covered_here & covered_there).sum() / max(1, (covered_here | covered_there).sum())

@@ -23,6 +23,7 @@ __all__ = [
     "SplatArrays",
     "atomic_write_bytes",
     "flip_axes",
+    "kd_chunk_order",
     "kmeans_1d",
     "logit",
     "morton_order",
@@ -167,6 +168,37 @@ def morton_order(points: np.ndarray, bits: int = 10) -> np.ndarray:
         for axis in range(3):
             code |= ((cells[:, axis] >> np.uint64(bit)) & np.uint64(1)) << np.uint64(3 * bit + axis)
     return np.argsort(code, kind="stable")
+
+
+def kd_chunk_order(
+    points: np.ndarray, chunk: int, levels: tuple[int, int, int] = (2047, 1023, 2047)
+) -> np.ndarray:
+    """Indices grouping ``points [N, 3]`` into runs of ``chunk`` (the last one shorter) with small
+    bounding boxes: a k-d split, each box cut at a multiple of ``chunk`` near its median across
+    the axis whose quantisation step ``extent / levels`` is largest (so that per-chunk bounds
+    quantise finely). The cuts go by each point's rank along the axis (ties broken by index) and
+    each chunk lists its points by index, so the result is the same on every CPU."""
+    n = points.shape[0]
+    ranks = np.empty((n, 3), dtype=np.int64)  # [N, 3] rank along each axis, no ties
+    for axis in range(3):
+        ranks[np.argsort(points[:, axis], kind="stable"), axis] = np.arange(n)
+    order = np.arange(n)
+    steps = np.asarray(levels, dtype=np.float64)
+    pending = [(0, n)]
+    while pending:
+        start, stop = pending.pop()
+        if stop - start <= chunk:
+            continue
+        box = points[order[start:stop]]  # [n, 3]
+        axis = int(np.argmax((box.max(axis=0) - box.min(axis=0)) / steps))
+        middle = -(-(stop - start) // (2 * chunk)) * chunk
+        lower = np.argpartition(ranks[order[start:stop], axis], middle - 1)
+        order[start:stop] = order[start:stop][lower]
+        pending += [(start, start + middle), (start + middle, stop)]
+    full = n // chunk * chunk
+    order[:full] = np.sort(order[:full].reshape(-1, chunk), axis=1).reshape(-1)
+    order[full:] = np.sort(order[full:])
+    return order
 
 
 def kmeans_1d(values: np.ndarray, k: int = 256) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
 """PlayCanvas' compressed ``.ply`` (``.compressed.ply``), written from its layout (PlayCanvas
-engine's and splat-transform's readers): Gaussians in Morton order, in chunks of 256; a ``chunk``
+engine's and splat-transform's readers): Gaussians grouped into chunks of 256 with small bounds (a k-d split; the format fixes no order); a ``chunk``
 element of 18 floats (per-chunk bounds of position, log-scale and DC colour), a ``vertex`` element
 of four uint32 (position 11/10/11 bits and log-scale 11/10/11 bits within the chunk's bounds,
 rotation smallest-three 2 + 3 x 10 bits, colour RGBA 8 bits each with opacity in alpha) and, when
@@ -18,7 +18,7 @@ from datamodules.errors import InputError
 from .common import (
     SH_C0,
     SplatArrays,
-    morton_order,
+    kd_chunk_order,
     pack_smallest_three,
     read_bytes,
     unpack_smallest_three,
@@ -57,7 +57,7 @@ def _pack_111011(t: np.ndarray) -> np.ndarray:
 
 def write_compressed_ply(path: str | os.PathLike, splats: SplatArrays) -> bytes:
     """The bytes of ``splats`` as a PlayCanvas compressed PLY."""
-    g = splats.take(morton_order(splats.means))
+    g = splats.take(kd_chunk_order(splats.means.astype(np.float64), CHUNK))
     n, chunks = g.count, -(-g.count // CHUNK)
     chunk_of = np.arange(n) // CHUNK
     log_scales = np.log(g.scales.astype(np.float64))
@@ -65,12 +65,15 @@ def write_compressed_ply(path: str | os.PathLike, splats: SplatArrays) -> bytes:
     bounds = np.zeros((chunks, 18), dtype=np.float64)
     packed = np.zeros((n, 4), dtype=np.uint32)
     for column, values in enumerate((g.means.astype(np.float64), log_scales, colours)):
-        low = np.full((chunks, 3), np.inf)
-        high = np.full((chunks, 3), -np.inf)
-        np.minimum.at(low, chunk_of, values)
-        np.maximum.at(high, chunk_of, values)
+        starts = np.arange(chunks) * CHUNK  # the chunks are contiguous runs
+        low, high = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
         if column == 1:  # scales can be at infinity in some files
             low, high = np.clip(low, -20, 20), np.clip(high, -20, 20)
+        # the bounds as the file stores them (float32), so that reading inverts writing
+        low, high = (
+            low.astype(np.float32).astype(np.float64),
+            high.astype(np.float32).astype(np.float64),
+        )
         bounds[:, 6 * column : 6 * column + 3] = low
         bounds[:, 6 * column + 3 : 6 * column + 6] = high
         t = _normalise(values, low[chunk_of], high[chunk_of])

@@ -244,6 +244,8 @@ def _decode(path, data: bytes, count: int | None, name: str) -> np.ndarray:
             rgba = np.asarray(image.convert("RGBA")).reshape(-1, 4)
     except InputError:
         raise
+    except Image.UnidentifiedImageError as error:
+        raise InputError(path, f"SOG image {name} is not an image Pillow can identify") from error
     except Exception as error:  # Pillow raises many types for a corrupt image
         raise InputError(path, f"SOG image {name} cannot be decoded ({error})") from error
     if count is not None and rgba.shape[0] < count:

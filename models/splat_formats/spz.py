@@ -149,8 +149,16 @@ def _extensions(path, records: bytes) -> int | None:
                 raise InputError(path, f"SPZ coordinate-system extension of {length} bytes (4)")
             (system,) = struct.unpack_from("<I", records, offset)
         elif kind != SAFE_ORBIT_CAMERA_EXTENSION:
-            # The specification: readers skip extension types they do not know.
-            warnings.warn(f"{path}: unknown SPZ extension {kind:#010x} skipped", stacklevel=3)
+            # Niantic's README and extensions/README.md: a reader skips an extension type it does
+            # not know (by its length) and the load succeeds, with a warning naming the type.
+            # Shown as one line naming the file (no source line: lineno 0).
+            warnings.warn_explicit(
+                f"unknown SPZ extension {kind:#010x} ({length} bytes) skipped, as the SPZ "
+                "specification says (the scene may be read differently from its writer's intent)",
+                UserWarning,
+                os.fspath(path),
+                0,
+            )
         offset += length
     return system
 
