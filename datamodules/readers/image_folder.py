@@ -42,10 +42,12 @@ warning naming the file and the share kept.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,8 @@ class ImageSet:
         sfm: the structure-from-motion result the poses came from, or None.
         points: ``[P, 3]`` sparse points of the COLMAP / SfM model (the poses' frame), or None;
             they set the scale of a capture for a release (``models.inference.scene_scale``).
+        fit: the same views at a second size (``fit_shape_of=`` of :func:`load_images`: a
+            per-scene fit's), resized from the same decoded images, or None.
     """
 
     images: Tensor
@@ -107,6 +111,7 @@ class ImageSet:
         None  # the datamodules.tools.sfm.SfmResult when the poses came from structure-from-motion
     )
     points: Tensor | None = None  # [P, 3] sparse points of a COLMAP / SfM model, poses' frame
+    fit: ImageSet | None = None  # the same views at a second size (load_images' fit_shape_of)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -167,6 +172,10 @@ class ImageSet:
             k = torch.linalg.inv(a.double()) @ k.double().cpu()
             out.append(intrinsics_to_pixels(k, tuple(original)))
         return torch.stack(out)
+
+
+# (H, W) of a second size given the views loaded at the first (load_images' fit_shape_of)
+FitShape = Callable[[ImageSet], tuple[int, int]]
 
 
 def natural_key(name: str) -> list:
@@ -500,6 +509,7 @@ def load_image_folder(
     min_views: int = 1,
     background: str | tuple[int, int, int] = "white",
     poses: str = "auto",
+    fit_shape_of: FitShape | None = None,
 ) -> ImageSet:
     """Load a folder of images (see the module docstring).
 
@@ -512,6 +522,8 @@ def load_image_folder(
         poses: ``"auto"`` (``cameras.json``, else a COLMAP model, else none), ``"none"``,
             ``"cameras.json"``, ``"colmap"``, a path to a ``cameras.json`` file or to a COLMAP
             model folder.
+        fit_shape_of: ``(H, W)`` of a second size of the same views (``ImageSet.fit``) given the
+            loaded set, or None.
 
     Raises:
         InputError: no images, too few images, or bad pose files (one line naming the path).
@@ -538,13 +550,17 @@ def load_image_folder(
     if num_views is not None and len(loaded) > num_views:
         loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
 
-    result = _assemble(
-        [(f.name, im) for f, im in loaded], image_size, root, labels=[str(f) for f, _ in loaded]
-    )
+    named = [(f.name, im) for f, im in loaded]
+    result = _assemble(named, image_size, root, labels=[str(f) for f, _ in loaded])
     if pose_table is not None:
-        return _posed_image_set(loaded, entries, result, pose_source, pose_file)
-    result.pop("crops")
-    return ImageSet(**result)
+        images = _posed_image_set(loaded, entries, result, pose_source, pose_file)
+    else:
+        result.pop("crops")
+        images = ImageSet(**result)
+    if fit_shape_of is not None:
+        posed = (loaded, entries) if pose_table is not None else None
+        images.fit = _fit_image_set(images, named, fit_shape_of, posed)
+    return images
 
 
 def _find_poses(
@@ -649,12 +665,7 @@ def _posed_image_set(
     extrinsics, intrinsics = [], []
     for (file, image), crop in zip(loaded, result.pop("crops")):
         entry = entries[file]
-        k_px = torch.tensor(
-            [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
-            dtype=torch.float64,
-        )
-        k = intrinsics_to_normalized(k_px, (image.height, image.width)).float()
-        intrinsics.append(crop @ k)
+        intrinsics.append(crop @ _normalized_intrinsics(entry, image))
         extrinsics.append(entry["camera_to_world"].float())
     points = None
     if pose_source == "colmap" and pose_file is not None:
@@ -667,6 +678,38 @@ def _posed_image_set(
         points=points,
         **result,
     )
+
+
+def _normalized_intrinsics(entry: dict, image: Image.Image) -> Tensor:
+    """``[3, 3]`` normalised intrinsics of a pose entry (pixels ``fx``, ``fy``, ``cx``, ``cy``)
+    for the image as read, before any resize or crop."""
+    k_px = torch.tensor(
+        [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+    )
+    return intrinsics_to_normalized(k_px, (image.height, image.width)).float()
+
+
+def _fit_image_set(
+    images: ImageSet,
+    named: list[tuple[str, Image.Image]],
+    fit_shape_of: FitShape,
+    posed: tuple[list[tuple[Path, Image.Image]], dict[Path, dict]] | None = None,
+) -> ImageSet:
+    """``images`` at ``fit_shape_of(images)``, resized and cropped from the same decoded
+    ``named`` images (no second read); ``posed`` (the loaded files and their pose entries):
+    intrinsics through the second crop."""
+    with warnings.catch_warnings():  # the size warnings were given for the first size
+        warnings.simplefilter("ignore")
+        result = _assemble(named, fit_shape_of(images), images.source)
+    crops = result.pop("crops")
+    intrinsics = None
+    if posed is not None:
+        loaded, entries = posed
+        intrinsics = torch.stack(
+            [crop @ _normalized_intrinsics(entries[f], im) for (f, im), crop in zip(loaded, crops)]
+        )
+    return dataclasses.replace(images, images=result["images"], intrinsics=intrinsics, fit=None)
 
 
 def _assemble(
@@ -705,6 +748,7 @@ def load_video(
     num_views: int = 8,
     image_size: tuple[int, int] | None = None,
     min_views: int = 1,
+    fit_shape_of: FitShape | None = None,
 ) -> ImageSet:
     """Sample ``num_views`` evenly spaced frames (first and last included) from a video.
 
@@ -742,7 +786,10 @@ def load_video(
     named = [(f"{path.stem}_frame{i:05d}", Image.fromarray(f)) for i, f in zip(wanted, frames)]
     result = _assemble(named, image_size, path)
     result.pop("crops")
-    return ImageSet(**result)
+    images = ImageSet(**result)
+    if fit_shape_of is not None:
+        images.fit = _fit_image_set(images, named, fit_shape_of)
+    return images
 
 
 def load_images(
@@ -752,6 +799,7 @@ def load_images(
     min_views: int = 1,
     background: str | tuple[int, int, int] = "white",
     poses: str = "auto",
+    fit_shape_of: FitShape | None = None,
 ) -> ImageSet:
     """Load a folder of images, a video or a single image (see the module docstring).
 
@@ -762,15 +810,19 @@ def load_images(
         min_views: fewer usable views is an error.
         background: colour behind transparent pixels.
         poses: pose source for folders (see ``load_image_folder``).
+        fit_shape_of: ``(H, W)`` of a second size of the same views given the loaded set: the
+            views are read once and resized to both (``ImageSet.fit``); None: one size.
     """
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: input not found")
     if path.is_dir():
-        return load_image_folder(path, image_size, num_views, min_views, background, poses)
+        return load_image_folder(
+            path, image_size, num_views, min_views, background, poses, fit_shape_of
+        )
     suffix = path.suffix.lower()
     if suffix in VIDEO_EXTENSIONS:
-        return load_video(path, num_views or 8, image_size, min_views)
+        return load_video(path, num_views or 8, image_size, min_views, fit_shape_of)
     if suffix in IMAGE_EXTENSIONS:
         if min_views > 1:
             raise InputError(f"{path}: a single image, at least {min_views} needed")
@@ -780,7 +832,10 @@ def load_images(
             raise InputError(f"{path}: {error}") from error
         result = _assemble([(path.name, image)], image_size, path)
         result.pop("crops")
-        return ImageSet(**result)
+        images = ImageSet(**result)
+        if fit_shape_of is not None:
+            images.fit = _fit_image_set(images, [(path.name, image)], fit_shape_of)
+        return images
     raise InputError(
         f"{path}: unsupported input (a folder, a video {', '.join(VIDEO_EXTENSIONS)} "
         f"or an image {', '.join(IMAGE_EXTENSIONS)})"
