@@ -11,12 +11,8 @@ import torch
 from PIL import Image
 
 from datamodules import InputError
-from datamodules.readers.image_folder import (
-    load_images,
-    open_image,
-    read_cameras_json,
-    write_cameras_json,
-)
+from datamodules.readers.cameras_json import read_cameras_json, write_cameras_json
+from datamodules.readers.image_folder import load_images, open_image
 from models.geometry.cameras import project, transform_points
 from models.geometry.rotations import quaternion_to_matrix
 
