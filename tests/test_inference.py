@@ -226,7 +226,7 @@ def test_write_reconstruction_files(tmp_path: Path) -> None:
 def test_write_reconstruction_is_atomic(tmp_path: Path, monkeypatch) -> None:
     """The output_folder rules: a failure leaves nothing (no staging folder either), a user's
     folder is never replaced, an earlier output only with overwrite."""
-    import models.inference as inference
+    import models.inference_outputs as inference
 
     result = _small_result()
     out = tmp_path / "out"
