@@ -52,7 +52,7 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (``cameras.json``), for the whole-capture and refinement tests."""
     from PIL import Image
 
-    from datamodules.readers.image_folder import write_cameras_json
+    from datamodules.readers.cameras_json import write_cameras_json
     from datamodules.synthetic import render_scene, sample_scene
 
     photos = 12

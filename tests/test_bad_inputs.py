@@ -27,6 +27,7 @@ from test_infer import (  # what `python infer.py ARGS` runs, in-process
 )
 
 from datamodules.errors import InputError
+from datamodules.readers.cameras_json import read_cameras_json
 from datamodules.readers.colmap import (
     read_cameras_binary,
     read_cameras_text,
@@ -39,7 +40,7 @@ from datamodules.readers.colmap import (
     read_rigs_text,
 )
 from datamodules.readers.colmap_records import ColmapError, UnsupportedCameraError
-from datamodules.readers.image_folder import load_images, read_cameras_json
+from datamodules.readers.image_folder import load_images
 from datamodules.tools import convert
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

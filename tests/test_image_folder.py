@@ -11,12 +11,8 @@ import torch
 from PIL import Image
 
 from datamodules import InputError
-from datamodules.readers.image_folder import (
-    load_images,
-    open_image,
-    read_cameras_json,
-    write_cameras_json,
-)
+from datamodules.readers.cameras_json import read_cameras_json, write_cameras_json
+from datamodules.readers.image_folder import load_images, open_image
 from models.geometry.cameras import project, transform_points
 from models.geometry.rotations import quaternion_to_matrix
 
@@ -173,3 +169,27 @@ def test_colmap_poses_reproject_points(shared_data: Path) -> None:
         torch.linalg.inv(loaded.extrinsics[0]), loaded.extrinsics[0, None, :3, 3]
     )
     assert origin.abs().max() < 1e-4
+
+
+def test_a_second_size_from_the_same_read(shared_data: Path) -> None:
+    """``fit_shape_of``: the views read once and resized to two sizes are, at the second size,
+    exactly what a second read at that size gives (pixels and intrinsics through its crop)."""
+    scene = shared_data / "real" / "drone_colmap"
+    seen = []
+
+    def fit_shape_of(images) -> tuple[int, int]:
+        seen.append(tuple(images.images.shape[-2:]))
+        return (60, 120)  # another aspect ratio than (64, 96): another crop
+
+    once = load_images(scene, image_size=(64, 96), num_views=4, fit_shape_of=fit_shape_of)
+    again = load_images(scene, image_size=(60, 120), num_views=4)
+    plain = load_images(scene, image_size=(64, 96), num_views=4)
+    assert seen == [(64, 96)] and plain.fit is None and once.fit.fit is None
+    assert torch.equal(once.images, plain.images) and torch.equal(once.intrinsics, plain.intrinsics)
+    assert once.fit.names == again.names == once.names
+    assert torch.equal(once.fit.images, again.images)
+    assert torch.equal(once.fit.intrinsics, again.intrinsics)
+    assert torch.equal(once.fit.extrinsics, again.extrinsics)
+    video = shared_data / "examples" / "drone.mp4"
+    frames = load_images(video, (48, 48), 3, fit_shape_of=lambda images: (32, 56))
+    assert torch.equal(frames.fit.images, load_images(video, (32, 56), 3).images)

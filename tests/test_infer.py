@@ -104,7 +104,7 @@ def check_outputs(output: Path, orbit_frames: int) -> dict:
     """Every output file exists and agrees with summary.json; returns the summary."""
     import imageio.v2 as imageio
 
-    from datamodules.readers.image_folder import read_cameras_json
+    from datamodules.readers.cameras_json import read_cameras_json
     from models import Gaussians
 
     for name in ("gaussians.ply", "cameras.json", "summary.json", "path.mp4"):
@@ -210,7 +210,7 @@ def test_drone_video(weights, tmp_path: Path) -> None:
 def test_posed_with_cameras_json(weights, tmp_path: Path, capsys) -> None:
     """A posed model reads cameras.json (the shipped demo example) and writes the same
     intrinsics back, in the input images' pixels."""
-    from datamodules.readers.image_folder import read_cameras_json
+    from datamodules.readers.cameras_json import read_cameras_json
 
     example = REPO_ROOT / "examples" / "synthetic_room"
     output = tmp_path / "posed"

@@ -133,6 +133,28 @@ def test_pose_free_model_places_views(views, one_thread) -> None:
     assert 0 < fewer.count < unknown.count
 
 
+def test_reconstruct_is_its_window_stages(views, one_thread) -> None:
+    """The stages of one window (what view.py runs around its knob runner), called alone, give
+    what reconstruct gives: the same Gaussians, cameras, placement and frame."""
+    from models.inference import place_views, run_forward, window_input, window_reconstruction
+
+    model = create_model("pixel_aligned_tiny", pretrained=True).eval()
+    cameras = {"extrinsics": views["extrinsics"], "intrinsics": views["intrinsics"]}
+    whole = reconstruct(model, views["image"], cameras, backend="torch", max_gaussians=2000)
+    window = window_input(model, views["image"], cameras, knobs={"max_gaussians": 2000})
+    assert "extrinsics" in window.context and window.knobs == {"max_gaussians": 2000}
+    pred = run_forward(model, window)
+    placed = place_views(window, pred)
+    assert placed.placement == ["given", "given"]
+    staged = window_reconstruction(model, window, pred, placed)
+    assert torch.equal(staged.gaussians.means, whole.gaussians.means)
+    assert torch.equal(staged.extrinsics, whole.extrinsics)
+    assert staged.placement == whole.placement and staged.poses == whole.poses
+    assert staged.frame.scale == whole.frame.scale and staged.knobs == whole.knobs
+    with pytest.raises(KnobError, match="no 'compression' setting"):
+        window_input(model, views["image"], cameras, knobs={"compression": 0.5})
+
+
 def test_knobs_are_checked_against_the_declarations() -> None:
     """One line naming the knob, its type and range; works on names without building."""
     assert check_knobs("zipsplat_tiny", {"compression": "0.5", "max_gaussians": None}) == {
@@ -204,7 +226,7 @@ def test_write_reconstruction_files(tmp_path: Path) -> None:
 def test_write_reconstruction_is_atomic(tmp_path: Path, monkeypatch) -> None:
     """The output_folder rules: a failure leaves nothing (no staging folder either), a user's
     folder is never replaced, an earlier output only with overwrite."""
-    import models.inference as inference
+    import models.inference_outputs as inference
 
     result = _small_result()
     out = tmp_path / "out"

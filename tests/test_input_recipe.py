@@ -16,7 +16,8 @@ import torch
 from data_fixtures import SHARED_DATA
 from PIL import Image
 
-from datamodules.readers.image_folder import crop_fraction, load_images, write_cameras_json
+from datamodules.readers.cameras_json import write_cameras_json
+from datamodules.readers.image_folder import crop_fraction, load_images
 from models import Gaussians, create_model, inference, list_models
 from models.gaussians import transform_gaussians
 from models.geometry.cameras import intrinsics_to_normalized

@@ -62,6 +62,9 @@ RANKS: dict[str, float] = {
     "models.weights.convert": 7,  # python -m models.weights.convert (release files)
     "models": 7,  # the facade (its __init__) re-exports the factory
     "models.metrics": 8,
+    "models.reconstruction": 8,  # the result types inference's stages share
+    "models.inference_inputs": 8,  # device, knobs, model, recipe, context batch
+    "models.inference_outputs": 8,  # the output folder of a reconstruction
     "models.inference": 8,
     "models.refine": 8,  # per-scene refinement (application layer, beside inference)
     "models.convert_splats": 8,  # python -m models.convert_splats (splat file formats)

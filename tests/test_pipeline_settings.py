@@ -24,7 +24,7 @@ if str(REPO_ROOT) not in sys.path:
 
 def _photos(folder: Path, count: int = 3, posed: bool = False) -> Path:
     """``count`` 24x32 photos (with ``cameras.json`` when ``posed``)."""
-    from datamodules.readers.image_folder import write_cameras_json
+    from datamodules.readers.cameras_json import write_cameras_json
 
     folder.mkdir(parents=True)
     names = [f"p{i}.png" for i in range(count)]

@@ -259,7 +259,7 @@ def _command_line_inputs(capture, tmp_path: Path) -> tuple[Path, Path]:
     """The capture as the command reads it: ``start.ply`` and a photo folder with cameras.json."""
     from PIL import Image
 
-    from datamodules.readers.image_folder import write_cameras_json
+    from datamodules.readers.cameras_json import write_cameras_json
 
     photos = tmp_path / "photos"
     photos.mkdir()

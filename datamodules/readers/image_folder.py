@@ -14,24 +14,10 @@ images than ``num_views`` are found, ``num_views`` evenly spaced ones (in natura
 used.
 
 Optional poses, converted to splatzoo's conventions (camera-to-world, OpenCV axes, normalised
-intrinsics), come from ``cameras.json`` in the folder or a COLMAP text/binary model (``sparse/0``,
-``sparse`` or the folder itself). ``cameras.json`` is this project's format::
-
-    {"frames": [
-        {"file": "frame_00.jpg",                 # path relative to the folder
-         "camera_to_world": [[r00, r01, r02, tx],  # 4x4, OpenCV axes (+x right, +y down,
-                             [r10, r11, r12, ty],  #  +z forward), row-major
-                             [r20, r21, r22, tz],
-                             [0, 0, 0, 1]],
-         "fx": 595.0, "fy": 595.0, "cx": 424.0, "cy": 240.0,   # pixels of the full image
-         "width": 848, "height": 480},            # optional: the size those pixels refer to
-        ...]}
-
-Pixel coordinates follow COLMAP: the top-left pixel's centre is at (0.5, 0.5). ``file`` is a file
-name or a path relative to the folder. Poses must be rigid (rotation orthonormal within 1e-3,
-determinant +1) and focal lengths positive; a frame that is not is an error naming it, and views
-that all share one camera centre get a warning (posed models need a baseline).
-``write_cameras_json`` writes the same format.
+intrinsics), come from ``cameras.json`` in the folder (this project's format,
+:mod:`datamodules.readers.cameras_json`) or a COLMAP text/binary model (``sparse/0``, ``sparse``
+or the folder itself). Views that all share one camera centre get a warning (posed models need a
+baseline).
 
 Images are never squashed: the aspect-preserving resize covers ``image_size`` and the centre crop
 cuts the rest (the intrinsics follow both). Images far smaller than ``image_size`` (shorter side
@@ -42,10 +28,11 @@ warning naming the file and the share kept.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import posixpath
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +43,7 @@ from PIL import Image, ImageOps
 from torch import Tensor
 
 from datamodules.errors import InputError
-from datamodules.readers.chunks import read_json
+from datamodules.readers.cameras_json import read_cameras_json
 from datamodules.transforms import resize_crop_image
 from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
 
@@ -70,8 +57,6 @@ __all__ = [
     "natural_key",
     "open_image",
     "crop_fraction",
-    "read_cameras_json",
-    "write_cameras_json",
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
@@ -94,6 +79,8 @@ class ImageSet:
         sfm: the structure-from-motion result the poses came from, or None.
         points: ``[P, 3]`` sparse points of the COLMAP / SfM model (the poses' frame), or None;
             they set the scale of a capture for a release (``models.inference.scene_scale``).
+        fit: the same views at a second size (``fit_shape_of=`` of :func:`load_images`: a
+            per-scene fit's), resized from the same decoded images, or None.
     """
 
     images: Tensor
@@ -107,6 +94,7 @@ class ImageSet:
         None  # the datamodules.tools.sfm.SfmResult when the poses came from structure-from-motion
     )
     points: Tensor | None = None  # [P, 3] sparse points of a COLMAP / SfM model, poses' frame
+    fit: ImageSet | None = None  # the same views at a second size (load_images' fit_shape_of)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -169,6 +157,10 @@ class ImageSet:
         return torch.stack(out)
 
 
+# (H, W) of a second size given the views loaded at the first (load_images' fit_shape_of)
+FitShape = Callable[[ImageSet], tuple[int, int]]
+
+
 def natural_key(name: str) -> list:
     """Sort key of natural name order: ``frame2`` before ``frame10``, case ignored."""
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", name)]
@@ -214,126 +206,6 @@ def open_image(
         canvas = Image.new("RGBA", rgba.size, _background(background) + (255,))
         image = Image.alpha_composite(canvas, rgba)
     return image.convert("RGB")
-
-
-# Tolerance of the rigidity check on camera_to_world: max |R^T R - I| (float32 poses written by
-# other tools are orthonormal to ~1e-6).
-_ROTATION_TOLERANCE = 1e-3
-
-
-def _pose_problem(matrix: Tensor) -> str | None:
-    """What is wrong with a finite 4x4 camera-to-world pose, or None for a rigid transform."""
-    rotation = matrix[:3, :3]
-    error = float((rotation.T @ rotation - torch.eye(3, dtype=rotation.dtype)).abs().max())
-    if error > _ROTATION_TOLERANCE:
-        return (
-            f"the rotation part of camera_to_world is not orthonormal (max |R^T R - I| = "
-            f"{error:.3g}, tolerance {_ROTATION_TOLERANCE:g}); it must be a rotation matrix"
-        )
-    if float(torch.linalg.det(rotation)) < 0:
-        return (
-            "the rotation part of camera_to_world has determinant -1 (a reflection, e.g. one "
-            "axis flipped); it must be a rotation with determinant +1 in OpenCV axes"
-        )
-    if (
-        float((matrix[3] - torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=matrix.dtype)).abs().max())
-        > 1e-4
-    ):
-        return f"the last row of camera_to_world is {matrix[3].tolist()}, not [0, 0, 0, 1]"
-    return None
-
-
-def _intrinsics_problem(entry: dict) -> str | None:
-    """What is wrong with a frame's fx, fy, cx, cy, width, height, or None."""
-    for key in ("fx", "fy"):
-        if not (np.isfinite(entry[key]) and entry[key] > 0):
-            return f"{key}={entry[key]:g} must be a positive focal length in pixels"
-    for key in ("cx", "cy"):
-        if not np.isfinite(entry[key]):
-            return f"{key}={entry[key]:g} must be a finite principal point in pixels"
-    for key in ("width", "height"):
-        if key in entry and entry[key] <= 0:
-            return f"{key}={entry[key]} must be positive"
-    if ("width" in entry) != ("height" in entry):
-        return "give both width and height, or neither"
-    return None
-
-
-def read_cameras_json(path: str | Path) -> dict[str, dict]:
-    """Read ``cameras.json`` (format in the module docstring).
-
-    Returns:
-        Per file name: ``camera_to_world [4, 4]`` float64 tensor, ``fx, fy, cx, cy`` and optional
-        ``width``, ``height``.
-
-    Raises:
-        InputError: malformed file, a pose that is not a rigid transform (rotation orthonormal to
-            1e-3, determinant +1), a non-positive or non-finite focal length, a non-finite
-            principal point, or a file listed twice (one line naming the file and the frame).
-    """
-    path = Path(path)
-    data = read_json(path, "cameras.json", encoding="utf-8-sig")  # a BOM is allowed
-    frames = data.get("frames") if isinstance(data, dict) else None
-    if not isinstance(frames, list):
-        raise InputError(f"{path}: cameras.json needs a 'frames' list")
-    out: dict[str, dict] = {}
-    for i, frame in enumerate(frames):
-        try:
-            matrix = torch.tensor(frame["camera_to_world"], dtype=torch.float64)
-            entry = {
-                "camera_to_world": matrix,
-                **{k: float(frame[k]) for k in ("fx", "fy", "cx", "cy")},
-            }
-            for k in ("width", "height"):
-                if k in frame:
-                    entry[k] = int(frame[k])
-            name = str(frame["file"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise InputError(f"{path}: frame {i} is malformed ({error!r})") from error
-        if matrix.shape != (4, 4) or not torch.isfinite(matrix).all():
-            raise InputError(f"{path}: frame {i} ({name}) needs a finite 4x4 camera_to_world")
-        problem = _pose_problem(matrix) or _intrinsics_problem(entry)
-        if problem:
-            raise InputError(f"{path}: frame {i} ({name}): {problem}")
-        if name in out:
-            raise InputError(f"{path}: frame {i} lists {name} a second time")
-        out[name] = entry
-    return out
-
-
-def write_cameras_json(
-    path: str | Path,
-    names: list[str],
-    extrinsics: Tensor,
-    intrinsics: Tensor,
-    sizes: list[tuple[int, int]] | tuple[int, int],
-) -> None:
-    """Write ``cameras.json``.
-
-    Args:
-        path: output file.
-        names: file name per view.
-        extrinsics: ``[V, 4, 4]`` camera-to-world (OpenCV axes).
-        intrinsics: ``[V, 3, 3]`` normalised.
-        sizes: ``(H, W)`` per view (or one for all) that the pixel intrinsics refer to.
-    """
-    if isinstance(sizes, tuple):
-        sizes = [sizes] * len(names)
-    frames = []
-    for name, pose, k, (height, width) in zip(names, extrinsics, intrinsics, sizes):
-        frames.append(
-            {
-                "file": name,
-                "camera_to_world": pose.double().tolist(),
-                "fx": float(k[0, 0]) * width,
-                "fy": float(k[1, 1]) * height,
-                "cx": float(k[0, 2]) * width,
-                "cy": float(k[1, 2]) * height,
-                "width": int(width),
-                "height": int(height),
-            }
-        )
-    Path(path).write_text(json.dumps({"frames": frames}, indent=2), encoding="utf-8")
 
 
 def _colmap_poses(folder: Path) -> dict[str, dict] | None:
@@ -500,6 +372,7 @@ def load_image_folder(
     min_views: int = 1,
     background: str | tuple[int, int, int] = "white",
     poses: str = "auto",
+    fit_shape_of: FitShape | None = None,
 ) -> ImageSet:
     """Load a folder of images (see the module docstring).
 
@@ -512,6 +385,8 @@ def load_image_folder(
         poses: ``"auto"`` (``cameras.json``, else a COLMAP model, else none), ``"none"``,
             ``"cameras.json"``, ``"colmap"``, a path to a ``cameras.json`` file or to a COLMAP
             model folder.
+        fit_shape_of: ``(H, W)`` of a second size of the same views (``ImageSet.fit``) given the
+            loaded set, or None.
 
     Raises:
         InputError: no images, too few images, or bad pose files (one line naming the path).
@@ -538,13 +413,17 @@ def load_image_folder(
     if num_views is not None and len(loaded) > num_views:
         loaded = [loaded[i] for i in _spread(num_views, len(loaded))]
 
-    result = _assemble(
-        [(f.name, im) for f, im in loaded], image_size, root, labels=[str(f) for f, _ in loaded]
-    )
+    named = [(f.name, im) for f, im in loaded]
+    result = _assemble(named, image_size, root, labels=[str(f) for f, _ in loaded])
     if pose_table is not None:
-        return _posed_image_set(loaded, entries, result, pose_source, pose_file)
-    result.pop("crops")
-    return ImageSet(**result)
+        images = _posed_image_set(loaded, entries, result, pose_source, pose_file)
+    else:
+        result.pop("crops")
+        images = ImageSet(**result)
+    if fit_shape_of is not None:
+        posed = (loaded, entries) if pose_table is not None else None
+        images.fit = _fit_image_set(images, named, fit_shape_of, posed)
+    return images
 
 
 def _find_poses(
@@ -649,12 +528,7 @@ def _posed_image_set(
     extrinsics, intrinsics = [], []
     for (file, image), crop in zip(loaded, result.pop("crops")):
         entry = entries[file]
-        k_px = torch.tensor(
-            [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
-            dtype=torch.float64,
-        )
-        k = intrinsics_to_normalized(k_px, (image.height, image.width)).float()
-        intrinsics.append(crop @ k)
+        intrinsics.append(crop @ _normalized_intrinsics(entry, image))
         extrinsics.append(entry["camera_to_world"].float())
     points = None
     if pose_source == "colmap" and pose_file is not None:
@@ -667,6 +541,38 @@ def _posed_image_set(
         points=points,
         **result,
     )
+
+
+def _normalized_intrinsics(entry: dict, image: Image.Image) -> Tensor:
+    """``[3, 3]`` normalised intrinsics of a pose entry (pixels ``fx``, ``fy``, ``cx``, ``cy``)
+    for the image as read, before any resize or crop."""
+    k_px = torch.tensor(
+        [[entry["fx"], 0.0, entry["cx"]], [0.0, entry["fy"], entry["cy"]], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+    )
+    return intrinsics_to_normalized(k_px, (image.height, image.width)).float()
+
+
+def _fit_image_set(
+    images: ImageSet,
+    named: list[tuple[str, Image.Image]],
+    fit_shape_of: FitShape,
+    posed: tuple[list[tuple[Path, Image.Image]], dict[Path, dict]] | None = None,
+) -> ImageSet:
+    """``images`` at ``fit_shape_of(images)``, resized and cropped from the same decoded
+    ``named`` images (no second read); ``posed`` (the loaded files and their pose entries):
+    intrinsics through the second crop."""
+    with warnings.catch_warnings():  # the size warnings were given for the first size
+        warnings.simplefilter("ignore")
+        result = _assemble(named, fit_shape_of(images), images.source)
+    crops = result.pop("crops")
+    intrinsics = None
+    if posed is not None:
+        loaded, entries = posed
+        intrinsics = torch.stack(
+            [crop @ _normalized_intrinsics(entries[f], im) for (f, im), crop in zip(loaded, crops)]
+        )
+    return dataclasses.replace(images, images=result["images"], intrinsics=intrinsics, fit=None)
 
 
 def _assemble(
@@ -705,6 +611,7 @@ def load_video(
     num_views: int = 8,
     image_size: tuple[int, int] | None = None,
     min_views: int = 1,
+    fit_shape_of: FitShape | None = None,
 ) -> ImageSet:
     """Sample ``num_views`` evenly spaced frames (first and last included) from a video.
 
@@ -742,7 +649,10 @@ def load_video(
     named = [(f"{path.stem}_frame{i:05d}", Image.fromarray(f)) for i, f in zip(wanted, frames)]
     result = _assemble(named, image_size, path)
     result.pop("crops")
-    return ImageSet(**result)
+    images = ImageSet(**result)
+    if fit_shape_of is not None:
+        images.fit = _fit_image_set(images, named, fit_shape_of)
+    return images
 
 
 def load_images(
@@ -752,6 +662,7 @@ def load_images(
     min_views: int = 1,
     background: str | tuple[int, int, int] = "white",
     poses: str = "auto",
+    fit_shape_of: FitShape | None = None,
 ) -> ImageSet:
     """Load a folder of images, a video or a single image (see the module docstring).
 
@@ -762,15 +673,19 @@ def load_images(
         min_views: fewer usable views is an error.
         background: colour behind transparent pixels.
         poses: pose source for folders (see ``load_image_folder``).
+        fit_shape_of: ``(H, W)`` of a second size of the same views given the loaded set: the
+            views are read once and resized to both (``ImageSet.fit``); None: one size.
     """
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: input not found")
     if path.is_dir():
-        return load_image_folder(path, image_size, num_views, min_views, background, poses)
+        return load_image_folder(
+            path, image_size, num_views, min_views, background, poses, fit_shape_of
+        )
     suffix = path.suffix.lower()
     if suffix in VIDEO_EXTENSIONS:
-        return load_video(path, num_views or 8, image_size, min_views)
+        return load_video(path, num_views or 8, image_size, min_views, fit_shape_of)
     if suffix in IMAGE_EXTENSIONS:
         if min_views > 1:
             raise InputError(f"{path}: a single image, at least {min_views} needed")
@@ -780,7 +695,10 @@ def load_images(
             raise InputError(f"{path}: {error}") from error
         result = _assemble([(path.name, image)], image_size, path)
         result.pop("crops")
-        return ImageSet(**result)
+        images = ImageSet(**result)
+        if fit_shape_of is not None:
+            images.fit = _fit_image_set(images, [(path.name, image)], fit_shape_of)
+        return images
     raise InputError(
         f"{path}: unsupported input (a folder, a video {', '.join(VIDEO_EXTENSIONS)} "
         f"or an image {', '.join(IMAGE_EXTENSIONS)})"

@@ -77,7 +77,7 @@ class SfmResult:
         """Per registered image: ``camera_to_world [4, 4]`` float64 (COLMAP's world frame), pinhole
         ``fx, fy, cx, cy`` in pixels, ``width``, ``height`` and ``distortion`` (OpenCV
         ``[k1, k2, p1, p2, k3, k4, k5, k6]``, zeros for pinhole cameras); the layout of
-        ``image_folder.read_cameras_json``."""
+        ``cameras_json.read_cameras_json``."""
         memo = self.__dict__.get("_poses")
         if memo is not None and memo[0] == self.model_dir:
             return dict(memo[1])

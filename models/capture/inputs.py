@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,7 @@ def load_inputs(
     views: int | None = None,
     cameras: str | os.PathLike | None = None,
     sfm: Mapping[str, Any] | None = None,
+    fit_shape_of: Callable[[Any], tuple[int, int]] | None = None,
 ) -> tuple[Any, list[str]]:
     """The input views for ``model``; returns the ``ImageSet`` and warnings (one line each).
 
@@ -142,6 +143,8 @@ def load_inputs(
         cameras: a ``cameras.json`` file, a COLMAP model folder, ``"auto"`` (structure-from-
             motion) or ``None`` (found in the input folder; posed models without: SfM).
         sfm: ``SfmSettings`` fields plus ``cache`` (structure-from-motion settings).
+        fit_shape_of: ``(H, W)`` of a second size of the same views given the loaded set
+            (``ImageSet.fit``, e.g. a per-scene fit's photos): read once, resized twice.
 
     Raises:
         InputError: one line naming the input (poses a posed model lacks, a cameras path not
@@ -155,7 +158,7 @@ def load_inputs(
     source = Path(source).expanduser()
     shape = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if needs_sfm(source, model, cameras):
-        return _sfm_inputs(source, shape, min_views, views, sfm or {})
+        return _sfm_inputs(source, shape, min_views, views, sfm or {}, fit_shape_of)
     poses = "auto"
     if cameras:
         path = Path(os.fspath(cameras)).expanduser()
@@ -168,7 +171,9 @@ def load_inputs(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            images = load_images(source, shape, views, min_views, poses=poses)
+            images = load_images(
+                source, shape, views, min_views, poses=poses, fit_shape_of=fit_shape_of
+            )
         except InputError as error:
             skipped = [m for m in _notes(caught) if "(skipped)" in m]
             if skipped:
@@ -182,7 +187,12 @@ def load_inputs(
 
 
 def _sfm_inputs(
-    source: Path, shape: tuple[int, int], min_views: int, views: int | None, sfm: Mapping
+    source: Path,
+    shape: tuple[int, int],
+    min_views: int,
+    views: int | None,
+    sfm: Mapping,
+    fit_shape_of: Callable[[Any], tuple[int, int]] | None = None,
 ) -> tuple[Any, list[str]]:
     """Poses by structure-from-motion, then the images loaded with them."""
     from datamodules.readers.image_folder import load_images
@@ -192,7 +202,9 @@ def _sfm_inputs(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)
-        images = load_images(folder, shape, views, min_views, poses=str(cameras_json))
+        images = load_images(
+            folder, shape, views, min_views, poses=str(cameras_json), fit_shape_of=fit_shape_of
+        )
     images.pose_source, images.sfm = "structure-from-motion", result
     if images.points is None:  # the sparse points set a release's scale (models.inference)
         from datamodules.readers.colmap import ColmapError, read_colmap_points

@@ -38,7 +38,7 @@ from models import budget
 from models.capture import fusion
 from models.capture import holdout as holdout_lib
 from models.capture import views as view_lib
-from models.gaussians import transform_gaussians
+from models.gaussians import Gaussians, transform_gaussians
 from models.geometry.cameras import transform_points, world_to_camera
 from models.geometry.similarity import Similarity
 from models.inference import (
@@ -52,13 +52,23 @@ from models.registry import get_pretrained_cfg
 
 __all__ = [
     "CaptureError",
+    "CaptureFrame",
     "CapturePlan",
     "CaptureResult",
+    "PlacedWindows",
+    "align_depth",
     "capture_estimate",
+    "capture_frame_of",
+    "fused_reconstruction",
+    "held_out_views",
+    "place_window",
     "plan_capture",
     "reconstruct_capture",
+    "reconstruct_windows",
+    "scene_summary",
     "subset",
     "window_size",
+    "window_step",
     "write_capture",
 ]
 
@@ -68,8 +78,10 @@ class CaptureError(InputError):
 
 
 def subset(images: Any, indices: list[int]) -> Any:
-    """The ``ImageSet`` of ``indices`` only (poses, sizes, names; the SfM result rides along)."""
+    """The ``ImageSet`` of ``indices`` only (poses, sizes, names, the views at a second size;
+    the SfM result rides along)."""
     pick = lambda t: None if t is None else t[indices]  # noqa: E731
+    fit = getattr(images, "fit", None)
     return dataclasses.replace(
         images,
         images=images.images[indices],
@@ -77,6 +89,7 @@ def subset(images: Any, indices: list[int]) -> Any:
         original_sizes=[images.original_sizes[i] for i in indices],
         extrinsics=pick(images.extrinsics),
         intrinsics=pick(images.intrinsics),
+        fit=None if fit is None else subset(fit, indices),
     )
 
 
@@ -267,6 +280,334 @@ def _capture_scene_frame(move: Similarity | None, first: Any) -> Any:
     )
 
 
+@dataclass
+class CaptureFrame:
+    """The frame every window is fused in (:func:`capture_frame_of`).
+
+    Attributes:
+        extrinsics: ``[U, 4, 4]`` the used photos' poses moved so that the first is the identity
+            and the largest camera distance 1, or ``None`` (photos without poses: the windows are
+            chained through the photos they share).
+        move: the capture's own frame -> that frame, or ``None``.
+        points: ``[P, 3]`` the sparse points in that frame, or ``None``.
+        position: photo index -> its row in ``extrinsics``.
+    """
+
+    extrinsics: Tensor | None
+    move: Similarity | None
+    points: Tensor | None
+    position: dict[int, int]
+
+    def window(self, window: list[int]) -> Tensor:
+        """``[W, 4, 4]`` the capture-frame poses of ``window``'s photos."""
+        return self.extrinsics[[self.position[i] for i in window]]
+
+
+def capture_frame_of(plan: CapturePlan) -> CaptureFrame:
+    """The capture frame of ``plan``'s used photos (and its sparse points moved into it)."""
+    images, used = plan.images, plan.used
+    extrinsics = move = None
+    if images.extrinsics is not None:
+        extrinsics, move = fusion.capture_frame(images.extrinsics[used])  # [U, 4, 4]
+    points = getattr(images, "points", None)  # [P, 3] sparse points, the capture's own frame
+    if points is not None and move is not None and len(points):
+        points = move.points(points.double()).float()  # into the capture frame
+    else:
+        points = None
+    return CaptureFrame(extrinsics, move, points, {index: k for k, index in enumerate(used)})
+
+
+@dataclass
+class PlacedWindows:
+    """Every window reconstructed and moved into the capture frame (:func:`place_window`).
+
+    Attributes:
+        sets: per window, its Gaussians in the capture frame.
+        cameras: per window, ``([W, 4, 4], [W, 3, 3])`` its cameras in that frame.
+        known: photo index -> ``[4, 4]`` its chained camera (photos without poses only).
+        placement: photo index -> how it was placed (the first window that had it).
+        intrinsics: photo index -> ``[3, 3]`` normalised (the first window that had it).
+        seconds: per window, its wall time.
+        angles: per window, the largest rotation between its cameras (degrees).
+        moves: per window, its scene frame -> the capture frame.
+        ratios: per window, the depth alignment's scale (``None``: not aligned).
+        stages: the windows' stage timings summed (``inference``, ``pose_fit``).
+        first: the first window's reconstruction.
+    """
+
+    sets: list[Gaussians] = field(default_factory=list)
+    cameras: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    known: dict[int, Tensor] = field(default_factory=dict)
+    placement: dict[int, str] = field(default_factory=dict)
+    intrinsics: dict[int, Tensor] = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)
+    angles: list[float] = field(default_factory=list)
+    moves: list[Similarity] = field(default_factory=list)
+    ratios: list[float | None] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)
+    first: Reconstruction | None = None
+
+
+def _chained_step(
+    placed: PlacedWindows, result: Reconstruction, window: list[int], number: int
+) -> Similarity:
+    """A window of photos without poses onto the frame of the windows before it, through the
+    photos they share (scaled by :func:`_depth_ratio` when they share one view only); its new
+    photos' cameras join ``placed.known``."""
+    shared = [k for k, i in enumerate(window) if i in placed.known]
+    if not shared:
+        step = Similarity.identity()
+    else:
+        k0 = shared[0]
+        scale = _depth_ratio(
+            placed.sets, placed.known[window[k0]], result.gaussians, result.extrinsics[k0]
+        )
+        step = fusion.window_to_capture(
+            result.extrinsics[shared],
+            torch.stack([placed.known[window[k]] for k in shared]),
+            scale=scale,
+        )
+    for k, i in enumerate(window):
+        if i not in placed.known:
+            placed.known[i] = step.cameras(result.extrinsics[k].double().cpu()).float()
+            placed.placement[i] = result.placement[k] if number == 0 else "chained"
+    return step
+
+
+def window_step(
+    frame: CaptureFrame,
+    placed: PlacedWindows,
+    result: Reconstruction,
+    window: list[int],
+    number: int,
+) -> Similarity:
+    """Window ``number``'s scene frame -> the capture frame: a pose-free model's own cameras
+    fitted onto the capture's, the recipe's scene frame moved back (posed photos), or chained
+    through shared photos (no poses, :func:`_chained_step`)."""
+    if frame.extrinsics is None:
+        return _chained_step(placed, result, window, number)
+    if "predicted" in result.placement or "refined" in result.placement:
+        # a pose-free model's own cameras: the similarity onto the SfM cameras
+        step = fusion.window_to_capture(result.extrinsics, frame.window(window))
+    else:  # the recipe's scene frame, back in the capture's (the single-window rule)
+        step = frame.move @ result.frame.to_capture
+    for i in window:
+        placed.placement.setdefault(i, result.placement[window.index(i)])
+    return step
+
+
+def align_depth(
+    moved: Gaussians,
+    step: Similarity,
+    window_e: Tensor,
+    result: Reconstruction,
+    points: Tensor,
+    backend: str,
+) -> tuple[Gaussians, Similarity, float | None]:
+    """A window's Gaussians (capture frame) scaled about its cameras' centre onto the sparse
+    ``points`` (:func:`models.capture.fusion.depth_ratio`); ``(moved, step, ratio or None)``."""
+    shape = result.image_size
+    found = fusion.depth_ratio(moved, window_e, result.intrinsics.cpu(), shape, points, backend)
+    if found is None:
+        return moved, step, None
+    ratio = found[0]
+    centre = window_e[:, :3, 3].double().mean(0)
+    about = Similarity.scaling(ratio, centre)
+    return transform_gaussians(moved, about), about @ step, ratio
+
+
+def place_window(
+    frame: CaptureFrame,
+    placed: PlacedWindows,
+    result: Reconstruction,
+    window: list[int],
+    number: int,
+    *,
+    depth_align_points: bool = True,
+    backend: str = "auto",
+) -> None:
+    """Window ``number``'s reconstruction moved into the capture frame (:func:`window_step`,
+    then :func:`align_depth` onto the sparse points) and added to ``placed``."""
+    placed.first = placed.first or result
+    for key, value in result.timings.items():  # inference, pose_fit: summed
+        placed.stages[key] = round(placed.stages.get(key, 0.0) + value, 4)
+    step = window_step(frame, placed, result, window, number)
+    for k, i in enumerate(window):
+        placed.intrinsics.setdefault(i, result.intrinsics[k].cpu())
+    window_e = step.cameras(result.extrinsics.double().cpu()).float()
+    if frame.extrinsics is not None:
+        window_e = frame.window(window).float()
+    moved = transform_gaussians(result.gaussians, step)
+    ratio = None
+    if depth_align_points and frame.points is not None:
+        moved, step, ratio = align_depth(moved, step, window_e, result, frame.points, backend)
+    placed.ratios.append(None if ratio is None else round(ratio, 4))
+    placed.sets.append(moved)
+    placed.cameras.append((window_e, result.intrinsics.cpu()))
+    placed.angles.append(round(view_lib.max_rotation_deg(window_e), 2))
+    placed.moves.append(step)
+
+
+def reconstruct_windows(
+    model: nn.Module,
+    plan: CapturePlan,
+    frame: CaptureFrame,
+    *,
+    depth_align: bool = True,
+    backend: str = "auto",
+    **options: Any,
+) -> PlacedWindows:
+    """``models.inference.reconstruct`` (the one forward path) on every window of ``plan``
+    (``options``: its arguments and knobs), each placed in the capture frame
+    (:func:`place_window`)."""
+    placed = PlacedWindows()
+    bar = progress(plan.windows, desc="windows", unit="window")
+    for number, window in enumerate(bar):
+        start = time.perf_counter()
+        result = reconstruct(
+            model, subset(plan.images, window), backend=backend, name=plan.name, **options
+        )
+        placed.seconds.append(round(time.perf_counter() - start, 3))
+        if frame.extrinsics is None and "unknown" in result.placement and len(plan.windows) > 1:
+            raise CaptureError(
+                f"model={plan.name}: views=all without camera poses needs the model's cameras "
+                f"or pose fitting (pose_fit_steps > 0)"
+            )
+        place_window(
+            frame, placed, result, window, number, depth_align_points=depth_align, backend=backend
+        )
+        bar.set_postfix(gaussians=result.count)
+    bar.close()
+    return placed
+
+
+def _angle_notes(plan: CapturePlan, angles: list[float], angle: float) -> list[str]:
+    """The view-angle warnings: per window (``views=all``), else of the one window's views."""
+    name = plan.name
+    if plan.mode == "all":
+        far = [n for n, a in enumerate(angles) if view_lib.view_angle_note(a, name) is not None]
+        if far:
+            return [
+                view_lib.view_angle_note(
+                    max(angles[n] for n in far), name, f"the views of {len(far)} window(s)"
+                )
+            ]
+        return []
+    note = view_lib.view_angle_note(angle, name)
+    return [] if note is None else [note]
+
+
+def fused_reconstruction(
+    model: nn.Module,
+    plan: CapturePlan,
+    frame: CaptureFrame,
+    placed: PlacedWindows,
+    gaussians: Gaussians,
+    fuse_s: float,
+) -> Reconstruction:
+    """The fused scene as one ``Reconstruction`` of the used photos (capture frame)."""
+    used, first, windows = plan.used, placed.first, len(plan.windows)
+    if frame.extrinsics is not None:
+        all_e = frame.extrinsics.float()
+    else:
+        all_e = torch.stack([placed.known[i] for i in used])
+    chained = frame.extrinsics is None and windows > 1  # one window needs no chaining
+    source_label = f"chained through shared views ({first.poses})" if chained else first.poses
+    poses = (
+        source_label
+        if windows == 1
+        else f"{source_label}; {windows} windows fused in the capture frame"
+    )
+    return Reconstruction(
+        gaussians=gaussians,
+        extrinsics=all_e,
+        intrinsics=torch.stack([placed.intrinsics[i] for i in used]),
+        placement=[placed.placement[i] for i in used],
+        poses=poses,
+        images=plan.images.images[used].float().cpu(),
+        names=plan.names(used),
+        model=plan.name,
+        family=getattr(model, "family", None),
+        pose_free=bool(getattr(model, "pose_free", False)),
+        knobs=dict(first.knobs),
+        timings={**placed.stages, "windows": round(sum(placed.seconds), 4), "fuse": fuse_s},
+        maps=first.maps if windows == 1 else {},
+        source=subset(plan.images, used),
+        frame=_capture_scene_frame(frame.move, first.frame),
+        recipe=first.recipe,
+    )
+
+
+def scene_summary(
+    plan: CapturePlan,
+    frame: CaptureFrame,
+    placed: PlacedWindows,
+    counts: dict,
+    cap: int | None,
+    angle: float,
+) -> dict[str, Any]:
+    """``summary.json``'s ``view_max_rotation_deg``, ``center_view`` and ``scene``."""
+    return {
+        "view_max_rotation_deg": round(angle, 2),
+        "center_view": plan.images.names[plan.center],
+        "scene": {
+            "mode": plan.mode,
+            "selection": plan.graph.kind,
+            "window_views": plan.size,
+            "windows": [plan.names(w) for w in plan.windows],
+            "window_max_rotation_deg": placed.angles,
+            "window_seconds": placed.seconds,
+            "fusion": {**counts, "fusion_max_gaussians": cap},
+            "frame": "written in the capture's own frame and scale; fused in its poses moved "
+            "so that the first used photo is the identity and the largest camera distance is 1"
+            if frame.extrinsics is not None
+            else "the first window's frame; later windows chained through shared photos",
+            "depth_ratio": placed.ratios,
+            "from_capture_poses": frame.move.to_dict() if frame.move is not None else None,
+            "window_to_frame": [m.to_dict() for m in placed.moves],
+        },
+    }
+
+
+def held_out_views(
+    plan: CapturePlan,
+    frame: CaptureFrame,
+    placed: PlacedWindows,
+    recon: Reconstruction,
+    backend: str = "auto",
+) -> tuple[holdout_lib.HoldoutViews, Any]:
+    """The held-out photos with their cameras in the capture frame: the capture's own poses
+    moved, or (photos without poses) placed against their photos from the nearest used photo's
+    camera (``models.capture.holdout.fit_holdout_cameras``; its record is returned too)."""
+    images, used, held = plan.images, plan.used, plan.held
+    nearest = fitted = None
+    if images.extrinsics is None:  # placed against their photos (holdout module doc)
+        nearest = view_lib.nearest_photos(plan.graph, held, used)
+        held_k = torch.stack([placed.intrinsics[i] for i in nearest]).float()
+        held_e, fitted = holdout_lib.fit_holdout_cameras(
+            recon.gaussians,
+            images.images[held].float(),
+            torch.stack([placed.known[i] for i in nearest]),
+            held_k,
+            backend=backend,
+        )
+    else:
+        held_e = frame.move.cameras(images.extrinsics[held].double()).float()
+        held_k = (
+            images.intrinsics[held]
+            if images.intrinsics is not None
+            else recon.intrinsics[:1].expand(len(held), 3, 3)
+        )
+    every_e = torch.zeros(len(images.names), 4, 4)
+    every_k = torch.zeros(len(images.names), 3, 3)
+    every_e[used], every_k[used] = recon.extrinsics, recon.intrinsics
+    every_e[held], every_k[held] = held_e, held_k.float()
+    views = holdout_lib.holdout_views(
+        images.names, images.images, every_e, every_k, held, used, nearest
+    )
+    return views, fitted
+
+
 def reconstruct_capture(
     model: nn.Module,
     plan: CapturePlan,
@@ -288,196 +629,26 @@ def reconstruct_capture(
     (``max_gaussians``, a knob, caps each window's forward pass); ``near``, ``far``,
     ``scene_scale`` override the recipe's for every window;
     ``depth_align`` scales each window's Gaussians onto the sparse points (module doc)."""
-
-    images, name = plan.images, plan.name
-    pose_free = bool(getattr(model, "pose_free", False))
-    used = plan.used
-    position = {index: k for k, index in enumerate(used)}
-    shape = tuple(images.images.shape[-2:])
-    capture_e = move = None
-    if images.extrinsics is not None:
-        capture_e, move = fusion.capture_frame(images.extrinsics[used])  # [U, 4, 4]
-    window_knobs = dict(knobs)
-    sets, cameras, known, seconds, angles, moves = [], [], {}, [], [], []
-    ratios: list[float | None] = []
-    points = getattr(images, "points", None)  # [P, 3] sparse points, the capture's own frame
-    if points is not None and move is not None and len(points):
-        points = move.points(points.double()).float()  # into the capture frame
-    else:
-        points = None
-    placement: dict[int, str] = {}
-    intrinsics: dict[int, Tensor] = {}
-    first = None
-    stages: dict[str, float] = {}
-    bar = progress(plan.windows, desc="windows", unit="window")
-    for number, window in enumerate(bar):
-        start = time.perf_counter()
-        result = reconstruct(
-            model,
-            subset(images, window),
-            pose_fit_steps=pose_fit_steps,
-            pose_fit_size=pose_fit_size,
-            backend=backend,
-            fov=fov,
-            name=name,
-            near=near,
-            far=far,
-            scene_scale=scene_scale,
-            **window_knobs,
-        )
-        first = first or result
-        seconds.append(round(time.perf_counter() - start, 3))
-        for key, value in result.timings.items():  # inference, pose_fit: summed
-            stages[key] = round(stages.get(key, 0.0) + value, 4)
-        if capture_e is not None:
-            target = capture_e[[position[i] for i in window]]
-            if "predicted" in result.placement or "refined" in result.placement:
-                # a pose-free model's own cameras: the similarity onto the SfM cameras
-                step = fusion.window_to_capture(result.extrinsics, target)
-            else:  # the recipe's scene frame, back in the capture's (the single-window rule)
-                step = move @ result.frame.to_capture
-            for i in window:
-                placement.setdefault(i, result.placement[window.index(i)])
-        else:  # pose-free photos without poses: chained through the photos shared
-            if "unknown" in result.placement and len(plan.windows) > 1:
-                raise CaptureError(
-                    f"model={name}: views=all without camera poses needs the model's cameras "
-                    f"or pose fitting (pose_fit_steps > 0)"
-                )
-            shared = [k for k, i in enumerate(window) if i in known]
-            if not shared:
-                step = Similarity.identity()
-            else:
-                k0 = shared[0]
-                scale = _depth_ratio(
-                    sets, known[window[k0]], result.gaussians, result.extrinsics[k0]
-                )
-                step = fusion.window_to_capture(
-                    result.extrinsics[shared],
-                    torch.stack([known[window[k]] for k in shared]),
-                    scale=scale,
-                )
-            for k, i in enumerate(window):
-                if i not in known:
-                    known[i] = step.cameras(result.extrinsics[k].double().cpu()).float()
-                    placement[i] = result.placement[k] if number == 0 else "chained"
-        for k, i in enumerate(window):
-            intrinsics.setdefault(i, result.intrinsics[k].cpu())
-        window_e = step.cameras(result.extrinsics.double().cpu()).float()
-        if capture_e is not None:
-            window_e = capture_e[[position[i] for i in window]].float()
-        moved = transform_gaussians(result.gaussians, step)
-        ratio = None
-        if depth_align and points is not None:
-            found = fusion.depth_ratio(
-                moved, window_e, result.intrinsics.cpu(), shape, points, backend
-            )
-            if found is not None:
-                ratio = found[0]
-                centre = window_e[:, :3, 3].double().mean(0)
-                about = Similarity.scaling(ratio, centre)
-                moved = transform_gaussians(moved, about)
-                step = about @ step
-        ratios.append(None if ratio is None else round(ratio, 4))
-        sets.append(moved)
-        cameras.append((window_e, result.intrinsics.cpu()))
-        angles.append(round(view_lib.max_rotation_deg(window_e), 2))
-        moves.append(step)
-        bar.set_postfix(gaussians=result.count)
-    bar.close()
+    frame = capture_frame_of(plan)
+    placed = reconstruct_windows(
+        model, plan, frame, depth_align=depth_align, backend=backend,
+        pose_fit_steps=pose_fit_steps, pose_fit_size=pose_fit_size, fov=fov, near=near, far=far,
+        scene_scale=scene_scale, **knobs,
+    )  # fmt: skip
     start = time.perf_counter()
     cap = fusion_max_gaussians if len(plan.windows) > 1 else None
+    shape = tuple(plan.images.images.shape[-2:])
     gaussians, counts = fusion.fuse_windows(
-        sets, cameras, shape, fusion_max_gaussians=cap, backend=backend
+        placed.sets, placed.cameras, shape, fusion_max_gaussians=cap, backend=backend
     )
     fuse_s = round(time.perf_counter() - start, 3)
-
-    all_e = capture_e.float() if capture_e is not None else torch.stack([known[i] for i in used])
-    all_k = torch.stack([intrinsics[i] for i in used])
-    notes = list(plan.notes)
-    angle = view_lib.max_rotation_deg(all_e)
-    if plan.mode == "all":
-        far = [n for n, a in enumerate(angles) if view_lib.view_angle_note(a, name) is not None]
-        if far:
-            notes.append(
-                view_lib.view_angle_note(
-                    max(angles[n] for n in far), name, f"the views of {len(far)} window(s)"
-                )
-            )
-    elif (note := view_lib.view_angle_note(angle, name)) is not None:
-        notes.append(note)
-    chained = capture_e is None and len(plan.windows) > 1  # one window needs no chaining
-    source_label = f"chained through shared views ({first.poses})" if chained else first.poses
-    poses = (
-        source_label
-        if len(plan.windows) == 1
-        else f"{source_label}; {len(plan.windows)} windows fused in the capture frame"
-    )
-    recon = Reconstruction(
-        gaussians=gaussians,
-        extrinsics=all_e,
-        intrinsics=all_k,
-        placement=[placement[i] for i in used],
-        poses=poses,
-        images=images.images[used].float().cpu(),
-        names=plan.names(used),
-        model=name,
-        family=getattr(model, "family", None),
-        pose_free=pose_free,
-        knobs=dict(first.knobs),
-        timings={**stages, "windows": round(sum(seconds), 4), "fuse": fuse_s},
-        maps=first.maps if len(plan.windows) == 1 else {},
-        source=subset(images, used),
-        frame=_capture_scene_frame(move, first.frame),
-        recipe=first.recipe,
-    )
+    recon = fused_reconstruction(model, plan, frame, placed, gaussians, fuse_s)
+    angle = view_lib.max_rotation_deg(recon.extrinsics)
+    notes = list(plan.notes) + _angle_notes(plan, placed.angles, angle)
+    summary = scene_summary(plan, frame, placed, counts, cap, angle)
     held_views = scores = None
-    summary: dict[str, Any] = {
-        "view_max_rotation_deg": round(angle, 2),
-        "center_view": images.names[plan.center],
-        "scene": {
-            "mode": plan.mode,
-            "selection": plan.graph.kind,
-            "window_views": plan.size,
-            "windows": [plan.names(w) for w in plan.windows],
-            "window_max_rotation_deg": angles,
-            "window_seconds": seconds,
-            "fusion": {**counts, "fusion_max_gaussians": cap},
-            "frame": "written in the capture's own frame and scale; fused in its poses moved "
-            "so that the first used photo is the identity and the largest camera distance is 1"
-            if capture_e is not None
-            else "the first window's frame; later windows chained through shared photos",
-            "depth_ratio": ratios,
-            "from_capture_poses": move.to_dict() if move is not None else None,
-            "window_to_frame": [m.to_dict() for m in moves],
-        },
-    }
     if plan.held:
-        nearest = fitted = None
-        if images.extrinsics is None:  # placed against their photos (holdout module doc)
-            nearest = view_lib.nearest_photos(plan.graph, plan.held, used)
-            held_k = torch.stack([intrinsics[i] for i in nearest]).float()
-            held_e, fitted = holdout_lib.fit_holdout_cameras(
-                gaussians,
-                images.images[plan.held].float(),
-                torch.stack([known[i] for i in nearest]),
-                held_k,
-                backend=backend,
-            )
-        else:
-            held_e = move.cameras(images.extrinsics[plan.held].double()).float()
-            held_k = (
-                images.intrinsics[plan.held]
-                if images.intrinsics is not None
-                else all_k[:1].expand(len(plan.held), 3, 3)
-            )
-        every_e = torch.zeros(len(images.names), 4, 4)
-        every_k = torch.zeros(len(images.names), 3, 3)
-        every_e[used], every_k[used] = all_e, all_k
-        every_e[plan.held], every_k[plan.held] = held_e, held_k.float()
-        held_views = holdout_lib.holdout_views(
-            images.names, images.images, every_e, every_k, plan.held, used, nearest
-        )
+        held_views, fitted = held_out_views(plan, frame, placed, recon, backend)
         start = time.perf_counter()
         scores = holdout_lib.score_holdout(gaussians, held_views, backend=backend, lpips=lpips)
         recon.timings["holdout"] = round(time.perf_counter() - start, 4)

@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from models import budget, inference
 from models.capture.whole import subset
 from models.gaussians import transform_gaussians
@@ -36,21 +34,6 @@ __all__ = ["build", "live_scene", "settings_from_summary"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SAVE = "gaussians_view.ply"  # save= unless given
-
-
-def _known_cameras(images, context, given, pred, pose_free: bool):
-    """Extrinsics/intrinsics of the input views in the scene frame, and which are known."""
-    views = len(images)
-    intrinsics = context["intrinsics"][0].float().cpu()
-    if not pose_free:
-        return context["extrinsics"][0].float().cpu(), intrinsics, list(range(views))
-    if pred is not None and pred.extrinsics is not None:
-        if pred.intrinsics is not None:
-            intrinsics = pred.intrinsics[0].float().cpu()
-        return pred.extrinsics[0].float().cpu(), intrinsics, list(range(views))
-    if given is not None:  # given, not shown to the pose-free model (same scene frame)
-        return given[0].float().cpu(), intrinsics, list(range(views))
-    return torch.eye(4).expand(views, 4, 4).clone(), intrinsics, [0]
 
 
 def live_scene(source: Path, settings: dict[str, Any]):
@@ -77,35 +60,44 @@ def live_scene(source: Path, settings: dict[str, Any]):
         cameras=settings["cameras"], sfm={}, pick=pick if wanted_names else None,
     )  # fmt: skip
     model, recipe, images = loaded.model, loaded.recipe, loaded.images
-    shape = tuple(images.images.shape[-2:])
-    notes = loaded.notes + inference.recipe_warnings(
-        recipe, name, shape, numbers["near"], numbers["far"]
-    )
-    for note in notes:
-        if note not in loaded.shown:
-            print(f"warning: {note}", file=sys.stderr)
-    pose_free = bool(getattr(model, "pose_free", False))
-    fov = float(settings["fov"])
-    prepared = inference.prepare_context(  # the recipe's near/far and scale, as infer.py
+    window = inference.window_input(  # the recipe's near/far and scale, as infer.py
         model,
         images,
-        fov=fov,
+        fov=float(settings["fov"]),
+        name=name,
         near=numbers["near"],
         far=numbers["far"],
-        scene_scale_override=numbers["scene_scale"],
+        scene_scale=numbers["scene_scale"],
         recipe=recipe,
     )
-    context = {k: v.to(device) for k, v in prepared.context.items()}
-    given = context.pop("extrinsics", None) if pose_free else None
+    for note in loaded.notes + window.warnings:
+        if note not in loaded.shown:
+            print(f"warning: {note}", file=sys.stderr)
     shape, views = images.images.shape[-2:], len(images)
     estimate = budget.forward_estimate(model, views, shape, device=str(device), name=name)
     budget.check(estimate)  # one line naming image_size when it cannot fit
     budget.announce(estimate)
-    frame = prepared.frame  # the viewer shows the capture's own frame, as infer.py writes it
+    frame = window.prepared.frame  # the viewer shows the capture's own frame, as infer.py writes
     runner = KnobRunner(
-        model, context, transform=lambda g: transform_gaussians(g, frame.to_capture)
+        model, window.context, transform=lambda g: transform_gaussians(g, frame.to_capture)
     )
     initial = {k: settings[k] for k in declared_knob_names() if settings[k] is not None}
+    gaussians = _first_forward(runner, initial, name, source)
+    # the forward's views placed as infer.py places them (no pose fit: the viewer starts at once)
+    placed = inference.window_reconstruction(
+        model, window, runner.output, inference.place_views(window, runner.output)
+    )
+    path_e, _, _ = inference.camera_path(placed, 30)  # infer.py's: interpolated, or an orbit
+    path = frame.to_capture.cameras(path_e.double().cpu()).numpy()
+    if settings.get("refine") or settings.get("refine_time"):
+        gaussians = _refined(placed, images, settings, frame)
+    cameras = _view_cameras(placed, images)
+    scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
+    return scene, runner, initial
+
+
+def _first_forward(runner: KnobRunner, initial: dict[str, Any], name: str, source: Path):
+    """The Gaussians of the first forward with the knobs given on the command line."""
     for key in initial:
         if key not in runner.knobs:
             raise inference.InferenceError(
@@ -118,39 +110,26 @@ def live_scene(source: Path, settings: dict[str, Any]):
         raise inference.InferenceError("view.py", str(error)) from error
     if int(gaussians.count()[0]) == 0:
         raise inference.InferenceError(source, f"model {name} produced no Gaussians for this input")
-    extrinsics, intrinsics, known = _known_cameras(images, context, given, runner.output, pose_free)
-    scene_gaussians = runner.output.gaussians.detach()  # the scene frame, for the camera path
+    return gaussians
+
+
+def _view_cameras(placed, images) -> list[ViewCamera]:
+    """The known input cameras as the viewer's frustums, in the capture's own frame."""
     height, width = images.images.shape[-2:]
-    cameras = [
+    to_capture = placed.frame.to_capture
+    return [
         ViewCamera(
             name=images.names[i],
-            extrinsics=frame.to_capture.cameras(extrinsics[i].double().cpu()).numpy(),
-            intrinsics=intrinsics[i].double().numpy(),
+            extrinsics=to_capture.cameras(placed.extrinsics[i].double().cpu()).numpy(),
+            intrinsics=placed.intrinsics[i].double().cpu().numpy(),
             size=(int(height), int(width)),
             image=image_to_uint8(images.images[i]),
         )
-        for i in known
+        for i in placed.known
     ]
-    placed = inference.Reconstruction(  # infer.py's camera path: interpolated, or an orbit
-        gaussians=scene_gaussians,
-        extrinsics=extrinsics,
-        intrinsics=intrinsics,
-        placement=["given" if i in known else "unknown" for i in range(len(images))],
-        poses="",
-        images=images.images,
-        names=images.names,
-        model=name,
-        pose_free=pose_free,
-    )
-    path_e, _, _ = inference.camera_path(placed, 30)
-    path = frame.to_capture.cameras(path_e.double().cpu()).numpy()
-    if settings.get("refine") or settings.get("refine_time"):
-        gaussians = _refined(placed, images, settings, known, frame)
-    scene = ViewScene(gaussians, cameras, path, title=f"{source.name} · {name}")
-    return scene, runner, initial
 
 
-def _refined(placed, images, settings: dict[str, Any], known: list[int], frame):
+def _refined(placed, images, settings: dict[str, Any], frame):
     """``refine=N`` / ``refine_time=S``: the Gaussians refined (``models.inference.
     refine_reconstruction``) on the input photos at the model's input size and crop, in the
     capture's frame. A knob moved later re-runs the feed-forward pass only (the refinement is
@@ -160,7 +139,6 @@ def _refined(placed, images, settings: dict[str, Any], known: list[int], frame):
         str(settings["backend"]),
         0,
     )
-    placed.placement = [p if i in known else "unknown" for i, p in enumerate(placed.placement)]
     refined, fitted = inference.refine_reconstruction(placed, images.images.float(), refine)
     print(
         f"{fitted.message}; a knob change re-runs the feed-forward pass only (not the refinement)",

@@ -41,6 +41,7 @@ from models.pipeline.refinement import (
 )
 from models.pipeline.settings import InferConfig, check_values
 from models.refine import fit_shape, gaussians_from_points, plot_holdout_psnr
+from models.refine.stage import refine_checkpoint_path
 from models.refine.start import merged_start
 from models.splat_formats import parse_formats
 
@@ -110,12 +111,15 @@ def load_stage(
     knobs=None,
     estimate=None,
     pick=None,
+    fit_shape_of=None,
 ) -> Loaded:
     """Load the model ``name`` and the inputs in ``source`` at its input size (``infer.py`` and
     ``view.py`` alike). Every check that needs the model runs before structure-from-motion:
     ``knobs(model) -> dict`` (the forward knobs, checked), the forward pass's memory
     (``estimate(model, preflight, size)``, default: ``views`` or every photo at once).
-    ``pick(images)`` keeps some of the photos (``view.py`` on an ``infer.py`` folder)."""
+    ``pick(images)`` keeps some of the photos (``view.py`` on an ``infer.py`` folder).
+    ``fit_shape_of(images) -> (H, W)``: the same photos at a refinement's size too, from the same
+    read (``ImageSet.fit``, :func:`refine_shape`)."""
     start = time.perf_counter()
     loaded = inference.load_for_inference(name, weights, device)
     timings = {"load_model": round(time.perf_counter() - start, 4)}
@@ -137,8 +141,9 @@ def load_stage(
         budget.check(work)
     start = time.perf_counter()
     images, notes = load_inputs(
-        source, size, model, name=name, views=views, cameras=cameras, sfm=sfm
-    )
+        source, size, model, name=name, views=views, cameras=cameras, sfm=sfm,
+        fit_shape_of=fit_shape_of,
+    )  # fmt: skip
     timings["load_inputs"] = round(time.perf_counter() - start, 4)
     if pick is not None:
         images = pick(images)
@@ -192,6 +197,7 @@ class Pipeline:
             estimate=lambda model, preflight, size: _preflight_estimate(
                 s, model, preflight, size, self.capture, self.device
             ),
+            fit_shape_of=None if self.refine is None else self._refine_shape,
         )  # fmt: skip
         views = s.views  # views=all: each window has the recipe's count
         more = inference.recipe_warnings(
@@ -202,6 +208,9 @@ class Pipeline:
         if self.refine is not None and s.refine_init in ("sfm", "auto"):  # before the forward
             loaded.points = _sfm_points(loaded.images, s, required=s.refine_init == "sfm")
         return loaded
+
+    def _refine_shape(self, images) -> tuple[int, int]:
+        return refine_shape(images, self.refine.size)
 
     def run(self) -> Path:
         """Plan, load, reconstruct, refine, write; returns the output folder."""
@@ -349,43 +358,34 @@ def _points_start(points, move):
     return gaussians_from_points(move(xyz.double()).float(), rgb, sh_degree=3)
 
 
-def _refine_photos(s: InferConfig, model, images, settings, names: list[str]):
-    """The photos of ``names`` loaded again at the refinement's size, ``(photos, intrinsics,
-    full)``: with the capture's own intrinsics (``full``) the whole photo at its aspect ratio and
-    ``refine_size`` on the long side (default: its size, at most 320), else the model's crop
-    at that size (``intrinsics`` then ``None``: the reconstruction's hold)."""
+def refine_shape(images, size: int | None) -> tuple[int, int]:
+    """``(H, W)`` the per-scene fit reads its photos at (``images`` at the model's input size):
+    with the capture's own intrinsics the whole photo at its aspect ratio and ``size`` on the long
+    side (default: its size, at most 320), else the model's crop at that size."""
     full = images.intrinsics is not None and images.extrinsics is not None
     aspect = images.original_sizes[0] if full else tuple(images.images.shape[-2:])
-    shape = fit_shape(tuple(int(v) for v in aspect), settings.size)
-    source = Path(s.input).expanduser()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        photos, _ = load_inputs(
-            source,
-            shape,
-            model,
-            name=s.model,
-            views=_load_views(s, source, _capture_mode(s)),
-            cameras=s.cameras,
-            sfm=dataclasses.asdict(s.sfm),
-        )
+    return fit_shape(tuple(int(v) for v in aspect), size)
+
+
+def _refine_photos(images, names: list[str]):
+    """The photos of ``names`` at the refinement's size, ``(photos, intrinsics, full)``: read
+    with the model's inputs (``images.fit``, :func:`refine_shape`), with the capture's own
+    intrinsics (``full``) or the model's crop (``intrinsics`` then ``None``: the
+    reconstruction's hold)."""
+    full = images.intrinsics is not None and images.extrinsics is not None
+    photos = images.fit
     index = {n: i for i, n in enumerate(photos.names)}
-    missing = [n for n in names if n not in index]
-    if missing:
-        raise InferenceError(source, f"{missing[0]} not found again at refine_size={settings.size}")
     pick = [index[n] for n in names]
     k = photos.intrinsics[pick].float() if full else None
     return photos.images[pick].float(), k, full
 
 
 def _checkpoint(s: InferConfig, output: Path) -> Path | None:
-    """``.<output name>.refine-checkpoint.pt`` beside the output (``refine_checkpoint_every``),
-    never inside it: a rerun with the same output (``overwrite=true``) resumes from it; a
-    finished fit removes it."""
+    """The fit's checkpoint (``models.refine.stage.refine_checkpoint_path``) when
+    ``refine_checkpoint_every`` is set, else ``None``."""
     if s.refine_checkpoint_every is None:
         return None
-    out = output.expanduser().resolve()
-    return out.with_name(f".{out.name}.refine-checkpoint.pt")
+    return refine_checkpoint_path(output)
 
 
 def _refine_record(s: InferConfig, settings, fitted, output: Path) -> dict:
@@ -513,7 +513,7 @@ def refine_stage(pipeline: Pipeline, loaded: Loaded, recon, to_scene, held=None)
     s, settings = pipeline.s, pipeline.refine
     held_names = list(held.names) if held is not None else []
     names = recon.names + held_names
-    photos, k, full = _refine_photos(s, loaded.model, loaded.images, settings, names)
+    photos, k, full = _refine_photos(loaded.images, names)
     used = len(recon.names)
     views = before = None
     if held_names:

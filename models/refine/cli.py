@@ -38,9 +38,9 @@ from models.pipeline.refinement import (
 )
 from models.pipeline.settings import MISSING, RefineCommandConfig, parse_key_values
 from models.pixels import image_to_uint8
-from models.refine.fit import refine_gaussians
 from models.refine.plan import fit_shape
-from models.refine.report import holdout_evaluator, plot_holdout_psnr
+from models.refine.report import plot_holdout_psnr
+from models.refine.stage import refine_checkpoint_path, start_refinement
 from models.refine.start import gaussians_from_points
 
 __all__ = ["USAGE", "main", "parse_arguments"]
@@ -187,25 +187,20 @@ def run(argv: list[str]) -> int:
     shape = fit_shape(tuple(photos.images.shape[-2:]), settings.size)
     views = _holdout(photos, held, train, shape)
     gaussians = gaussians.to(device)
-    evaluate = before = None
+    before = None
     if views is not None:
-        evaluate, _ = holdout_evaluator(
-            views.images.to(device), views.extrinsics.to(device), views.intrinsics.to(device),
-            shape, settings.backend,
-        )  # fmt: skip
         before = score_holdout(gaussians, views, backend=settings.backend, lpips=False)
     checkpoint = None
     if top["refine_checkpoint_every"]:
-        out_path = Path(top["output"]).expanduser().resolve()
-        checkpoint = out_path.with_name(f".{out_path.name}.refine-checkpoint.pt")
-    result = refine_gaussians(
+        checkpoint = refine_checkpoint_path(top["output"])
+    result = start_refinement(
         gaussians,
-        photos.images[train].to(device),
-        photos.extrinsics[train].to(device),
-        photos.intrinsics[train].to(device),
+        photos.images[train],
+        photos.extrinsics[train],
+        photos.intrinsics[train],
         settings,
+        holdout=views,
         optimize_cameras=bool(top["optimize_cameras"]),
-        evaluate=evaluate,
         checkpoint_path=checkpoint,
         progress=True,
     )
