@@ -331,3 +331,86 @@ def test_input_pipeline_matches_the_official_test_loader(
     baseline = recipe.near / float(theirs["near"][0])
     assert 0.5 < baseline < 1.0
     assert torch.allclose(theirs["far"] * baseline, torch.full_like(theirs["far"], recipe.far))
+
+
+# --------------------------------------------------------------------------- infer.py and eval.py
+def _reduced_tag(monkeypatch, tag: str, size: int = 32) -> str:
+    """A test-only tag of the reduced size: the release tag ``tag``'s recipe (views, crop,
+    near/far, pose-free) at ``size``², its file ``noposplat_reduced_<tag>.ckpt``."""
+    import dataclasses
+
+    from models.weights import pretrained_cfg
+
+    base = get_pretrained_cfg(f"{ARCH}.{tag}")
+    recipe = dataclasses.replace(base.recipe, image_size=(size, size))
+    cfg = dataclasses.replace(
+        base,
+        tag=f"reduced_{tag}",
+        hf_hub_filename=f"noposplat_reduced_{tag}.ckpt",
+        arch_kwargs=dict(REDUCED),
+        recipe=recipe,
+        input_size=(size, size),
+    )
+    monkeypatch.setitem(pretrained_cfg._pretrained_cfgs, cfg.name, cfg)
+    return cfg.hf_hub_filename
+
+
+def _photos(folder: Path, count: int) -> Path:
+    """``count`` of the shared drone frames, shrunk to 212x120 (fast to read)."""
+    from PIL import Image
+
+    from data_fixtures import SHARED_DATA
+
+    frames = sorted((SHARED_DATA / "examples" / "drone_frames").glob("*.jpg"))
+    if len(frames) < count:
+        pytest.skip("the shared drone frames are not present")
+    folder.mkdir()
+    for frame in frames[:count]:
+        Image.open(frame).convert("RGB").resize((212, 120)).save(folder / frame.name)
+    return folder
+
+
+def test_infer_on_a_plain_folder_with_the_authors_file(
+    reduced_file: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``infer.py model=noposplat_vitl weights=<file>`` on a plain folder at the reduced size:
+    the file's name picks its tag (2 or 3 views per window), ``views=all`` windows of that
+    count, held-out photos scored, ``formats=[spz]`` written (SH degree 4 kept in the .ply,
+    degree 3 in the .spz)."""
+    import json
+
+    from config_fixtures import infer_in_process
+
+    from models.gaussians import Gaussians
+
+    photos = _photos(tmp_path / "photos", 5)
+    for tag in ("re10k", "re10k_3views"):
+        (tmp_path / _reduced_tag(monkeypatch, tag)).hardlink_to(reduced_file)
+    out = tmp_path / "all_v2"
+    weights = tmp_path / "noposplat_reduced_re10k.ckpt"
+    common = ("model=noposplat_vitl", "orbit_frames=2", "pose_fit_steps=2")
+    args = (f"input={photos}", f"output={out}", f"weights={weights}", *common)
+    status, _, err = infer_in_process(capsys, *args, "views=all", "holdout=4", "formats=[spz]")
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["image_size"] == [32, 32] and summary["pose_free"]
+    windows = summary["scene"]["windows"]
+    assert summary["scene"]["window_views"] == 2 and all(len(w) == 2 for w in windows)
+    assert sorted({n for w in windows for n in w}) == ["frame_01.jpg", "frame_02.jpg", "frame_03.jpg"]
+    assert summary["holdout"]["views"] == ["frame_00.jpg", "frame_04.jpg"]
+    assert all(0 < m["psnr"] < 60 for m in summary["holdout"]["metrics"].values())
+    ply, spz = Gaussians.load(out / "gaussians.ply"), Gaussians.load(out / "gaussians.spz")
+    assert ply.harmonics.shape[-1] == 25 and spz.harmonics.shape[-1] == 16
+    assert int(ply.count()[0]) == int(spz.count()[0]) == summary["gaussians"] > 0
+    assert (ply.means - spz.means).abs().max() < 1e-2 * ply.means.abs().max()
+
+    out = tmp_path / "v3"
+    weights = tmp_path / "noposplat_reduced_re10k_3views.ckpt"
+    args = (f"input={photos}", f"output={out}", f"weights={weights}", *common)
+    status, _, err = infer_in_process(capsys, *args, "views=3")
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gaussians"] == 3 * 32 * 32 and summary["placement"] == [
+        "identity", "refined", "refined"
+    ]  # fmt: skip
+    assert summary["recipe"]["trained"]["views"] == 3 and summary["weights"] == str(weights)
