@@ -30,6 +30,7 @@ from models.families.noposplat_release import (
 )
 from models.gaussians import Gaussians
 from models.weights import pretrained_cfg
+from models.weights.convert import _hub_license
 from models.weights.hub import PretrainedError
 
 ARCH = "noposplat_vitl"
@@ -56,6 +57,7 @@ def test_every_released_file_is_a_tag() -> None:
         assert cfg.hf_hub_id == "botaoye/NoPoSplat" and cfg.hf_hub_filename == filename
         assert cfg.file_format == "official" and cfg.pose_free
         assert "CC-BY-NC-SA-4.0" in cfg.license and "MIT" in cfg.license
+        assert _hub_license(cfg.license) == "other"  # a converted card never says "mit"
         recipe = cfg.recipe
         assert recipe.image_size == (size, size) and recipe.views == views
         assert recipe.multiple == 16 and recipe.resize == "resize_crop"
