@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -342,7 +343,9 @@ class Gaussians:
         ``.ply`` (INRIA, exact), ``.compressed.ply`` (PlayCanvas), ``.spz`` (Niantic; version 4,
         or 3 with ``spz_version=3``), ``.sog`` (PlayCanvas, bundled) or ``meta.json`` (SOG
         unbundled: the images beside it), ``.glb`` (``KHR_gaussian_splatting``), ``.splat``; each
-        quantised as its specification does (docs/formats.md). Written atomically.
+        quantised as its specification does (docs/formats.md). Written atomically. Every format
+        but ``.ply`` holds SH degree <= 3: higher bands (NoPoSplat's degree 4) are left out, with
+        a warning.
         """
         from models.splat_formats import format_of, write_splats
 
@@ -361,7 +364,15 @@ class Gaussians:
             return
         if not 0 <= index < self.batch_size:
             raise IndexError(f"scene index {index} out of range for batch of {self.batch_size}")
-        write_splats(path, self._splat_arrays(index), spz_version=spz_version)
+        arrays = self._splat_arrays(index)
+        if arrays.sh_degree > 3:
+            warnings.warn(
+                f"{path}: SH degree {arrays.sh_degree} written as degree 3 (the format holds no "
+                "higher band; gaussians.ply keeps them all)",
+                stacklevel=2,
+            )
+            arrays = replace(arrays, harmonics=arrays.harmonics[..., :16])
+        write_splats(path, arrays, spz_version=spz_version)
 
     def _splat_arrays(self, index: int):
         from models.splat_formats import SplatArrays

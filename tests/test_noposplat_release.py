@@ -5,13 +5,22 @@ encoder (recorded fixtures, ``tests/fixtures/noposplat/README.md``), bad input.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import noposplat_fixtures as fx
 import pytest
 import torch
+from config_fixtures import compose_config, infer_in_process
+from data_fixtures import SHARED_DATA
+from PIL import Image
+from safetensors.torch import load_file
 
+from datamodules.training.datamodule import SplatDataModule, recipe_data_settings
 from models import create_model, get_pretrained_cfg, list_models
 from models.families.noposplat_release import (
     _UNUSED,
@@ -19,6 +28,9 @@ from models.families.noposplat_release import (
     checkpoint_filter_fn,
     official_key_to_ours,
 )
+from models.gaussians import Gaussians
+from models.weights import pretrained_cfg
+from models.weights.convert import _hub_license
 from models.weights.hub import PretrainedError
 
 ARCH = "noposplat_vitl"
@@ -45,6 +57,7 @@ def test_every_released_file_is_a_tag() -> None:
         assert cfg.hf_hub_id == "botaoye/NoPoSplat" and cfg.hf_hub_filename == filename
         assert cfg.file_format == "official" and cfg.pose_free
         assert "CC-BY-NC-SA-4.0" in cfg.license and "MIT" in cfg.license
+        assert _hub_license(cfg.license) == "other"  # a converted card never says "mit"
         recipe = cfg.recipe
         assert recipe.image_size == (size, size) and recipe.views == views
         assert recipe.multiple == 16 and recipe.resize == "resize_crop"
@@ -269,11 +282,6 @@ def test_bad_input() -> None:
 @pytest.fixture(scope="module")
 def converted_drone(tmp_path_factory) -> Path:
     """The shared drone capture in the chunk format (as the official loader read it)."""
-    import subprocess
-    import sys
-
-    from data_fixtures import SHARED_DATA
-
     capture = SHARED_DATA / "real" / "drone_colmap"
     if not (capture / "sparse").is_dir():
         pytest.skip(f"{capture} is not present")
@@ -294,12 +302,6 @@ def test_input_pipeline_matches_the_official_test_loader(
     the identity, first-to-last context baseline 1: 2 views, and 3 views whose first-to-last
     distance is the largest) to 1e-6. Near/far differ as documented: the release divides 0.1/100
     by the baseline in the dataset's units, the recipe keeps them in the unit-baseline frame."""
-    import json
-
-    from safetensors.torch import load_file
-
-    from datamodules.training.datamodule import SplatDataModule, recipe_data_settings
-
     stem = fx.FIXTURES / "input_pipeline_re10k"
     meta = json.loads(stem.with_suffix(".json").read_text())
     theirs = {
@@ -331,3 +333,121 @@ def test_input_pipeline_matches_the_official_test_loader(
     baseline = recipe.near / float(theirs["near"][0])
     assert 0.5 < baseline < 1.0
     assert torch.allclose(theirs["far"] * baseline, torch.full_like(theirs["far"], recipe.far))
+
+
+# --------------------------------------------------------------------------- infer.py and eval.py
+def _reduced_tag(monkeypatch, tag: str, size: int = 32) -> str:
+    """A test-only tag of the reduced size: the release tag ``tag``'s recipe (views, crop,
+    near/far, pose-free) at ``size``², its file ``noposplat_reduced_<tag>.ckpt``."""
+    base = get_pretrained_cfg(f"{ARCH}.{tag}")
+    recipe = dataclasses.replace(base.recipe, image_size=(size, size))
+    cfg = dataclasses.replace(
+        base,
+        tag=f"reduced_{tag}",
+        hf_hub_filename=f"noposplat_reduced_{tag}.ckpt",
+        arch_kwargs=dict(REDUCED),
+        recipe=recipe,
+        input_size=(size, size),
+    )
+    monkeypatch.setitem(pretrained_cfg._pretrained_cfgs, cfg.name, cfg)
+    return cfg.hf_hub_filename
+
+
+def _photos(folder: Path, count: int) -> Path:
+    """``count`` of the shared drone frames, shrunk to 212x120 (fast to read)."""
+    frames = sorted((SHARED_DATA / "examples" / "drone_frames").glob("*.jpg"))
+    if len(frames) < count:
+        pytest.skip("the shared drone frames are not present")
+    folder.mkdir()
+    for frame in frames[:count]:
+        Image.open(frame).convert("RGB").resize((212, 120)).save(folder / frame.name)
+    return folder
+
+
+def test_infer_on_a_plain_folder_with_the_authors_file(
+    reduced_file: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``infer.py model=noposplat_vitl weights=<file>`` on a plain folder at the reduced size:
+    the file's name picks its tag (2 or 3 views per window), ``views=all`` windows of that
+    count, held-out photos scored, ``formats=[spz]`` written (SH degree 4 kept in the .ply,
+    degree 3 in the .spz)."""
+    photos = _photos(tmp_path / "photos", 5)
+    for tag in ("re10k", "re10k_3views"):
+        (tmp_path / _reduced_tag(monkeypatch, tag)).hardlink_to(reduced_file)
+    out = tmp_path / "all_v2"
+    weights = tmp_path / "noposplat_reduced_re10k.ckpt"
+    common = ("model=noposplat_vitl", "orbit_frames=2", "pose_fit_steps=2")
+    args = (f"input={photos}", f"output={out}", f"weights={weights}", *common)
+    status, _, err = infer_in_process(capsys, *args, "views=all", "holdout=4", "formats=[spz]")
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["image_size"] == [32, 32] and summary["pose_free"]
+    windows = summary["scene"]["windows"]
+    assert summary["scene"]["window_views"] == 2 and all(len(w) == 2 for w in windows)
+    assert sorted({n for w in windows for n in w}) == [
+        "frame_01.jpg",
+        "frame_02.jpg",
+        "frame_03.jpg",
+    ]
+    assert summary["holdout"]["views"] == ["frame_00.jpg", "frame_04.jpg"]
+    assert all(0 < m["psnr"] < 60 for m in summary["holdout"]["metrics"].values())
+    ply, spz = Gaussians.load(out / "gaussians.ply"), Gaussians.load(out / "gaussians.spz")
+    assert ply.harmonics.shape[-1] == 25 and spz.harmonics.shape[-1] == 16
+    assert int(ply.count()[0]) == int(spz.count()[0]) == summary["gaussians"] > 0
+    assert (ply.means - spz.means).abs().max() < 1e-2 * ply.means.abs().max()
+
+    out = tmp_path / "v3"
+    weights = tmp_path / "noposplat_reduced_re10k_3views.ckpt"
+    args = (f"input={photos}", f"output={out}", f"weights={weights}", *common)
+    status, _, err = infer_in_process(capsys, *args, "views=3")
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gaussians"] == 3 * 32 * 32 and summary["placement"] == [
+        "identity", "refined", "refined"
+    ]  # fmt: skip
+    assert summary["recipe"]["trained"]["views"] == 3 and summary["weights"] == str(weights)
+
+
+# ~35 CPU-s (Lightning's start-up, the reduced model's forward, the fit): slow.
+@pytest.mark.slow
+def test_eval_release_route_with_target_pose_fit(
+    reduced_file: Path, converted_drone: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """``eval.py release=<tag> weights=<the authors' file> data=re10k`` on the converted drone
+    scene (reduced size): the tag's recipe (crop, near/far, unit first-to-last baseline), the
+    index from ``eval_index_dir`` in the released format, and the official protocol's target-pose
+    fit (from the ground-truth poses in that frame: ``target_pose_alignment=none``)."""
+    import eval as eval_script
+
+    weights = tmp_path / _reduced_tag(monkeypatch, "re10k")
+    weights.hardlink_to(reduced_file)
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    index = {"drone": {"context": [16, 20], "target": [17, 19]}, "absent": None}
+    (index_dir / "evaluation_index_re10k.json").write_text(json.dumps(index))
+    overrides = [
+        f"release={ARCH}.reduced_re10k",
+        f"weights={weights}",
+        "data=re10k",
+        f"data.root={converted_drone}",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+        f"eval_index_dir={index_dir}",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "logger=csv",
+        "num_renders=1",
+        "target_pose_alignment=none",
+        "model.pose_fit_steps=3",
+    ]
+    summary = eval_script.evaluate(compose_config("eval.yaml", overrides, tmp_path))
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["release"] == f"{ARCH}.reduced_re10k" and metrics["scenes"] == 1
+    assert metrics["weights"] == str(weights) and metrics["model"] == ARCH
+    data = metrics["data"]
+    assert data["image_size"] == [32, 32] and (data["near"], data["far"]) == (0.1, 100.0)
+    assert data["pose_scale"] == "max_baseline_1" and data["num_context_views"] == 2
+    assert metrics["fit_target_poses"] and metrics["target_pose_alignment"] == "none"
+    assert "refined for 3 steps" in metrics["target_pose_placement"]
+    assert metrics["metrics"]["gaussians"] == 2 * 32 * 32
+    assert 0 < summary["psnr"] < 60 and summary["refined_psnr"] >= summary["psnr"] - 1e-4

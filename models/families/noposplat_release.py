@@ -277,10 +277,12 @@ _SOURCE = (
     f"@ {_COMMIT}"
 )
 _LICENSE = (
-    "MIT (NoPoSplat code and weights, LICENSE of cvg/NoPoSplat); the network was initialised "
-    "from MASt3R (MASt3R_ViTLarge_BaseDecoder_512_catmlpdpt_metric.pth, CC-BY-NC-SA-4.0, "
-    "non-commercial) and its backbone/head code is CroCo/DUSt3R's (CC-BY-NC-SA-4.0): treat the "
-    "weights as CC-BY-NC-SA-4.0 (non-commercial use only)"
+    "no licence stated for the checkpoints (the Hub repository sets none; the README names "
+    "none); NoPoSplat's code is MIT (LICENSE of cvg/NoPoSplat) and its backbone/head code "
+    "CroCo/DUSt3R's, CC-BY-NC-SA-4.0. The network was initialised from MASt3R "
+    "(MASt3R_ViTLarge_BaseDecoder_512_catmlpdpt_metric.pth: CC-BY-NC-SA-4.0, plus MASt3R's "
+    "CHECKPOINTS_NOTICE: training-data terms, several non-commercial): treat the weights as "
+    "CC-BY-NC-SA-4.0, non-commercial use only"
 )
 _CROP = "src/dataset/shims/crop_shim.py (rescale_and_crop: cover, centre crop, intrinsics)"
 _POSES = (

@@ -23,6 +23,7 @@ Writes ``DIR/config.json``, ``DIR/model.safetensors`` and ``DIR/README.md`` (sta
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -68,10 +69,10 @@ def provenance(source: WeightsSource) -> str:
 
 def _hub_license(text: str | None) -> str:
     """The Hub licence identifier of a pretrained config's licence text (``other`` if unclear)."""
-    known = ("apache-2.0", "mit", "cc-by-nc-4.0", "cc-by-4.0", "bsd-3-clause")
-    lowered = (text or "").lower()
-    found = [k for k in known if k in lowered.replace(" ", "-")]
-    return found[0] if len(found) == 1 else "other"
+    known = ("apache-2.0", "mit", "cc-by-nc-4.0", "cc-by-nc-sa-4.0", "cc-by-4.0", "bsd-3-clause")
+    lowered = (text or "").lower().replace(" ", "-")
+    found = [k for k in known if re.search(rf"(?<![a-z0-9]){re.escape(k)}(?![a-z0-9])", lowered)]
+    return found[0] if len(found) == 1 else "other"  # whole names only ("mit" not in "submit")
 
 
 def _card(model: nn.Module, source: WeightsSource, repo_id: str | None) -> str:
