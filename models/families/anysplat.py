@@ -125,6 +125,20 @@ def decode_raw_gaussians(
     )
 
 
+# ----------------------------------------------------------------------------- memory model
+# AnySplatRelease.forward_memory / forward_seconds (models.budget announces and checks them).
+# Float32 arrays alive at the peak: per pixel, in units of the Gaussian DPT's and the depth DPT's
+# full-resolution widths and of the raw parameters; per token, in units of the trunk's width.
+MEMORY_GAUSSIAN_MAPS = 3
+MEMORY_DEPTH_MAPS = 3
+MEMORY_RAW_COPIES = 2
+MEMORY_TOKEN_ARRAYS = 20
+MEMORY_MARGIN = 1.2
+MEMORY_PROCESS_BYTES = 800 * 2**20  # Python, torch and the project imported
+HEAD_FLOPS_PER_PIXEL = 4e6  # the heads' convolutions per input pixel (released widths)
+SECONDS_PER_FLOP = 1 / 40e9  # 2 threads of this project's shared CPU
+
+
 # ----------------------------------------------------------------------------- the model
 class AnySplatRelease(SplatModel):
     """AnySplat as released (VGGT trunk, DPT Gaussian head, differentiable voxelisation).
@@ -196,6 +210,7 @@ class AnySplatRelease(SplatModel):
         self.max_scale = max_scale
         self.raw_dim = 1 + 3 + 4 + 3 * (sh_degree + 1) ** 2
         width = gaussian_features // 2
+        self.gaussian_width, self.depth_width = width, depth_features // 2  # full-resolution maps
         self.aggregator = AlternatingAggregator(
             embed_dim,
             depth,
@@ -215,6 +230,55 @@ class AnySplatRelease(SplatModel):
             nn.ReLU(),
             nn.Conv2d(width, self.raw_dim + 1, 1),
         )
+
+    # ------------------------------------------------------------------ memory and time
+    def forward_memory(self, views: int, height: int, width: int) -> int:
+        """Estimated peak resident bytes of a forward pass over one scene of ``views`` images of
+        ``height x width`` (what ``models.budget`` announces and checks): the process and the
+        weights, the trunk's tokens (the kept layers and one block's working arrays, ``[V, T,
+        C]`` each; attention runs through ``scaled_dot_product_attention``, no score matrix)
+        and the heads' full-resolution maps (the Gaussian and depth DPTs' last maps, the raw
+        parameters and their copies in the merge). Calibrated on measured peaks (the module's
+        ``MEMORY_*`` constants; docs/ports/anysplat.md, Speed and memory)."""
+        tokens = views * self._tokens_per_view(height, width)
+        pixels = views * height * width
+        per_pixel = (
+            MEMORY_GAUSSIAN_MAPS * self.gaussian_width
+            + MEMORY_DEPTH_MAPS * self.depth_width
+            + MEMORY_RAW_COPIES * (self.raw_dim + 1)
+        )
+        per_token = MEMORY_TOKEN_ARRAYS * self.aggregator.camera_token.shape[-1]
+        activations = 4 * (pixels * per_pixel + tokens * per_token)
+        weights = sum(t.numel() * t.element_size() for t in self.state_dict().values())
+        return int(MEMORY_PROCESS_BYTES + weights + MEMORY_MARGIN * activations)
+
+    def max_views_within(self, available: int, height: int, width: int) -> int:
+        """The most views of ``height x width`` whose :meth:`forward_memory` fits in
+        ``available`` bytes (0: not even one)."""
+        low, high = 0, 1
+        while high < 1 << 16 and self.forward_memory(high, height, width) <= available:
+            low, high = high, 2 * high
+        while high - low > 1:  # forward_memory(low) fits, forward_memory(high) does not
+            middle = (low + high) // 2
+            fits = self.forward_memory(middle, height, width) <= available
+            low, high = (middle, high) if fits else (low, middle)
+        return low
+
+    def forward_seconds(self, views: int, height: int, width: int) -> float:
+        """Estimated CPU seconds of a forward pass: the trunk's matrix products (2 x its
+        parameters per token) and attention (per view and across all views), and the heads'
+        per-pixel work, at a rate measured on this project's CPU (``SECONDS_PER_FLOP``)."""
+        per_view = self._tokens_per_view(height, width)
+        tokens = views * per_view
+        width_c = self.aggregator.camera_token.shape[-1]
+        trunk = 2 * sum(p.numel() for p in self.aggregator.parameters()) * tokens
+        attention = 4 * width_c * self.aggregator.depth * (views * per_view**2 + tokens**2)
+        heads = HEAD_FLOPS_PER_PIXEL * (self.gaussian_width / 128) ** 2 * views * height * width
+        return float(SECONDS_PER_FLOP * (trunk + attention + heads))
+
+    def _tokens_per_view(self, height: int, width: int) -> int:
+        p = self.patch_size
+        return (height // p) * (width // p) + self.aggregator.patch_start_idx
 
     # ------------------------------------------------------------------ pieces
     def _trunk(self, images: Tensor) -> tuple[list[Tensor], Tensor, int]:
