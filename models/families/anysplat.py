@@ -50,11 +50,11 @@ from models.gaussians import Gaussians
 from models.input_recipe import InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
-from models.layers.release_frame import pad_scenes, to_scene_frame, unproject_depth
+from models.layers.release_frame import pad_scenes, to_scene_frame
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
-    pose_encoding_to_cameras,
+    trunk_and_geometry,
     vggt_dpt,
 )
 from models.registry import register_model
@@ -281,18 +281,6 @@ class AnySplatRelease(SplatModel):
         return (height // p) * (width // p) + self.aggregator.patch_start_idx
 
     # ------------------------------------------------------------------ pieces
-    def _trunk(self, images: Tensor) -> tuple[list[Tensor], Tensor, int]:
-        """Aggregator on ``images [B, V, 3, H, W]`` (rounded to bfloat16 as released): the DPT
-        layers, the last layer (camera tokens) and the index of the first patch token."""
-        dtype = images.dtype
-        outputs = self.aggregator(
-            images.to(torch.bfloat16).to(self.aggregator.camera_token.dtype), self.out_layers
-        )
-        kept = sorted(set(self.out_layers) | {self.aggregator.depth - 1})
-        by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
-        layers = [by_layer[i] for i in self.out_layers]
-        return layers, by_layer[self.aggregator.depth - 1], self.aggregator.patch_start_idx
-
     def _raw_gaussians(self, layers: list[Tensor], images: Tensor, start: int) -> Tensor:
         """Per-pixel raw parameters and voxel weight ``[B*V, raw_dim + 1, H, W]``."""
         h, w = images.shape[-2:]
@@ -352,21 +340,11 @@ class AnySplatRelease(SplatModel):
             )
         dtype = self.camera_head.embed_pose.weight.dtype
         images = context["image"].to(dtype)
-        layers, last, start = self._trunk(images)
-
-        # --- cameras and depth ---
-        encoding = self.camera_head(last)[-1]  # [B, V, 9]
-        w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
-        raw_depth = self.depth_head(layers, (h // p, w // p), (h, w), prefix_tokens=start)
-        raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
-        depth = torch.exp(raw_depth[:, :, 0])
-        depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
-        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
-        bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
-        c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
-        intrinsics = torch.stack(
-            [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
+        layers, cameras, geometry = trunk_and_geometry(
+            self.aggregator, self.camera_head, self.depth_head, images, self.out_layers, dtype
         )
+        (encoding, c2w, intrinsics), (depth, depth_conf, points) = cameras, geometry
+        start = self.aggregator.patch_start_idx
 
         # --- Gaussians: per pixel, merged into voxels one scene at a time ---
         raw = rearrange(
