@@ -9,13 +9,15 @@ during the forward pass (``VmHWM`` reset through ``/proc/self/clear_refs`` after
 Inputs: ``image [1, V, 3, H, W]`` in [0, 1] from a ``.safetensors`` file (``--images``; the first
 V views), else the shared drone frames repeated to V.
 
-    python bench/anysplat_speed.py --views 2 8 [--weights DIR] [--images FILE] [--threads 2]
+    python bench/anysplat_speed.py --views 2 8 [--model anysplat_vggt] [--weights DIR]
+        [--images FILE] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-DRONE = REPO.parent / "shared" / "data" / "examples" / "drone_frames"
+SHARED = Path(os.environ.get("SPLATZOO_SHARED_DATA", REPO.parent / "shared" / "data"))
+DRONE = SHARED / "examples" / "drone_frames"
 
 
 def _rss(field: str) -> int:
@@ -51,21 +54,23 @@ def _images(path: str | None, views: int, size: int) -> torch.Tensor:
     return frames[torch.arange(views) % len(frames)][None]
 
 
-def _one_run(views: int, size: int, threads: int, weights: str | None, images: str | None):
+def _one_run(
+    model: str, views: int, size: int, threads: int, weights: str | None, images: str | None
+):
     """(child process) load the model, then time one forward pass."""
     torch.set_num_threads(threads)
     from models import create_model
 
     torch.manual_seed(0)
     start = time.perf_counter()
-    model = create_model("anysplat_vggt", pretrained=weights or False).eval()
+    net = create_model(model, pretrained=weights or False).eval()
     load_s = time.perf_counter() - start
     batch = _images(images, views, size)
     loaded = _rss("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     with torch.no_grad():
         start = time.perf_counter()
-        out = model({"image": batch})
+        out = net({"image": batch})
         seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
@@ -79,6 +84,7 @@ def _one_run(views: int, size: int, threads: int, weights: str | None, images: s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="anysplat_vggt", help="or anysplat_vggt_tiny")
     parser.add_argument("--views", type=int, nargs="*", default=[2, 8])
     parser.add_argument("--size", type=int, default=448, help="without --images")
     parser.add_argument("--threads", type=int, default=2)
@@ -92,11 +98,11 @@ def main() -> int:
     if args.size % 14:
         print(f"error: --size {args.size}: must be a multiple of 14", file=sys.stderr)
         return 2
-    print(f"anysplat_vggt, float32, {args.threads} thread(s)\n")
+    print(f"{args.model}, float32, {args.threads} thread(s)\n")
     print("| views | input | forward s | Gaussians | RSS after load GB | peak during forward GB |")
     print("|---|---|---|---|---|---|")
     for views in args.views:
-        child = {"views": views, "size": args.size, "threads": args.threads}
+        child = {"model": args.model, "views": views, "size": args.size, "threads": args.threads}
         child |= {"weights": args.weights, "images": args.images}
         command = [sys.executable, __file__, "--child", json.dumps(child)]
         done = subprocess.run(command, capture_output=True, text=True)
