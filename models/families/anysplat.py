@@ -136,7 +136,7 @@ MEMORY_TOKEN_ARRAYS = 20
 MEMORY_MARGIN = 1.2
 MEMORY_PROCESS_BYTES = 800 * 2**20  # Python, torch and the project imported
 HEAD_FLOPS_PER_PIXEL = 4e6  # the heads' convolutions per input pixel (released widths)
-SECONDS_PER_FLOP = 1 / 40e9  # 2 threads of this project's shared CPU
+SECONDS_PER_FLOP = 1 / 86e9  # measured: released size, 2 and 3 views of 448x448, 2 threads
 
 
 # ----------------------------------------------------------------------------- the model
