@@ -88,6 +88,10 @@ class Estimate:
         setting: the setting that makes it smaller (``image_size``, ``views``, ...), for the
             refusal message.
         device: ``"cpu"`` or ``"cuda"``: whose memory it needs.
+        fitting_views: the most views of the same size whose peak fits the memory available
+            when estimated (models with their own memory model, ``forward_memory``), named in
+            the refusal; ``None``: not known.
+        view_size: ``(H, W)`` of those views.
     """
 
     what: str
@@ -95,6 +99,8 @@ class Estimate:
     peak_bytes: int
     setting: str = ""
     device: str = "cpu"
+    fitting_views: int | None = None
+    view_size: tuple[int, int] | None = None
 
     def __add__(self, other: Estimate) -> Estimate:
         return replace(
@@ -176,18 +182,31 @@ def forward_estimate(
     """Time and peak memory of one forward pass of ``model`` (an ``nn.Module``) on ``views``
     images of ``size`` ``(H, W)``: from its parameter count and the input pixels (activations),
     with the constants measured as the module docstring says; ``name`` (the registry name) is
-    for messages."""
+    for messages.
+
+    A model with its own memory model (``forward_memory(views, H, W)`` bytes and
+    ``max_views_within(bytes, H, W)``, e.g. AnySplat's) is estimated by it (and by its
+    ``forward_seconds(views, H, W)`` when it has one): the setting becomes ``views`` and the
+    estimate carries the view count that fits (``fitting_views``)."""
     params = sum(p.numel() for p in model.parameters())
     height, width = int(size[0]), int(size[1])
     pixels = int(views) * height * width
     a, b = FORWARD_SECONDS
     seconds = params * pixels * (a + b * pixels)
-    if str(device).startswith("cuda"):
-        seconds /= 50.0  # order of magnitude only: the constants are CPU measurements
     peak = FORWARD_BASE_BYTES + 8 * params + FORWARD_BYTES_PER_PIXEL * pixels
+    kind = "cuda" if "cuda" in str(device) else "cpu"
+    fitting = None
+    if callable(getattr(model, "forward_memory", None)):
+        peak = model.forward_memory(int(views), height, width)
+        fitting = model.max_views_within(available_memory(kind), height, width)
+        setting = "views"
+        if callable(getattr(model, "forward_seconds", None)):
+            seconds = model.forward_seconds(int(views), height, width)
+    if kind == "cuda":
+        seconds /= 50.0  # order of magnitude only: the constants are CPU measurements
     name = name or type(model).__name__
     what = f"{name} forward pass, {views} view(s) of {height}x{width}"
-    return Estimate(what, seconds, int(peak), setting, "cuda" if "cuda" in str(device) else "cpu")
+    return Estimate(what, seconds, int(peak), setting, kind, fitting, (height, width))
 
 
 def sfm_estimate(
@@ -271,15 +290,25 @@ def check(estimate: Estimate) -> None:
     """Refuse work whose peak memory exceeds what is available now.
 
     Raises:
-        BudgetError: ``<setting>: <work> needs about X GB, Y GB available: lower <setting>``.
+        BudgetError: ``<setting>: <work> needs about X GB, Y GB available: lower <setting>``
+            (with ``at most N view(s) of HxW fit`` when the estimate knows ``fitting_views``).
     """
     available = available_memory(estimate.device)
     if estimate.peak_bytes > available:
         where = "on the GPU" if estimate.device == "cuda" else "on this machine"
+        lower = f"lower {estimate.setting or 'the input'}"
+        if estimate.fitting_views is not None:
+            size = "x".join(str(side) for side in estimate.view_size or ())
+            fit = estimate.fitting_views
+            lower = (
+                f"at most {fit} view(s) of {size} fit; {lower}"
+                if fit
+                else f"not even one view of {size} fits; lower image_size"
+            )
         raise BudgetError(
             estimate.setting or "input",
             f"{estimate.what} needs about {_gigabytes(estimate.peak_bytes)} of memory, "
-            f"{_gigabytes(available)} available {where}: lower {estimate.setting or 'the input'}",
+            f"{_gigabytes(available)} available {where}: {lower}",
         )
 
 

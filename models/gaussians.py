@@ -384,7 +384,9 @@ class Gaussians:
             scales=g.scales[0][valid].double().numpy(),
             rotations=g.rotations[0][valid].double().numpy(),
             opacities=g.opacities[0][valid].double().numpy(),
-            harmonics=g.harmonics[0][valid].double().numpy(),
+            # every format but the INRIA .ply stops at degree 3: a degree-4 set (AnySplat's)
+            # keeps bands 0-3 [N, 3, 16]
+            harmonics=g.harmonics[0][valid][..., :16].double().numpy(),
         )
 
     @classmethod

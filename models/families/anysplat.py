@@ -50,11 +50,11 @@ from models.gaussians import Gaussians
 from models.input_recipe import InputRecipe
 from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
-from models.layers.release_frame import pad_scenes, to_scene_frame, unproject_depth
+from models.layers.release_frame import pad_scenes, to_scene_frame
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
-    pose_encoding_to_cameras,
+    trunk_and_geometry,
     vggt_dpt,
 )
 from models.registry import register_model
@@ -123,6 +123,20 @@ def decode_raw_gaussians(
         opacities=torch.sigmoid(density[None, :, 0]),
         harmonics=(sh.reshape(-1, 3, k) * damping.to(sh.dtype))[None],
     )
+
+
+# ----------------------------------------------------------------------------- memory model
+# AnySplatRelease.forward_memory / forward_seconds (models.budget announces and checks them).
+# Float32 arrays alive at the peak: per pixel, in units of the Gaussian DPT's and the depth DPT's
+# full-resolution widths and of the raw parameters; per token, in units of the trunk's width.
+MEMORY_GAUSSIAN_MAPS = 3
+MEMORY_DEPTH_MAPS = 3
+MEMORY_RAW_COPIES = 2
+MEMORY_TOKEN_ARRAYS = 20
+MEMORY_MARGIN = 1.2
+MEMORY_PROCESS_BYTES = 800 * 2**20  # Python, torch and the project imported
+HEAD_FLOPS_PER_PIXEL = 4e6  # the heads' convolutions per input pixel (released widths)
+SECONDS_PER_FLOP = 1 / 86e9  # measured: released size, 2 and 3 views of 448x448, 2 threads
 
 
 # ----------------------------------------------------------------------------- the model
@@ -196,6 +210,7 @@ class AnySplatRelease(SplatModel):
         self.max_scale = max_scale
         self.raw_dim = 1 + 3 + 4 + 3 * (sh_degree + 1) ** 2
         width = gaussian_features // 2
+        self.gaussian_width, self.depth_width = width, depth_features // 2  # full-resolution maps
         self.aggregator = AlternatingAggregator(
             embed_dim,
             depth,
@@ -216,19 +231,56 @@ class AnySplatRelease(SplatModel):
             nn.Conv2d(width, self.raw_dim + 1, 1),
         )
 
-    # ------------------------------------------------------------------ pieces
-    def _trunk(self, images: Tensor) -> tuple[list[Tensor], Tensor, int]:
-        """Aggregator on ``images [B, V, 3, H, W]`` (rounded to bfloat16 as released): the DPT
-        layers, the last layer (camera tokens) and the index of the first patch token."""
-        dtype = images.dtype
-        outputs = self.aggregator(
-            images.to(torch.bfloat16).to(self.aggregator.camera_token.dtype), self.out_layers
+    # ------------------------------------------------------------------ memory and time
+    def forward_memory(self, views: int, height: int, width: int) -> int:
+        """Estimated peak resident bytes of a forward pass over one scene of ``views`` images of
+        ``height x width`` (what ``models.budget`` announces and checks): the process and the
+        weights, the trunk's tokens (the kept layers and one block's working arrays, ``[V, T,
+        C]`` each; attention runs through ``scaled_dot_product_attention``, no score matrix)
+        and the heads' full-resolution maps (the Gaussian and depth DPTs' last maps, the raw
+        parameters and their copies in the merge). Calibrated on measured peaks (the module's
+        ``MEMORY_*`` constants; docs/ports/anysplat.md, Speed and memory)."""
+        tokens = views * self._tokens_per_view(height, width)
+        pixels = views * height * width
+        per_pixel = (
+            MEMORY_GAUSSIAN_MAPS * self.gaussian_width
+            + MEMORY_DEPTH_MAPS * self.depth_width
+            + MEMORY_RAW_COPIES * (self.raw_dim + 1)
         )
-        kept = sorted(set(self.out_layers) | {self.aggregator.depth - 1})
-        by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
-        layers = [by_layer[i] for i in self.out_layers]
-        return layers, by_layer[self.aggregator.depth - 1], self.aggregator.patch_start_idx
+        per_token = MEMORY_TOKEN_ARRAYS * self.aggregator.camera_token.shape[-1]
+        activations = 4 * (pixels * per_pixel + tokens * per_token)
+        weights = sum(t.numel() * t.element_size() for t in self.state_dict().values())
+        return int(MEMORY_PROCESS_BYTES + weights + MEMORY_MARGIN * activations)
 
+    def max_views_within(self, available: int, height: int, width: int) -> int:
+        """The most views of ``height x width`` whose :meth:`forward_memory` fits in
+        ``available`` bytes (0: not even one)."""
+        low, high = 0, 1
+        while high < 1 << 16 and self.forward_memory(high, height, width) <= available:
+            low, high = high, 2 * high
+        while high - low > 1:  # forward_memory(low) fits, forward_memory(high) does not
+            middle = (low + high) // 2
+            fits = self.forward_memory(middle, height, width) <= available
+            low, high = (middle, high) if fits else (low, middle)
+        return low
+
+    def forward_seconds(self, views: int, height: int, width: int) -> float:
+        """Estimated CPU seconds of a forward pass: the trunk's matrix products (2 x its
+        parameters per token) and attention (per view and across all views), and the heads'
+        per-pixel work, at a rate measured on this project's CPU (``SECONDS_PER_FLOP``)."""
+        per_view = self._tokens_per_view(height, width)
+        tokens = views * per_view
+        width_c = self.aggregator.camera_token.shape[-1]
+        trunk = 2 * sum(p.numel() for p in self.aggregator.parameters()) * tokens
+        attention = 4 * width_c * self.aggregator.depth * (views * per_view**2 + tokens**2)
+        heads = HEAD_FLOPS_PER_PIXEL * (self.gaussian_width / 128) ** 2 * views * height * width
+        return float(SECONDS_PER_FLOP * (trunk + attention + heads))
+
+    def _tokens_per_view(self, height: int, width: int) -> int:
+        p = self.patch_size
+        return (height // p) * (width // p) + self.aggregator.patch_start_idx
+
+    # ------------------------------------------------------------------ pieces
     def _raw_gaussians(self, layers: list[Tensor], images: Tensor, start: int) -> Tensor:
         """Per-pixel raw parameters and voxel weight ``[B*V, raw_dim + 1, H, W]``."""
         h, w = images.shape[-2:]
@@ -288,21 +340,11 @@ class AnySplatRelease(SplatModel):
             )
         dtype = self.camera_head.embed_pose.weight.dtype
         images = context["image"].to(dtype)
-        layers, last, start = self._trunk(images)
-
-        # --- cameras and depth ---
-        encoding = self.camera_head(last)[-1]  # [B, V, 9]
-        w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
-        raw_depth = self.depth_head(layers, (h // p, w // p), (h, w), prefix_tokens=start)
-        raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
-        depth = torch.exp(raw_depth[:, :, 0])
-        depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
-        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
-        bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
-        c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
-        intrinsics = torch.stack(
-            [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
+        layers, cameras, geometry = trunk_and_geometry(
+            self.aggregator, self.camera_head, self.depth_head, images, self.out_layers, dtype
         )
+        (encoding, c2w, intrinsics), (depth, depth_conf, points) = cameras, geometry
+        start = self.aggregator.patch_start_idx
 
         # --- Gaussians: per pixel, merged into voxels one scene at a time ---
         raw = rearrange(

@@ -64,11 +64,11 @@ from models.layers.cardinality_router import budget_shift, frozen_gumbel_noise, 
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
 from models.layers.heads.gaussian_head import raw_gaussian_dim
 from models.layers.knn import knn
-from models.layers.release_frame import pad_scenes, to_scene_frame, unproject_depth
+from models.layers.release_frame import pad_scenes, to_scene_frame
 from models.layers.vggt import (
     AlternatingAggregator,
     CameraHead,
-    pose_encoding_to_cameras,
+    trunk_and_geometry,
     vggt_dpt,
 )
 from models.layers.wavelet import WAVELETS
@@ -426,7 +426,9 @@ class SplatWeaverRelease(SplatModel):
         images = context["image"]
         dtype = self.camera_head.embed_pose.weight.dtype
         images = images.to(dtype)
-        layers, cameras, geometry = self._trunk_and_geometry(images, dtype)
+        layers, cameras, geometry = trunk_and_geometry(
+            self.aggregator, self.camera_head, self.depth_head, images, self.out_layers, dtype
+        )
         features, logits = self._route_features(images, layers)
         noise = frozen_gumbel_noise(logits, v) if routing == "frozen_gumbel" else None
         shift = None
@@ -479,37 +481,6 @@ class SplatWeaverRelease(SplatModel):
         return ModelOutput(
             gaussians, depth=depth, extrinsics=c2w, intrinsics=intrinsics, diagnostics=diagnostics
         )
-
-    def _trunk_and_geometry(
-        self, images: Tensor, dtype: torch.dtype
-    ) -> tuple[list[Tensor], tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
-        """The aggregator's chosen layers, the cameras ``(pose encoding [B, V, 9], c2w
-        [B, V, 4, 4], normalised intrinsics [B, V, 3, 3])`` and the geometry ``(depth
-        [B, V, H, W], depth confidence, points [B, V, H, W, 3])`` in the release's frame."""
-        b, v, _, h, w = images.shape
-        p = self.patch_size
-        # the released aggregator's input is rounded to bfloat16
-        trunk_in = images.to(torch.bfloat16).to(self.aggregator.camera_token.dtype)
-        outputs = self.aggregator(trunk_in, self.out_layers)
-        kept = sorted(set(self.out_layers) | {self.aggregator.depth - 1})
-        by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
-        layers = [by_layer[i] for i in self.out_layers]
-        start = self.aggregator.patch_start_idx
-
-        encoding = self.camera_head(by_layer[self.aggregator.depth - 1])[-1]  # [B, V, 9]
-        w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
-        grid = (h // p, w // p)
-        raw_depth = self.depth_head(layers, grid, (h, w), prefix_tokens=start)
-        raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
-        depth = torch.exp(raw_depth[:, :, 0])
-        depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
-        points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
-        bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
-        c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
-        intrinsics = torch.stack(
-            [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
-        )
-        return layers, (encoding, c2w, intrinsics), (depth, depth_conf, points)
 
     def _route_features(self, images: Tensor, layers: list[Tensor]) -> tuple[Tensor, Tensor]:
         """Per-pixel features ``[BV, C, H, W]`` (DPT maps, image encoder, UV embedding) and the

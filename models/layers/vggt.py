@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from models.layers.backbones.da3_vit import LayerScale, Mlp  # the same DINOv2-style blocks
 from models.layers.backbones.dpt import DPTHead
+from models.layers.release_frame import unproject_depth
 
 __all__ = [
     "Block",
@@ -41,6 +42,7 @@ __all__ = [
     "RotaryEmbedding2D",
     "pose_encoding_to_cameras",
     "quaternion_xyzw_to_matrix",
+    "trunk_and_geometry",
     "vggt_dpt",
 ]
 
@@ -436,3 +438,45 @@ def vggt_dpt(dim: int, features: int, channels: Sequence[int], out_dim: int) -> 
         out_hidden=32,
         shallow_dim=0,
     )
+
+
+def trunk_and_geometry(
+    aggregator: AlternatingAggregator,
+    camera_head: CameraHead,
+    depth_head: DPTHead,
+    images: Tensor,
+    out_layers: Sequence[int],
+    dtype: torch.dtype,
+) -> tuple[list[Tensor], tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """The VGGT trunk and its camera and depth heads on ``images [B, V, 3, H, W]`` in [0, 1],
+    as the releases built on VGGT-1B run them (SplatWeaver's, AnySplat's): the aggregator's input
+    rounded to bfloat16 (the released aggregator's dtype), its outputs cast to ``dtype``.
+
+    Returns:
+        ``(layers, cameras, geometry)``: the aggregator's ``out_layers`` ``[B, V, T, 2C]``; the
+        cameras ``(pose encoding [B, V, 9], c2w [B, V, 4, 4], normalised intrinsics
+        [B, V, 3, 3])``; the geometry ``(depth [B, V, H, W], depth confidence, points
+        [B, V, H, W, 3])``, all in the release's frame.
+    """
+    b, v, _, h, w = images.shape
+    p = aggregator.patch_size
+    trunk_in = images.to(torch.bfloat16).to(aggregator.camera_token.dtype)
+    outputs = aggregator(trunk_in, list(out_layers))
+    kept = sorted(set(out_layers) | {aggregator.depth - 1})
+    by_layer = {layer: t.to(dtype) for layer, t in zip(kept, outputs)}
+    layers = [by_layer[i] for i in out_layers]
+    start = aggregator.patch_start_idx
+
+    encoding = camera_head(by_layer[aggregator.depth - 1])[-1]  # [B, V, 9]
+    w2c, pixel_k = pose_encoding_to_cameras(encoding, (h, w))
+    raw_depth = depth_head(layers, (h // p, w // p), (h, w), prefix_tokens=start)
+    raw_depth = raw_depth.unflatten(0, (b, v))  # [B, V, 2, H, W]
+    depth = torch.exp(raw_depth[:, :, 0])
+    depth_conf = 1 + torch.exp(raw_depth[:, :, 1])
+    points = unproject_depth(depth, w2c, pixel_k)  # [B, V, H, W, 3]
+    bottom = w2c.new_tensor([0.0, 0.0, 0.0, 1.0]).expand(b, v, 1, 4)
+    c2w = torch.linalg.inv(torch.cat([w2c, bottom], dim=2))  # [B, V, 4, 4]
+    intrinsics = torch.stack(
+        [pixel_k[..., 0, :] / w, pixel_k[..., 1, :] / h, pixel_k[..., 2, :]], dim=-2
+    )
+    return layers, (encoding, c2w, intrinsics), (depth, depth_conf, points)

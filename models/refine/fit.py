@@ -152,7 +152,9 @@ class _Fit:
     """The mutable state of one fit (what a checkpoint holds)."""
 
     def __init__(self, start: Gaussians, photos, settings, budget, optimize_cameras: bool):
-        images, extrinsics, intrinsics = photos
+        # a model's predicted cameras are made under inference_mode, which autograd cannot
+        # save for backward: ordinary copies of those
+        images, extrinsics, intrinsics = (t.clone() if t.is_inference() else t for t in photos)
         self.settings, self.budget = settings, budget
         self.images, self.base_extrinsics, self.intrinsics = images, extrinsics, intrinsics
         self.shape = tuple(images.shape[-2:])
