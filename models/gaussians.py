@@ -344,7 +344,7 @@ class Gaussians:
         or 3 with ``spz_version=3``), ``.sog`` (PlayCanvas, bundled) or ``meta.json`` (SOG
         unbundled: the images beside it), ``.glb`` (``KHR_gaussian_splatting``), ``.splat``; each
         quantised as its specification does (docs/formats.md). Written atomically. Every format
-        but ``.ply`` holds SH degree <= 3: higher bands (NoPoSplat's degree 4) are left out, with
+        but ``.ply`` holds SH degree <= 3: higher bands (NoPoSplat's and AnySplat's degree 4) are left out, with
         a warning.
         """
         from models.splat_formats import format_of, write_splats
@@ -384,9 +384,7 @@ class Gaussians:
             scales=g.scales[0][valid].double().numpy(),
             rotations=g.rotations[0][valid].double().numpy(),
             opacities=g.opacities[0][valid].double().numpy(),
-            # every format but the INRIA .ply stops at degree 3: a degree-4 set (AnySplat's)
-            # keeps bands 0-3 [N, 3, 16]
-            harmonics=g.harmonics[0][valid][..., :16].double().numpy(),
+            harmonics=g.harmonics[0][valid].double().numpy(),
         )
 
     @classmethod
