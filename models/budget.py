@@ -49,6 +49,7 @@ __all__ = [
     "Estimate",
     "FitEstimate",
     "announce",
+    "announce_rest",
     "available_memory",
     "check",
     "fit_estimate",
@@ -290,6 +291,25 @@ def announce(estimate: Estimate, force: bool = False) -> bool:
         return False
     print(estimate.line(), file=sys.stderr, flush=True)
     return True
+
+
+def announce_rest(
+    what: str, unit_seconds: float, remaining: int, unit: str, more: float = 0.0
+) -> float:
+    """Say how long the rest of a loop takes, calibrated on a measured unit (for work whose cost
+    no formula predicts well: it depends on the scene and on the machine's load): ``remaining``
+    units at ``unit_seconds`` each, plus ``more`` seconds. Prints ``<what>: about 2 min more
+    (39 windows at 2.9 s each, measured)`` on stderr when that is :data:`BIG_SECONDS` or more;
+    returns the estimate in seconds."""
+    rest = float(unit_seconds) * max(int(remaining), 0) + float(more)
+    if rest >= BIG_SECONDS:
+        print(
+            f"{what}: about {_duration(rest)} more ({remaining} {unit}(s) at "
+            f"{_duration(unit_seconds)} each, measured)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return rest
 
 
 @contextlib.contextmanager

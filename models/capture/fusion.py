@@ -40,11 +40,14 @@ it, a wrongly placed Gaussian of one window occludes the views of all the others
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from models import budget
 from models.gaussians import Gaussians
 from models.geometry.cameras import camera_centers, normalize_scene
 from models.geometry.similarity import Similarity, nearest_rotation
@@ -335,7 +338,11 @@ def remove_floaters(
         depth_maps.append(torch.where(alpha > 0.5, depth, torch.zeros_like(depth)).cpu())
     height, width = shape
     kept, removed = [], 0
-    for v, g in enumerate(sets):
+    bar = tqdm(sets, desc="fusion: floaters", unit="window", disable=None, leave=False)
+    started = time.perf_counter()
+    for v, g in enumerate(bar):
+        if v == 1:  # every window is checked against all the others: the first is a fair unit
+            _announce_fusion(time.perf_counter() - started, len(sets))
         means = g.means[0].detach().float().cpu()  # [N, 3]
         seen = torch.zeros(len(means))
         free = torch.zeros(len(means))
@@ -363,6 +370,23 @@ def remove_floaters(
         out.mask = None
         kept.append(out)
     return kept, removed
+
+
+# The surface merge after the floater check, as a share of the check's time (it looks every
+# Gaussian up in every camera once; the check, each window's in the other windows' cameras).
+MERGE_SHARE = 1.0
+
+
+def _announce_fusion(window_seconds: float, windows: int) -> None:
+    """One line on stderr: the fusion's time, from the first window's floater check (each
+    window costs about the same; the merge after it, :data:`MERGE_SHARE` of the check)."""
+    budget.announce_rest(
+        f"fusion of {windows} windows (floater check, then surface merge)",
+        window_seconds,
+        windows - 1,
+        "window",
+        more=MERGE_SHARE * window_seconds * windows,
+    )
 
 
 def fuse_windows(
