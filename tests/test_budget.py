@@ -103,3 +103,17 @@ def test_sfm_is_announced_and_refused_before_pycolmap(tmp_path, monkeypatch, cap
     ):
         estimate_poses(photos, cache=False, verbose=1)
     assert "sfm: features" not in capsys.readouterr().err  # refused before the first stage
+
+
+def test_the_rest_of_a_loop_is_announced_from_a_measured_unit(capsys) -> None:
+    """Work no formula predicts (windows of a capture, fusion): the rest at the measured unit's
+    time, said when big, silent when not."""
+    rest = budget.announce_rest("whole capture (m): 40 windows", 2.5, 38, "window", more=10.0)
+    assert rest == pytest.approx(2.5 * 38 + 10.0)
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "whole capture (m): 40 windows: about 2 min more (38 window(s) at 2.5 s each, measured)\n"
+    )
+    assert budget.announce_rest("small", 0.1, 3, "window") == pytest.approx(0.3)
+    assert capsys.readouterr().err == ""  # under BIG_SECONDS: nothing said

@@ -282,7 +282,7 @@ def test_build_key_covers_the_build_environment(monkeypatch, tmp_path):
         patch.setattr(sys, "version", "3.12.0 (other)")
         assert render_cpu._build_key("c++") != key
     identity = render_cpu._tool_identity
-    for tool, other in (("c++", "/usr/bin/clang++ 18"), ("ninja", "/usr/bin/ninja 1.11.1")):
+    for tool, other in (("c++", "/usr/bin/clang++ 18"), ("ninja", "/opt/other/bin/ninja 0.1")):
         with monkeypatch.context() as patch:  # another compiler, another ninja on PATH
             patch.setattr(
                 render_cpu,
