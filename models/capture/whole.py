@@ -327,10 +327,10 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
-        if number == 1 and len(plan.windows) > 2:  # the second window: warm, a fair unit
+        if number == 1 and len(plan.windows) > 2:  # the unit: the first two (one warms up)
             budget.announce_rest(
                 f"whole capture ({name}): {len(plan.windows)} windows, then their fusion",
-                seconds[1], len(plan.windows) - 2, "window",
+                sum(seconds) / 2, len(plan.windows) - 2, "window",
             )  # fmt: skip
         for key, value in result.timings.items():  # inference, pose_fit: summed
             stages[key] = round(stages.get(key, 0.0) + value, 4)
