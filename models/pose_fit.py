@@ -96,11 +96,17 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
     raise ValueError(f"loss must be 'mse' or 'l1', got {loss!r}")
 
 
-def _announce_pose_fit(first_step: float, steps: int, views: int, size: tuple[int, int]) -> None:
-    """One line on stderr with the fit's estimate (every step costs what the first did)."""
+# Steps timed before the fit's estimate is said: one step's time swings with the machine's
+# load (a whole-capture window's fit of 50 steps was said to take 5 s after a fast first step
+# and took 16 s, on the shared 2-core machine); three average it out.
+TIMED_STEPS = 3
+
+
+def _announce_pose_fit(step_seconds: float, steps: int, views: int, size: tuple[int, int]) -> None:
+    """One line on stderr with the fit's estimate (every step costs what the timed ones did)."""
     from models.budget import BIG_SECONDS
 
-    seconds = first_step * steps
+    seconds = step_seconds * steps
     if seconds > BIG_SECONDS:
         print(
             f"pose fit: {steps} steps of {views} cameras at {size[1]}x{size[0]} px, "
@@ -171,8 +177,9 @@ def fit_target_poses(
             (measured at the initial pose) instead of about its centre. This decouples rotation
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
-        announce: say on stderr, after the first step, how long the fit will take (the first
-            step's time x ``steps``) when that is over ``models.budget.BIG_SECONDS``.
+        announce: say on stderr, after the first :data:`TIMED_STEPS` steps, how long the fit
+            will take (their mean time x ``steps``) when that is over
+            ``models.budget.BIG_SECONDS``.
 
     Returns:
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
@@ -228,8 +235,9 @@ def fit_target_poses(
             # Sum over cameras: each pose's gradient is its own camera's loss gradient.
             per_camera.sum().backward()
             optimizer.step()
-            if step == 0 and announce:
-                _announce_pose_fit(time.perf_counter() - started, steps, v, (h, w))
+            if announce and step == min(TIMED_STEPS, steps) - 1:
+                step_seconds = (time.perf_counter() - started) / (step + 1)
+                _announce_pose_fit(step_seconds, steps, v, (h, w))
             factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
                 1 + math.cos(math.pi * (step + 1) / steps)
             )  # cosine decay
