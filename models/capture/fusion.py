@@ -330,7 +330,14 @@ def remove_floaters(
     from models.render.core import render
 
     depth_maps = []
-    for g, (e, k) in zip(sets, cameras):
+    started = time.perf_counter()
+    for number, (g, (e, k)) in enumerate(zip(sets, cameras)):
+        if number == 1:  # each window's render costs about the same
+            budget.announce_rest(
+                f"fusion of {len(sets)} windows: their depth maps, then the floater check and "
+                "the merge (said when they start)",
+                time.perf_counter() - started, len(sets) - 1, "window",
+            )  # fmt: skip
         with torch.inference_mode():
             out = render(g, e[None].to(g.means), k[None].to(g.means), shape, backend=backend)
         alpha = out.alpha[0].float()  # [V, H, W]
@@ -339,10 +346,11 @@ def remove_floaters(
     height, width = shape
     kept, removed = [], 0
     bar = tqdm(sets, desc="fusion: floaters", unit="window", disable=None, leave=False)
-    started = time.perf_counter()
+    checks: list[float] = []
     for v, g in enumerate(bar):
-        if v == 1:  # every window is checked against all the others: the first is a fair unit
-            _announce_fusion(time.perf_counter() - started, len(sets))
+        if v == min(TIMED_CHECKS, len(sets) - 1):  # each window is checked against the others
+            _announce_fusion(sorted(checks)[len(checks) // 2], len(sets) - v, len(sets))
+        started = time.perf_counter()
         means = g.means[0].detach().float().cpu()  # [N, 3]
         seen = torch.zeros(len(means))
         free = torch.zeros(len(means))
@@ -369,23 +377,28 @@ def remove_floaters(
         out = g._gather(index)
         out.mask = None
         kept.append(out)
+        checks.append(time.perf_counter() - started)
     return kept, removed
 
 
 # The surface merge after the floater check, as a share of the check's time (it looks every
 # Gaussian up in every camera once; the check, each window's in the other windows' cameras).
 MERGE_SHARE = 1.0
+# Windows whose floater check is timed before the rest is said (their median: the first one
+# took 3x the mean on the drone capture).
+TIMED_CHECKS = 3
 
 
-def _announce_fusion(window_seconds: float, windows: int) -> None:
-    """One line on stderr: the fusion's time, from the first window's floater check (each
-    window costs about the same; the merge after it, :data:`MERGE_SHARE` of the check)."""
+def _announce_fusion(check_seconds: float, remaining: int, windows: int) -> None:
+    """One line on stderr: the rest of the fusion, from the median time of the first windows'
+    floater checks (each window's costs about the same; the merge after them,
+    :data:`MERGE_SHARE` of all the checks)."""
     budget.announce_rest(
-        f"fusion of {windows} windows (floater check, then surface merge)",
-        window_seconds,
-        windows - 1,
+        f"fusion of {windows} windows: floater check, then surface merge",
+        check_seconds,
+        remaining,
         "window",
-        more=MERGE_SHARE * window_seconds * windows,
+        more=MERGE_SHARE * check_seconds * windows,
     )
 
 
@@ -403,9 +416,13 @@ def fuse_windows(
     ``fusion_max_gaussians`` and ``final``."""
     predicted = [int(g.count()[0]) for g in sets]
     floaters = 0
+    seconds = {}
     if len(sets) > 1:  # one window: the model's own set (what the viewer re-runs live)
+        started = time.perf_counter()
         sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
+        seconds["floaters"] = round(time.perf_counter() - started, 3)
         fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
+        seconds["merge"] = round(time.perf_counter() - started - seconds["floaters"], 3)
     else:
         fused = sets[0]
         counts = {"before": predicted[0], "after": predicted[0], "merged": 0}
@@ -416,6 +433,7 @@ def fuse_windows(
         "floaters_removed": floaters,
         **counts,
         "fusion_max_gaussians": fusion_max_gaussians,
+        "seconds": seconds,
     }
     if fusion_max_gaussians is not None and int(fused.count()[0]) > int(fusion_max_gaussians):
         fused = fused.prune(max_count=int(fusion_max_gaussians))

@@ -162,7 +162,7 @@ def _build() -> None:
         source_dir = _copy_sources(build_dir)
         if not (build_dir / f"{name}.so").is_file():
             print(
-                f"compiling the CPU rasteriser (first use with this compiler, torch and Python; "
+                f"compiling the CPU rasteriser (first use with this compiler, ninja, torch and Python; "
                 f"about {BUILD_SECONDS} s, once) into {build_dir}",
                 file=sys.stderr,
                 flush=True,
