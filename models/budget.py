@@ -46,6 +46,7 @@ from datamodules.errors import InputError
 __all__ = [
     "BIG_SECONDS",
     "BudgetError",
+    "Countdown",
     "Estimate",
     "FitEstimate",
     "announce",
@@ -310,6 +311,34 @@ def announce_rest(
             flush=True,
         )
     return rest
+
+
+class Countdown:
+    """Says how long the rest of a loop of like units (a capture's windows) takes, from their
+    measured times: after the first two (the mean: the first one warms up), and again, marked
+    ``revised``, when the rest at the median of the last five is off by more than 2x from what
+    was said (the first units of a model can be slower than the rest many times over)."""
+
+    def __init__(self, what: str, total: int, unit: str) -> None:
+        self.what, self.total, self.unit = what, int(total), unit
+        self.times: list[float] = []
+        self.expected: float | None = None  # the rest said, less the units done since
+
+    def done(self, seconds: float) -> None:
+        """One more unit took ``seconds``."""
+        self.times.append(float(seconds))
+        count, remaining = len(self.times), self.total - len(self.times)
+        if count < 2 or remaining <= 0:
+            return
+        recent = sorted(self.times[-5:])
+        unit = sum(self.times) / 2 if count == 2 else recent[len(recent) // 2]
+        rest = unit * remaining
+        if self.expected is not None:
+            self.expected = max(self.expected - self.times[-1], 0.0)
+            if self.expected / 2 <= rest <= 2 * self.expected + BIG_SECONDS / 2:
+                return
+        what = self.what if self.expected is None else f"{self.what} (revised)"
+        self.expected = announce_rest(what, unit, remaining, self.unit)
 
 
 @contextlib.contextmanager

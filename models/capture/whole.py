@@ -310,6 +310,8 @@ def reconstruct_capture(
     first = None
     stages: dict[str, float] = {}
     bar = progress(plan.windows, desc="windows", unit="window")
+    what = f"whole capture ({name}): {len(plan.windows)} windows, then their fusion"
+    countdown = budget.Countdown(what, len(plan.windows), "window")
     for number, window in enumerate(bar):
         start = time.perf_counter()
         result = reconstruct(
@@ -327,11 +329,7 @@ def reconstruct_capture(
         )
         first = first or result
         seconds.append(round(time.perf_counter() - start, 3))
-        if number == 1 and len(plan.windows) > 2:  # the unit: the first two (one warms up)
-            budget.announce_rest(
-                f"whole capture ({name}): {len(plan.windows)} windows, then their fusion",
-                sum(seconds) / 2, len(plan.windows) - 2, "window",
-            )  # fmt: skip
+        countdown.done(seconds[-1])  # the rest said from the windows' measured times
         for key, value in result.timings.items():  # inference, pose_fit: summed
             stages[key] = round(stages.get(key, 0.0) + value, 4)
         if capture_e is not None:
