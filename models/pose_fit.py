@@ -96,9 +96,10 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
     raise ValueError(f"loss must be 'mse' or 'l1', got {loss!r}")
 
 
-# Steps timed before the fit's estimate is said: one step's time swings with the machine's
-# load (a whole-capture window's fit of 50 steps was said to take 5 s after a fast first step
-# and took 16 s, on the shared 2-core machine); three average it out.
+# Steps timed before the fit's estimate is said (their median x steps): one step's time swings
+# with the machine's load (a whole-capture window's fit of 50 steps was said to take 5 s after
+# a fast first step and took 16 s on the shared 2-core machine; a held-out fit's first three
+# steps' mean said 256 s for 118 s).
 TIMED_STEPS = 3
 
 
@@ -178,7 +179,7 @@ def fit_target_poses(
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
         announce: say on stderr, after the first :data:`TIMED_STEPS` steps, how long the fit
-            will take (their mean time x ``steps``) when that is over
+            will take (their median time x ``steps``) when that is over
             ``models.budget.BIG_SECONDS``.
 
     Returns:
@@ -214,6 +215,7 @@ def fit_target_poses(
             pivot_point = _pivot_point(frozen, start, intrinsics, (h, w), background, backend)
         best_loss = torch.full((b, v), float("inf"), device=start.device, dtype=start.dtype)
         best_pose = start.clone()
+        step_times: list[float] = []
         started = time.perf_counter()
         for step in range(steps + 1):
             # The delta acts in the camera frame, rotating about the pivot: c2w' = c2w @ delta.
@@ -235,9 +237,12 @@ def fit_target_poses(
             # Sum over cameras: each pose's gradient is its own camera's loss gradient.
             per_camera.sum().backward()
             optimizer.step()
-            if announce and step == min(TIMED_STEPS, steps) - 1:
-                step_seconds = (time.perf_counter() - started) / (step + 1)
-                _announce_pose_fit(step_seconds, steps, v, (h, w))
+            if announce and len(step_times) < min(TIMED_STEPS, steps):
+                step_times.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                if len(step_times) == min(TIMED_STEPS, steps):  # their median x steps
+                    middle = sorted(step_times)[len(step_times) // 2]
+                    _announce_pose_fit(middle, steps, v, (h, w))
             factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
                 1 + math.cos(math.pi * (step + 1) / steps)
             )  # cosine decay

@@ -237,8 +237,8 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
 
 
 def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
-    """After its first steps a long fit says on stderr how long it will take (their mean time x
-    steps); a short one, or one not asked to, says nothing."""
+    """After its first steps a long fit says on stderr how long it will take (their median time
+    x steps); a short one, or one not asked to, says nothing."""
     import models.budget
 
     g = Gaussians(
@@ -267,7 +267,7 @@ def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
 
 
 def test_pose_fit_estimate_is_the_timed_steps_mean_times_steps(monkeypatch, capsys) -> None:
-    """The estimate: the mean of the first TIMED_STEPS steps' times x steps (given times)."""
+    """The estimate: the median of the first TIMED_STEPS steps' times x steps (given one)."""
     import models.budget
     from models import pose_fit
 
