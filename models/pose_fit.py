@@ -22,13 +22,13 @@ context images and their known poses.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from models import budget
 from models.gaussians import Gaussians
 from models.geometry.similarity import CAMERA_FITS, Similarity, fit_cameras
 from models.render.core import render
@@ -96,27 +96,6 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
     raise ValueError(f"loss must be 'mse' or 'l1', got {loss!r}")
 
 
-# Steps timed before the fit's estimate is said (their median x steps): one step's time swings
-# with the machine's load (a whole-capture window's fit of 50 steps was said to take 5 s after
-# a fast first step and took 16 s on the shared 2-core machine; a held-out fit's first three
-# steps' mean said 256 s for 118 s).
-TIMED_STEPS = 3
-
-
-def _announce_pose_fit(step_seconds: float, steps: int, views: int, size: tuple[int, int]) -> None:
-    """One line on stderr with the fit's estimate (every step costs what the timed ones did)."""
-    from models.budget import BIG_SECONDS
-
-    seconds = step_seconds * steps
-    if seconds > BIG_SECONDS:
-        print(
-            f"pose fit: {steps} steps of {views} cameras at {size[1]}x{size[0]} px, "
-            f"about {seconds:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def _check_shapes(image: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> torch.Size:
     """``image``'s shape ``[B, V, 3, H, W]``, with cameras of the same ``B, V``."""
     if image.ndim != 5 or image.shape[2] != 3:
@@ -178,9 +157,10 @@ def fit_target_poses(
             (measured at the initial pose) instead of about its centre. This decouples rotation
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
-        announce: say on stderr, after the first :data:`TIMED_STEPS` steps, how long the fit
-            will take (their median time x ``steps``) when that is over
-            ``models.budget.BIG_SECONDS``.
+        announce: say on stderr, after two steps, how long the rest will take from the steps'
+            measured times, and again when that turns out off by more than 2x
+            (:class:`models.budget.Countdown`; from ``models.budget.BIG_SECONDS`` on: one
+            step's time swung 3-10x on the loaded shared machine).
 
     Returns:
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
@@ -215,7 +195,8 @@ def fit_target_poses(
             pivot_point = _pivot_point(frozen, start, intrinsics, (h, w), background, backend)
         best_loss = torch.full((b, v), float("inf"), device=start.device, dtype=start.dtype)
         best_pose = start.clone()
-        step_times: list[float] = []
+        what = f"pose fit: {steps} steps of {v} cameras at {w}x{h} px"
+        countdown = budget.Countdown(what, steps, "step") if announce else None
         started = time.perf_counter()
         for step in range(steps + 1):
             # The delta acts in the camera frame, rotating about the pivot: c2w' = c2w @ delta.
@@ -237,12 +218,9 @@ def fit_target_poses(
             # Sum over cameras: each pose's gradient is its own camera's loss gradient.
             per_camera.sum().backward()
             optimizer.step()
-            if announce and len(step_times) < min(TIMED_STEPS, steps):
-                step_times.append(time.perf_counter() - started)
+            if countdown is not None:
+                countdown.done(time.perf_counter() - started)
                 started = time.perf_counter()
-                if len(step_times) == min(TIMED_STEPS, steps):  # their median x steps
-                    middle = sorted(step_times)[len(step_times) // 2]
-                    _announce_pose_fit(middle, steps, v, (h, w))
             factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
                 1 + math.cos(math.pi * (step + 1) / steps)
             )  # cosine decay

@@ -237,8 +237,9 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
 
 
 def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
-    """After its first steps a long fit says on stderr how long it will take (their median time
-    x steps); a short one, or one not asked to, says nothing."""
+    """After two steps a long fit says on stderr how long the rest will take (from the steps'
+    measured times, ``models.budget.Countdown``); a short one, or one not asked to, says
+    nothing."""
     import models.budget
 
     g = Gaussians(
@@ -260,17 +261,5 @@ def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("pose fit: 3 steps of 2 cameras at 16x16 px")
     assert " s" in lines[0] and "about" in lines[0]
-    # one step (fewer than TIMED_STEPS): said after it
     fit_target_poses(g, image, extrinsics, intrinsics, steps=1, backend="torch", announce=True)
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pose fit: 1 steps of 2 cameras")
-
-
-def test_pose_fit_estimate_is_the_timed_steps_mean_times_steps(monkeypatch, capsys) -> None:
-    """The estimate: the median of the first TIMED_STEPS steps' times x steps (given one)."""
-    import models.budget
-    from models import pose_fit
-
-    monkeypatch.setattr(models.budget, "BIG_SECONDS", 0.0)
-    pose_fit._announce_pose_fit(0.4, 50, 1, (64, 96))
-    assert capsys.readouterr().err == "pose fit: 50 steps of 1 cameras at 96x64 px, about 20 s\n"
+    assert capsys.readouterr().err == ""  # one step: nothing left to say after it
