@@ -202,7 +202,7 @@ def fit_holdout_cameras(
         intrinsics[None].to(device).float(),
         steps=int(steps),
         backend=backend,
-        announce=True,  # after the first step: the time of all of them
+        announce=True,  # how long the fit takes, from its measured steps
     )[0].cpu()
     angle, distance = pose_error(fitted.double(), start.double().cpu())
     record = {

@@ -446,7 +446,7 @@ def forward_capture(pipeline: Pipeline, loaded: Loaded):
     _warn(plan.notes)
     estimate = capture_estimate(model, plan, pipeline.device)
     budget.check(estimate)  # one line naming image_size when one window cannot fit
-    if len(plan.windows) == 1:  # several: timed on the second window (reconstruct_capture)
+    if len(plan.windows) == 1:  # several: timed on their first windows (reconstruct_capture)
         budget.announce(estimate)
     capture = reconstruct_capture(
         model,
