@@ -316,17 +316,9 @@ def merge_surfaces(
     return fused, counts
 
 
-def remove_floaters(
-    sets: Sequence[Gaussians],
-    cameras: Sequence[tuple[Tensor, Tensor]],
-    shape: tuple[int, int],
-    margin: float = 0.1,
-    backend: str = "auto",
-    vote: float = 0.5,
-) -> tuple[list[Gaussians], int]:
-    """Per-window ``sets`` without the Gaussians other windows see through (module doc);
-    returns the sets and how many were removed."""
-    from models.geometry.cameras import transform_points, world_to_camera
+def _depth_maps(sets, cameras, shape: tuple[int, int], backend: str) -> list[Tensor]:
+    """Each window's depth ``[V, H, W]`` from its own cameras (0 where alpha <= 0.5); the time
+    of all of them is said after the first."""
     from models.render.core import render
 
     depth_maps = []
@@ -343,6 +335,22 @@ def remove_floaters(
         alpha = out.alpha[0].float()  # [V, H, W]
         depth = out.depth[0].float() / alpha.clamp_min(1e-6)
         depth_maps.append(torch.where(alpha > 0.5, depth, torch.zeros_like(depth)).cpu())
+    return depth_maps
+
+
+def remove_floaters(
+    sets: Sequence[Gaussians],
+    cameras: Sequence[tuple[Tensor, Tensor]],
+    shape: tuple[int, int],
+    margin: float = 0.1,
+    backend: str = "auto",
+    vote: float = 0.5,
+) -> tuple[list[Gaussians], int]:
+    """Per-window ``sets`` without the Gaussians other windows see through (module doc);
+    returns the sets and how many were removed."""
+    from models.geometry.cameras import transform_points, world_to_camera
+
+    depth_maps = _depth_maps(sets, cameras, shape, backend)
     height, width = shape
     kept, removed = [], 0
     bar = tqdm(sets, desc="fusion: floaters", unit="window", disable=None, leave=False)
