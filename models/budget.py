@@ -11,7 +11,10 @@
 ``fit_estimate(count, views, image_size, sh_degree, backend)`` for the per-scene fit, with the
 largest Gaussian count (the densification cap) that keeps the fit inside the available memory. Callers with
 their own loops (whole-capture windows, refinement) add estimates with ``+`` (``a + b`` sums the
-seconds, keeps the larger peak) or scale them (``estimate * windows``: the time only).
+seconds, keeps the larger peak) or scale them (``estimate * windows``: the time only). Loops of
+like units whose time no formula predicts (a capture's windows, a pose fit's steps) say the rest
+from the units' measured times instead: :class:`Countdown` (after two units, revised when off by
+more than 2x), :func:`announce_rest`.
 
 How the constants were measured (this project's CPU, 2 cores shared by 8 sessions, load ~7.5,
 one thread, so an idle machine is faster; see ``docs/budget.md``):
@@ -46,9 +49,11 @@ from datamodules.errors import InputError
 __all__ = [
     "BIG_SECONDS",
     "BudgetError",
+    "Countdown",
     "Estimate",
     "FitEstimate",
     "announce",
+    "announce_rest",
     "available_memory",
     "check",
     "fit_estimate",
@@ -319,6 +324,53 @@ def announce(estimate: Estimate, force: bool = False) -> bool:
         return False
     print(estimate.line(), file=sys.stderr, flush=True)
     return True
+
+
+def announce_rest(
+    what: str, unit_seconds: float, remaining: int, unit: str, more: float = 0.0
+) -> float:
+    """Say how long the rest of a loop takes, calibrated on a measured unit (for work whose cost
+    no formula predicts well: it depends on the scene and on the machine's load): ``remaining``
+    units at ``unit_seconds`` each, plus ``more`` seconds. Prints ``<what>: about 2 min more
+    (39 windows at 2.9 s each, measured)`` on stderr when that is :data:`BIG_SECONDS` or more;
+    returns the estimate in seconds."""
+    rest = float(unit_seconds) * max(int(remaining), 0) + float(more)
+    if rest >= BIG_SECONDS:
+        print(
+            f"{what}: about {_duration(rest)} more ({remaining} {unit}(s) at "
+            f"{_duration(unit_seconds)} each, measured)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return rest
+
+
+class Countdown:
+    """Says how long the rest of a loop of like units (a capture's windows) takes, from their
+    measured times: after the first two (the mean: the first one warms up), and again, marked
+    ``revised``, when the rest at the median of the last five is off by more than 2x from what
+    was said (the first units of a model can be slower than the rest many times over)."""
+
+    def __init__(self, what: str, total: int, unit: str) -> None:
+        self.what, self.total, self.unit = what, int(total), unit
+        self.times: list[float] = []
+        self.expected: float | None = None  # the rest said, less the units done since
+
+    def done(self, seconds: float) -> None:
+        """One more unit took ``seconds``."""
+        self.times.append(float(seconds))
+        count, remaining = len(self.times), self.total - len(self.times)
+        if count < 2 or remaining <= 0:
+            return
+        recent = sorted(self.times[-5:])
+        unit = sum(self.times) / 2 if count == 2 else recent[len(recent) // 2]
+        rest = unit * remaining
+        if self.expected is not None:
+            self.expected = max(self.expected - self.times[-1], 0.0)
+            if self.expected / 2 <= rest <= 2 * self.expected + BIG_SECONDS / 2:
+                return
+        what = self.what if self.expected is None else f"{self.what} (revised)"
+        self.expected = announce_rest(what, unit, remaining, self.unit)
 
 
 @contextlib.contextmanager

@@ -22,13 +22,13 @@ context images and their known poses.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from models import budget
 from models.gaussians import Gaussians
 from models.geometry.similarity import CAMERA_FITS, Similarity, fit_cameras
 from models.render.core import render
@@ -96,20 +96,6 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
     raise ValueError(f"loss must be 'mse' or 'l1', got {loss!r}")
 
 
-def _announce_pose_fit(first_step: float, steps: int, views: int, size: tuple[int, int]) -> None:
-    """One line on stderr with the fit's estimate (every step costs what the first did)."""
-    from models.budget import BIG_SECONDS
-
-    seconds = first_step * steps
-    if seconds > BIG_SECONDS:
-        print(
-            f"pose fit: {steps} steps of {views} cameras at {size[1]}x{size[0]} px, "
-            f"about {seconds:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def _check_shapes(image: Tensor, extrinsics: Tensor, intrinsics: Tensor) -> torch.Size:
     """``image``'s shape ``[B, V, 3, H, W]``, with cameras of the same ``B, V``."""
     if image.ndim != 5 or image.shape[2] != 3:
@@ -171,8 +157,10 @@ def fit_target_poses(
             (measured at the initial pose) instead of about its centre. This decouples rotation
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
-        announce: say on stderr, after the first step, how long the fit will take (the first
-            step's time x ``steps``) when that is over ``models.budget.BIG_SECONDS``.
+        announce: say on stderr, after two steps, how long the rest will take from the steps'
+            measured times, and again when that turns out off by more than 2x
+            (:class:`models.budget.Countdown`; from ``models.budget.BIG_SECONDS`` on: one
+            step's time swung 3-10x on the loaded shared machine).
 
     Returns:
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
@@ -207,6 +195,8 @@ def fit_target_poses(
             pivot_point = _pivot_point(frozen, start, intrinsics, (h, w), background, backend)
         best_loss = torch.full((b, v), float("inf"), device=start.device, dtype=start.dtype)
         best_pose = start.clone()
+        what = f"pose fit: {steps} steps of {v} cameras at {w}x{h} px"
+        countdown = budget.Countdown(what, steps, "step") if announce else None
         started = time.perf_counter()
         for step in range(steps + 1):
             # The delta acts in the camera frame, rotating about the pivot: c2w' = c2w @ delta.
@@ -228,8 +218,9 @@ def fit_target_poses(
             # Sum over cameras: each pose's gradient is its own camera's loss gradient.
             per_camera.sum().backward()
             optimizer.step()
-            if step == 0 and announce:
-                _announce_pose_fit(time.perf_counter() - started, steps, v, (h, w))
+            if countdown is not None:
+                countdown.done(time.perf_counter() - started)
+                started = time.perf_counter()
             factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
                 1 + math.cos(math.pi * (step + 1) / steps)
             )  # cosine decay

@@ -103,3 +103,48 @@ def test_sfm_is_announced_and_refused_before_pycolmap(tmp_path, monkeypatch, cap
     ):
         estimate_poses(photos, cache=False, verbose=1)
     assert "sfm: features" not in capsys.readouterr().err  # refused before the first stage
+
+
+def test_the_rest_of_a_loop_is_announced_from_a_measured_unit(capsys) -> None:
+    """Work no formula predicts (windows of a capture, fusion): the rest at the measured unit's
+    time, said when big, silent when not."""
+    rest = budget.announce_rest("whole capture (m): 40 windows", 2.5, 38, "window", more=10.0)
+    assert rest == pytest.approx(2.5 * 38 + 10.0)
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "whole capture (m): 40 windows: about 2 min more (38 window(s) at 2.5 s each, measured)\n"
+    )
+    assert budget.announce_rest("small", 0.1, 3, "window") == pytest.approx(0.3)
+    assert capsys.readouterr().err == ""  # under BIG_SECONDS: nothing said
+
+
+# Window times (s) of `infer.py input=drone_colmap model=pixel_aligned_tiny views=all`, 40
+# windows, measured on the shared 2-core machine (docs/budget.md, "Waits").
+DRONE_WINDOWS = [1.93, 1.331, 2.502, 3.087, 3.199, 3.151, 2.94, 3.171, 3.128, 1.992, 3.1, 3.151]
+DRONE_WINDOWS += [3.275, 3.162, 3.136, 3.107, 3.023, 3.148, 3.087, 2.474, 3.203, 3.07, 2.651]
+DRONE_WINDOWS += [2.488, 1.752, 1.744, 1.293, 1.368, 1.344, 0.676, 1.272, 1.599, 0.716, 1.699]
+DRONE_WINDOWS += [0.993, 1.801, 1.311, 1.313, 1.926, 1.506]
+
+
+@pytest.mark.parametrize("first", [None, 20.0])
+def test_countdown_says_the_rest_within_2x_and_revises_it(capsys, first) -> None:
+    """A capture's windows: the rest is said after two windows and revised when off by more
+    than 2x; every line said is within 2x of the time that was actually left (a slow first
+    window, ``first``, makes the first line wrong and the revision right)."""
+    times = list(DRONE_WINDOWS) if first is None else [first, *DRONE_WINDOWS[1:]]
+    countdown = budget.Countdown("whole capture (m): 40 windows", len(times), "window")
+    said = []
+    for index, seconds in enumerate(times):
+        countdown.done(seconds)
+        line = capsys.readouterr().err
+        if line:
+            said.append((line, countdown.expected, sum(times[index + 1 :])))
+    assert said and said[0][0].startswith("whole capture (m): 40 windows: about")
+    assert all("(revised)" in line for line, _, _ in said[1:])
+    last_line, expected, left = said[-1]
+    assert left / 2 <= expected <= 2 * left, last_line
+    if first is None:
+        assert all(left / 2 <= expected <= 2 * left for _, expected, left in said)
+    else:
+        assert said[0][1] > 2 * said[0][2] and len(said) > 1  # wrong first, then revised

@@ -237,8 +237,9 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
 
 
 def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
-    """After its first step a long fit says on stderr how long it will take (that step's time x
-    steps); a short one, or one not asked to, says nothing."""
+    """After two steps a long fit says on stderr how long the rest will take (from the steps'
+    measured times, ``models.budget.Countdown``); a short one, or one not asked to, says
+    nothing."""
     import models.budget
 
     g = Gaussians(
@@ -260,3 +261,5 @@ def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("pose fit: 3 steps of 2 cameras at 16x16 px")
     assert " s" in lines[0] and "about" in lines[0]
+    fit_target_poses(g, image, extrinsics, intrinsics, steps=1, backend="torch", announce=True)
+    assert capsys.readouterr().err == ""  # one step: nothing left to say after it

@@ -260,7 +260,7 @@ def test_cpu_backend_rejects_cuda_tensors():
 
 
 def test_build_key_covers_the_build_environment(monkeypatch, tmp_path):
-    """Another torch, Python or compiler gets a build of its own; another checkout with the same
+    """Another torch, Python, compiler or ninja gets a build of its own; another checkout with the same
     sources shares one (its sources are compiled from a copy inside the build folder)."""
     key = render_cpu._build_key("c++")
     assert render_cpu._build_key("c++") == key
@@ -281,9 +281,15 @@ def test_build_key_covers_the_build_environment(monkeypatch, tmp_path):
     with monkeypatch.context() as patch:
         patch.setattr(sys, "version", "3.12.0 (other)")
         assert render_cpu._build_key("c++") != key
-    with monkeypatch.context() as patch:
-        patch.setattr(render_cpu, "_compiler_identity", lambda compiler: "/usr/bin/clang++ 18")
-        assert render_cpu._build_key("c++") != key
+    identity = render_cpu._tool_identity
+    for tool, other in (("c++", "/usr/bin/clang++ 18"), ("ninja", "/opt/other/bin/ninja 0.1")):
+        with monkeypatch.context() as patch:  # another compiler, another ninja on PATH
+            patch.setattr(
+                render_cpu,
+                "_tool_identity",
+                lambda name, t=tool, o=other: o if name == t else identity(name),
+            )
+            assert render_cpu._build_key("c++") != key, tool
     (checkout / render_cpu.SOURCES[0]).write_text("// changed\n")
     assert render_cpu._build_key("c++") != key
 

@@ -462,12 +462,15 @@ def reconstruct_windows(
     (:func:`place_window`)."""
     placed = PlacedWindows()
     bar = progress(plan.windows, desc="windows", unit="window")
+    what = f"whole capture ({plan.name}): {len(plan.windows)} windows, then their fusion"
+    countdown = budget.Countdown(what, len(plan.windows), "window")
     for number, window in enumerate(bar):
         start = time.perf_counter()
         result = reconstruct(
             model, subset(plan.images, window), backend=backend, name=plan.name, **options
         )
         placed.seconds.append(round(time.perf_counter() - start, 3))
+        countdown.done(placed.seconds[-1])  # the rest said from the windows' measured times
         if frame.extrinsics is None and "unknown" in result.placement and len(plan.windows) > 1:
             raise CaptureError(
                 f"model={plan.name}: views=all without camera poses needs the model's cameras "

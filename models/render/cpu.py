@@ -11,8 +11,8 @@ expected depth and alpha with their backward pass.
 The extension is built on first use with ``torch.utils.cpp_extension.load`` (needs a C++17/20
 compiler and ninja; about ``BUILD_SECONDS``, said on stderr before it starts) into torch's
 extension directory (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), under a
-name that carries a hash of the sources and of the build environment (compiler and its version,
-torch, Python, flags). The sources are compiled from a copy in that build's folder, so every
+name that carries a hash of the sources and of the build environment (compiler and ninja with
+their versions, torch, Python, flags). The sources are compiled from a copy in that build's folder, so every
 checkout and virtual environment with the same sources and environment reuses one build (torch
 rebuilds when the source paths change), and another environment gets a build of its own instead
 of loading a binary made for another torch. Build failures are cached for the process:
@@ -78,9 +78,10 @@ class CpuRasterizerUnavailable(RuntimeError):
     """The compiled CPU rasteriser cannot be built or loaded here."""
 
 
-def _compiler_identity(compiler: str) -> str:
-    """The compiler's resolved path and the first line of its ``--version``."""
-    path = shutil.which(compiler) or compiler
+def _tool_identity(tool: str) -> str:
+    """A build tool's (the compiler's, ninja's) resolved path and the first line of its
+    ``--version``."""
+    path = shutil.which(tool) or tool
     try:
         version = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=30
@@ -91,12 +92,16 @@ def _compiler_identity(compiler: str) -> str:
 
 
 def _build_key(compiler: str) -> str:
-    """Hash of the sources and of what else decides the binary: compiler, torch, Python, flags."""
+    """Hash of the sources and of what else decides the build: compiler, ninja, torch, Python,
+    flags. Ninja is in it because two ninja versions sharing a folder (a virtual environment's
+    ``ninja`` on ``PATH`` in one shell, the system's in another) each discard the other's build
+    log and rebuild everything."""
     digest = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         digest.update(name.encode())
         digest.update((CSRC / name).read_bytes())
-    environment = [_compiler_identity(compiler), torch.__version__, sys.version, *_CFLAGS]
+    tools = [_tool_identity(compiler), _tool_identity("ninja")]
+    environment = [*tools, torch.__version__, sys.version, *_CFLAGS]
     digest.update(" ".join(environment + _LDFLAGS).encode())
     return digest.hexdigest()[:12]
 
@@ -157,7 +162,7 @@ def _build() -> None:
         source_dir = _copy_sources(build_dir)
         if not (build_dir / f"{name}.so").is_file():
             print(
-                f"compiling the CPU rasteriser (first use with this compiler, torch and Python; "
+                f"compiling the CPU rasteriser (first use with this compiler, ninja, torch and Python; "
                 f"about {BUILD_SECONDS} s, once) into {build_dir}",
                 file=sys.stderr,
                 flush=True,
