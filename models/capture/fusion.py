@@ -255,6 +255,7 @@ def merge_surfaces(
     depth_tolerance: float = 0.3,
     sharpness: float = 2.0,
     centre_weight: float = 0.0,
+    owner_only: bool = False,
 ) -> tuple[Gaussians, dict]:
     """One set from per-window ``sets`` (each a batch of one, in the capture frame), merging the
     Gaussians that describe the same surface element (module doc, "Merging").
@@ -294,12 +295,14 @@ def merge_surfaces(
     )
     finer = torch.where(torch.isfinite(own), (finest / own).clamp(0, 1), torch.ones_like(own))
     weight = flat.opacities[0].detach().double().cpu() * finer**sharpness  # opacity x sharpness
-    fused = _merge_groups(flat.detach().to("cpu"), key, weight).to(flat.means.device)
-    # each fused Gaussian's window: the one of most weight in it
+    # each element's window: the one of most weight in it
     groups = int(key.max()) + 1
     per = torch.zeros(groups, len(sets), dtype=torch.float64)
     per.index_put_((key, window), weight.clamp_min(1e-30), accumulate=True)
     owner = per.argmax(dim=1)  # [M]
+    if owner_only:  # the other windows' members of an element are dropped, not blended
+        weight = torch.where(owner[key] == window, weight.clamp_min(1e-30), weight.new_zeros(()))
+    fused = _merge_groups(flat.detach().to("cpu"), key, weight).to(flat.means.device)
     counts = {
         "before": count,
         "after": groups,
