@@ -288,6 +288,31 @@ def test_merge_is_moment_matching() -> None:
     )
 
 
+def test_merge_owner_only_keeps_one_windows_description() -> None:
+    """``owner_only``: an element that two windows describe keeps the members of the window of
+    most weight (here the more opaque) unchanged, instead of blending the two windows."""
+    e, k = _cameras(1)
+
+    def one(x: float, opacity: float, colour: float) -> Gaussians:
+        return Gaussians(
+            means=torch.tensor([[[x, 0.0, 3.0]]]),
+            scales=torch.full((1, 1, 3), 0.01),
+            rotations=torch.tensor([[[1.0, 0, 0, 0]]]),
+            opacities=torch.tensor([[opacity]]),
+            harmonics=torch.full((1, 1, 3, 1), colour),
+        )
+
+    windows = [one(0.0, 0.8, 0.2), one(0.002, 0.4, 0.6)]
+    blended, _ = fusion.merge_surfaces(windows, [(e, k)] * 2, (32, 32))
+    kept, counts = fusion.merge_surfaces(windows, [(e, k)] * 2, (32, 32), owner_only=True)
+    assert int(blended.count()[0]) == int(kept.count()[0]) == 1
+    assert counts["per_window"] == [1, 0]
+    assert torch.allclose(kept.means, windows[0].means, atol=1e-7)
+    assert torch.allclose(kept.opacities, windows[0].opacities, atol=1e-6)
+    assert torch.allclose(kept.harmonics, windows[0].harmonics, atol=1e-6)
+    assert not torch.allclose(blended.harmonics, windows[0].harmonics, atol=1e-3)
+
+
 def test_element_camera_nearest_or_most_central() -> None:
     """An element is looked up in the camera that sees it nearest; with ``centre_weight`` in
     one that sees it nearer the middle of its image, a little farther."""
