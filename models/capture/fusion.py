@@ -25,7 +25,10 @@ coarse and fine descriptions do not mix. The Gaussians of one element become one
 mean of position, colour (every SH coefficient) and opacity, and the moment-matched covariance
 (the mixture's second moment about the merged mean) as scales and orientation; the weight is
 opacity x (nearest pixel size / own pixel size) ** ``sharpness``, so the windows that see an
-element closest dominate it. An element of one Gaussian keeps it unchanged. The fused count then
+element closest dominate it; with ``owner_only`` only the members of the element's window of
+most weight are merged (the other windows' are dropped, not blended: a toy model's windows
+disagree in depth, and a blend of two descriptions is neither). An element of one Gaussian keeps
+it unchanged. The fused count then
 follows the capture's content at the windows' pixel size, not the number of windows.
 ``fusion_max_gaussians`` then keeps the most opaque.
 
@@ -270,6 +273,7 @@ def merge_surfaces(
             Gaussian's own) ** sharpness: the windows that see an element closest dominate it.
         centre_weight: ranks the cameras an element is looked up in by depth x (1 +
             centre_weight x its squared distance from the image centre); 0: the nearest.
+        owner_only: merge only the members of each element's window of most weight.
 
     Returns:
         The fused set and counts (``before``, ``after``, ``merged``, ``per_window_before``,
