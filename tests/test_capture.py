@@ -288,31 +288,6 @@ def test_merge_is_moment_matching() -> None:
     )
 
 
-def test_merge_owner_only_keeps_one_windows_description() -> None:
-    """``owner_only``: an element that two windows describe keeps the members of the window of
-    most weight (here the more opaque) unchanged, instead of blending the two windows."""
-    e, k = _cameras(1)
-
-    def one(x: float, opacity: float, colour: float) -> Gaussians:
-        return Gaussians(
-            means=torch.tensor([[[x, 0.0, 3.0]]]),
-            scales=torch.full((1, 1, 3), 0.01),
-            rotations=torch.tensor([[[1.0, 0, 0, 0]]]),
-            opacities=torch.tensor([[opacity]]),
-            harmonics=torch.full((1, 1, 3, 1), colour),
-        )
-
-    windows = [one(0.0, 0.8, 0.2), one(0.002, 0.4, 0.6)]
-    blended, _ = fusion.merge_surfaces(windows, [(e, k)] * 2, (32, 32))
-    kept, counts = fusion.merge_surfaces(windows, [(e, k)] * 2, (32, 32), owner_only=True)
-    assert int(blended.count()[0]) == int(kept.count()[0]) == 1
-    assert counts["per_window"] == [1, 0]
-    assert torch.allclose(kept.means, windows[0].means, atol=1e-7)
-    assert torch.allclose(kept.opacities, windows[0].opacities, atol=1e-6)
-    assert torch.allclose(kept.harmonics, windows[0].harmonics, atol=1e-6)
-    assert not torch.allclose(blended.harmonics, windows[0].harmonics, atol=1e-3)
-
-
 def test_element_camera_nearest_or_most_central() -> None:
     """An element is looked up in the camera that sees it nearest; with ``centre_weight`` in
     one that sees it nearer the middle of its image, a little farther."""
@@ -387,16 +362,22 @@ def test_perfect_render_scores_high_and_baseline_is_nearest() -> None:
 COMMON = ("image_size=32", "orbit_frames=4", "backend=torch", "device=cpu")
 
 
-def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
+def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     from PIL import Image
 
+    from models import budget
+
+    monkeypatch.setattr(budget, "BIG_SECONDS", 0.0)  # every wait said, however short
     output = tmp_path / "out"
     status, out, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "model=pixel_aligned_tiny",
         "views=all", "holdout=4", *COMMON,
     )  # fmt: skip
     assert status == 0, err
-    assert "window(s) of 2 view(s)" in err and "about" in err and "nearest PSNR" in out
+    assert "nearest PSNR" in out
+    # the windows' time, measured on the second window, then the fusion's, on its first window
+    assert "whole capture (pixel_aligned_tiny): 8 windows, then their fusion: about" in err
+    assert "more (6 window(s) at" in err and "fusion of 8 windows" in err
     summary = json.loads((output / "summary.json").read_text())
     windows = summary["scene"]["windows"]
     held = [f"photo_{i:02d}.png" for i in (0, 4, 8)]
@@ -462,11 +443,16 @@ def test_fit_holdout_cameras_moves_towards_the_photo() -> None:
     assert "fitted" in record["placement"]
 
 
-def test_infer_pose_free_holdout_without_poses(capture: Path, tmp_path: Path, capsys) -> None:
+def test_infer_pose_free_holdout_without_poses(
+    capture: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
     """Photos without poses, a pose-free model, ``holdout=``: the held-out cameras are fitted
-    (issue 39 item 4) instead of stopping."""
+    (issue 39 item 4) instead of stopping, and the fit is announced with its time (issue 40)."""
     import shutil
 
+    from models import budget
+
+    monkeypatch.setattr(budget, "BIG_SECONDS", 0.0)  # every wait said, however short
     bare = tmp_path / "bare"
     bare.mkdir()
     for photo in sorted(capture.glob("photo_*.png"))[:6]:
@@ -480,6 +466,7 @@ def test_infer_pose_free_holdout_without_poses(capture: Path, tmp_path: Path, ca
     summary = json.loads((output / "summary.json").read_text())
     cameras = summary["holdout"]["cameras"]
     assert "fitted" in cameras["placement"] and cameras["steps"] == holdout.HOLDOUT_POSE_STEPS
+    assert f"pose fit: {holdout.HOLDOUT_POSE_STEPS} steps of 1 cameras at 32x32 px: about" in err
     assert len(cameras["translation"]) == 1 and len(cameras["rotation_deg"]) == 1
     entry = summary["holdout"]["metrics"]["photo_02.png"]
     assert entry["nearest_view"] in ("photo_01.png", "photo_03.png") and entry["psnr"] > 5
