@@ -362,22 +362,16 @@ def test_perfect_render_scores_high_and_baseline_is_nearest() -> None:
 COMMON = ("image_size=32", "orbit_frames=4", "backend=torch", "device=cpu")
 
 
-def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys) -> None:
     from PIL import Image
 
-    from models import budget
-
-    monkeypatch.setattr(budget, "BIG_SECONDS", 0.0)  # every wait said, however short
     output = tmp_path / "out"
     status, out, err = infer_in_process(
         capsys, f"input={capture}", f"output={output}", "model=pixel_aligned_tiny",
         "views=all", "holdout=4", *COMMON,
     )  # fmt: skip
     assert status == 0, err
-    assert "nearest PSNR" in out
-    # the windows' time, measured on the second window, then the fusion's, on its first window
-    assert "whole capture (pixel_aligned_tiny): 8 windows, then their fusion: about" in err
-    assert "more (6 window(s) at" in err and "fusion of 8 windows" in err
+    assert "window(s) of 2 view(s)" in err and "about" in err and "nearest PSNR" in out
     summary = json.loads((output / "summary.json").read_text())
     windows = summary["scene"]["windows"]
     held = [f"photo_{i:02d}.png" for i in (0, 4, 8)]
@@ -443,16 +437,11 @@ def test_fit_holdout_cameras_moves_towards_the_photo() -> None:
     assert "fitted" in record["placement"]
 
 
-def test_infer_pose_free_holdout_without_poses(
-    capture: Path, tmp_path: Path, capsys, monkeypatch
-) -> None:
+def test_infer_pose_free_holdout_without_poses(capture: Path, tmp_path: Path, capsys) -> None:
     """Photos without poses, a pose-free model, ``holdout=``: the held-out cameras are fitted
-    (issue 39 item 4) instead of stopping, and the fit is announced with its time (issue 40)."""
+    (issue 39 item 4) instead of stopping."""
     import shutil
 
-    from models import budget
-
-    monkeypatch.setattr(budget, "BIG_SECONDS", 0.0)  # every wait said, however short
     bare = tmp_path / "bare"
     bare.mkdir()
     for photo in sorted(capture.glob("photo_*.png"))[:6]:
@@ -466,7 +455,6 @@ def test_infer_pose_free_holdout_without_poses(
     summary = json.loads((output / "summary.json").read_text())
     cameras = summary["holdout"]["cameras"]
     assert "fitted" in cameras["placement"] and cameras["steps"] == holdout.HOLDOUT_POSE_STEPS
-    assert f"pose fit: {holdout.HOLDOUT_POSE_STEPS} steps of 1 cameras at 32x32 px: about" in err
     assert len(cameras["translation"]) == 1 and len(cameras["rotation_deg"]) == 1
     entry = summary["holdout"]["metrics"]["photo_02.png"]
     assert entry["nearest_view"] in ("photo_01.png", "photo_03.png") and entry["psnr"] > 5

@@ -40,14 +40,11 @@ it, a wrongly placed Gaussian of one window occludes the views of all the others
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from models import budget
 from models.gaussians import Gaussians
 from models.geometry.cameras import camera_centers, normalize_scene
 from models.geometry.similarity import Similarity, nearest_rotation
@@ -316,28 +313,6 @@ def merge_surfaces(
     return fused, counts
 
 
-def _depth_maps(sets, cameras, shape: tuple[int, int], backend: str) -> list[Tensor]:
-    """Each window's depth ``[V, H, W]`` from its own cameras (0 where alpha <= 0.5); the time
-    of all of them is said after the first."""
-    from models.render.core import render
-
-    depth_maps = []
-    started = time.perf_counter()
-    for number, (g, (e, k)) in enumerate(zip(sets, cameras)):
-        if number == 1:  # each window's render costs about the same
-            budget.announce_rest(
-                f"fusion of {len(sets)} windows: their depth maps, then the floater check and "
-                "the merge (said when they start)",
-                time.perf_counter() - started, len(sets) - 1, "window",
-            )  # fmt: skip
-        with torch.inference_mode():
-            out = render(g, e[None].to(g.means), k[None].to(g.means), shape, backend=backend)
-        alpha = out.alpha[0].float()  # [V, H, W]
-        depth = out.depth[0].float() / alpha.clamp_min(1e-6)
-        depth_maps.append(torch.where(alpha > 0.5, depth, torch.zeros_like(depth)).cpu())
-    return depth_maps
-
-
 def remove_floaters(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
@@ -349,16 +324,18 @@ def remove_floaters(
     """Per-window ``sets`` without the Gaussians other windows see through (module doc);
     returns the sets and how many were removed."""
     from models.geometry.cameras import transform_points, world_to_camera
+    from models.render.core import render
 
-    depth_maps = _depth_maps(sets, cameras, shape, backend)
+    depth_maps = []
+    for g, (e, k) in zip(sets, cameras):
+        with torch.inference_mode():
+            out = render(g, e[None].to(g.means), k[None].to(g.means), shape, backend=backend)
+        alpha = out.alpha[0].float()  # [V, H, W]
+        depth = out.depth[0].float() / alpha.clamp_min(1e-6)
+        depth_maps.append(torch.where(alpha > 0.5, depth, torch.zeros_like(depth)).cpu())
     height, width = shape
     kept, removed = [], 0
-    bar = tqdm(sets, desc="fusion: floaters", unit="window", disable=None, leave=False)
-    checks: list[float] = []
-    for v, g in enumerate(bar):
-        if v == min(TIMED_CHECKS, len(sets) - 1):  # each window is checked against the others
-            _announce_fusion(sorted(checks)[len(checks) // 2], len(sets) - v, len(sets))
-        started = time.perf_counter()
+    for v, g in enumerate(sets):
         means = g.means[0].detach().float().cpu()  # [N, 3]
         seen = torch.zeros(len(means))
         free = torch.zeros(len(means))
@@ -385,29 +362,7 @@ def remove_floaters(
         out = g._gather(index)
         out.mask = None
         kept.append(out)
-        checks.append(time.perf_counter() - started)
     return kept, removed
-
-
-# The surface merge after the floater check, as a share of the check's time (it looks every
-# Gaussian up in every camera once; the check, each window's in the other windows' cameras).
-MERGE_SHARE = 1.0
-# Windows whose floater check is timed before the rest is said (their median: the first one
-# took 3x the mean on the drone capture).
-TIMED_CHECKS = 3
-
-
-def _announce_fusion(check_seconds: float, remaining: int, windows: int) -> None:
-    """One line on stderr: the rest of the fusion, from the median time of the first windows'
-    floater checks (each window's costs about the same; the merge after them,
-    :data:`MERGE_SHARE` of all the checks)."""
-    budget.announce_rest(
-        f"fusion of {windows} windows: floater check, then surface merge",
-        check_seconds,
-        remaining,
-        "window",
-        more=MERGE_SHARE * check_seconds * windows,
-    )
 
 
 def fuse_windows(
@@ -424,13 +379,9 @@ def fuse_windows(
     ``fusion_max_gaussians`` and ``final``."""
     predicted = [int(g.count()[0]) for g in sets]
     floaters = 0
-    seconds = {}
     if len(sets) > 1:  # one window: the model's own set (what the viewer re-runs live)
-        started = time.perf_counter()
         sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
-        seconds["floaters"] = round(time.perf_counter() - started, 3)
         fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
-        seconds["merge"] = round(time.perf_counter() - started - seconds["floaters"], 3)
     else:
         fused = sets[0]
         counts = {"before": predicted[0], "after": predicted[0], "merged": 0}
@@ -441,7 +392,6 @@ def fuse_windows(
         "floaters_removed": floaters,
         **counts,
         "fusion_max_gaussians": fusion_max_gaussians,
-        "seconds": seconds,
     }
     if fusion_max_gaussians is not None and int(fused.count()[0]) > int(fusion_max_gaussians):
         fused = fused.prune(max_count=int(fusion_max_gaussians))
