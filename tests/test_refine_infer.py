@@ -42,10 +42,10 @@ def test_views_all_holdout_refine_scores_before_and_after(capture, tmp_path, cap
         entry = held["metrics"][name]
         assert {"psnr", "ssim", "psnr_before_refine", "ssim_before_refine"} <= entry.keys()
         assert "nearest_view_psnr" in entry
-        assert Image.open(output / "renders" / "holdout" / f"{Path(name).stem}.png").size == (
-            48,
-            48,
-        )
+        after = Image.open(output / "renders" / "holdout" / f"{Path(name).stem}.png")
+        before = Image.open(output / "renders" / "holdout_before" / f"{Path(name).stem}.png")
+        assert after.size == before.size == (48, 48)  # the feed-forward scene's render too
+        assert before.tobytes() != after.tobytes()
     refine = summary["refine"]
     assert refine["steps"] == 150 and refine["stopped"] == "steps"
     assert refine["image_size"] == [48, 48] and refine["init"] == "auto"  # the default

@@ -343,14 +343,21 @@ def _error_image(render: Tensor, target: Tensor) -> np.ndarray:
     return (heat * 255 + 0.5).astype(np.uint8)
 
 
+def save_holdout_renders(names: Sequence[str], renders: Tensor, folder: Path) -> None:
+    """Write ``folder/<stem>.png`` per render (``renders`` ``[H, 3, h, w]`` in [0, 1])."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, render in zip(names, renders):
+        Image.fromarray(image_to_uint8(render)).save(folder / f"{Path(name).stem}.png")
+
+
 def save_holdout(views: HoldoutViews, scores: HoldoutScores, folder: Path, sheet: Path) -> None:
     """Write ``folder/<stem>.png`` per render and the contact sheet ``sheet`` (a row per photo:
     photo | render | error, labelled with the PSNR and the nearest-view PSNR)."""
     from PIL import Image, ImageDraw
 
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, render in zip(views.names, scores.renders):
-        Image.fromarray(image_to_uint8(render)).save(folder / f"{Path(name).stem}.png")
+    save_holdout_renders(views.names, scores.renders, folder)
     h, w = views.image_size
     zoom = max(1, math.ceil(128 / max(h, w)))
     cell_h, cell_w, label = h * zoom, w * zoom, 14

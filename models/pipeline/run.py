@@ -592,5 +592,9 @@ def _refine_capture(pipeline: Pipeline, loaded: Loaded, capture):
     def extra(staging: Path) -> None:
         if fitted.evaluations:
             plot_holdout_psnr(fitted.evaluations, baseline, staging / "refine_psnr.png")
+        if views is not None:  # the feed-forward scene at the held-out cameras, before the fit
+            holdout_lib.save_holdout_renders(
+                views.names, before.renders, staging / "renders" / "holdout_before"
+            )
 
     return capture, fitted, extra
