@@ -199,13 +199,7 @@ def fit_target_poses(
         countdown = budget.Countdown(what, steps, "step") if announce else None
         started = time.perf_counter()
         for step in range(steps + 1):
-            # The delta acts in the camera frame, rotating about the pivot: c2w' = c2w @ delta.
-            delta = se3_delta(rotation, translation)  # [B, V, 4, 4]
-            if pivot_point is not None:
-                shift = pivot_point - torch.einsum("bvij,bvj->bvi", delta[..., :3, :3], pivot_point)
-                delta = delta.clone()
-                delta[..., :3, 3] = delta[..., :3, 3] + shift
-            pose = start @ delta
+            pose = _moved_pose(start, rotation, translation, pivot_point)  # [B, V, 4, 4]
             out = render(frozen, pose, intrinsics, (h, w), background=background, backend=backend)
             per_camera = _photometric(out.color, target, loss)  # [B, V]
             with torch.no_grad():
@@ -221,12 +215,29 @@ def fit_target_poses(
             if countdown is not None:
                 countdown.done(time.perf_counter() - started)
                 started = time.perf_counter()
-            factor = min_lr_fraction + (1 - min_lr_fraction) * 0.5 * (
-                1 + math.cos(math.pi * (step + 1) / steps)
-            )  # cosine decay
-            for group, base in zip(optimizer.param_groups, base_lrs):
-                group["lr"] = base * factor
+            _cosine_decay(optimizer, base_lrs, step + 1, steps, min_lr_fraction)
     return best_pose.detach().to(extrinsics.dtype)
+
+
+def _moved_pose(
+    start: Tensor, rotation: Tensor, translation: Tensor, pivot_point: Tensor | None
+) -> Tensor:
+    """``start`` ``[B, V, 4, 4]`` moved by the delta, which acts in the camera frame and rotates
+    about ``pivot_point`` ``[B, V, 3]`` when given: c2w' = c2w @ delta."""
+    delta = se3_delta(rotation, translation)  # [B, V, 4, 4]
+    if pivot_point is not None:
+        shift = pivot_point - torch.einsum("bvij,bvj->bvi", delta[..., :3, :3], pivot_point)
+        delta = delta.clone()
+        delta[..., :3, 3] = delta[..., :3, 3] + shift
+    return start @ delta
+
+
+def _cosine_decay(optimizer, base_lrs: list[float], step: int, steps: int, floor: float) -> None:
+    """Each group's learning rate after ``step`` of ``steps``: a cosine from its base down to
+    ``floor`` times it."""
+    factor = floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * step / steps))
+    for group, base in zip(optimizer.param_groups, base_lrs):
+        group["lr"] = base * factor
 
 
 # ---------------------------------------------------------------------- frame alignment
