@@ -34,7 +34,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from models import create_model
-from models.command_line import quote_path_arguments, stopped_cleanly
+from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
@@ -42,7 +42,6 @@ from models.training.cli import (
     exit_on_user_error,
     instantiate_group,
     quiet_third_party,
-    stopped_by_signal,
 )
 
 

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from models.command_line import quote_path_arguments, stopped_cleanly
+from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
     AtomicCheckpointIO,
@@ -33,7 +33,6 @@ from models.training.cli import (
     quiet_third_party,
     resolve_ckpt_path,
     resume_safely,
-    stopped_by_signal,
 )
 
 

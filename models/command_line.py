@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from datamodules.errors import InputError
 
@@ -189,9 +190,14 @@ def run_key_value_command(
     return 0
 
 
-class Terminated(KeyboardInterrupt):
+class Terminated(KeyboardInterrupt, SystemExit):
     """SIGTERM, raised like Ctrl-C so that every ``finally`` and ``except KeyboardInterrupt``
-    cleans up the same way."""
+    cleans up the same way, and, when nothing reports it, the exit status 143 of a process ended
+    by SIGTERM (it is also a ``SystemExit`` with ``code`` 143)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.code = 128 + signal.SIGTERM
 
 
 def _terminated(signum, frame) -> None:  # noqa: ARG001
@@ -199,25 +205,57 @@ def _terminated(signum, frame) -> None:  # noqa: ARG001
 
 
 @contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (in the main thread; elsewhere, and
+    inside an enclosing block, nothing changes); the previous handler is put back after it."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is _terminated:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def stopped_cleanly(program: str) -> Iterator[None]:
     """Run a command's body so that Ctrl-C and SIGTERM end it with one line on stderr
     (``infer.py: stopped by Ctrl-C``) and exit status 130 / 143, not a traceback; what the body
     cleans up in ``finally`` clauses (staging folders, SfM work folders, child processes) is
-    cleaned up first."""
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
-    if main:  # the entry scripts' early Ctrl-C guard (while importing) hands over to this block
+    cleaned up first. Every command runs its body in this block."""
+    if threading.current_thread() is threading.main_thread():
+        # the entry scripts' early Ctrl-C guard (while importing) hands over to this block
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        yield
+        with sigterm_raises():
+            yield
     except KeyboardInterrupt as error:
         term = isinstance(error, Terminated)
         print(f"{program}: stopped by {'SIGTERM' if term else 'Ctrl-C'}", file=sys.stderr)
         raise SystemExit(143 if term else 130) from None
-    except SystemExit as error:
-        if error.code == 143:  # models.output_folder.terminate_as_exit
-            print(f"{program}: stopped by SIGTERM", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stopped_by_signal(trainer: Any) -> Iterator[None]:
+    """Around a Lightning ``trainer.fit`` / ``trainer.test`` inside :func:`stopped_cleanly`:
+    Lightning ends a run that Ctrl-C or SIGTERM interrupted with ``sys.exit(1)``; this raises the
+    interruption again (:class:`Terminated` when ``trainer.received_sigterm``), so that
+    :func:`stopped_cleanly` prints its one line and exits 130 / 143. Lightning's own SIGTERM
+    handler runs first and sets ``trainer.received_sigterm``."""
+    try:
+        yield
+    except KeyboardInterrupt:
         raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    except SystemExit:
+        if trainer.interrupted:
+            raise (Terminated() if trainer.received_sigterm else KeyboardInterrupt()) from None
+        raise
+    except (OSError, EOFError, RuntimeError):
+        # A SIGTERM to the process group also ends the loader workers: a batch being handed
+        # over then fails (multiprocessing's resource_sharer: the worker that held its file
+        # descriptor is gone). That is the stop, not an error of its own.
+        if getattr(trainer, "received_sigterm", False):
+            raise Terminated() from None
+        raise

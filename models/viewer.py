@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from datamodules.errors import InputError
+from models.command_line import sigterm_raises
 from models.gaussians import SH_C0, Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
@@ -694,17 +695,11 @@ class SplatViewer:
 
     def serve_forever(self) -> None:
         """Block until Ctrl-C (or SIGTERM), then stop the server."""
-        import signal
-
-        def terminate(*_):
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, terminate)
         try:
-            while True:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
+            with sigterm_raises():
+                while True:
+                    time.sleep(0.5)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated)
             pass
         finally:
-            signal.signal(signal.SIGTERM, previous)
             self.stop()

@@ -75,7 +75,7 @@ RANKS: dict[str, float] = {
     "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)
     "datamodules.synthetic_scenes": 3,  # its scenes (textures, primitives, camera paths)
     "datamodules.synthetic_render": 3,  # its analytic ray casting
-    "datamodules.tools": 6,  # sfm asks the registry for pose-free models; convert uses sfm
+    "datamodules.tools": 3,  # convert uses sfm; the registry's hints come from the callers
     "datamodules.training": 9,
     "models.training": 10,
     # the commands, then what exercises everything (nothing in models/ or datamodules/ imports
@@ -243,6 +243,59 @@ def test_no_import_from_a_lower_layer_to_a_higher_one(graph) -> None:
         for module, target, line in upward_imports(edges)
     ]
     assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+# What the data package may import of ``models``: the layers below the networks (geometry and
+# the plumbing every command shares), never the registry, the families, the weights or the
+# application (pipeline, inference, capture, refine, training).
+DATA_PACKAGE_MAY_IMPORT = (
+    "models.geometry",
+    "models.pixels",
+    "models.budget",
+    "models.output_folder",
+    "models.command_line",
+)
+
+
+def data_package_violations(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
+    """``(module, target, line)`` of every import from ``datamodules`` of a ``models`` module
+    outside :data:`DATA_PACKAGE_MAY_IMPORT` (imports inside functions included)."""
+    bad = []
+    for module, targets in sorted(edges.items()):
+        if module.split(".")[0] != "datamodules":
+            continue
+        for target, line in sorted(targets.items()):
+            allowed = any(
+                target == ok or target.startswith(f"{ok}.") for ok in DATA_PACKAGE_MAY_IMPORT
+            )
+            if target.split(".")[0] == "models" and not allowed:
+                bad.append((module, target, line))
+    return bad
+
+
+def test_data_package_rule_is_checked() -> None:
+    edges = {
+        "datamodules.tools.sfm": {"models.registry": 7, "models.geometry.cameras": 3},
+        "datamodules.readers.colmap": {"models.pipeline.settings": 2, "models": 1},
+        "models.capture.inputs": {"models.registry": 5},
+    }
+    assert data_package_violations(edges) == [
+        ("datamodules.readers.colmap", "models", 1),
+        ("datamodules.readers.colmap", "models.pipeline.settings", 2),
+        ("datamodules.tools.sfm", "models.registry", 7),
+    ]
+
+
+def test_data_package_imports_nothing_above_it(graph) -> None:
+    """``datamodules/`` imports nothing from the model registry, the families, the weights or
+    the application: only :data:`DATA_PACKAGE_MAY_IMPORT` (the ast scan includes imports inside
+    functions)."""
+    edges, files = graph
+    bad = [
+        f"{files[module].relative_to(ROOT)}:{line}: {module} imports {target}"
+        for module, target, line in data_package_violations(edges)
+    ]
+    assert not bad, "the data package imports above itself:\n" + "\n".join(bad)
 
 
 def find_cycle(edges: dict[str, dict[str, int]]) -> list[str] | None:

@@ -408,8 +408,7 @@ def test_a_batch_lost_to_the_group_sigterm_is_the_stop() -> None:
     SIGTERM that is the stop (one line, exit 143); before it, the error it is."""
     from types import SimpleNamespace
 
-    from models.command_line import Terminated
-    from models.training.cli import stopped_by_signal
+    from models.command_line import Terminated, stopped_by_signal
 
     stopping = SimpleNamespace(interrupted=False, received_sigterm=True)
     with pytest.raises(Terminated):

@@ -48,6 +48,7 @@ from datamodules.tools.sfm_cache import (
     store_entry,
 )
 from datamodules.tools.sfm_result import SfmResult, read_entry, write_entry
+from models.command_line import sigterm_raises
 from models.pixels import image_to_uint8
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "cache_root",
     "image_files",
     "poses_for_input",
-    "pose_free_hint",
 ]
 
 MATCHING = ("auto", "exhaustive", "sequential")
@@ -87,6 +87,13 @@ class SfmError(InputError):
         super().__init__(message)
         self.registered = registered
         self.total = total
+
+    def with_pose_free_model(self, model: str) -> SfmError:
+        """The same error with the pose-free ``model`` to use named at the end (the caller,
+        which knows the models, names one: this package knows none)."""
+        if not self.message.endswith("use a pose-free model instead"):
+            return self
+        return SfmError(f"{self.message}: model={model}", self.registered, self.total)
 
 
 @dataclass
@@ -236,8 +243,6 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     registered. Ctrl-C or SIGTERM kill the child at once (then re-raised)."""
     import subprocess
 
-    from models.output_folder import terminate_as_exit
-
     spec_path = work / "spec.json"
     try:
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -248,7 +253,7 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
         [sys.executable, str(worker), str(spec_path)], start_new_session=True
     )
     try:
-        with terminate_as_exit():
+        with sigterm_raises():
             code = process.wait()
     except BaseException:
         process.kill()  # SIGKILL: no native handler runs, nothing hangs
@@ -266,17 +271,6 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     if code != 0:
         raise SfmError(f"{spec['folder']}: structure-from-motion failed (pycolmap exit {code})")
     return json.loads((work / "entry" / "worker.json").read_text(encoding="utf-8"))
-
-
-def pose_free_hint() -> str:
-    """The first pose-free model that loads by name (shipped weights first), for error messages."""
-    try:
-        from models.registry import pose_free_models
-
-        names = [name.split(" ")[0] for name in pose_free_models()]
-    except Exception:  # the hint must never turn into a different error
-        names = []
-    return names[0] if names else "zipsplat_tiny"
 
 
 # ---------------------------------------------------------------------------------- main
@@ -352,8 +346,7 @@ def _check_images(
         shown = f" ({names[0]})" if names else ""
         raise SfmError(
             f"{folder}: structure-from-motion needs at least 2 overlapping images, got "
-            f"{len(names)}{shown}; registered 0; use a pose-free model instead: "
-            f"model={pose_free_hint()}",
+            f"{len(names)}{shown}; registered 0; use a pose-free model instead",
             registered=0,
             total=len(names),
         )
@@ -414,8 +407,7 @@ def _run_colmap(
             count = json.loads((work / "error.json").read_text(encoding="utf-8"))["registered"]
             raise SfmError(
                 f"{folder}: structure-from-motion registered {count} of {len(names)} images "
-                "(they need texture and overlapping views); use a pose-free model instead: "
-                f"model={pose_free_hint()}",
+                "(they need texture and overlapping views); use a pose-free model instead",
                 registered=count,
                 total=len(names),
             )
@@ -549,8 +541,7 @@ def poses_for_input(
     elif source.is_file():
         raise SfmError(
             f"{source}: a single image cannot be posed by structure-from-motion (at least 2 "
-            f"overlapping images needed); registered 0; use a pose-free model instead: "
-            f"model={pose_free_hint()}",
+            f"overlapping images needed); registered 0; use a pose-free model instead",
             total=1,
         )
     else:

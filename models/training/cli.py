@@ -5,7 +5,6 @@ Imported only by the scripts, so ``import models`` stays free of Hydra and Light
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import logging
@@ -14,7 +13,7 @@ import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,29 +173,6 @@ def check_checkpoint(path: str) -> None:
         load_checkpoint_state_dict(path)
     except PretrainedError as error:
         raise UserError(str(error)) from None
-
-
-@contextlib.contextmanager
-def stopped_by_signal(trainer: L.Trainer) -> Iterator[None]:
-    """Around ``trainer.fit`` / ``trainer.test``: Lightning ends a run that Ctrl-C or SIGTERM
-    (``models.command_line.Terminated``) interrupted with ``sys.exit(1)``; this raises the
-    interruption again, so that ``stopped_cleanly`` prints its one line and exits 130 / 143.
-    Lightning's own SIGTERM handler runs first and sets ``trainer.received_sigterm``."""
-    from models.command_line import Terminated
-
-    try:
-        yield
-    except SystemExit:
-        if trainer.interrupted:
-            raise (Terminated() if trainer.received_sigterm else KeyboardInterrupt()) from None
-        raise
-    except (OSError, EOFError, RuntimeError):
-        # A SIGTERM to the process group also ends the loader workers: a batch being handed
-        # over then fails (multiprocessing's resource_sharer: the worker that held its file
-        # descriptor is gone). That is the stop, not an error of its own.
-        if getattr(trainer, "received_sigterm", False):
-            raise Terminated() from None
-        raise
 
 
 def resume_safely():
