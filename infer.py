@@ -31,13 +31,14 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from datamodules.errors import InputError  # noqa: E402
 from models.command_line import (  # noqa: E402
+    check_arguments,
     config_help,
     quote_lists,
     quote_path_arguments,
     stopped_cleanly,
 )
 from models.pipeline.run import Pipeline, RefineInterrupted  # noqa: E402
-from models.pipeline.settings import InferConfig, check_arguments  # noqa: E402
+from models.pipeline.settings import InferConfig  # noqa: E402
 
 __all__ = ["arguments", "compose", "help_text", "main", "run_cli"]
 

@@ -39,6 +39,7 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/view.py` from another fol
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import InputError  # noqa: E402
+from models.command_line import angle_problem, closest  # noqa: E402
 from models.knobs import MAX_GAUSSIANS, declared_knob_names  # noqa: E402
 from models.pipeline.live import build  # noqa: E402
 from models.pipeline.refinement import (  # noqa: E402
@@ -46,7 +47,7 @@ from models.pipeline.refinement import (  # noqa: E402
     photo_shape,
     refine_settings,
 )
-from models.pipeline.settings import angle_problem, closest, refine_values  # noqa: E402
+from models.pipeline.settings import refine_values  # noqa: E402
 from models.viewer import ViewerError  # noqa: E402
 
 USAGE = (

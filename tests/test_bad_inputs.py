@@ -639,7 +639,7 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
 def test_infer_settings_are_checked_against_the_config(arg: str, expected: str) -> None:
     sys.path.insert(0, str(REPO_ROOT))
     import infer
-    from models.pipeline.settings import SettingError
+    from models.command_line import SettingError
 
     with pytest.raises(SettingError) as caught:
         infer.arguments(["input=photos", "output=out", arg])
@@ -652,8 +652,8 @@ def test_settings_declared_later_are_checked_too() -> None:
     from dataclasses import field, make_dataclass
     from typing import Any
 
-    from models.pipeline.settings import SettingError
-    from models.pipeline.settings import check_arguments as check_settings
+    from models.command_line import SettingError
+    from models.command_line import check_arguments as check_settings
 
     x = make_dataclass("X", [("y", bool, True)])
     config = make_dataclass(
