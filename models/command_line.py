@@ -335,6 +335,8 @@ def type_problem(item: Declared, text: str) -> str | None:
         try:
             number = float(stripped)
         except ValueError:
+            if item.rule.get("angle"):
+                return _rule_problem(item, stripped)
             return f"must be a number (default {shown})"
         if not math.isfinite(number):
             return f"must be a finite number (default {shown})"

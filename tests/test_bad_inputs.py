@@ -630,7 +630,7 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
         ("sfm.bogus_key=1", "(settings: sfm.cache, sfm.camera_model"),
         ("orbit_frame=4", "did you mean orbit_frames?"),
         ("sfm.matchng=auto", "did you mean sfm.matching?"),
-        ("fov=abc", "must be a number"),
+        ("fov=abc", "must be an angle in degrees"),
         ("fov=400", "between 0 and 180"),
         ("pose_fit_steps=abc", "must be a whole number"),
         ("overwrite=maybe", "must be true or false"),

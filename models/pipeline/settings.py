@@ -27,6 +27,7 @@ __all__ = [
     "RefineCommandConfig",
     "RefineFields",
     "SfmConfig",
+    "ViewConfig",
     "refine_values",
     "refinement_fields",
 ]
@@ -124,6 +125,28 @@ class RefineCommandConfig(RefineFields):
     device: str = "auto"
     backend: str = setting("auto", choices=("auto", "torch", "gsplat", "cpu"))
     seed: int = 0
+
+
+@dataclass
+class ViewConfig(RefineFields):
+    """``python view.py PATH key=value ...`` (and the model's inference knobs, declared by the
+    families: ``models.knobs``)."""
+
+    model: str | None = None
+    weights: str | None = setting(None, path=True)
+    host: str = "127.0.0.1"
+    port: int = setting(0, minimum=0, maximum=65535)
+    save: str = setting("gaussians_view.ply", path=True)
+    device: str = "auto"
+    live: str = setting("auto", choices=("auto", "true", "false"))
+    views: Any = setting(None, count=True, minimum=1)
+    image_size: Any = None  # H,W or one side (view.py checks it)
+    near: float | None = setting(None, above=0.0, finite=True)
+    far: float | None = setting(None, above=0.0, finite=True)
+    scene_scale: float | None = setting(None, above=0.0, finite=True)
+    cameras: str | None = setting(None, path=True)
+    fov: float = setting(60.0, angle=True)
+    backend: str = setting("auto", choices=("auto", "torch", "gsplat", "cpu"))
 
 
 # ---------------------------------------------------------------------------------- the refinement
