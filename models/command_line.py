@@ -61,6 +61,7 @@ __all__ = [
     "closest",
     "config_help",
     "declared",
+    "flag_arguments",
     "parse_key_values",
     "quote_lists",
     "quote_path_arguments",
@@ -204,7 +205,8 @@ class SettingError(InputError):
 
 def setting(default: Any = None, **rule: Any) -> Any:
     """A dataclass field with a checking rule in its metadata: ``minimum`` (whole numbers: at
-    least; numbers: at least), ``maximum``, ``above`` (numbers: greater than), ``finite``
+    least; numbers: at least), ``maximum``, ``above`` (numbers: greater than), ``below``
+    (numbers: less than), ``finite``
     (numbers), ``choices`` (values), ``words`` (text also taken by a count, ``all``), ``count``
     (a whole number, for ``Any`` fields), ``path`` (a file system path: lengths), ``angle``
     (degrees in (0, 180)), ``length`` (lists: how many items), ``fields`` (a dict setting whose
@@ -418,6 +420,8 @@ def _number_problem(value: Any, rule: dict) -> str | None:
         return "must be a positive number" if rule["above"] == 0 else f"must be > {rule['above']}"
     if "minimum" in rule and not value >= rule["minimum"]:
         return f"must be at least {rule['minimum']}"
+    if "below" in rule and not value < rule["below"]:
+        return f"must be in [{rule.get('minimum', 0)}, {rule['below']})"
     if "maximum" in rule and not value <= rule["maximum"]:
         return f"must be in [{rule.get('minimum', 0)}, {rule['maximum']}]"
     return None
@@ -475,7 +479,8 @@ def check_values(values: dict[str, Any], schema: type, skip: Iterable[str] = ())
             continue
         problem = _rule_problem(item, value)
         if problem is not None:
-            raise SettingError(f"{name}={_shown(str(value))}", problem)
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            raise SettingError(f"{name}={_shown(text)}", problem)
 
 
 def parse_key_values(
@@ -516,6 +521,32 @@ def parse_key_values(
             raise _hinted(SettingError(name, f"missing {name}=... (required)"), hint)
     check_values(values, schema)
     return positional, values
+
+
+def flag_arguments(argv: list[str], switches: Iterable[str] = ()) -> list[str]:
+    """``--name VALUE`` / ``--name=VALUE`` (``-`` in a name read as ``_``) and the bare
+    ``--switch`` of ``switches`` → ``name=VALUE`` / ``switch=true``, for the one command whose
+    flag form is part of the project's contract (``python -m datamodules.synthetic --out DIR
+    --scenes N ...``); its ``key=value`` arguments pass unchanged to :func:`parse_key_values`."""
+    switches = set(switches)
+    out: list[str] = []
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--") or arg == "--":
+            out.append(arg)
+            continue
+        name, sep, value = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        if sep:
+            out.append(f"{name}={value}")
+        elif name in switches:
+            out.append(f"{name}=true")
+        elif rest and not rest[0].startswith("--"):
+            out.append(f"{name}={rest.pop(0)}")
+        else:
+            raise SettingError(arg, "needs a value (--name VALUE, or name=VALUE)")
+    return out
 
 
 def _hinted(error: SettingError, hint: str) -> SettingError:

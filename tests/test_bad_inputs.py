@@ -326,8 +326,7 @@ def test_convert_corrupt_colmap_binary(tmp_path: Path, capsys, case: str) -> Non
     for name in ("a.png", "b.png"):
         (scene / name).rename(scene / "images" / name)
     capsys.readouterr()
-    status = convert.main([str(scene), "--out", str(tmp_path / "chunks"), "--split", "train",
-                           "--quiet"])  # fmt: skip
+    status = convert.main([str(scene), f"out={tmp_path / 'chunks'}", "split=train", "quiet=true"])
     line = assert_bad_input(Result(status, capsys.readouterr().err), "nothing converted")
     assert f"{scene / 'sparse' / '0' / 'images.bin'}: " in line and expected in line
     assert not list((tmp_path / "chunks").rglob("*.torch"))

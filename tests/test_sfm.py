@@ -1,6 +1,6 @@
 """Structure-from-motion poses (datamodules.tools.sfm, pycolmap): the real drone frames posed from the
 images alone and compared with the reference COLMAP model, the scene frame of the exported model,
-the cache, infer.py ``cameras=auto`` and ``convert --poses auto`` end to end, and bad input (one
+the cache, infer.py ``cameras=auto`` and ``convert poses=auto`` end to end, and bad input (one
 image, noise, textureless and duplicate images).
 
 Every run uses 2 threads (results repeat at a fixed thread count) and a cache folder of this test
@@ -437,7 +437,7 @@ def test_convert_poses_auto(drone8, tmp_path: Path) -> None:
     from datamodules.tools.convert import main as convert_main
 
     out = tmp_path / "root"
-    args = [str(DRONE8), "--poses", "auto", "--out", str(out), "--split", "test", "--quiet"]
+    args = [str(DRONE8), "poses=auto", f"out={out}", "split=test", "quiet=true"]
     assert convert_main(args) == 0
     report = json.loads((out / "convert_report.json").read_text())
     assert report["sfm"]["registered"] == 8 and report["sfm"]["cached"] is True
@@ -453,7 +453,7 @@ def test_convert_poses_auto(drone8, tmp_path: Path) -> None:
     # One image: exit 2, one line, nothing written.
     one = _noise(tmp_path / "one", 1)
     bad = tmp_path / "bad_root"
-    assert convert_main([str(one), "--poses", "auto", "--out", str(bad), "--split", "test"]) == 2
+    assert convert_main([str(one), "poses=auto", f"out={bad}", "split=test"]) == 2
     assert not bad.exists()
 
 

@@ -88,8 +88,8 @@ def _workers(marker: Path) -> list[str]:
 def _convert(tmp_path: Path, cache: Path | str) -> Command:
     env = {"TMPDIR": str(tmp_path / "tmp"), "SPLATZOO_SFM_CACHE": str(cache)}
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    args = ["-m", "datamodules.tools.convert", str(FRAMES), "--out", str(tmp_path / "out")]
-    return Command([*args, "--split", "test", "--poses", "auto"], env)
+    args = ["-m", "datamodules.tools.convert", str(FRAMES), f"out={tmp_path / 'out'}"]
+    return Command([*args, "split=test", "poses=auto"], env)
 
 
 def _sfm_folders(*roots: Path) -> list[Path]:
