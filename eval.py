@@ -33,8 +33,11 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from models import create_model
+from datamodules.training.datamodule import recipe_data_settings
+from models import create_model, get_pretrained_cfg
 from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
+from models.geometry.similarity import CAMERA_FITS
+from models.output_folder import mark_staging, remove_stale_folders
 from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
@@ -57,8 +60,6 @@ def write_outputs(folder: str, records: list[dict], samples: list[dict], meta: d
     and SIGTERM; a killed run's by the next one), then moved into place, ``metrics.json`` last:
     when it is there, the others are whole."""
     from torchvision.utils import save_image
-
-    from models.output_folder import mark_staging, remove_stale_folders
 
     summary = summarise(records)
     os.makedirs(folder, exist_ok=True)
@@ -147,9 +148,6 @@ def release_setup(cfg: DictConfig) -> tuple[torch.nn.Module, dict, dict]:
     ``eval_index_dir`` / the data config's index file name (the released RE10K/ACID/DL3DV files
     are never copied into the repository).
     """
-    from datamodules.training.datamodule import recipe_data_settings
-    from models import get_pretrained_cfg
-
     tag = str(cfg.release)
     try:
         pretrained = get_pretrained_cfg(tag)
@@ -193,7 +191,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         cfg.model.fit_target_poses = cfg.fit_target_poses
         cfg.model.eval_kwargs = cfg.eval_kwargs
         cfg.model.num_val_images = cfg.num_renders
-    from models.geometry.similarity import CAMERA_FITS
 
     alignment = str(cfg.get("target_pose_alignment", "similarity"))
     if alignment not in CAMERA_FITS:

@@ -39,6 +39,7 @@ from models.command_line import (  # noqa: E402
 )
 from models.pipeline.run import Pipeline, RefineInterrupted  # noqa: E402
 from models.pipeline.settings import InferConfig  # noqa: E402
+from view import serve_cli  # noqa: E402
 
 __all__ = ["arguments", "compose", "help_text", "main", "run_cli"]
 
@@ -99,8 +100,6 @@ def run_cli(cfg: DictConfig) -> int:
         print(str(stopped), file=sys.stderr)
         return stopped.status
     if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
-        from view import serve_cli
-
         return serve_cli([str(output), f"device={cfg.device}"])
     return 0
 

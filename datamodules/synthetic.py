@@ -58,6 +58,7 @@ import numpy as np
 from PIL import Image
 
 from datamodules.errors import InputError
+from datamodules.readers.chunk_writer import ChunkWriter, encode_bytes
 from datamodules.readers.chunks import encode_depths
 from datamodules.synthetic_render import render_scene
 from datamodules.synthetic_scenes import SceneSpec, sample_scene
@@ -250,8 +251,6 @@ def _worker_pool(workers: int) -> multiprocessing.pool.Pool:
 def _to_chunk_scene(scene: dict) -> dict:
     import torch
 
-    from datamodules.readers.chunk_writer import encode_bytes
-
     return {
         "key": scene["key"],
         "url": scene["url"],
@@ -318,8 +317,6 @@ def _generate_into(
     progress: bool,
 ) -> None:
     from tqdm import tqdm
-
-    from datamodules.readers.chunk_writer import ChunkWriter
 
     writers = {split: ChunkWriter(tmp, split, chunk_mb=chunk_mb) for split in sizes}
     pool = _worker_pool(workers) if workers > 1 else None  # forked before tqdm starts a thread

@@ -58,9 +58,12 @@ from models.knobs import Knob, inference_knobs
 from models.metrics import psnr
 from models.output_folder import OutputFolder
 from models.pixels import image_to_uint8
+from models.pose_fit import fit_target_poses
 from models.refine import holdout_evaluator, refine_gaussians
 from models.registry import get_pretrained_cfg, is_model, list_models
 from models.render.core import render
+from models.render.cpu import cpu_rasterizer_error
+from models.splat_formats import parse_formats, suffix_of
 from models.weights.hub import weights_location
 
 __all__ = [
@@ -264,8 +267,6 @@ def check_backend(backend: str, device: torch.device) -> None:
     if backend == "cpu" and device.type != "cpu":
         raise InferenceError("backend=cpu", f"needs device=cpu (device is {device})")
     if backend == "cpu":
-        from models.render.cpu import cpu_rasterizer_error
-
         if (error := cpu_rasterizer_error()) is not None:
             raise InferenceError(
                 "backend=cpu", f"the compiled CPU rasteriser is not available: {error}"
@@ -770,8 +771,6 @@ def reconstruct(
         if views > 1 and steps > 0:
             # Views 1.. by test-time pose fit (as eval does for pose-free models), each
             # from view 0's pose, against its own image with the Gaussians frozen.
-            from models.pose_fit import fit_target_poses
-
             targets = context["image"][:, 1:].float()  # [1, V-1, 3, H, W]
             if max(targets.shape[-2:]) > pose_fit_size:  # intrinsics are normalised
                 factor = pose_fit_size / max(targets.shape[-2:])
@@ -1056,8 +1055,6 @@ def refine_reconstruction(
 
 def _save_formats(gaussians, staging: Path, formats: Iterable[str], timer) -> dict[str, dict]:
     """Write ``gaussians.<suffix>`` for each format; ``{name: {"file", "bytes"}}`` (ply too)."""
-    from models.splat_formats import parse_formats, suffix_of
-
     written = {
         "ply": {"file": "gaussians.ply", "bytes": (staging / "gaussians.ply").stat().st_size}
     }

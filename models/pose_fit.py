@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from models.budget import BIG_SECONDS
 from models.gaussians import Gaussians
 from models.geometry.similarity import CAMERA_FITS, Similarity, fit_cameras
 from models.render.core import render
@@ -98,8 +99,6 @@ def _photometric(rendered: Tensor, target: Tensor, loss: str) -> Tensor:
 
 def _announce_pose_fit(first_step: float, steps: int, views: int, size: tuple[int, int]) -> None:
     """One line on stderr with the fit's estimate (every step costs what the first did)."""
-    from models.budget import BIG_SECONDS
-
     seconds = first_step * steps
     if seconds > BIG_SECONDS:
         print(

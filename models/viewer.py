@@ -40,6 +40,7 @@ from models.gaussians import SH_C0, Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
 from models.output_folder import OutputFile, OutputFolderError, free_file_name
+from models.render.core import render
 from models.splat_formats import is_splat_file
 
 __all__ = [
@@ -607,8 +608,6 @@ class SplatViewer:
     ) -> np.ndarray:
         """The current set rendered by :func:`models.render` (white background, as viser's) →
         ``[H, W, 3]`` uint8."""
-        from models.render.core import render
-
         g = self._gaussians
         e = torch.as_tensor(extrinsics, dtype=g.dtype, device=g.device)[None, None]
         k = torch.as_tensor(intrinsics, dtype=g.dtype, device=g.device)[None, None]

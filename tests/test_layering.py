@@ -345,6 +345,78 @@ def test_no_import_cycle_between_files(graph) -> None:
         pytest.fail("import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(steps))
 
 
+# Project imports sit at their module's top, so the graph above is the real one. Laziness is
+# kept only for heavy optional third-party packages, inside the modules that wrap them:
+# lightning, hydra and wandb (training: models/training/, datamodules/training/, train.py,
+# eval.py), pycolmap (structure-from-motion: datamodules/tools/sfm_result.py, its child process),
+# viser (the browser viewer), gsplat (models/render/gsplat_backend.py), torchmetrics and
+# matplotlib (models/metrics.py, models/refine/report.py); the compiled CPU rasteriser
+# (models/render/cpu.py) is built on its first call, not on import. A project import that must
+# stay inside a function is listed here with its reason (none today).
+LAZY_PROJECT_IMPORTS: dict[tuple[str, str], str] = {}
+HEAVY_OPTIONAL = ("lightning", "hydra", "wandb", "pycolmap", "viser", "gsplat", "torchmetrics")
+
+
+def imports_inside_functions(files: dict[str, Path]) -> list[tuple[str, str, int]]:
+    """``(module, imported project module, line)`` of every project import inside a function."""
+    found = []
+    for name, path in sorted(files.items()):
+        if name.split(".")[0] in SCRIPT_FOLDERS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    targets = ["." * node.level + (node.module or "")]
+                elif isinstance(node, ast.Import):
+                    targets = [alias.name for alias in node.names]
+                else:
+                    continue
+                for target in targets:
+                    top = target.split(".")[0]
+                    if target.startswith(".") or top in PACKAGES or top in SCRIPTS:
+                        found.append((name, target, node.lineno))
+    return sorted(set(found))
+
+
+def test_project_imports_are_at_module_top(graph) -> None:
+    _, files = graph
+    inside = imports_inside_functions(files)
+    bad = [
+        f"{files[module].relative_to(ROOT)}:{line}: imports {target} inside a function"
+        for module, target, line in inside
+        if (module, target) not in LAZY_PROJECT_IMPORTS
+    ]
+    assert not bad, "project imports belong at the module top:\n" + "\n".join(bad)
+    stale = [edge for edge in LAZY_PROJECT_IMPORTS if edge not in {(m, t) for m, t, _ in inside}]
+    assert not stale, f"LAZY_PROJECT_IMPORTS entries that no longer exist: {stale}"
+
+
+def test_the_application_loads_no_heavy_optional_package() -> None:
+    """The inference path, the viewer's module and the data tools import none of the heavy
+    optional packages until a function needs them."""
+    modules = (
+        "models",
+        "models.pipeline.run",
+        "models.viewer",
+        "datamodules.tools.convert",
+        "datamodules.tools.sfm",
+    )
+    code = (
+        "import sys\n" + "".join(f"import {m}\n" for m in modules) + f"heavy = {HEAVY_OPTIONAL!r}\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy})\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok")
+
+
 def test_import_models_loads_no_training_stack() -> None:
     """``import models`` (and ``models.inference`` where it exists) loads no Lightning, Hydra or
     wandb (timm would import wandb when installed: ``models`` imports timm with it hidden), and

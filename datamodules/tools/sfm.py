@@ -39,7 +39,12 @@ from pathlib import Path
 
 from datamodules.errors import InputError
 from datamodules.readers import colmap_records
-from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
+from datamodules.readers.image_folder import (
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    load_video,
+    natural_key,
+)
 from datamodules.tools.sfm_cache import (
     cache_key,
     default_cache_dir,
@@ -48,7 +53,9 @@ from datamodules.tools.sfm_cache import (
     store_entry,
 )
 from datamodules.tools.sfm_result import SfmResult, read_entry, write_entry
+from models import budget
 from models.command_line import sigterm_raises
+from models.output_folder import mark_staging
 from models.pixels import image_to_uint8
 
 __all__ = [
@@ -360,8 +367,6 @@ def _check_budget(
     folder: Path, sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings, verbose: int
 ) -> None:
     """Refuse a run over the time/memory budget (``models.budget``); announce the estimate."""
-    from models import budget
-
     largest = max(sizes, key=lambda size: size[0] * size[1])
     estimate = budget.sfm_estimate(
         len(sizes), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
@@ -386,8 +391,6 @@ def _run_colmap(
 ) -> SfmResult:
     """COLMAP in a child process, in a work folder below ``root`` (or the temporary folder);
     the finished entry is moved into the cache (or a temporary folder removed at exit)."""
-    from models.output_folder import mark_staging
-
     start = time.perf_counter()
     parent = root if root is not None else Path(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix=f".sfm-{key}-", dir=parent))
@@ -479,8 +482,6 @@ def _video_frames(video: Path, num_views: int, root: Path) -> Path:
     keyed by the video's bytes (reused when present)."""
     from PIL import Image
 
-    from datamodules.readers.image_folder import load_video
-
     digest = hashlib.sha256(f"{num_views}\0".encode())
     with open(video, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -521,15 +522,11 @@ def poses_for_input(
     Raises:
         SfmError: as ``estimate_poses``; a single image (one line).
     """
-    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
-
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
     root = cache_root(cache)
     remove_stale(root)  # before this run's own temporary frames exist
     if root is None:  # frames in a temporary folder removed at exit (or by the next run)
-        from models.output_folder import mark_staging
-
         cache = False
         root = Path(tempfile.mkdtemp(prefix="splatzoo-sfm-frames-"))
         mark_staging(root)

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.errors import InputError
+from models.weights.hub import PretrainedError, checkpoint_safe_globals, load_checkpoint_state_dict
 
 __all__ = [
     "UserError",
@@ -167,8 +168,6 @@ class TimeFromNow(L.Callback):
 def check_checkpoint(path: str) -> None:
     """Refuse a training checkpoint that ``weights_only=True`` cannot read (a pickle that would
     run code, a truncated file) before Lightning touches it; one line naming the file."""
-    from models.weights.hub import PretrainedError, load_checkpoint_state_dict
-
     try:
         load_checkpoint_state_dict(path)
     except PretrainedError as error:
@@ -179,8 +178,6 @@ def resume_safely():
     """The context in which ``trainer.fit(..., weights_only=True)`` may read this project's
     checkpoints: the data-only classes they hold (OmegaConf hyper-parameters) allowlisted."""
     import torch
-
-    from models.weights.hub import checkpoint_safe_globals
 
     return torch.serialization.safe_globals(checkpoint_safe_globals())
 

@@ -35,6 +35,7 @@ from models.command_line import (
     stopped_cleanly,
 )
 from models.output_folder import OutputFolder, OutputFolderError
+from models.registry import is_model
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import load_checkpoint_state_dict
 from models.weights.hub import save_pretrained as save_with_metadata
@@ -136,8 +137,6 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     ``model_config`` (every constructor argument); ``model_kwargs`` (overrides of the entry point)
     is accepted too.
     """
-    from models.registry import is_model
-
     hparams = checkpoint.get("hyper_parameters") or {}
     name = name or hparams.get("model_name")
     if not name:

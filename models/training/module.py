@@ -31,6 +31,7 @@ from models.metrics import (
     psnr_per_image,
     ssim_per_image,
 )
+from models.pose_fit import place_targets
 from models.registry import to_plain
 from models.render.core import render
 from models.training.recipes import TrainingRecipe, default_recipe, recipe_record
@@ -310,8 +311,6 @@ class SplatLitModule(L.LightningModule):
         if pose_free and self.hparams.fit_target_poses:
             # The model's frame may differ from the scene frame by a similarity: the targets' GT
             # poses are mapped into it (fitted on the context views), then refined there.
-            from models.pose_fit import place_targets
-
             placed = place_targets(
                 gaussians,
                 context,
