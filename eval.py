@@ -33,6 +33,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
+from datamodules.errors import InputError
 from datamodules.training.datamodule import recipe_data_settings
 from models import create_model, get_pretrained_cfg
 from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
@@ -42,10 +43,13 @@ from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
     UserError,
+    check_overrides,
     exit_on_user_error,
     instantiate_group,
     quiet_third_party,
 )
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -260,4 +264,9 @@ if __name__ == "__main__":
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
     with stopped_cleanly("eval.py"):
+        try:
+            check_overrides(sys.argv[1:], CONFIG_DIR, "eval.yaml", "eval.py")
+        except InputError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
         main()

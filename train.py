@@ -18,6 +18,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
+from datamodules.errors import InputError
 from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
@@ -26,6 +27,7 @@ from models.training.cli import (
     TimeFromNow,
     UserError,
     check_checkpoint,
+    check_overrides,
     continued_run,
     exit_on_user_error,
     instantiate_group,
@@ -34,6 +36,8 @@ from models.training.cli import (
     resolve_ckpt_path,
     resume_safely,
 )
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -100,4 +104,9 @@ if __name__ == "__main__":
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
     with stopped_cleanly("train.py"):
+        try:
+            check_overrides(sys.argv[1:], CONFIG_DIR, "train.yaml", "train.py")
+        except InputError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
         main()

@@ -13,7 +13,7 @@ import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,15 @@ import lightning as L
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.errors import InputError
+from models.command_line import SettingError, closest
 from models.weights.hub import PretrainedError, checkpoint_safe_globals, load_checkpoint_state_dict
 
 __all__ = [
+    "check_overrides",
     "UserError",
     "exit_on_user_error",
     "instantiate_group",
@@ -77,6 +79,70 @@ def exit_on_user_error(fn: Callable) -> Callable:
             raise
 
     return wrapper
+
+
+def check_overrides(
+    argv: list[str], config_dir: str | Path, config_name: str, program: str
+) -> None:
+    """Compose the configuration with the command line's overrides before the run, so that a
+    setting the configuration does not have is one line naming it and the closest one (``did you
+    mean``), as in every other command, instead of Hydra's multi-line report.
+
+    Raises:
+        SettingError: an unknown setting, or an override Hydra cannot apply (its first line).
+    """
+    if any(arg in ("-m", "--multirun") for arg in argv):
+        return  # a sweep: Hydra's sweeper reads its own grammar
+    overrides = [arg for arg in argv if not arg.startswith("-")]
+    try:
+        _compose(config_dir, config_name, program, overrides)
+    except (hydra.errors.HydraException, ValueError) as error:
+        if isinstance(error, InputError):
+            raise
+        text = str(error)
+        unknown = re.search(r"Could not override '([^']+)'", text)
+        if unknown is None:
+            raise SettingError(" ".join(overrides) or program, _first_line(error)) from None
+        key = unknown.group(1)
+        given = next((a for a in overrides if a.partition("=")[0].lstrip("+~") == key), key)
+        rest = [a for a in overrides if a != given]
+        raise SettingError(
+            given, _unknown_message(key, rest, config_dir, config_name, program)
+        ) from None
+
+
+def _compose(config_dir: str | Path, config_name: str, program: str, overrides: list[str]):
+    with hydra.initialize_config_dir(
+        version_base="1.3", config_dir=str(config_dir), job_name=program.removesuffix(".py")
+    ):
+        return hydra.compose(config_name=config_name, overrides=overrides)
+
+
+def _unknown_message(
+    key: str, rest: list[str], config_dir: str | Path, config_name: str, program: str
+) -> str:
+    """``unknown setting of PROGRAM (did you mean ...?)``, the guess taken among the keys of the
+    configuration the other overrides compose."""
+    try:
+        composed = OmegaConf.to_container(_compose(config_dir, config_name, program, rest))
+    except (hydra.errors.HydraException, ValueError):
+        composed = {}
+    names = list(_leaf_names(composed))
+    guess = closest(key, names)
+    group = key.rpartition(".")[0]
+    if guess is None and group:
+        siblings = [n for n in names if n.startswith(f"{group}.")]
+        guess = closest(key, siblings)
+    hint = f" (did you mean {guess}?)" if guess else ""
+    return f"unknown setting of {program}{hint}; to add it, write +{key}=..."
+
+
+def _leaf_names(tree: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(tree, dict):
+        for name, value in tree.items():
+            yield from _leaf_names(value, f"{prefix}{name}.")
+    elif prefix:
+        yield prefix[:-1]
 
 
 def _first_line(error: BaseException) -> str:
