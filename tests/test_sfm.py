@@ -276,7 +276,8 @@ def test_one_image_is_refused(cache: Path, tmp_path: Path) -> None:
         estimate_poses(folder, tmp_path / "out", cache=cache, verbose=0)
     message = str(caught.value)
     assert "\n" not in message and str(folder) in message
-    assert "at least 2" in message and "registered 0" in message and "zipsplat_tiny" in message
+    assert "at least 2" in message and "registered 0" in message
+    assert message.endswith("use a pose-free model instead")  # the caller names one (infer.py)
     _assert_nothing_written(cache, tmp_path / "out")
 
 

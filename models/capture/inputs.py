@@ -24,13 +24,7 @@ from typing import Any
 from datamodules.errors import InputError
 from datamodules.readers.colmap import ColmapError, find_model_dir, read_colmap_points
 from datamodules.readers.image_folder import VIDEO_EXTENSIONS, load_images
-from datamodules.tools.sfm import (
-    SfmError,
-    SfmSettings,
-    cache_root,
-    image_files,
-    poses_for_input,
-)
+from datamodules.tools import sfm as sfm_tool  # its attributes at call time (tests stand in)
 from models.registry import pose_free_models
 
 __all__ = [
@@ -80,7 +74,7 @@ def _sfm_settings(sfm: Mapping[str, Any]) -> tuple[Any, Any]:
     options = dict(sfm)
     cache = options.pop("cache", True)
     try:
-        settings = SfmSettings(**options)
+        settings = sfm_tool.SfmSettings(**options)
         settings.check()
     except (TypeError, ValueError) as error:
         raise InputError("sfm", " ".join(str(error).split())) from error
@@ -101,12 +95,12 @@ def sfm_preflight(
     _, cache = _sfm_settings(sfm or {})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cache_root(cache)
+        sfm_tool.cache_root(cache)
     if source.is_file():
         video = source.suffix.lower() in VIDEO_EXTENSIONS
         names, count = [], int(views or 8) if video else 1
     else:
-        names = [p.name for p in image_files(source)]
+        names = [p.name for p in sfm_tool.image_files(source)]
         count = len(names)
     return SfmPreflight(names, count, _notes(caught, exact=True))
 
@@ -203,8 +197,10 @@ def _sfm_inputs(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)
-        except SfmError as error:
+            result, folder, cameras_json = sfm_tool.poses_for_input(
+                source, views, settings, cache=cache
+            )
+        except sfm_tool.SfmError as error:
             raise error.with_pose_free_model(pose_free_hint()) from None
         images = load_images(folder, shape, views, min_views, poses=str(cameras_json))
     images.pose_source, images.sfm = "structure-from-motion", result
