@@ -33,17 +33,23 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from models import create_model
-from models.command_line import quote_path_arguments, stopped_cleanly
+from datamodules.errors import InputError
+from datamodules.training.datamodule import recipe_data_settings
+from models import create_model, get_pretrained_cfg
+from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
+from models.geometry.similarity import CAMERA_FITS
+from models.output_folder import mark_staging, remove_stale_folders
 from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
     UserError,
+    check_overrides,
     exit_on_user_error,
     instantiate_group,
     quiet_third_party,
-    stopped_by_signal,
 )
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -58,8 +64,6 @@ def write_outputs(folder: str, records: list[dict], samples: list[dict], meta: d
     and SIGTERM; a killed run's by the next one), then moved into place, ``metrics.json`` last:
     when it is there, the others are whole."""
     from torchvision.utils import save_image
-
-    from models.output_folder import mark_staging, remove_stale_folders
 
     summary = summarise(records)
     os.makedirs(folder, exist_ok=True)
@@ -148,9 +152,6 @@ def release_setup(cfg: DictConfig) -> tuple[torch.nn.Module, dict, dict]:
     ``eval_index_dir`` / the data config's index file name (the released RE10K/ACID/DL3DV files
     are never copied into the repository).
     """
-    from datamodules.training.datamodule import recipe_data_settings
-    from models import get_pretrained_cfg
-
     tag = str(cfg.release)
     try:
         pretrained = get_pretrained_cfg(tag)
@@ -194,7 +195,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         cfg.model.fit_target_poses = cfg.fit_target_poses
         cfg.model.eval_kwargs = cfg.eval_kwargs
         cfg.model.num_val_images = cfg.num_renders
-    from models.geometry.similarity import CAMERA_FITS
 
     alignment = str(cfg.get("target_pose_alignment", "similarity"))
     if alignment not in CAMERA_FITS:
@@ -264,4 +264,9 @@ if __name__ == "__main__":
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
     with stopped_cleanly("eval.py"):
+        try:
+            check_overrides(sys.argv[1:], CONFIG_DIR, "eval.yaml", "eval.py")
+        except InputError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
         main()

@@ -29,15 +29,17 @@ import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+import view  # noqa: E402
 from datamodules.errors import InputError  # noqa: E402
 from models.command_line import (  # noqa: E402
+    check_arguments,
     config_help,
     quote_lists,
     quote_path_arguments,
     stopped_cleanly,
 )
 from models.pipeline.run import Pipeline, RefineInterrupted  # noqa: E402
-from models.pipeline.settings import InferConfig, check_arguments  # noqa: E402
+from models.pipeline.settings import InferConfig  # noqa: E402
 
 __all__ = ["arguments", "compose", "help_text", "main", "run_cli"]
 
@@ -98,9 +100,7 @@ def run_cli(cfg: DictConfig) -> int:
         print(str(stopped), file=sys.stderr)
         return stopped.status
     if cfg.get("view"):  # the viewer on the result (view.py), until Ctrl-C
-        from view import serve_cli
-
-        return serve_cli([str(output), f"device={cfg.device}"])
+        return view.serve_cli([str(output), f"device={cfg.device}"])
     return 0
 
 

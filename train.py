@@ -18,7 +18,8 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from models.command_line import quote_path_arguments, stopped_cleanly
+from datamodules.errors import InputError
+from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
 from models.registry import to_plain
 from models.training.cli import (
     AtomicCheckpointIO,
@@ -26,6 +27,7 @@ from models.training.cli import (
     TimeFromNow,
     UserError,
     check_checkpoint,
+    check_overrides,
     continued_run,
     exit_on_user_error,
     instantiate_group,
@@ -33,8 +35,9 @@ from models.training.cli import (
     quiet_third_party,
     resolve_ckpt_path,
     resume_safely,
-    stopped_by_signal,
 )
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -101,4 +104,9 @@ if __name__ == "__main__":
     sys.argv[1:] = quote_path_arguments(sys.argv[1:])  # any path a user can type
     quiet_third_party()
     with stopped_cleanly("train.py"):
+        try:
+            check_overrides(sys.argv[1:], CONFIG_DIR, "train.yaml", "train.py")
+        except InputError as error:
+            print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
         main()

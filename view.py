@@ -25,6 +25,7 @@ It binds to 127.0.0.1 (``host=`` to change, with a warning when not loopback) on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -39,6 +40,7 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/view.py` from another fol
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import InputError  # noqa: E402
+from models.command_line import Declared, parse_key_values, stopped_cleanly  # noqa: E402
 from models.knobs import MAX_GAUSSIANS, declared_knob_names  # noqa: E402
 from models.pipeline.live import build  # noqa: E402
 from models.pipeline.refinement import (  # noqa: E402
@@ -46,7 +48,7 @@ from models.pipeline.refinement import (  # noqa: E402
     photo_shape,
     refine_settings,
 )
-from models.pipeline.settings import angle_problem, closest, refine_values  # noqa: E402
+from models.pipeline.settings import RefineFields, ViewConfig  # noqa: E402
 from models.viewer import ViewerError  # noqa: E402
 
 USAGE = (
@@ -56,70 +58,31 @@ USAGE = (
 
 
 KNOB_KEYS = declared_knob_names()  # the knobs the families declare (models.knobs), read once
-SETTINGS: dict[str, Any] = {
-    "model": None,
-    "weights": None,
-    "host": "127.0.0.1",
-    "port": "0",
-    "save": "gaussians_view.ply",
-    "device": "auto",
-    "live": "auto",
-    "views": None,
-    "image_size": None,
-    "near": None,
-    "far": None,
-    "scene_scale": None,
-    "cameras": None,
-    "fov": "60.0",
-    "backend": "auto",
-    "refine": None,
-    "refine_time": None,
-    "refine_size": None,
-    **dict.fromkeys(KNOB_KEYS),
-}
+# The knobs as settings: any value here, checked against the model's declarations once it loads
+KNOBS = {key: Declared(key, Any, True, None, {}) for key in KNOB_KEYS}
 
 
 def parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
-    """``PATH key=value ...`` → ``(PATH, settings)``.
+    """``PATH key=value ...`` → ``(PATH, settings)``, checked as every command checks its
+    settings (:class:`ViewConfig` and the knobs), then the refinement's memory.
 
     Raises:
-        ValueError: one line naming the argument.
+        InputError: one line naming the argument.
     """
-    paths = [a for a in argv if "=" not in a]
+    paths, settings = parse_key_values(argv, ViewConfig, "view.py", extra=KNOBS)
     if len(paths) != 1:
         raise ViewerError(USAGE)
-    settings = dict(SETTINGS)
-    for arg in argv:
-        if "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+")
-        if key not in SETTINGS:
-            guess = closest(key, list(SETTINGS))
-            hint = f"did you mean {guess}? " if guess else ""
-            raise ViewerError(f"{arg}: unknown setting ({hint}settings: {', '.join(SETTINGS)})")
-        settings[key] = None if value.lower() in ("", "null", "none") else value
-    try:
-        settings["port"] = int(settings["port"])
-    except (TypeError, ValueError) as error:
-        raise ViewerError(f"port={settings['port']}: not a port number") from error
-    if str(settings["live"]).lower() not in ("auto", "true", "false"):
-        raise ViewerError(f"live={settings['live']}: must be auto, true or false")
-    for key, check in {"fov": angle_problem, **CHECKS}.items():
+    for key, check in CHECKS.items():
         value = settings[key]
         problem = None if value is None else check(str(value))
         if problem is not None:
             raise ViewerError(f"{key}={value}: {problem}")
-    refine = refine_values([a for a in argv if "=" in a], "view.py")  # as every command does
+    refine = {name: settings[name] for name in REFINE_KEYS}
     settings["refine_settings"] = refine_settings(refine, str(settings["backend"]), 0)
     if settings["refine_settings"] is not None:  # before anything loads
         shape, photos = photo_shape(Path(paths[0]))
         check_fit_memory(settings["refine_settings"], shape, photos, str(settings["device"]))
     return paths[0], settings
-
-
-def _whole(value: str) -> str | None:
-    return None if value.isdigit() and int(value) >= 1 else "must be a whole number >= 1"
 
 
 def _size(value: str) -> str | None:
@@ -137,7 +100,8 @@ def _max_gaussians(value: str) -> str | None:
 
 
 # Values checked before anything loads (the model's other knobs: against its declarations).
-CHECKS = {"views": _whole, "image_size": _size, "max_gaussians": _max_gaussians}
+CHECKS = {"image_size": _size, "max_gaussians": _max_gaussians}
+REFINE_KEYS = [item.name for item in dataclasses.fields(RefineFields)]
 
 
 def serve_cli(argv: list[str]) -> int:
@@ -164,7 +128,5 @@ def serve_cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from models.command_line import stopped_cleanly
-
     with stopped_cleanly("view.py"):
         sys.exit(serve_cli(sys.argv[1:]))

@@ -2,8 +2,13 @@
 
 Usage::
 
-    python -m datamodules.synthetic --out DIR --scenes N --resolution R --views V --seed S \\
-        [--kind room|object] [--workers W] [--test-fraction 0.1] [--supersample 2]
+    python -m datamodules.synthetic out=DIR scenes=N resolution=R views=V seed=S \\
+        [kind=room|object] [workers=W] [test_fraction=0.1] [supersample=2] [chunk_mb=2] \\
+        [overwrite=true] [quiet=true]
+
+Settings are ``key=value``, checked as every command's (:mod:`models.command_line`); the form
+the project's design writes, ``--out DIR --scenes N --resolution R --seed S`` (any setting as
+``--name VALUE``, ``-`` for ``_``; ``--overwrite``, ``--quiet``), is read the same way.
 
 Scenes are ray-cast analytically with NumPy (all pixels of all views at once), never with the
 Gaussian renderer:
@@ -24,7 +29,7 @@ near/far planes of ``configs/data/synthetic.yaml`` for the gaps it samples.
 Surfaces carry procedural solid textures (checker, stripes, smooth value noise summed over several
 frequencies) with Lambertian shading. Fields of view are 50-90 degrees, square pixels, principal
 point within 2 % of the centre. Anti-aliasing is adaptive: pixels on silhouettes or colour edges get
-``--supersample``^2 rays; depth is the exact z-depth of the pixel-centre ray.
+``supersample`` squared rays; depth is the exact z-depth of the pixel-centre ray.
 
 Output (``DIR``): ``train/`` and ``test/`` chunk splits (see ``datamodules.readers.chunks``; every scene
 stores ``depths``, 16-bit PNG z-depth with ``depth_scale``), ``evaluation_index.json`` for the test
@@ -37,7 +42,6 @@ written under a temporary name and renamed when complete.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
@@ -54,9 +58,19 @@ import numpy as np
 from PIL import Image
 
 from datamodules.errors import InputError
+from datamodules.readers.chunk_writer import ChunkWriter, encode_bytes
 from datamodules.readers.chunks import encode_depths
 from datamodules.synthetic_render import render_scene
 from datamodules.synthetic_scenes import SceneSpec, sample_scene
+from models.command_line import (
+    MISSING,
+    SettingError,
+    flag_arguments,
+    parse_key_values,
+    run_key_value_command,
+    setting,
+    stopped_cleanly,
+)
 from models.output_folder import OutputFolder, OutputFolderError
 
 __all__ = [
@@ -237,8 +251,6 @@ def _worker_pool(workers: int) -> multiprocessing.pool.Pool:
 def _to_chunk_scene(scene: dict) -> dict:
     import torch
 
-    from datamodules.readers.chunk_writer import encode_bytes
-
     return {
         "key": scene["key"],
         "url": scene["url"],
@@ -305,8 +317,6 @@ def _generate_into(
     progress: bool,
 ) -> None:
     from tqdm import tqdm
-
-    from datamodules.readers.chunk_writer import ChunkWriter
 
     writers = {split: ChunkWriter(tmp, split, chunk_mb=chunk_mb) for split in sizes}
     pool = _worker_pool(workers) if workers > 1 else None  # forked before tqdm starts a thread
@@ -406,57 +416,59 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+@dataclass
+class SyntheticCommandConfig:
+    """``python -m datamodules.synthetic out=DIR key=value ...`` (or, as the design's contract
+    writes it, ``--out DIR --scenes N --resolution R --seed S``)."""
+
+    out: str = setting(MISSING, path=True)  # output folder
+    scenes: int = setting(1000, minimum=1)  # total scenes (train + test)
+    resolution: int = setting(64, minimum=8)  # image side in pixels
+    views: int = setting(24, minimum=2)  # frames per scene
+    seed: int = 0
+    kind: str = setting("room", choices=("room", "object"))
+    workers: int = setting(1, minimum=1)  # parallel processes
+    test_fraction: float = setting(0.1, minimum=0.0, below=1.0)  # share of test scenes
+    supersample: int = setting(2, minimum=1)  # rays per pixel per axis
+    chunk_mb: float = setting(2.0, above=0.0, finite=True)  # approximate chunk size
+    overwrite: bool = False  # replace an earlier output
+    quiet: bool = False  # no progress bar
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line entry point."""
-    parser = argparse.ArgumentParser(
-        prog="python -m datamodules.synthetic", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--scenes", type=int, default=1000, help="total scenes (train + test)")
-    parser.add_argument("--resolution", type=int, default=64, help="image side in pixels")
-    parser.add_argument("--views", type=int, default=24, help="frames per scene")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kind", choices=["room", "object"], default="room")
-    parser.add_argument("--workers", type=int, default=1, help="parallel processes")
-    parser.add_argument("--test-fraction", type=float, default=0.1, help="share of test scenes")
-    parser.add_argument("--supersample", type=int, default=2, help="rays per pixel per axis")
-    parser.add_argument("--chunk-mb", type=float, default=2.0, help="approximate chunk size")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    settings = SyntheticSettings(
-        scenes=args.scenes,
-        resolution=args.resolution,
-        views=args.views,
-        seed=args.seed,
-        kind=args.kind,
-        test_fraction=args.test_fraction,
-        supersample=args.supersample,
-    )
+    """Command line entry point; returns the exit status (2 on bad input)."""
+    return run_key_value_command(argv, __doc__, _generate)
+
+
+def _generate(argv: list[str]) -> None:
+    args = flag_arguments(argv, switches=("overwrite", "quiet"))
+    paths, top = parse_key_values(args, SyntheticCommandConfig, "datamodules.synthetic")
+    if paths:
+        raise SettingError(paths[0], "not a setting (settings are key=value or --name VALUE)")
+    settings = SyntheticSettings(**{name: top[name] for name in SETTING_NAMES})
     start = time.perf_counter()
     try:
         settings.validate()
         out = generate_dataset(
-            args.out,
+            top["out"],
             settings,
-            workers=max(1, args.workers),
-            chunk_mb=args.chunk_mb,
-            progress=not args.quiet,
-            overwrite=args.overwrite,
+            workers=top["workers"],
+            chunk_mb=top["chunk_mb"],
+            progress=not top["quiet"],
+            overwrite=top["overwrite"],
         )
     except (ValueError, OSError) as error:  # an InputError, or the chunk writer's chunk_mb
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise InputError(" ".join(str(error).split())) from error
     sizes = settings.split_sizes()
     print(
         f"wrote {sizes['train']} train + {sizes['test']} test scenes to {out} "
         f"in {time.perf_counter() - start:.1f} s"
     )
-    return 0
+
+
+SETTING_NAMES = ("scenes", "resolution", "views", "seed", "kind", "test_fraction", "supersample")
 
 
 if __name__ == "__main__":
-    from models.command_line import stopped_cleanly
-
     with stopped_cleanly("datamodules.synthetic"):
         sys.exit(main())

@@ -15,14 +15,25 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from datamodules.errors import InputError
-from models.command_line import key_value_arguments, run_key_value_command, stopped_cleanly, truthy
+from models.command_line import parse_key_values, run_key_value_command, setting, stopped_cleanly
 from models.gaussians import Gaussians
 from models.splat_formats import format_of
+from models.splat_formats.sog import _FILES
 
-USAGE = "usage: python -m models.convert_splats IN OUT [spz_version=4|3] [overwrite=true]"
+PROGRAM = "python -m models.convert_splats"
+USAGE = f"usage: {PROGRAM} IN OUT [spz_version=4|3] [overwrite=true]"
+
+
+@dataclass
+class ConvertSplatsSettings:
+    """``python -m models.convert_splats IN OUT key=value ...``."""
+
+    spz_version: int = setting(4, choices=(3, 4))  # 3: the older gzip SPZ
+    overwrite: bool = False
 
 
 def convert_splats(source: str, target: str, spz_version: int = 4, overwrite: bool = False) -> int:
@@ -44,24 +55,16 @@ def convert_splats(source: str, target: str, spz_version: int = 4, overwrite: bo
 
 
 def _sog_images(meta: str) -> list[str]:
-    from models.splat_formats.sog import _FILES
-
     folder = os.path.dirname(os.path.abspath(meta))
     return [os.path.join(folder, name) for names in _FILES.values() for name in names]
 
 
 def _convert(argv: list[str]) -> None:
-    paths = [a for a in argv if "=" not in a]
+    paths, options = parse_key_values(argv, ConvertSplatsSettings, PROGRAM)
     if len(paths) != 2:
         raise InputError("arguments", f"expected IN and OUT, got {len(paths)} paths. {USAGE}")
-    options = key_value_arguments(
-        [a for a in argv if "=" in a], ("spz_version", "overwrite"), (), InputError, USAGE
-    )
-    version = options.get("spz_version", "4")
-    if version not in ("3", "4"):
-        raise InputError("spz_version", f"must be 3 or 4, got {version!r}")
     source, target = paths
-    count = convert_splats(source, target, int(version), truthy(options.get("overwrite")))
+    count = convert_splats(source, target, options["spz_version"], options["overwrite"])
     print(f"converted {source} -> {target} ({count} Gaussians, {format_of(target)})")
 
 
@@ -71,5 +74,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with stopped_cleanly("python -m models.convert_splats"):
+    with stopped_cleanly(PROGRAM):
         sys.exit(main())

@@ -12,9 +12,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from datamodules.errors import InputError
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 from models.geometry.similarity import Similarity
 from models.sh import sh_degree_of, sh_rotation
+from models.splat_formats import SplatArrays, format_of, read_splats, write_splats
+from models.splat_formats.compressed_ply import is_compressed_ply
 
 __all__ = ["Gaussians", "SH_C0", "rgb_to_sh", "sh_to_rgb", "transform_gaussians"]
 
@@ -347,8 +350,6 @@ class Gaussians:
         but ``.ply`` holds SH degree <= 3: higher bands (NoPoSplat's and AnySplat's degree 4) are left out, with
         a warning.
         """
-        from models.splat_formats import format_of, write_splats
-
         if format_of(path) == "ply":
             folder = os.path.dirname(os.path.abspath(path))
             os.makedirs(folder, exist_ok=True)
@@ -375,8 +376,6 @@ class Gaussians:
         write_splats(path, arrays, spz_version=spz_version)
 
     def _splat_arrays(self, index: int):
-        from models.splat_formats import SplatArrays
-
         g = self[index].detach().to("cpu")
         valid = g.valid_mask()[0]
         return SplatArrays(
@@ -391,10 +390,6 @@ class Gaussians:
     def load(cls, path: str | os.PathLike) -> Gaussians:
         """Read any format :meth:`save` writes (by suffix; a folder: unbundled SOG) into a batch
         of one scene (float32). Bad files raise ``InputError`` naming the file."""
-        from datamodules.errors import InputError
-        from models.splat_formats import format_of, read_splats
-        from models.splat_formats.compressed_ply import is_compressed_ply
-
         if format_of(path) == "ply":
             try:
                 with open(path, "rb") as stream:

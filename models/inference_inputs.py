@@ -30,6 +30,7 @@ from models.input_recipe import (
 from models.knobs import Knob, inference_knobs
 from models.reconstruction import InferenceError, KnobError, SceneFrame, model_name
 from models.registry import get_pretrained_cfg, is_model, list_models
+from models.render.cpu import cpu_rasterizer_error
 from models.weights.hub import weights_location
 
 __all__ = [
@@ -74,8 +75,6 @@ def check_backend(backend: str, device: torch.device) -> None:
     if backend == "cpu" and device.type != "cpu":
         raise InferenceError("backend=cpu", f"needs device=cpu (device is {device})")
     if backend == "cpu":
-        from models.render.cpu import cpu_rasterizer_error
-
         if (error := cpu_rasterizer_error()) is not None:
             raise InferenceError(
                 "backend=cpu", f"the compiled CPU rasteriser is not available: {error}"

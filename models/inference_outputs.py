@@ -28,6 +28,7 @@ from models.output_folder import OutputFolder
 from models.pixels import image_to_uint8
 from models.reconstruction import Reconstruction, StageTimer, progress
 from models.render.core import render
+from models.splat_formats import parse_formats, suffix_of
 
 __all__ = ["camera_path", "output_folder", "render_views", "write_reconstruction"]
 
@@ -175,8 +176,6 @@ def _input_cameras(result: Reconstruction, render_names: list[str]) -> list[dict
 
 def _save_formats(gaussians, staging: Path, formats: Iterable[str], timer) -> dict[str, dict]:
     """Write ``gaussians.<suffix>`` for each format; ``{name: {"file", "bytes"}}`` (ply too)."""
-    from models.splat_formats import parse_formats, suffix_of
-
     written = {
         "ply": {"file": "gaussians.ply", "bytes": (staging / "gaussians.ply").stat().st_size}
     }

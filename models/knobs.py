@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from models.gaussians import Gaussians
+from models.registry import list_models, model_entrypoint
 
 if TYPE_CHECKING:
     from models.base import ModelOutput
@@ -133,8 +134,6 @@ MAX_GAUSSIANS = Knob(
 
 
 def _family_module(model: str | nn.Module):
-    from models.registry import model_entrypoint
-
     if isinstance(model, str):
         return import_module(model_entrypoint(model).__module__)
     name = getattr(model, "registry_name", None)
@@ -156,8 +155,6 @@ def inference_knobs(model: str | nn.Module) -> tuple[Knob, ...]:
 def declared_knob_names() -> tuple[str, ...]:
     """Every knob name any registered model declares (sorted): the settings ``infer.py`` and
     ``view.py`` accept as knobs, read from the families' declarations."""
-    from models.registry import list_models
-
     return tuple(sorted({knob.name for arch in list_models() for knob in inference_knobs(arch)}))
 
 

@@ -20,23 +20,22 @@ Every command that writes a folder (``infer.py``, ``python -m models.refine``,
 :class:`OutputFile` is the same for one file (the viewer's Save): written atomically, never the
 input, never replacing a file it did not write.
 
-This module imports nothing of the project (any layer may use it).
+This module imports only the bad-input error and the SIGTERM handling of
+:mod:`models.command_line` (any layer may use it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import shutil
-import signal
 import tempfile
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from datamodules.errors import InputError
+from models.command_line import sigterm_raises
 
 __all__ = [
     "MARKER_NAME",
@@ -49,7 +48,6 @@ __all__ = [
     "remove_stale_folders",
     "read_marker",
     "remove_stale_staging",
-    "terminate_as_exit",
     "write_marker",
 ]
 
@@ -275,23 +273,6 @@ def _user_mode() -> int:
     return 0o777 & ~umask
 
 
-@contextlib.contextmanager
-def terminate_as_exit() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``SystemExit(143)`` so ``finally`` clauses clean up."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise SystemExit(128 + signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 class OutputFolder:
     """Write a folder atomically: ``with OutputFolder(out, "infer.py") as staging: ...``.
 
@@ -314,7 +295,7 @@ class OutputFolder:
         self.overwrite = overwrite
         self.output = self.check()
         self.staging: Path | None = None
-        self._terminate = terminate_as_exit()
+        self._terminate = sigterm_raises()
 
     def check(self) -> Path:
         return check_output_folder(self.shown, self.program, self.inputs, self.overwrite)
@@ -327,7 +308,7 @@ class OutputFolder:
             remove_stale_staging(self.output)
             self._make_staging()
             (self.staging / _STAGING_MARKER).write_text(str(os.getpid()), encoding="utf-8")
-        except BaseException as error:  # SIGTERM (SystemExit) included, at any point here
+        except BaseException as error:  # SIGTERM (Terminated) included, at any point here
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
@@ -452,7 +433,7 @@ class OutputFile:
                 another process created it meanwhile.
         """
         target = self.check()
-        with terminate_as_exit():
+        with sigterm_raises():
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 handle, name = tempfile.mkstemp(

@@ -35,10 +35,12 @@ import numpy as np
 import torch
 
 from datamodules.errors import InputError
+from models.command_line import sigterm_raises
 from models.gaussians import SH_C0, Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.knobs import MAX_GAUSSIANS, Knob, KnobRunner
 from models.output_folder import OutputFile, OutputFolderError, free_file_name
+from models.render.core import render
 from models.splat_formats import is_splat_file
 
 __all__ = [
@@ -606,8 +608,6 @@ class SplatViewer:
     ) -> np.ndarray:
         """The current set rendered by :func:`models.render` (white background, as viser's) →
         ``[H, W, 3]`` uint8."""
-        from models.render.core import render
-
         g = self._gaussians
         e = torch.as_tensor(extrinsics, dtype=g.dtype, device=g.device)[None, None]
         k = torch.as_tensor(intrinsics, dtype=g.dtype, device=g.device)[None, None]
@@ -694,17 +694,11 @@ class SplatViewer:
 
     def serve_forever(self) -> None:
         """Block until Ctrl-C (or SIGTERM), then stop the server."""
-        import signal
-
-        def terminate(*_):
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, terminate)
         try:
-            while True:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
+            with sigterm_raises():
+                while True:
+                    time.sleep(0.5)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated)
             pass
         finally:
-            signal.signal(signal.SIGTERM, previous)
             self.stop()

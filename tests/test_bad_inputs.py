@@ -327,8 +327,7 @@ def test_convert_corrupt_colmap_binary(tmp_path: Path, capsys, case: str) -> Non
     for name in ("a.png", "b.png"):
         (scene / name).rename(scene / "images" / name)
     capsys.readouterr()
-    status = convert.main([str(scene), "--out", str(tmp_path / "chunks"), "--split", "train",
-                           "--quiet"])  # fmt: skip
+    status = convert.main([str(scene), f"out={tmp_path / 'chunks'}", "split=train", "quiet=true"])
     line = assert_bad_input(Result(status, capsys.readouterr().err), "nothing converted")
     assert f"{scene / 'sparse' / '0' / 'images.bin'}: " in line and expected in line
     assert not list((tmp_path / "chunks").rglob("*.torch"))
@@ -631,7 +630,7 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
         ("sfm.bogus_key=1", "(settings: sfm.cache, sfm.camera_model"),
         ("orbit_frame=4", "did you mean orbit_frames?"),
         ("sfm.matchng=auto", "did you mean sfm.matching?"),
-        ("fov=abc", "must be a number"),
+        ("fov=abc", "must be an angle in degrees"),
         ("fov=400", "between 0 and 180"),
         ("pose_fit_steps=abc", "must be a whole number"),
         ("overwrite=maybe", "must be true or false"),
@@ -640,7 +639,7 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
 def test_infer_settings_are_checked_against_the_config(arg: str, expected: str) -> None:
     sys.path.insert(0, str(REPO_ROOT))
     import infer
-    from models.pipeline.settings import SettingError
+    from models.command_line import SettingError
 
     with pytest.raises(SettingError) as caught:
         infer.arguments(["input=photos", "output=out", arg])
@@ -653,8 +652,8 @@ def test_settings_declared_later_are_checked_too() -> None:
     from dataclasses import field, make_dataclass
     from typing import Any
 
-    from models.pipeline.settings import SettingError
-    from models.pipeline.settings import check_arguments as check_settings
+    from models.command_line import SettingError
+    from models.command_line import check_arguments as check_settings
 
     x = make_dataclass("X", [("y", bool, True)])
     config = make_dataclass(

@@ -61,7 +61,7 @@ def decode(data: torch.Tensor) -> Image.Image:
 
 
 def run_convert(*args: object) -> int:
-    return convert_main([str(a) for a in args] + ["--quiet"])
+    return convert_main([str(a) for a in args] + ["quiet=true"])
 
 
 def report_of(root: Path) -> dict:
@@ -159,9 +159,9 @@ def drone():
 )
 def test_drone_colmap_reprojects(drone, tmp_path, resolution, shape, scale, offset):
     """Projecting the model's 3D points with the written rows lands on its 2D observations."""
-    extra = ["--resolution", *map(str, resolution)] if resolution else []
+    extra = [f"resolution={','.join(map(str, resolution))}"] if resolution else []
     out = tmp_path / "out"
-    assert convert_main([str(DRONE), "--out", str(out), "--split", "test", *extra]) == 0
+    assert convert_main([str(DRONE), f"out={out}", "split=test", *extra]) == 0
     scenes = load_split(out, "test")
     assert list(scenes) == ["drone_colmap"]
     scene = scenes["drone_colmap"]
@@ -235,7 +235,7 @@ def test_transforms_json_round_trip(tmp_path, variant):
     (scene / "transforms.json").write_text(json.dumps(meta))
 
     out = tmp_path / "out"
-    assert run_convert(scene, "--out", out, "--split", "train") == 0
+    assert run_convert(scene, f"out={out}", "split=train") == 0
     example = load_split(out, "train")["scene"]
     w2c, intrinsics = parse_rows(example["cameras"])
     expected_k = k / np.array([[width], [height], [1.0]])
@@ -272,7 +272,7 @@ def test_dl3dv_folder_of_scenes(tmp_path):
         }
         (root / key / "transforms.json").write_text(json.dumps(meta))
     out = tmp_path / "out"
-    assert run_convert(tmp_path / "DL3DV-10K", "--out", out, "--split", "test") == 0
+    assert run_convert(tmp_path / "DL3DV-10K", f"out={out}", "split=test") == 0
     scenes = load_split(out, "test")
     assert sorted(scenes) == ["0a1b2c", "ff00ee"]
     _, intrinsics = parse_rows(scenes["0a1b2c"]["cameras"])
@@ -317,7 +317,7 @@ def test_re10k_raw_converts_to_same_rows(tmp_path):
     }
     write_re10k(root / "train", "cccc3333", 3, seed=5)  # other split: not picked up
     out = tmp_path / "out"
-    assert run_convert(root, "--out", out, "--split", "test") == 0
+    assert run_convert(root, f"out={out}", "split=test") == 0
     scenes = load_split(out, "test")
     assert sorted(scenes) == sorted(expected)
     for key, (url, timestamps, rows) in expected.items():
@@ -325,10 +325,10 @@ def test_re10k_raw_converts_to_same_rows(tmp_path):
         assert scenes[key]["timestamps"].tolist() == timestamps.tolist()
         torch.testing.assert_close(scenes[key]["cameras"], torch.from_numpy(rows), rtol=0, atol=0)
         assert len(scenes[key]["images"]) == len(rows)
-    # A single .txt is one scene; --key renames it; --resolution keeps normalised intrinsics.
+    # A single .txt is one scene; key= renames it; resolution= keeps normalised intrinsics.
     out2 = tmp_path / "out2"
-    args = [root / "test" / "aaaa1111.txt", "--out", out2, "--split", "test", "--key", "mine"]
-    assert run_convert(*args, "--resolution", "20") == 0
+    args = [root / "test" / "aaaa1111.txt", f"out={out2}", "split=test", "key=mine"]
+    assert run_convert(*args, "resolution=20") == 0
     mine = load_split(out2, "test")["mine"]
     assert decode(mine["images"][0]).size == (20, 15)
     torch.testing.assert_close(mine["cameras"], torch.from_numpy(expected["aaaa1111"][2]))
@@ -365,7 +365,7 @@ def test_failures_are_reported(tmp_path):
     )
 
     out = tmp_path / "out"
-    assert run_convert(src, "--out", out, "--split", "train", "--no-undistort") == 0
+    assert run_convert(src, f"out={out}", "split=train", "undistort=false") == 0
     report = report_of(out)
     assert [c["key"] for c in report["converted"]] == ["good"]
     reasons = {s["key"]: s["reason"] for s in report["skipped"]}
@@ -373,7 +373,7 @@ def test_failures_are_reported(tmp_path):
     assert "missing image" in reasons["missing"] and "b.png" in reasons["missing"]
     assert "unsupported camera model OPENCV_FISHEYE" in reasons["fisheye"]
     assert "30x30" in reasons["wrongsize"] and "40x30" in reasons["wrongsize"]
-    assert "OPENCV" in reasons["distorted"] and "--no-undistort" in reasons["distorted"]
+    assert "OPENCV" in reasons["distorted"] and "undistort=false" in reasons["distorted"]
     assert "non-finite" in reasons["nanpose"]
     assert "not a rigid transform" in reasons["skewed"]
     assert list(load_split(out, "train")) == ["good"]
@@ -384,7 +384,7 @@ def test_nothing_converted_exits_2(tmp_path, capsys):
     write_colmap_scene(src, "PINHOLE", [50, 50, 20, 15], (40, 30), ["a.png"], make_images=False)
     (src / "images").mkdir()
     out = tmp_path / "out"
-    assert run_convert(src, "--out", out, "--split", "train") == 2
+    assert run_convert(src, f"out={out}", "split=train") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "nothing converted" in err and "missing image" in err
@@ -392,9 +392,9 @@ def test_nothing_converted_exits_2(tmp_path, capsys):
     assert report_of(out)["skipped"][0]["key"] == "one"
 
     (tmp_path / "empty").mkdir()
-    assert run_convert(tmp_path / "empty", "--out", out, "--split", "train") == 2
+    assert run_convert(tmp_path / "empty", f"out={out}", "split=train") == 2
     assert "no scenes found" in capsys.readouterr().err
-    assert run_convert(tmp_path / "nope", "--out", out, "--split", "train") == 2
+    assert run_convert(tmp_path / "nope", f"out={out}", "split=train") == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -421,7 +421,7 @@ def test_undistortion_moves_pixels_to_the_pinhole_projection(tmp_path):
     Image.fromarray(np.repeat(pixels[..., None], 3, axis=2)).save(scene / "images" / "a.png")
 
     out = tmp_path / "out"
-    assert run_convert(scene, "--out", out, "--split", "test") == 0
+    assert run_convert(scene, f"out={out}", "split=test") == 0
     example = load_split(out, "test")["cam"]
     _, intrinsics = parse_rows(example["cameras"])
     np.testing.assert_allclose(
@@ -445,7 +445,7 @@ def test_chunk_size_and_append(tmp_path):
     for i in range(3):
         write_re10k(src, f"scene{i}", 4, seed=20 + i)
     out = tmp_path / "out"
-    assert run_convert(src, "--out", out, "--split", "train", "--chunk-mb", "0.004") == 0
+    assert run_convert(src, f"out={out}", "split=train", "chunk_mb=0.004") == 0
     index = json.loads((out / "train" / "index.json").read_text())
     assert sorted(index) == ["scene0", "scene1", "scene2"]
     assert len(set(index.values())) > 1
@@ -454,14 +454,14 @@ def test_chunk_size_and_append(tmp_path):
     more = tmp_path / "more"
     write_re10k(more, "scene9", 2, seed=30)
     write_re10k(more, "scene0", 2, seed=31)
-    assert run_convert(more, "--out", out, "--split", "train") == 0
+    assert run_convert(more, f"out={out}", "split=train") == 0
     index2 = json.loads((out / "train" / "index.json").read_text())
     assert sorted(index2) == ["scene0", "scene1", "scene2", "scene9"]
     assert index2["scene9"] not in index.values()
     assert "duplicate key" in report_of(out)["skipped"][0]["reason"]
     second = load_split(out, "train")
     torch.testing.assert_close(second["scene0"]["cameras"], first["scene0"]["cameras"])
-    assert run_convert(more / "scene0.txt", "--out", out, "--split", "train") == 2
+    assert run_convert(more / "scene0.txt", f"out={out}", "split=train") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,7 +487,7 @@ def write_lengths(root: Path, lengths: dict[str, int]) -> None:
 def test_make_index(tmp_path):
     lengths = {"short": 8, "mid": 40, "long": 300, "huge": 1000}
     write_lengths(tmp_path / "a", lengths)
-    args = ["--context", "2", "--gap", "10", "60", "--targets", "3", "--seed", "7"]
+    args = ["context=2", "gap=10,60", "targets=3", "seed=7"]
     assert index_main([str(tmp_path / "a"), *args]) == 0
     index = json.loads((tmp_path / "a" / "evaluation_index_test.json").read_text())
     assert list(index) == list(lengths) and index["short"] is None
@@ -499,19 +499,37 @@ def test_make_index(tmp_path):
     # Deterministic, independent of the other scenes, and the seed matters.
     write_lengths(tmp_path / "b", {"long": 300})
     out_b = tmp_path / "b.json"
-    assert index_main([str(tmp_path / "b"), *args, "--out", str(out_b)]) == 0
+    assert index_main([str(tmp_path / "b"), *args, f"out={out_b}"]) == 0
     assert json.loads(out_b.read_text())["long"] == index["long"]
     seeds = []
     for seed in range(4):
-        args_s = ["--gap", "10", "60", "--seed", str(seed), "--out", str(out_b)]
+        args_s = ["gap=10,60", f"seed={seed}", f"out={out_b}"]
         assert index_main([str(tmp_path / "a"), *args_s]) == 0
         seeds.append(json.loads(out_b.read_text())["huge"])
     assert len({json.dumps(s) for s in seeds}) > 1
-    # More context views are spread over the window; --exclude-context keeps targets apart.
-    args3 = ["--context", "3", "--gap", "20", "20", "--targets", "5", "--exclude-context"]
-    assert index_main([str(tmp_path / "a"), *args3, "--out", str(out_b)]) == 0
+    # More context views are spread over the window; exclude_context keeps targets apart.
+    args3 = ["context=3", "gap=20,20", "targets=5", "exclude_context=true"]
+    assert index_main([str(tmp_path / "a"), *args3, f"out={out_b}"]) == 0
     entry = json.loads(out_b.read_text())["mid"]
     start = entry["context"][0]
     assert entry["context"] == [start, start + 10, start + 20]
     assert not set(entry["target"]) & set(entry["context"])
-    assert index_main([str(tmp_path / "missing"), "--gap", "1", "2"]) == 2
+    assert index_main([str(tmp_path / "missing"), "gap=1,2"]) == 2
+
+
+def test_make_index_arguments_are_checked(tmp_path, capsys):
+    """The one parser's checks (models.command_line): one line, exit 2, nothing written."""
+    write_lengths(tmp_path / "a", {"long": 300})
+    for argv, expected in (
+        (["gap=1,2,3"], "gap=1,2,3: must be 2 items"),
+        (["gap=a,2"], "gap=a,2: must be a whole number"),
+        (["gap=0,2"], "must be at least 1"),
+        (["--gap", "1", "2"], "--gap: not a setting"),
+        ([], "gap: missing gap=..."),
+        (["gap=1,2", "contxt=2"], "did you mean context?"),
+    ):
+        capsys.readouterr()
+        assert index_main([str(tmp_path / "a"), *argv]) == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (argv, lines)
+    assert not (tmp_path / "a" / "evaluation_index_test.json").exists()

@@ -422,7 +422,7 @@ def test_export_cli_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
         ([f"out={tmp_path / 'out'}"], "missing ckpt=..."),
         # release files convert with the weights' own command, which the usage names
         (["release=x.pth", f"out={tmp_path / 'out'}"], "python -m models.weights.convert"),
-        ([f"ckpt={bad}", f"out={tmp_path / 'out'}", "colour=red"], "unknown argument"),
+        ([f"ckpt={bad}", f"out={tmp_path / 'out'}", "colour=red"], "unknown setting"),
     ]
     for argv, expected in cases:
         capsys.readouterr()

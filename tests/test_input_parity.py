@@ -55,7 +55,7 @@ def converted(tmp_path_factory) -> Path:
         pytest.skip(f"{CAPTURE} is not present")
     root = tmp_path_factory.mktemp("drone_chunks")
     command = [sys.executable, "-m", "datamodules.tools.convert", str(CAPTURE)]
-    command += ["--out", str(root), "--split", "test", "--key", "drone", "--quiet"]
+    command += [f"out={root}", "split=test", "key=drone", "quiet=true"]
     subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
     return root
 

@@ -78,7 +78,7 @@ RANKS: dict[str, float] = {
     "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)
     "datamodules.synthetic_scenes": 3,  # its scenes (textures, primitives, camera paths)
     "datamodules.synthetic_render": 3,  # its analytic ray casting
-    "datamodules.tools": 6,  # sfm asks the registry for pose-free models; convert uses sfm
+    "datamodules.tools": 3,  # convert uses sfm; the registry's hints come from the callers
     "datamodules.training": 9,
     "models.training": 10,
     # the commands, then what exercises everything (nothing in models/ or datamodules/ imports
@@ -248,6 +248,59 @@ def test_no_import_from_a_lower_layer_to_a_higher_one(graph) -> None:
     assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
 
 
+# What the data package may import of ``models``: the layers below the networks (geometry and
+# the plumbing every command shares), never the registry, the families, the weights or the
+# application (pipeline, inference, capture, refine, training).
+DATA_PACKAGE_MAY_IMPORT = (
+    "models.geometry",
+    "models.pixels",
+    "models.budget",
+    "models.output_folder",
+    "models.command_line",
+)
+
+
+def data_package_violations(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
+    """``(module, target, line)`` of every import from ``datamodules`` of a ``models`` module
+    outside :data:`DATA_PACKAGE_MAY_IMPORT` (imports inside functions included)."""
+    bad = []
+    for module, targets in sorted(edges.items()):
+        if module.split(".")[0] != "datamodules":
+            continue
+        for target, line in sorted(targets.items()):
+            allowed = any(
+                target == ok or target.startswith(f"{ok}.") for ok in DATA_PACKAGE_MAY_IMPORT
+            )
+            if target.split(".")[0] == "models" and not allowed:
+                bad.append((module, target, line))
+    return bad
+
+
+def test_data_package_rule_is_checked() -> None:
+    edges = {
+        "datamodules.tools.sfm": {"models.registry": 7, "models.geometry.cameras": 3},
+        "datamodules.readers.colmap": {"models.pipeline.settings": 2, "models": 1},
+        "models.capture.inputs": {"models.registry": 5},
+    }
+    assert data_package_violations(edges) == [
+        ("datamodules.readers.colmap", "models", 1),
+        ("datamodules.readers.colmap", "models.pipeline.settings", 2),
+        ("datamodules.tools.sfm", "models.registry", 7),
+    ]
+
+
+def test_data_package_imports_nothing_above_it(graph) -> None:
+    """``datamodules/`` imports nothing from the model registry, the families, the weights or
+    the application: only :data:`DATA_PACKAGE_MAY_IMPORT` (the ast scan includes imports inside
+    functions)."""
+    edges, files = graph
+    bad = [
+        f"{files[module].relative_to(ROOT)}:{line}: {module} imports {target}"
+        for module, target, line in data_package_violations(edges)
+    ]
+    assert not bad, "the data package imports above itself:\n" + "\n".join(bad)
+
+
 def find_cycle(edges: dict[str, dict[str, int]]) -> list[str] | None:
     """One import cycle as a list of modules (first == last), or None."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
@@ -293,6 +346,78 @@ def test_no_import_cycle_between_files(graph) -> None:
             for a, b in zip(cycle, cycle[1:])
         ]
         pytest.fail("import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(steps))
+
+
+# Project imports sit at their module's top, so the graph above is the real one. Laziness is
+# kept only for heavy optional third-party packages, inside the modules that wrap them:
+# lightning, hydra and wandb (training: models/training/, datamodules/training/, train.py,
+# eval.py), pycolmap (structure-from-motion: datamodules/tools/sfm_result.py, its child process),
+# viser (the browser viewer), gsplat (models/render/gsplat_backend.py), torchmetrics and
+# matplotlib (models/metrics.py, models/refine/report.py); the compiled CPU rasteriser
+# (models/render/cpu.py) is built on its first call, not on import. A project import that must
+# stay inside a function is listed here with its reason (none today).
+LAZY_PROJECT_IMPORTS: dict[tuple[str, str], str] = {}
+HEAVY_OPTIONAL = ("lightning", "hydra", "wandb", "pycolmap", "viser", "gsplat", "torchmetrics")
+
+
+def imports_inside_functions(files: dict[str, Path]) -> list[tuple[str, str, int]]:
+    """``(module, imported project module, line)`` of every project import inside a function."""
+    found = []
+    for name, path in sorted(files.items()):
+        if name.split(".")[0] in SCRIPT_FOLDERS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    targets = ["." * node.level + (node.module or "")]
+                elif isinstance(node, ast.Import):
+                    targets = [alias.name for alias in node.names]
+                else:
+                    continue
+                for target in targets:
+                    top = target.split(".")[0]
+                    if target.startswith(".") or top in PACKAGES or top in SCRIPTS:
+                        found.append((name, target, node.lineno))
+    return sorted(set(found))
+
+
+def test_project_imports_are_at_module_top(graph) -> None:
+    _, files = graph
+    inside = imports_inside_functions(files)
+    bad = [
+        f"{files[module].relative_to(ROOT)}:{line}: imports {target} inside a function"
+        for module, target, line in inside
+        if (module, target) not in LAZY_PROJECT_IMPORTS
+    ]
+    assert not bad, "project imports belong at the module top:\n" + "\n".join(bad)
+    stale = [edge for edge in LAZY_PROJECT_IMPORTS if edge not in {(m, t) for m, t, _ in inside}]
+    assert not stale, f"LAZY_PROJECT_IMPORTS entries that no longer exist: {stale}"
+
+
+def test_the_application_loads_no_heavy_optional_package() -> None:
+    """The inference path, the viewer's module and the data tools import none of the heavy
+    optional packages until a function needs them."""
+    modules = (
+        "models",
+        "models.pipeline.run",
+        "models.viewer",
+        "datamodules.tools.convert",
+        "datamodules.tools.sfm",
+    )
+    code = (
+        "import sys\n" + "".join(f"import {m}\n" for m in modules) + f"heavy = {HEAVY_OPTIONAL!r}\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy})\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok")
 
 
 def test_import_models_loads_no_training_stack() -> None:

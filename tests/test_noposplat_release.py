@@ -287,7 +287,7 @@ def converted_drone(tmp_path_factory) -> Path:
         pytest.skip(f"{capture} is not present")
     root = tmp_path_factory.mktemp("drone_chunks")
     command = [sys.executable, "-m", "datamodules.tools.convert", str(capture)]
-    command += ["--out", str(root), "--split", "test", "--key", "drone", "--quiet"]
+    command += [f"out={root}", "split=test", "key=drone", "quiet=true"]
     repo = Path(__file__).resolve().parents[1]
     subprocess.run(command, check=True, capture_output=True, text=True, cwd=repo)
     return root

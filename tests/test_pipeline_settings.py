@@ -45,7 +45,8 @@ def _one_error_line(err: str) -> str:
 
 
 def test_infer_yaml_declares_the_typed_settings() -> None:
-    from models.pipeline.settings import InferConfig, declared, refinement_fields
+    from models.command_line import declared
+    from models.pipeline.settings import InferConfig, refinement_fields
 
     raw = yaml.safe_load((REPO_ROOT / "configs" / "infer.yaml").read_text())
     plain = {k: v for k, v in raw.items() if k not in ("defaults", "hydra")}
@@ -83,7 +84,7 @@ def test_infer_yaml_declares_the_typed_settings() -> None:
 )
 def test_infer_refuses_before_hydra(arg: str, expected: str) -> None:
     import infer
-    from models.pipeline.settings import SettingError
+    from models.command_line import SettingError
 
     with pytest.raises(SettingError) as caught:
         infer.arguments(["input=photos", "output=out", arg])
@@ -119,8 +120,8 @@ def test_infer_refuses_a_fit_that_cannot_fit_before_any_work(tmp_path: Path, cap
 
 def test_the_largest_size_named_fits_and_one_more_does_not() -> None:
     from models.budget import available_memory
+    from models.command_line import SettingError
     from models.pipeline.refinement import check_fit_memory, fit_memory
-    from models.pipeline.settings import SettingError
     from models.refine import RefineSettings, fit_shape
 
     settings = RefineSettings(steps=5, size=100000)
@@ -212,8 +213,8 @@ def test_view_checks_its_live_refinement_the_same_way(tmp_path: Path, arg: str, 
 
 def test_library_errors_are_mapped_to_the_commands_keys() -> None:
     """``RefineSettings`` names its own fields; every command reports its own keys."""
+    from models.command_line import SettingError
     from models.pipeline.refinement import refine_settings
-    from models.pipeline.settings import SettingError
 
     with pytest.raises(SettingError, match=r"^refinement\.densify: must be one of"):
         refine_settings({"refine": 5, "refinement": {"densify": "bogus"}}, "auto", 0)

@@ -295,7 +295,7 @@ def test_convert_command_line(toy, tmp_path: Path, capsys: pytest.CaptureFixture
     _, data, _ = toy
     bad = {
         ("model=toy_tiny", f"out={tmp_path / 'o'}"): "missing release=",
-        ("release=x.pth", "model=toy_tiny", f"out={tmp_path / 'o'}", "bogus=1"): "unknown argument",
+        ("release=x.pth", "model=toy_tiny", f"out={tmp_path / 'o'}", "bogus=1"): "unknown setting",
         ("release=x.pth", "model=nope_tiny", f"out={tmp_path / 'o'}"): "unknown architecture",
     }
     ours = save_pretrained(create_model("toy_tiny"), tmp_path / "ours")

@@ -1,6 +1,6 @@
 """Structure-from-motion poses (datamodules.tools.sfm, pycolmap): the real drone frames posed from the
 images alone and compared with the reference COLMAP model, the scene frame of the exported model,
-the cache, infer.py ``cameras=auto`` and ``convert --poses auto`` end to end, and bad input (one
+the cache, infer.py ``cameras=auto`` and ``convert poses=auto`` end to end, and bad input (one
 image, noise, textureless and duplicate images).
 
 Every run uses 2 threads (results repeat at a fixed thread count) and a cache folder of this test
@@ -276,7 +276,8 @@ def test_one_image_is_refused(cache: Path, tmp_path: Path) -> None:
         estimate_poses(folder, tmp_path / "out", cache=cache, verbose=0)
     message = str(caught.value)
     assert "\n" not in message and str(folder) in message
-    assert "at least 2" in message and "registered 0" in message and "zipsplat_tiny" in message
+    assert "at least 2" in message and "registered 0" in message
+    assert message.endswith("use a pose-free model instead")  # the caller names one (infer.py)
     _assert_nothing_written(cache, tmp_path / "out")
 
 
@@ -298,7 +299,11 @@ def test_images_that_cannot_be_posed(kind: str, cache: Path, tmp_path: Path) -> 
         estimate_poses(folder, tmp_path / "out", cache=cache, verbose=0)
     message = str(caught.value)
     total = len(image_files(folder))
-    assert f"of {total} images" in message and "model=zipsplat_tiny" in message
+    assert f"of {total} images" in message and message.endswith("use a pose-free model instead")
+    named = caught.value.with_pose_free_model("zipsplat_tiny")  # the caller names one (infer.py)
+    assert (
+        str(named).endswith("model=zipsplat_tiny") and named.registered == caught.value.registered
+    )
     assert caught.value.registered < 2 and caught.value.total == total
     _assert_nothing_written(cache, tmp_path / "out")
 
@@ -433,7 +438,7 @@ def test_convert_poses_auto(drone8, tmp_path: Path) -> None:
     from datamodules.tools.convert import main as convert_main
 
     out = tmp_path / "root"
-    args = [str(DRONE8), "--poses", "auto", "--out", str(out), "--split", "test", "--quiet"]
+    args = [str(DRONE8), "poses=auto", f"out={out}", "split=test", "quiet=true"]
     assert convert_main(args) == 0
     report = json.loads((out / "convert_report.json").read_text())
     assert report["sfm"]["registered"] == 8 and report["sfm"]["cached"] is True
@@ -449,7 +454,7 @@ def test_convert_poses_auto(drone8, tmp_path: Path) -> None:
     # One image: exit 2, one line, nothing written.
     one = _noise(tmp_path / "one", 1)
     bad = tmp_path / "bad_root"
-    assert convert_main([str(one), "--poses", "auto", "--out", str(bad), "--split", "test"]) == 2
+    assert convert_main([str(one), "poses=auto", f"out={bad}", "split=test"]) == 2
     assert not bad.exists()
 
 

@@ -88,8 +88,8 @@ def _workers(marker: Path) -> list[str]:
 def _convert(tmp_path: Path, cache: Path | str) -> Command:
     env = {"TMPDIR": str(tmp_path / "tmp"), "SPLATZOO_SFM_CACHE": str(cache)}
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    args = ["-m", "datamodules.tools.convert", str(FRAMES), "--out", str(tmp_path / "out")]
-    return Command([*args, "--split", "test", "--poses", "auto"], env)
+    args = ["-m", "datamodules.tools.convert", str(FRAMES), f"out={tmp_path / 'out'}"]
+    return Command([*args, "split=test", "poses=auto"], env)
 
 
 def _sfm_folders(*roots: Path) -> list[Path]:
@@ -408,8 +408,7 @@ def test_a_batch_lost_to_the_group_sigterm_is_the_stop() -> None:
     SIGTERM that is the stop (one line, exit 143); before it, the error it is."""
     from types import SimpleNamespace
 
-    from models.command_line import Terminated
-    from models.training.cli import stopped_by_signal
+    from models.command_line import Terminated, stopped_by_signal
 
     stopping = SimpleNamespace(interrupted=False, received_sigterm=True)
     with pytest.raises(Terminated):

@@ -450,3 +450,26 @@ def test_ckpt_path_last_takes_the_newest_last_checkpoint(tmp_path):
     assert resolve_ckpt_path("last", cfg) == str(newer)
     with pytest.raises(FileNotFoundError):
         resolve_ckpt_path(str(tmp_path / "missing.ckpt"), cfg)
+
+
+@pytest.mark.parametrize(
+    ("script", "arg", "expected"),
+    [
+        ("train.py", "trainer.max_stepz=3", "unknown setting of train.py (did you mean trainer.max_steps?)"),
+        ("eval.py", "trainer.max_stepz=3", "unknown setting of eval.py (did you mean trainer.max_steps?)"),
+    ],
+)  # fmt: skip
+def test_unknown_setting_is_one_line_with_a_guess(script: str, arg: str, expected: str) -> None:
+    """train.py and eval.py refuse a setting their configuration lacks as every command does:
+    one line naming it and the closest one, exit status 2, before anything runs."""
+    result = subprocess.run(
+        [sys.executable, script, arg],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith(f"error: {arg}: {expected}"), lines

@@ -43,9 +43,10 @@ from PIL import Image, ImageOps
 from torch import Tensor
 
 from datamodules.errors import InputError
+from datamodules.readers import colmap, colmap_records
 from datamodules.readers.cameras_json import read_cameras_json
-from datamodules.transforms import resize_crop_image
-from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
+from datamodules.transforms import cover_shape, crop_transform, resize_crop_image
+from models.geometry.cameras import intrinsics_to_normalized, intrinsics_to_pixels, normalize_scene
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -143,9 +144,6 @@ class ImageSet:
     def original_intrinsics(self, intrinsics: Tensor) -> Tensor:
         """Normalised intrinsics ``[V, 3, 3]`` of these (resized, centre-cropped) views as pixel
         intrinsics of the original images (``original_sizes``), e.g. to write them back out."""
-        from datamodules.transforms import cover_shape, crop_transform
-        from models.geometry.cameras import intrinsics_to_pixels
-
         shape = tuple(self.images.shape[-2:])
         out = []
         for k, original in zip(intrinsics, self.original_sizes):
@@ -210,8 +208,6 @@ def open_image(
 
 def _colmap_poses(folder: Path) -> dict[str, dict] | None:
     """Poses of a COLMAP model below ``folder`` in the ``read_cameras_json`` layout, or None."""
-    from datamodules.readers import colmap, colmap_records
-
     model = colmap.find_model_dir(folder)
     if model is None:
         return None
@@ -241,8 +237,6 @@ def _colmap_poses(folder: Path) -> dict[str, dict] | None:
 
 def _sparse_points(model: Path) -> Tensor | None:
     """``[P, 3]`` float64 positions of a COLMAP model's points (None when it has none)."""
-    from datamodules.readers import colmap, colmap_records
-
     try:
         xyz, _ = colmap.read_colmap_points(model, min_points=1)
     except colmap_records.ColmapError:
@@ -252,8 +246,6 @@ def _sparse_points(model: Path) -> Tensor | None:
 
 def _colmap_model_dir(folder: Path) -> Path | None:
     """The COLMAP model folder below ``folder`` (``sparse/0``, ``sparse`` or itself), or None."""
-    from datamodules.readers import colmap
-
     return colmap.find_model_dir(folder)
 
 
@@ -343,8 +335,6 @@ CROP_WARNING = 0.7
 def crop_fraction(in_shape: tuple[int, int], out_shape: tuple[int, int]) -> float:
     """Share of an ``in_shape`` ``(H, W)`` image that the aspect-preserving resize and centre
     crop to ``out_shape`` keeps (1 when the aspect ratios agree)."""
-    from datamodules.transforms import cover_shape
-
     scaled = cover_shape(tuple(in_shape), tuple(out_shape))
     return out_shape[0] * out_shape[1] / (scaled[0] * scaled[1])
 

@@ -2,20 +2,20 @@
 
 Usage::
 
-    python -m datamodules.tools.convert SOURCE --out ROOT --split train|test \\
-        [--resolution H W | --resolution MAX_SIDE] [--chunk-mb 100] [--images DIR] \\
-        [--frames DIR] [--key KEY] [--quality 95] [--background white|black] [--no-undistort]
-    python -m datamodules.tools.convert PHOTOS --poses auto --out ROOT --split test [--matching M] ...
+    python -m datamodules.tools.convert SOURCE out=ROOT split=train|test \\
+        [resolution=H,W | resolution=MAX_SIDE] [chunk_mb=100] [images=DIR] [frames=DIR] \\
+        [key=KEY] [quality=95] [background=white|black] [undistort=false] [quiet=true]
+    python -m datamodules.tools.convert PHOTOS poses=auto out=ROOT split=test [matching=M] ...
 
 SOURCE is one scene or a folder of scenes (searched up to three levels deep; a folder holding
-both ``train/`` and ``test/`` is only searched in the ``--split`` one):
+both ``train/`` and ``test/`` is only searched in the ``split`` one):
 
 - COLMAP: a scene folder with a sparse model in ``sparse/0``, ``sparse``, ``colmap/sparse/0`` or
   the folder itself (text or binary, COLMAP 3 or 4) and its images in ``images/`` (or
-  ``--images``: a path, or a folder name inside every scene such as ``images_4``). PINHOLE and
+  ``images=``: a path, or a folder name inside every scene such as ``images_4``). PINHOLE and
   SIMPLE_PINHOLE are stored as they are; SIMPLE_RADIAL, RADIAL, OPENCV and FULL_OPENCV are
   undistorted to a pinhole camera with the same focal length and principal point (black where the
-  distorted image has no pixel) unless ``--no-undistort``, which refuses them instead. Fisheye and
+  distorted image has no pixel) unless ``undistort=false``, which refuses them instead. Fisheye and
   other models are refused with a message naming the model. Views are ordered by image name.
 - transforms.json (NeRF / instant-ngp / nerfstudio, DL3DV): a scene folder with
   ``transforms.json`` (or ``transforms_{split}.json``), or the file itself. OpenGL camera axes
@@ -26,20 +26,20 @@ both ``train/`` and ``test/`` is only searched in the ``--split`` one):
   with both a transforms.json and a COLMAP model is read through the transforms.json.
 - RealEstate10K raw metadata: ``KEY.txt`` files (first line the video URL, then one line per frame:
   timestamp and 18 numbers, normalised intrinsics and the world-to-camera pose) with frames
-  extracted to ``FRAMES/KEY/<timestamp>.png|jpg`` where FRAMES is ``--frames`` or the folder of
+  extracted to ``FRAMES/KEY/<timestamp>.png|jpg`` where FRAMES is ``frames=`` or the folder of
   the ``.txt`` files. A frame folder holding exactly one image per line is also accepted in
   name order (``00000.png, 00001.png, ...``).
 
-- A plain folder of photos or video frames with ``--poses auto``: camera poses by
-  structure-from-motion (``datamodules.tools.sfm``, pycolmap; ``--matching auto|exhaustive|sequential``),
+- A plain folder of photos or video frames with ``poses=auto``: camera poses by
+  structure-from-motion (``datamodules.tools.sfm``, pycolmap; ``matching=auto|exhaustive|sequential``),
   then converted like a COLMAP scene (images that do not register are left out and listed in the
   report; the COLMAP model is kept in ``ROOT/sfm/KEY/sparse``). Fewer than two registered
   images: exit status 2 with a one-line message, nothing written.
 
-Scene keys are the scene folder name or the ``.txt`` stem (``--key`` overrides it for a single
+Scene keys are the scene folder name or the ``.txt`` stem (``key=`` overrides it for a single
 scene). Images are stored as JPEG (JPEG sources that need no change are copied byte for byte),
-optionally resized: ``--resolution MAX_SIDE`` downscales so the longer side is at most MAX_SIDE,
-``--resolution H W`` scales to cover HxW and centre-crops; intrinsics follow. Scenes that fail
+optionally resized: ``resolution=MAX_SIDE`` downscales so the longer side is at most MAX_SIDE,
+``resolution=H,W`` scales to cover HxW and centre-crops; intrinsics follow. Scenes that fail
 (missing images, non-finite or non-rigid poses, unsupported cameras, duplicate keys) are skipped
 and listed with the reason in ``ROOT/convert_report.json``; an existing split is appended to. The
 exit status is 2, with a one-line message, when nothing was converted.
@@ -47,7 +47,6 @@ exit status is 2, with a one-line message, when nothing was converted.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import re
@@ -76,6 +75,15 @@ from datamodules.tools.scene_sources import (
     check_view,
     colmap_scene,
     discover,
+)
+from datamodules.tools.sfm import SfmError, estimate_poses
+from models.command_line import (
+    MISSING,
+    SettingError,
+    parse_key_values,
+    run_key_value_command,
+    setting,
+    stopped_cleanly,
 )
 from models.geometry.cameras import (
     intrinsics_to_normalized,
@@ -180,7 +188,7 @@ def _process_view(view: View, options: _Options) -> tuple[torch.Tensor, np.ndarr
         if not options.undistort:
             raise SceneError(
                 f"camera model {view.camera_model} of {view.label or view.image.name} has "
-                "non-zero distortion and --no-undistort was given"
+                "non-zero distortion and undistort=false was given"
             )
         array = undistort_image(
             image_from_uint8(image), torch.from_numpy(intrinsics), view.distortion
@@ -221,7 +229,7 @@ def _convert_scene(scene: SceneSource, options: _Options, progress: tqdm) -> tup
     if not torch.isfinite(cameras).all():
         raise SceneError("non-finite camera values after conversion (float32 overflow)")
     if len(sizes) > 1:
-        notes.add("views have different sizes; pass --resolution H W to make them equal")
+        notes.add("views have different sizes; pass resolution=H,W to make them equal")
     if any(view.distortion is not None for view in views):
         notes.add("undistorted to a pinhole camera")
     example = {
@@ -250,11 +258,11 @@ def _options(
     resolution: Resolution | None, chunk_mb: float, quality: int, background: str, undistort: bool
 ) -> _Options:
     if chunk_mb <= 0:
-        raise InputError(f"--chunk-mb must be positive, got {chunk_mb}")
+        raise InputError(f"chunk_mb must be positive, got {chunk_mb}")
     if not 1 <= quality <= 100:
-        raise InputError(f"--quality must be in 1..100, got {quality}")
+        raise InputError(f"quality must be in 1..100, got {quality}")
     if background not in ("white", "black"):
-        raise InputError(f"--background must be white or black, got {background!r}")
+        raise InputError(f"background must be white or black, got {background!r}")
     return _Options(
         resolution=resolution or Resolution(),
         quality=quality,
@@ -344,7 +352,7 @@ def convert(
     options = _options(resolution, chunk_mb, quality, background, undistort)
     sfm = None
     if poses not in (None, "auto"):
-        raise InputError(f"--poses must be auto, got {poses!r}")
+        raise InputError(f"poses must be auto, got {poses!r}")
     if poses == "auto":
         scene, sfm = sfm_scene(Path(source), key, matching, quiet)
         scenes = [scene]
@@ -391,10 +399,8 @@ def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool
     Raises:
         InputError: not a folder, or fewer than two images registered (one line).
     """
-    from datamodules.tools.sfm import SfmError, estimate_poses
-
     if not source.is_dir():
-        raise InputError(f"{source}: --poses auto needs a folder of photos")
+        raise InputError(f"{source}: poses=auto needs a folder of photos")
     try:
         result = estimate_poses(source, matching=matching, verbose=0 if quiet else 1)
     except (SfmError, ValueError) as error:
@@ -403,53 +409,44 @@ def sfm_scene(source: Path, key: str | None, matching: str = "auto", quiet: bool
 
 
 PROGRAM = "datamodules.tools.convert"
+USAGE = f"usage: python -m {PROGRAM} SOURCE out=ROOT split=train|test [key=value ...] (--help)"
+
+
+@dataclass
+class ConvertConfig:
+    """``python -m datamodules.tools.convert SOURCE out=ROOT split=SPLIT key=value ...``."""
+
+    out: str = setting(MISSING, path=True)  # dataset root (ROOT/SPLIT/*.torch)
+    split: str = MISSING  # split folder, e.g. train or test
+    resolution: list[int] | None = setting(None, minimum=1)  # H,W (resize+crop) or MAX_SIDE
+    chunk_mb: float = setting(100.0, above=0.0, finite=True)  # chunk size (MB)
+    images: str | None = None  # COLMAP image folder (a path, or a name inside each scene)
+    frames: str | None = setting(None, path=True)  # RealEstate10K frames root
+    key: str | None = None  # scene key for a single-scene SOURCE
+    quality: int = setting(95, minimum=1, maximum=100)  # JPEG quality
+    background: str = setting("white", choices=("white", "black"))  # behind transparency
+    undistort: bool = True  # false: skip distorted cameras instead of undistorting them
+    quiet: bool = False  # no progress bar
+    poses: str | None = setting(None, choices=("auto",))  # auto: structure-from-motion
+    matching: str = setting("auto", choices=("auto", "exhaustive", "sequential"))  # poses=auto
 
 
 def _parse_resolution(values: list[int] | None) -> Resolution | None:
     if not values:
         return None
-    if any(v <= 0 for v in values):
-        raise InputError(f"--resolution values must be positive, got {values}")
     if len(values) == 1:
         return Resolution(max_side=values[0])
     if len(values) == 2:
         return Resolution(shape=(values[0], values[1]))
-    raise InputError(f"--resolution takes H W or one max side, got {len(values)} numbers")
+    raise InputError(f"resolution takes H,W or one max side, got {len(values)} numbers")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 2 nothing converted/bad input)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m datamodules.tools.convert",
-        description="Convert COLMAP / transforms.json / RealEstate10K / DL3DV data to chunks.",
-    )
-    parser.add_argument("source", help="scene file/folder, or a folder of scenes")
-    parser.add_argument("--out", required=True, help="dataset root (ROOT/SPLIT/*.torch)")
-    parser.add_argument("--split", required=True, help="split folder, e.g. train or test")
-    parser.add_argument(
-        "--resolution", type=int, nargs="+", metavar="N", help="H W (resize+crop) or MAX_SIDE"
-    )
-    parser.add_argument("--chunk-mb", type=float, default=100.0, help="chunk size (MB)")
-    parser.add_argument("--images", help="COLMAP image folder (path, or name inside each scene)")
-    parser.add_argument("--frames", help="RealEstate10K frames root (FRAMES/KEY/<timestamp>.png)")
-    parser.add_argument("--key", help="scene key for a single-scene SOURCE")
-    parser.add_argument("--quality", type=int, default=95, help="JPEG quality")
-    parser.add_argument("--background", default="white", help="white|black behind transparency")
-    parser.add_argument(
-        "--no-undistort", action="store_true", help="skip distorted cameras instead of undistorting"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--poses", choices=["auto"], help="auto: pose a folder of photos by structure-from-motion"
-    )
-    parser.add_argument(
-        "--matching", default="auto", help="with --poses auto: auto, exhaustive or sequential"
-    )
-    args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         warnings.showwarning = _one_line_warning
-        return _run(args)
+        return run_key_value_command(None if argv is None else list(argv), __doc__, _run)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ARG001
@@ -457,46 +454,41 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
-def _run(args: argparse.Namespace) -> int:
-    try:
-        report = convert(
-            args.source,
-            args.out,
-            args.split,
-            resolution=_parse_resolution(args.resolution),
-            chunk_mb=args.chunk_mb,
-            images=args.images,
-            frames=args.frames,
-            key=args.key,
-            quality=args.quality,
-            background=args.background,
-            undistort=not args.no_undistort,
-            quiet=args.quiet,
-            poses=args.poses,
-            matching=args.matching,
-        )
-    except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    report_path = Path(args.out) / "convert_report.json"
+def _run(argv: list[str]) -> None:
+    paths, args = parse_key_values(argv, ConvertConfig, PROGRAM)
+    if len(paths) != 1:
+        raise SettingError("arguments", f"expected one SOURCE, got {len(paths)} paths: {USAGE}")
+    source = paths[0]
+    report = convert(
+        source,
+        args["out"],
+        args["split"],
+        resolution=_parse_resolution(args["resolution"]),
+        chunk_mb=args["chunk_mb"],
+        images=args["images"],
+        frames=args["frames"],
+        key=args["key"],
+        quality=args["quality"],
+        background=args["background"],
+        undistort=args["undistort"],
+        quiet=args["quiet"],
+        poses=args["poses"],
+        matching=args["matching"],
+    )
+    report_path = Path(args["out"]) / "convert_report.json"
     if not report["converted"]:
         first = report["skipped"][0]
-        print(
-            f"error: nothing converted from {args.source}: {len(report['skipped'])} scene(s) "
-            f"skipped (first: {first['key']}: {first['reason']}); see {report_path}",
-            file=sys.stderr,
+        raise InputError(
+            f"nothing converted from {source}: {len(report['skipped'])} scene(s) skipped "
+            f"(first: {first['key']}: {first['reason']}); see {report_path}"
         )
-        return 2
     print(
         f"converted {len(report['converted'])} scene(s), {report['views']} views into "
-        f"{len(report['chunks'])} chunk(s) in {Path(args.out) / args.split}; "
+        f"{len(report['chunks'])} chunk(s) in {Path(args['out']) / args['split']}; "
         f"skipped {len(report['skipped'])}; report: {report_path}"
     )
-    return 0
 
 
 if __name__ == "__main__":
-    from models.command_line import stopped_cleanly
-
-    with stopped_cleanly("datamodules.tools.convert"):
+    with stopped_cleanly(PROGRAM):
         sys.exit(main())

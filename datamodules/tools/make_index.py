@@ -2,33 +2,47 @@
 
 Usage::
 
-    python -m datamodules.tools.make_index ROOT --context 2 --gap MIN MAX --targets 3 --seed S \\
-        [--split test] [--out ROOT/evaluation_index_test.json] [--exclude-context]
+    python -m datamodules.tools.make_index ROOT context=2 gap=MIN,MAX targets=3 seed=S \\
+        [split=test] [out=ROOT/evaluation_index_test.json] [exclude_context=true]
 
 For every scene in ``ROOT/{split}/index.json``: draw a frame gap ``g`` uniformly in
 ``[MIN, min(MAX, V - 1)]`` and a start ``s`` in ``[0, V - 1 - g]``; the context views are ``s`` and
 ``s + g`` (more context views are spread evenly in between, one view: just ``s``); the targets are
-``--targets`` distinct frames drawn from ``[s, s + g]`` (they may coincide with a context frame,
-as in the released RE10K/ACID index, unless ``--exclude-context``), sorted. Scenes that are too
+``targets`` distinct frames drawn from ``[s, s + g]`` (they may coincide with a context frame,
+as in the released RE10K/ACID index, unless ``exclude_context=true``), sorted. Scenes that are too
 short get ``null``. Draws are seeded per scene from ``(seed, key)``, so a scene's entry does not
 depend on which other scenes are in the dataset.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from datamodules.errors import InputError
+from models.command_line import (
+    MISSING,
+    SettingError,
+    parse_key_values,
+    run_key_value_command,
+    setting,
+    stopped_cleanly,
+)
 
-__all__ = ["scene_lengths", "sample_entry", "make_index", "main"]
+__all__ = ["MakeIndexConfig", "scene_lengths", "sample_entry", "make_index", "main"]
+
+PROGRAM = "datamodules.tools.make_index"
+USAGE = (
+    f"usage: python -m {PROGRAM} ROOT gap=MIN,MAX [context=2] [targets=3] [seed=0] "
+    "[split=test] [out=FILE] [exclude_context=true]"
+)
 
 
 def scene_lengths(root: str | Path, split: str) -> dict[str, int]:
@@ -114,9 +128,9 @@ def make_index(
 ) -> dict[str, dict[str, list[int]] | None]:
     """Evaluation index of every scene of ``root/split`` (see the module docstring)."""
     if context < 1 or targets < 1:
-        raise InputError("--context and --targets must be at least 1")
+        raise InputError("context and targets must be at least 1")
     if gap[0] < 0 or gap[0] > gap[1]:
-        raise InputError(f"--gap needs 0 <= MIN <= MAX, got {gap[0]} {gap[1]}")
+        raise InputError(f"gap needs 0 <= MIN <= MAX, got {gap[0]},{gap[1]}")
     index = {}
     for key, num_views in scene_lengths(root, split).items():
         rng = random.Random(f"{seed}:{key}")
@@ -124,34 +138,45 @@ def make_index(
     return index
 
 
+@dataclass
+class MakeIndexConfig:
+    """``python -m datamodules.tools.make_index ROOT key=value ...``."""
+
+    gap: list[int] = setting(MISSING, length=2, minimum=1)  # MIN,MAX frames between contexts
+    context: int = setting(2, minimum=1)  # context views per scene
+    targets: int = setting(3, minimum=1)  # target views per scene
+    seed: int = 0
+    split: str = "test"
+    out: str | None = setting(None, path=True)  # default ROOT/evaluation_index_SPLIT.json
+    exclude_context: bool = False  # targets never coincide with a context frame
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2 on bad input)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m datamodules.tools.make_index", description=__doc__.splitlines()[0]
+    return run_key_value_command(None if argv is None else list(argv), __doc__, _make_index)
+
+
+def _make_index(argv: list[str]) -> None:
+    paths, args = parse_key_values(argv, MakeIndexConfig, PROGRAM)
+    if len(paths) != 1:
+        raise SettingError("arguments", f"expected one ROOT, got {len(paths)} paths: {USAGE}")
+    root = paths[0]
+    out = (
+        Path(args["out"]) if args["out"] else Path(root) / f"evaluation_index_{args['split']}.json"
     )
-    parser.add_argument("root", help="chunk dataset root")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--context", type=int, default=2, help="context views per scene")
-    parser.add_argument("--gap", type=int, nargs=2, metavar=("MIN", "MAX"), required=True)
-    parser.add_argument("--targets", type=int, default=3, help="target views per scene")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--exclude-context", action="store_true")
-    parser.add_argument("--out", help="output JSON (default ROOT/evaluation_index_SPLIT.json)")
-    args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else Path(args.root) / f"evaluation_index_{args.split}.json"
+    low, high = args["gap"]
     try:
         index = make_index(
-            args.root,
-            args.context,
-            (args.gap[0], args.gap[1]),
-            args.targets,
-            args.seed,
-            args.split,
-            args.exclude_context,
+            root,
+            args["context"],
+            (low, high),
+            args["targets"],
+            args["seed"],
+            args["split"],
+            args["exclude_context"],
         )
     except (ValueError, OSError, RuntimeError) as error:  # an InputError, or unreadable JSON/chunk
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise InputError(" ".join(str(error).split())) from error
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     try:
@@ -161,11 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.unlink(missing_ok=True)
     kept = sum(entry is not None for entry in index.values())
     print(f"wrote {out}: {kept} of {len(index)} scenes indexed ({len(index) - kept} too short)")
-    return 0
 
 
 if __name__ == "__main__":
-    from models.command_line import stopped_cleanly
-
-    with stopped_cleanly("datamodules.tools.make_index"):
+    with stopped_cleanly(PROGRAM):
         sys.exit(main())

@@ -150,7 +150,7 @@ def colmap_scene(model_dir: Path, images_dir: Path, key: str) -> SceneSource:
         if not images:
             raise SceneError(f"{model_dir}: the model has no registered images")
         if not images_dir.is_dir():
-            raise SceneError(f"image folder not found: {images_dir} (pass --images)")
+            raise SceneError(f"image folder not found: {images_dir} (pass images=DIR)")
         views = []
         for index, image in enumerate(sorted(images.values(), key=lambda i: natural_key(i.name))):
             if image.camera_id not in cameras:
@@ -449,7 +449,7 @@ def discover(
             _walk(source, split, images, frames, 0, scenes)
     if key is not None:
         if len(scenes) != 1:
-            raise InputError(f"--key needs a single-scene SOURCE, {source} holds {len(scenes)}")
+            raise InputError(f"key= needs a single-scene SOURCE, {source} holds {len(scenes)}")
         scenes[0].key = key
     return scenes
 

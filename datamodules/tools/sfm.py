@@ -39,7 +39,12 @@ from pathlib import Path
 
 from datamodules.errors import InputError
 from datamodules.readers import colmap_records
-from datamodules.readers.image_folder import IMAGE_EXTENSIONS, natural_key
+from datamodules.readers.image_folder import (
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    load_video,
+    natural_key,
+)
 from datamodules.tools.sfm_cache import (
     cache_key,
     default_cache_dir,
@@ -48,6 +53,9 @@ from datamodules.tools.sfm_cache import (
     store_entry,
 )
 from datamodules.tools.sfm_result import SfmResult, read_entry, write_entry
+from models import budget
+from models.command_line import sigterm_raises
+from models.output_folder import mark_staging
 from models.pixels import image_to_uint8
 
 __all__ = [
@@ -59,7 +67,6 @@ __all__ = [
     "cache_root",
     "image_files",
     "poses_for_input",
-    "pose_free_hint",
 ]
 
 MATCHING = ("auto", "exhaustive", "sequential")
@@ -87,6 +94,13 @@ class SfmError(InputError):
         super().__init__(message)
         self.registered = registered
         self.total = total
+
+    def with_pose_free_model(self, model: str) -> SfmError:
+        """The same error with the pose-free ``model`` to use named at the end (the caller,
+        which knows the models, names one: this package knows none)."""
+        if not self.message.endswith("use a pose-free model instead"):
+            return self
+        return SfmError(f"{self.message}: model={model}", self.registered, self.total)
 
 
 @dataclass
@@ -236,8 +250,6 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     registered. Ctrl-C or SIGTERM kill the child at once (then re-raised)."""
     import subprocess
 
-    from models.output_folder import terminate_as_exit
-
     spec_path = work / "spec.json"
     try:
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -248,7 +260,7 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
         [sys.executable, str(worker), str(spec_path)], start_new_session=True
     )
     try:
-        with terminate_as_exit():
+        with sigterm_raises():
             code = process.wait()
     except BaseException:
         process.kill()  # SIGKILL: no native handler runs, nothing hangs
@@ -266,17 +278,6 @@ def _colmap_in_child(spec: dict, work: Path) -> dict | None:
     if code != 0:
         raise SfmError(f"{spec['folder']}: structure-from-motion failed (pycolmap exit {code})")
     return json.loads((work / "entry" / "worker.json").read_text(encoding="utf-8"))
-
-
-def pose_free_hint() -> str:
-    """The first pose-free model that loads by name (shipped weights first), for error messages."""
-    try:
-        from models.registry import pose_free_models
-
-        names = [name.split(" ")[0] for name in pose_free_models()]
-    except Exception:  # the hint must never turn into a different error
-        names = []
-    return names[0] if names else "zipsplat_tiny"
 
 
 # ---------------------------------------------------------------------------------- main
@@ -352,8 +353,7 @@ def _check_images(
         shown = f" ({names[0]})" if names else ""
         raise SfmError(
             f"{folder}: structure-from-motion needs at least 2 overlapping images, got "
-            f"{len(names)}{shown}; registered 0; use a pose-free model instead: "
-            f"model={pose_free_hint()}",
+            f"{len(names)}{shown}; registered 0; use a pose-free model instead",
             registered=0,
             total=len(names),
         )
@@ -367,8 +367,6 @@ def _check_budget(
     folder: Path, sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings, verbose: int
 ) -> None:
     """Refuse a run over the time/memory budget (``models.budget``); announce the estimate."""
-    from models import budget
-
     largest = max(sizes, key=lambda size: size[0] * size[1])
     estimate = budget.sfm_estimate(
         len(sizes), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
@@ -393,8 +391,6 @@ def _run_colmap(
 ) -> SfmResult:
     """COLMAP in a child process, in a work folder below ``root`` (or the temporary folder);
     the finished entry is moved into the cache (or a temporary folder removed at exit)."""
-    from models.output_folder import mark_staging
-
     start = time.perf_counter()
     parent = root if root is not None else Path(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix=f".sfm-{key}-", dir=parent))
@@ -414,8 +410,7 @@ def _run_colmap(
             count = json.loads((work / "error.json").read_text(encoding="utf-8"))["registered"]
             raise SfmError(
                 f"{folder}: structure-from-motion registered {count} of {len(names)} images "
-                "(they need texture and overlapping views); use a pose-free model instead: "
-                f"model={pose_free_hint()}",
+                "(they need texture and overlapping views); use a pose-free model instead",
                 registered=count,
                 total=len(names),
             )
@@ -487,8 +482,6 @@ def _video_frames(video: Path, num_views: int, root: Path) -> Path:
     keyed by the video's bytes (reused when present)."""
     from PIL import Image
 
-    from datamodules.readers.image_folder import load_video
-
     digest = hashlib.sha256(f"{num_views}\0".encode())
     with open(video, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -529,15 +522,11 @@ def poses_for_input(
     Raises:
         SfmError: as ``estimate_poses``; a single image (one line).
     """
-    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
-
     source = Path(source).expanduser()
     settings = settings or SfmSettings()
     root = cache_root(cache)
     remove_stale(root)  # before this run's own temporary frames exist
     if root is None:  # frames in a temporary folder removed at exit (or by the next run)
-        from models.output_folder import mark_staging
-
         cache = False
         root = Path(tempfile.mkdtemp(prefix="splatzoo-sfm-frames-"))
         mark_staging(root)
@@ -549,8 +538,7 @@ def poses_for_input(
     elif source.is_file():
         raise SfmError(
             f"{source}: a single image cannot be posed by structure-from-motion (at least 2 "
-            f"overlapping images needed); registered 0; use a pose-free model instead: "
-            f"model={pose_free_hint()}",
+            f"overlapping images needed); registered 0; use a pose-free model instead",
             total=1,
         )
     else:

@@ -19,6 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from models.output_folder import remove_stale_folders
+
 __all__ = [
     "CACHE_VERSION",
     "cache_key",
@@ -60,8 +62,6 @@ def remove_stale(root: Path | None) -> None:
     """Work folders of killed runs (in the cache and the temporary folder). The temporary folder
     once per process: later, what is there of this process's marked folders is in use (a
     video's frames when the cache is off)."""
-    from models.output_folder import remove_stale_folders
-
     if not _CLEANED_TEMP:
         temp = Path(tempfile.gettempdir())
         remove_stale_folders(temp, (".sfm-*", "splatzoo-sfm-frames-*", "splatzoo-sfm-*"))

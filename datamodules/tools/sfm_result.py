@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from datamodules.readers import colmap, colmap_records
-from models.geometry.cameras import normalize_scene
+from datamodules.readers.undistort import undistort_image
+from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
 from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = ["SfmResult", "import_pycolmap", "read_entry", "write_entry"]
@@ -104,8 +105,6 @@ class SfmResult:
             distance 1), ``intrinsics [V, 3, 3]`` normalised by each image's size and the
             ``scale`` that COLMAP's world distances were divided by.
         """
-        from models.geometry.cameras import intrinsics_to_normalized
-
         poses = self.poses()
         names = list(names) if names is not None else self.registered
         unknown = [n for n in names if n not in poses]
@@ -188,8 +187,6 @@ class SfmResult:
             ``dest``.
         """
         from PIL import Image
-
-        from datamodules.readers.undistort import undistort_image
 
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from datamodules.errors import InputError
+from datamodules.synthetic import SyntheticSettings, ensure_synthetic, is_complete
 from datamodules.training.chunk_dataset import ChunkDataset
 from datamodules.training.samplers import (
     AllViewSampler,
@@ -204,7 +205,6 @@ class SplatDataModule(L.LightningDataModule):
         """Generate the synthetic dataset at ``root`` if configured and missing."""
         if not self.generate_if_missing:
             return
-        from datamodules.synthetic import SyntheticSettings, ensure_synthetic
 
         settings = SyntheticSettings(**self.generator)
         try:
@@ -215,8 +215,6 @@ class SplatDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets a stage needs (validating the files)."""
         if self.generate_if_missing:
-            from datamodules.synthetic import is_complete
-
             if not is_complete(self.root):
                 self.prepare_data()
         if stage in (None, "fit"):

@@ -49,8 +49,16 @@ from tqdm.auto import tqdm
 
 from models import budget
 from models.gaussians import Gaussians
-from models.geometry.cameras import camera_centers, normalize_scene
+from models.geometry.cameras import (
+    camera_centers,
+    normalize_scene,
+    project,
+    transform_points,
+    world_to_camera,
+)
+from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.geometry.similarity import Similarity, nearest_rotation
+from models.render.core import render
 
 __all__ = [
     "capture_frame",
@@ -76,9 +84,6 @@ def depth_ratio(
     median, over the sparse ``points [P, 3]`` that project into its views, of the points' z-depth
     over the depth its Gaussians render there (expected depth over alpha, where alpha > 0.5).
     All in one frame. Returns ``(ratio, points used)``, or ``None`` under ``min_points``."""
-    from models.geometry.cameras import project
-    from models.render.core import render
-
     e = extrinsics.to(gaussians.means)  # [V, 4, 4]
     k = intrinsics.to(gaussians.means)  # [V, 3, 3]
     with torch.inference_mode():
@@ -139,8 +144,6 @@ def pixel_footprint(
     """Per point ``[N, 3]``: the z-depth in the nearest camera (of ``extrinsics [V, 4, 4]``) that
     has it in front and in view, and the size of a pixel there (``depth / fx_px``); points no
     camera sees get ``inf``."""
-    from models.geometry.cameras import transform_points, world_to_camera
-
     view = world_to_camera(extrinsics.to(means))  # [V, 4, 4]
     local = transform_points(view, means[None])  # [V, N, 3]
     z = local[..., 2]
@@ -163,8 +166,6 @@ def _nearest_views(
     ``z * (1 + centre_weight * r**2)`` instead, ``r`` the distance from the image centre (1 at
     the border): an element is best seen near the middle of a view, where a feed-forward model
     has context on all sides."""
-    from models.geometry.cameras import transform_points, world_to_camera
-
     best_score = torch.full((len(means),), float("inf"), dtype=means.dtype, device=means.device)
     best_z = torch.full((len(means),), float("inf"), dtype=means.dtype, device=means.device)
     best = torch.full((len(means),), -1, dtype=torch.long, device=means.device)
@@ -220,8 +221,6 @@ def _merge_groups(g: Gaussians, group: Tensor, weight: Tensor) -> Gaussians:
     """One Gaussian per ``group`` id ``[N]`` (ids ``0..M-1``) of the set ``g`` (a batch of one,
     no mask): weighted means of position, colour and opacity, and the moment-matched covariance
     (the mixture's second moment about the merged mean) as scales and orientation."""
-    from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
-
     m = int(group.max()) + 1
     w = weight.double()  # [N]
     total = torch.zeros(m, dtype=torch.float64).index_add_(0, group, w).clamp_min(1e-30)  # [M]
@@ -319,8 +318,6 @@ def merge_surfaces(
 def _depth_maps(sets, cameras, shape: tuple[int, int], backend: str) -> list[Tensor]:
     """Each window's depth ``[V, H, W]`` from its own cameras (0 where alpha <= 0.5); the time
     of all of them is said after the first."""
-    from models.render.core import render
-
     depth_maps = []
     started = time.perf_counter()
     for number, (g, (e, k)) in enumerate(zip(sets, cameras)):
@@ -348,8 +345,6 @@ def remove_floaters(
 ) -> tuple[list[Gaussians], int]:
     """Per-window ``sets`` without the Gaussians other windows see through (module doc);
     returns the sets and how many were removed."""
-    from models.geometry.cameras import transform_points, world_to_camera
-
     depth_maps = _depth_maps(sets, cameras, shape, backend)
     height, width = shape
     kept, removed = [], 0

@@ -32,7 +32,10 @@ from torch import Tensor
 
 from datamodules.errors import InputError
 from models.gaussians import Gaussians
+from models.inference import render_views
+from models.metrics import build_lpips, lpips_inputs, psnr_per_image, ssim_per_image
 from models.pixels import image_to_uint8
+from models.pose_fit import fit_target_poses, pose_error
 
 __all__ = [
     "HOLDOUT_POSE_STEPS",
@@ -192,8 +195,6 @@ def fit_holdout_cameras(
         were placed, the steps and, per photo, how far each moved (``rotation_deg``;
         ``translation`` in scene units).
     """
-    from models.pose_fit import fit_target_poses, pose_error
-
     device = gaussians.means.device
     fitted = fit_target_poses(
         gaussians.detach(),
@@ -234,9 +235,6 @@ def score_holdout(
         :class:`HoldoutScores`; per photo ``psnr``, ``ssim``, ``nearest_view``,
         ``nearest_view_psnr``, ``nearest_view_ssim`` (and ``lpips``, ``nearest_view_lpips``).
     """
-    from models.inference import render_views
-    from models.metrics import build_lpips, lpips_inputs, psnr_per_image, ssim_per_image
-
     device = gaussians.means.device
     with torch.inference_mode():
         renders = render_views(

@@ -22,16 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from datamodules.errors import InputError
+from datamodules.readers.colmap import ColmapError, find_model_dir, read_colmap_points
+from datamodules.readers.image_folder import VIDEO_EXTENSIONS, load_images
+from datamodules.tools import sfm as sfm_tool  # its attributes at call time (tests stand in)
+from models.registry import pose_free_models
 
-__all__ = ["SfmPreflight", "load_inputs", "needs_sfm", "sfm_preflight", "without_poses"]
+__all__ = [
+    "SfmPreflight",
+    "load_inputs",
+    "needs_sfm",
+    "pose_free_hint",
+    "sfm_preflight",
+    "without_poses",
+]
 
 
 def without_poses(source: Path) -> bool:
     """A folder without ``cameras.json`` or a COLMAP model, or a video: poses come from
     structure-from-motion (a single image stays an error: it cannot be posed)."""
-    from datamodules.readers.colmap import find_model_dir
-    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
-
     if source.is_file():
         return source.suffix.lower() in VIDEO_EXTENSIONS
     jsons = (source / "cameras.json", source / "images" / "cameras.json")
@@ -63,12 +71,10 @@ class SfmPreflight:
 
 def _sfm_settings(sfm: Mapping[str, Any]) -> tuple[Any, Any]:
     """``(SfmSettings, cache)`` of the ``sfm.*`` settings (``InputError`` naming ``sfm``)."""
-    from datamodules.tools.sfm import SfmSettings
-
     options = dict(sfm)
     cache = options.pop("cache", True)
     try:
-        settings = SfmSettings(**options)
+        settings = sfm_tool.SfmSettings(**options)
         settings.check()
     except (TypeError, ValueError) as error:
         raise InputError("sfm", " ".join(str(error).split())) from error
@@ -85,31 +91,35 @@ def sfm_preflight(
     Raises:
         InputError: an invalid ``sfm.*`` setting (one line naming ``sfm``).
     """
-    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
-    from datamodules.tools.sfm import cache_root, image_files
-
     source = Path(source).expanduser()
     _, cache = _sfm_settings(sfm or {})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cache_root(cache)
+        sfm_tool.cache_root(cache)
     if source.is_file():
         video = source.suffix.lower() in VIDEO_EXTENSIONS
         names, count = [], int(views or 8) if video else 1
     else:
-        names = [p.name for p in image_files(source)]
+        names = [p.name for p in sfm_tool.image_files(source)]
         count = len(names)
     return SfmPreflight(names, count, _notes(caught, exact=True))
 
 
 def _needs_poses(source: Path, name: str, reason: str) -> InputError:
-    from datamodules.tools.sfm import pose_free_hint
-
     return InputError(
         source,
         f"model {name} needs camera poses ({reason}); add cameras.json or a COLMAP model, "
         f"pass cameras=PATH, or use a pose-free model: model={pose_free_hint()}",
     )
+
+
+def pose_free_hint() -> str:
+    """The first pose-free model that loads by name (shipped weights first), for error messages."""
+    try:
+        names = [name.split(" ")[0] for name in pose_free_models()]
+    except Exception:  # the hint must never turn into a different error
+        names = []
+    return names[0] if names else "zipsplat_tiny"
 
 
 def _notes(caught: list[warnings.WarningMessage], exact: bool = False) -> list[str]:
@@ -150,8 +160,6 @@ def load_inputs(
         InputError: one line naming the input (poses a posed model lacks, a cameras path not
         found, too few views: then with the skipped files).
     """
-    from datamodules.readers.image_folder import VIDEO_EXTENSIONS, load_images
-
     pose_free = bool(getattr(model, "pose_free", False))
     min_views = int(getattr(model, "min_views", 1))
     name = name or str(getattr(model, "registry_name", None) or type(model).__name__)
@@ -195,20 +203,20 @@ def _sfm_inputs(
     fit_shape_of: Callable[[Any], tuple[int, int]] | None = None,
 ) -> tuple[Any, list[str]]:
     """Poses by structure-from-motion, then the images loaded with them."""
-    from datamodules.readers.image_folder import load_images
-    from datamodules.tools.sfm import poses_for_input
-
     settings, cache = _sfm_settings(sfm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result, folder, cameras_json = poses_for_input(source, views, settings, cache=cache)
+        try:
+            result, folder, cameras_json = sfm_tool.poses_for_input(
+                source, views, settings, cache=cache
+            )
+        except sfm_tool.SfmError as error:
+            raise error.with_pose_free_model(pose_free_hint()) from None
         images = load_images(
             folder, shape, views, min_views, poses=str(cameras_json), fit_shape_of=fit_shape_of
         )
     images.pose_source, images.sfm = "structure-from-motion", result
     if images.points is None:  # the sparse points set a release's scale (models.inference)
-        from datamodules.readers.colmap import ColmapError, read_colmap_points
-
         with contextlib.suppress(ColmapError):
             images.points = read_colmap_points(result.model_dir, min_points=1)[0]
     return images, _notes(caught, exact=True)

@@ -32,6 +32,9 @@ import torch
 from torch import Tensor
 
 from datamodules.errors import InputError
+from datamodules.readers.colmap import find_model_dir, read_model
+from datamodules.readers.image_folder import VIDEO_EXTENSIONS
+from models.registry import get_pretrained_cfg
 
 __all__ = [
     "MIN_SHARED_POINTS",
@@ -98,8 +101,6 @@ def covisibility(model_dir: str | Path, names: Sequence[str]) -> np.ndarray | No
     misses a photo."""
     from scipy import sparse
 
-    from datamodules.readers.colmap import read_model
-
     _, images, _ = read_model(model_dir, points=False)
     by_name = {}
     for image in images.values():
@@ -159,8 +160,6 @@ def image_affinity(images: Tensor, side: int = 16) -> np.ndarray:
 
 def _model_dir(images: Any) -> Path | None:
     """The COLMAP model behind an image set's poses (an SfM run or the input's own)."""
-    from datamodules.readers.colmap import find_model_dir
-
     sfm = getattr(images, "sfm", None)
     if sfm is not None:
         return Path(sfm.model_dir)
@@ -171,8 +170,6 @@ def _model_dir(images: Any) -> Path | None:
 
 def view_graph(images: Any, pose_free: bool) -> ViewGraph:
     """The overlap graph of an ``ImageSet`` for a posed or a pose-free model (module doc)."""
-    from datamodules.readers.image_folder import VIDEO_EXTENSIONS
-
     names = list(images.names)
     count = len(names)
     every = np.ones((count, count), dtype=bool)
@@ -313,8 +310,6 @@ def max_rotation_deg(extrinsics: Tensor) -> float:
 def view_angle_note(angle: float, model: str, what: str = "the views") -> str | None:
     """A warning when ``angle`` exceeds the largest view rotation the release was trained with
     (``get_pretrained_cfg(model).recipe.max_view_angle``; none known: no warning)."""
-    from models.registry import get_pretrained_cfg
-
     cfg = get_pretrained_cfg(model)
     recipe = getattr(cfg, "recipe", None) if cfg is not None else None
     limit = getattr(recipe, "max_view_angle", None)

@@ -53,6 +53,8 @@ from models.layers.pixel_trunk import PixelTrunk
 from models.layers.point_transformer import PointTransformer, PointTransformerBlock
 from models.registry import register_model
 from models.render.core import render
+from models.weights.builder import load_state_dict_strict, sub_state_dict
+from models.weights.hub import read_weights
 from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
@@ -462,9 +464,6 @@ class ReSplat(SplatModel):
         Raises:
             PretrainedError: unreadable weights, or keys/shapes that do not match the initial model.
         """
-        from models.weights.builder import load_state_dict_strict, sub_state_dict
-        from models.weights.hub import read_weights
-
         state, path = read_weights(location, "resplat")
         state = sub_state_dict(state, "init_model.") or state  # a whole ReSplat, or its init
         load_state_dict_strict(self.init_model, state, path, "ReSplat initial model")

@@ -89,6 +89,8 @@ from models.layers.pixel_trunk import PixelTrunk
 from models.layers.point_transformer import PointTransformerBlock
 from models.layers.wavelet import detail_bands, detail_energy
 from models.registry import register_model
+from models.weights.builder import load_state_dict_strict, sub_state_dict
+from models.weights.hub import PretrainedError, read_weights
 from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
 
 __all__ = [
@@ -326,9 +328,6 @@ class SplatWeaver(PixelTrunk, SplatModel):
             PretrainedError: unreadable weights, or a trunk module missing from or not matching
                 the file.
         """
-        from models.weights.builder import load_state_dict_strict, sub_state_dict
-        from models.weights.hub import PretrainedError, read_weights
-
         state, path = read_weights(location, "splatweaver")
         loaded = []
         for name, module in self.trunk_modules().items():

@@ -16,7 +16,7 @@ from PIL import Image
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from models.budget import fit_estimate
 from models.capture.holdout import HoldoutScores, HoldoutViews, holdout_summary
-from models.pipeline.settings import SettingError
+from models.command_line import SettingError
 from models.refine.plan import plan_fit
 from models.refine.settings import (
     RefineSettings,

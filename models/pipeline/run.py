@@ -31,6 +31,7 @@ from models.capture.whole import (
     window_size,
     write_capture,
 )
+from models.command_line import check_values
 from models.inference import InferenceError, check_knobs
 from models.knobs import declared_knob_names
 from models.pipeline.refinement import (
@@ -39,7 +40,7 @@ from models.pipeline.refinement import (
     photo_shape,
     refine_settings,
 )
-from models.pipeline.settings import InferConfig, check_values
+from models.pipeline.settings import InferConfig
 from models.refine import fit_shape, gaussians_from_points, plot_holdout_psnr
 from models.refine.stage import refine_checkpoint_path
 from models.refine.start import merged_start

@@ -26,7 +26,7 @@ from datamodules.errors import InputError
 from datamodules.readers.colmap import read_colmap_points
 from datamodules.readers.image_folder import load_images
 from models.capture.holdout import holdout_indices, holdout_views, score_holdout
-from models.command_line import Terminated
+from models.command_line import MISSING, Terminated, parse_key_values
 from models.gaussians import Gaussians
 from models.inference import check_backend, choose_device
 from models.output_folder import OutputFolder
@@ -36,7 +36,7 @@ from models.pipeline.refinement import (
     photo_shape,
     refine_settings,
 )
-from models.pipeline.settings import MISSING, RefineCommandConfig, parse_key_values
+from models.pipeline.settings import RefineCommandConfig
 from models.pixels import image_to_uint8
 from models.refine.plan import fit_shape
 from models.refine.report import plot_holdout_psnr

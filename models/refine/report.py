@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models.gaussians import Gaussians
+from models.metrics import psnr_per_image
+from models.render import render
 
 __all__ = ["holdout_evaluator", "plot_holdout_psnr"]
 
@@ -21,9 +23,6 @@ def holdout_evaluator(
     held-out photos ``images`` ``[H, 3, h, w]`` (resized to ``shape`` with area averaging, the
     ``targets``) rendered at their cameras (``[H, 4, 4]``, normalised ``[H, 3, 3]``) — the
     ``evaluate`` of :func:`models.refine.refine_gaussians`."""
-    from models.metrics import psnr_per_image
-    from models.render import render
-
     target = images.float()
     if tuple(target.shape[-2:]) != tuple(shape):
         target = F.interpolate(target, size=shape, mode="area")

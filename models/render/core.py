@@ -32,6 +32,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from models.gaussians import Gaussians
+from models.render.cpu import cpu_rasterizer_error, render_cpu
 from models.render.gsplat_backend import TILE_SIZE, _render_gsplat, gsplat_available
 from models.render.output import RenderOutput
 from models.render.projection import EPS2D
@@ -47,8 +48,6 @@ MAX_NORMALISED_FOCAL = 50.0  # larger focal lengths are pixel intrinsics passed 
 
 def _cpu_backend_usable(dtype: torch.dtype) -> bool:
     """Whether ``auto`` takes the compiled CPU rasteriser for ``dtype`` (warns once per reason)."""
-    from models.render.cpu import cpu_rasterizer_error
-
     error = cpu_rasterizer_error(dtype)
     if error is not None and error not in _CPU_FALLBACK_WARNED:
         _CPU_FALLBACK_WARNED.add(error)
@@ -196,8 +195,6 @@ def _resolve_backend(backend: str, gaussians: Gaussians) -> str:
         if gaussians.dtype != torch.float32:
             raise ValueError(f"backend='gsplat' needs float32 gaussians, got {gaussians.dtype}")
     if backend == "cpu":
-        from models.render.cpu import cpu_rasterizer_error
-
         if device.type != "cpu":
             raise ValueError(f"backend='cpu' needs CPU tensors, got gaussians on {device}")
         error = cpu_rasterizer_error(gaussians.dtype)
@@ -283,8 +280,6 @@ def render(
     if backend == "gsplat" and bool(gaussians.valid_mask().any()):  # gsplat: no empty sets
         return _render_gsplat(gaussians, *views, rasterize_mode, eps2d)
     if backend == "cpu":
-        from models.render.cpu import render_cpu
-
         return render_cpu(gaussians, *views, tile_size, rasterize_mode, eps2d)
     return _render_torch(
         gaussians, *views, tile_size, chunk, max_elements, recompute, rasterize_mode, eps2d

@@ -38,7 +38,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from models.render.projection import EPS2D
+from models.render.output import RenderOutput
+from models.render.projection import EPS2D, project_views
+from models.sh import eval_sh
 
 __all__ = [
     "CpuRasterizerUnavailable",
@@ -304,10 +306,6 @@ def render_cpu(
     In ``"antialiased"`` mode the opacities are compensated per view in PyTorch before the kernel
     (which takes per-image opacities), so autograd carries the compensation's gradient.
     """
-    from models.render.output import RenderOutput
-    from models.render.projection import project_views
-    from models.sh import eval_sh
-
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
     projection, valid = project_views(

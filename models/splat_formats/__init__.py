@@ -18,6 +18,11 @@ import numpy as np
 from datamodules.errors import InputError
 
 from .common import SplatArrays, atomic_write_bytes, read_bytes
+from .compressed_ply import is_compressed_ply, read_compressed_ply, write_compressed_ply
+from .glb import read_glb, write_glb
+from .sog import read_sog, write_sog, write_sog_folder
+from .splat import read_splat, write_splat
+from .spz import read_spz, write_spz
 
 __all__ = [
     "FORMATS",
@@ -91,8 +96,6 @@ def write_splats(path: str | os.PathLike, splats: SplatArrays, spz_version: int 
     kind = format_of(path)
     name = os.path.basename(os.fspath(path)).lower()
     if kind == "sog" and name.endswith(".json"):
-        from .sog import write_sog_folder
-
         folder = os.path.dirname(os.path.abspath(path))
         files = write_sog_folder(path, splats)
         meta_name = os.path.basename(os.fspath(path))
@@ -106,24 +109,14 @@ def write_splats(path: str | os.PathLike, splats: SplatArrays, spz_version: int 
 
 def _encode(path, kind: str, splats: SplatArrays, spz_version: int) -> bytes:
     if kind == "spz":
-        from .spz import write_spz
-
         return write_spz(path, splats, version=spz_version)
     if kind == "sog":
-        from .sog import write_sog
-
         return write_sog(path, splats)
     if kind == "glb":
-        from .glb import write_glb
-
         return write_glb(path, splats)
     if kind == "splat":
-        from .splat import write_splat
-
         return write_splat(path, splats)
     if kind == "compressed.ply":
-        from .compressed_ply import write_compressed_ply
-
         return write_compressed_ply(path, splats)
     raise InputError(path, f"{kind} files are written by Gaussians.save_ply")
 
@@ -136,27 +129,17 @@ def read_splats(path: str | os.PathLike) -> SplatArrays:
     """
     kind = format_of(path)
     if kind in ("ply", "compressed.ply"):
-        from .compressed_ply import is_compressed_ply, read_compressed_ply
-
         data = read_bytes(path)
         if not is_compressed_ply(data):
             raise InputError(path, "not a compressed PLY (read it with Gaussians.load_ply)")
         splats = read_compressed_ply(path, data)
     elif kind == "spz":
-        from .spz import read_spz
-
         splats = read_spz(path)
     elif kind == "sog":
-        from .sog import read_sog
-
         splats = read_sog(path)
     elif kind == "glb":
-        from .glb import read_glb
-
         splats = read_glb(path)
     else:
-        from .splat import read_splat
-
         splats = read_splat(path)
     n = splats.count
     shapes = [

@@ -5,7 +5,6 @@ Imported only by the scripts, so ``import models`` stays free of Hydra and Light
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import logging
@@ -23,12 +22,15 @@ import lightning as L
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.errors import InputError
+from models.command_line import SettingError, closest
+from models.weights.hub import PretrainedError, checkpoint_safe_globals, load_checkpoint_state_dict
 
 __all__ = [
+    "check_overrides",
     "UserError",
     "exit_on_user_error",
     "instantiate_group",
@@ -77,6 +79,70 @@ def exit_on_user_error(fn: Callable) -> Callable:
             raise
 
     return wrapper
+
+
+def check_overrides(
+    argv: list[str], config_dir: str | Path, config_name: str, program: str
+) -> None:
+    """Compose the configuration with the command line's overrides before the run, so that a
+    setting the configuration does not have is one line naming it and the closest one (``did you
+    mean``), as in every other command, instead of Hydra's multi-line report.
+
+    Raises:
+        SettingError: an unknown setting, or an override Hydra cannot apply (its first line).
+    """
+    if any(arg in ("-m", "--multirun") for arg in argv):
+        return  # a sweep: Hydra's sweeper reads its own grammar
+    overrides = [arg for arg in argv if not arg.startswith("-")]
+    try:
+        _compose(config_dir, config_name, program, overrides)
+    except (hydra.errors.HydraException, ValueError) as error:
+        if isinstance(error, InputError):
+            raise
+        text = str(error)
+        unknown = re.search(r"Could not override '([^']+)'", text)
+        if unknown is None:
+            raise SettingError(" ".join(overrides) or program, _first_line(error)) from None
+        key = unknown.group(1)
+        given = next((a for a in overrides if a.partition("=")[0].lstrip("+~") == key), key)
+        rest = [a for a in overrides if a != given]
+        raise SettingError(
+            given, _unknown_message(key, rest, config_dir, config_name, program)
+        ) from None
+
+
+def _compose(config_dir: str | Path, config_name: str, program: str, overrides: list[str]):
+    with hydra.initialize_config_dir(
+        version_base="1.3", config_dir=str(config_dir), job_name=program.removesuffix(".py")
+    ):
+        return hydra.compose(config_name=config_name, overrides=overrides)
+
+
+def _unknown_message(
+    key: str, rest: list[str], config_dir: str | Path, config_name: str, program: str
+) -> str:
+    """``unknown setting of PROGRAM (did you mean ...?)``, the guess taken among the keys of the
+    configuration the other overrides compose."""
+    try:
+        composed = OmegaConf.to_container(_compose(config_dir, config_name, program, rest))
+    except (hydra.errors.HydraException, ValueError):
+        composed = {}
+    names = list(_leaf_names(composed))
+    guess = closest(key, names)
+    group = key.rpartition(".")[0]
+    if guess is None and group:
+        siblings = [n for n in names if n.startswith(f"{group}.")]
+        guess = closest(key, siblings)
+    hint = f" (did you mean {guess}?)" if guess else ""
+    return f"unknown setting of {program}{hint}; to add it, write +{key}=..."
+
+
+def _leaf_names(tree: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(tree, dict):
+        for name, value in tree.items():
+            yield from _leaf_names(value, f"{prefix}{name}.")
+    elif prefix:
+        yield prefix[:-1]
 
 
 def _first_line(error: BaseException) -> str:
@@ -168,43 +234,16 @@ class TimeFromNow(L.Callback):
 def check_checkpoint(path: str) -> None:
     """Refuse a training checkpoint that ``weights_only=True`` cannot read (a pickle that would
     run code, a truncated file) before Lightning touches it; one line naming the file."""
-    from models.weights.hub import PretrainedError, load_checkpoint_state_dict
-
     try:
         load_checkpoint_state_dict(path)
     except PretrainedError as error:
         raise UserError(str(error)) from None
 
 
-@contextlib.contextmanager
-def stopped_by_signal(trainer: L.Trainer) -> Iterator[None]:
-    """Around ``trainer.fit`` / ``trainer.test``: Lightning ends a run that Ctrl-C or SIGTERM
-    (``models.command_line.Terminated``) interrupted with ``sys.exit(1)``; this raises the
-    interruption again, so that ``stopped_cleanly`` prints its one line and exits 130 / 143.
-    Lightning's own SIGTERM handler runs first and sets ``trainer.received_sigterm``."""
-    from models.command_line import Terminated
-
-    try:
-        yield
-    except SystemExit:
-        if trainer.interrupted:
-            raise (Terminated() if trainer.received_sigterm else KeyboardInterrupt()) from None
-        raise
-    except (OSError, EOFError, RuntimeError):
-        # A SIGTERM to the process group also ends the loader workers: a batch being handed
-        # over then fails (multiprocessing's resource_sharer: the worker that held its file
-        # descriptor is gone). That is the stop, not an error of its own.
-        if getattr(trainer, "received_sigterm", False):
-            raise Terminated() from None
-        raise
-
-
 def resume_safely():
     """The context in which ``trainer.fit(..., weights_only=True)`` may read this project's
     checkpoints: the data-only classes they hold (OmegaConf hyper-parameters) allowlisted."""
     import torch
-
-    from models.weights.hub import checkpoint_safe_globals
 
     return torch.serialization.safe_globals(checkpoint_safe_globals())
 

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,14 @@ from torch import nn
 
 from models.base import INIT_ONLY_ARGS
 from models.command_line import (
-    key_value_arguments,
+    MISSING,
+    parse_key_values,
     run_key_value_command,
+    setting,
     stopped_cleanly,
-    truthy,
 )
 from models.output_folder import OutputFolder, OutputFolderError
+from models.registry import is_model
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import load_checkpoint_state_dict
 from models.weights.hub import save_pretrained as save_with_metadata
@@ -134,8 +137,6 @@ def _build_model(checkpoint: dict, name: str | None, path: Path) -> tuple[nn.Mod
     ``model_config`` (every constructor argument); ``model_kwargs`` (overrides of the entry point)
     is accepted too.
     """
-    from models.registry import is_model
-
     hparams = checkpoint.get("hyper_parameters") or {}
     name = name or hparams.get("model_name")
     if not name:
@@ -207,11 +208,25 @@ def _output_folder(out: Path, source: Path, overwrite: bool) -> OutputFolder:
 # --------------------------------------------------------------------------- command line
 
 
-_KEYS = ("ckpt", "out", "push_to_hub", "name", "metrics", "data", "overwrite", "private")
+PROGRAM = "python -m models.training.export"
 
 
-def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
-    """The arguments (a leading ``+`` or ``++`` dropped) and the ``metric.NAME=VALUE`` ones."""
+@dataclass
+class ExportSettings:
+    """``python -m models.training.export key=value ...`` (and ``metric.NAME=VALUE``)."""
+
+    ckpt: str = setting(MISSING, path=True)  # the Lightning checkpoint
+    out: str = setting(MISSING, path=True)  # the save_pretrained folder
+    push_to_hub: str | None = None  # org/repo
+    name: str | None = None  # the registry model (default: the checkpoint's)
+    metrics: str | None = setting(None, path=True)  # a metrics JSON (eval.py's)
+    data: str | None = None  # the training data, as the card says it
+    overwrite: bool = False
+    private: bool = False
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, Any], dict[str, float]]:
+    """The settings and the ``metric.NAME=VALUE`` ones (numbers)."""
     rest: list[str] = []
     metrics: dict[str, float] = {}
     for item in argv:
@@ -224,7 +239,9 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, float]]:
                 raise ExportError(item, "metric values must be numbers") from error
         else:
             rest.append(item)
-    args = key_value_arguments(rest, _KEYS, ("ckpt", "out"), ExportError, USAGE, strip="+")
+    paths, args = parse_key_values(rest, ExportSettings, PROGRAM, hint=USAGE)
+    if paths:
+        raise ExportError(paths[0], f"not a setting (settings are key=value). {USAGE}")
     return args, metrics
 
 
@@ -244,21 +261,21 @@ def _read_metrics(path: str) -> dict[str, float]:
 
 def _export(argv: list[str]) -> None:
     args, metrics = _parse(argv)
-    if args.get("metrics"):
+    if args["metrics"]:
         metrics = {**_read_metrics(args["metrics"]), **metrics}
-    repo_id = args.get("push_to_hub") or None
+    repo_id = args["push_to_hub"] or None
     out = export_checkpoint(
         args["ckpt"],
         args["out"],
-        name=args.get("name"),
+        name=args["name"],
         metrics=metrics,
-        data=args.get("data"),
-        overwrite=truthy(args.get("overwrite")),
+        data=args["data"],
+        overwrite=args["overwrite"],
         repo_id=repo_id,
     )
     print(f"exported {args['ckpt']} -> {out}")
     if repo_id:
-        url = push_folder(out, repo_id, private=truthy(args.get("private")))
+        url = push_folder(out, repo_id, private=args["private"])
         print(f"pushed {out} -> {url}")
 
 
@@ -268,5 +285,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with stopped_cleanly("python -m models.training.export"):
+    with stopped_cleanly(PROGRAM):
         sys.exit(main())

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from models import pose_fit
 from models.base import ModelOutput
 from models.gaussians import Gaussians
 from models.metrics import (
@@ -310,9 +311,7 @@ class SplatLitModule(L.LightningModule):
         if pose_free and self.hparams.fit_target_poses:
             # The model's frame may differ from the scene frame by a similarity: the targets' GT
             # poses are mapped into it (fitted on the context views), then refined there.
-            from models.pose_fit import place_targets
-
-            placed = place_targets(
+            placed = pose_fit.place_targets(
                 gaussians,
                 context,
                 target,

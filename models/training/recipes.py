@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from models.base import ModelOutput
+from models.families.zipsplat import compression_schedule
 from models.gaussians import Gaussians
 
 __all__ = [
@@ -104,8 +105,6 @@ class ZipSplatTrainingRecipe(TrainingRecipe):
         (drawn from torch's global generator, so seeded runs repeat); ``camera_prior``: the
         probability with which each scene gets the prior; ``chamfer_points`` when the Chamfer
         term is on."""
-        from models.families.zipsplat import compression_schedule
-
         r_min = compression_schedule(
             step, max_steps, self.r_min_final, self.anneal_fraction, self.train_views
         )

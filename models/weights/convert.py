@@ -26,15 +26,18 @@ import os
 import re
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from models.command_line import (
-    key_value_arguments,
+    MISSING,
+    parse_key_values,
     run_key_value_command,
+    setting,
     stopped_cleanly,
-    truthy,
 )
 from models.output_folder import OutputFolder, OutputFolderError
 from models.registry import is_model
@@ -50,7 +53,18 @@ USAGE = (
     f"usage: python -m {PROGRAM} release=FILE model=ARCH[.TAG] out=DIR [overwrite=true] "
     "[push_to_hub=org/repo] [private=true]"
 )
-_KEYS = ("release", "model", "out", "overwrite", "push_to_hub", "private")
+
+
+@dataclass
+class ConvertReleaseSettings:
+    """``python -m models.weights.convert key=value ...``."""
+
+    release: str = setting(MISSING, path=True)  # the authors' release file
+    model: str = MISSING  # the architecture or tag it converts to
+    out: str = setting(MISSING, path=True)  # the save_pretrained folder
+    overwrite: bool = False
+    push_to_hub: str | None = None  # org/repo
+    private: bool = False
 
 
 def provenance(source: WeightsSource) -> str:
@@ -140,8 +154,10 @@ def convert_release(
     return out
 
 
-def _parse(argv: list[str]) -> dict[str, str]:
-    args = key_value_arguments(argv, _KEYS, ("release", "model", "out"), ExportError, USAGE)
+def _parse(argv: list[str]) -> dict[str, Any]:
+    paths, args = parse_key_values(argv, ConvertReleaseSettings, f"python -m {PROGRAM}", hint=USAGE)
+    if paths:
+        raise ExportError(paths[0], f"not a setting (settings are key=value). {USAGE}")
     if not is_model(args["model"]):
         raise ExportError(
             f"model={args['model']}",
@@ -152,22 +168,18 @@ def _parse(argv: list[str]) -> dict[str, str]:
 
 def _convert(argv: list[str]) -> None:
     args = _parse(argv)
-    repo_id = args.get("push_to_hub") or None
+    repo_id = args["push_to_hub"] or None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = convert_release(
-            args["release"],
-            args["model"],
-            args["out"],
-            overwrite=truthy(args.get("overwrite")),
-            repo_id=repo_id,
+            args["release"], args["model"], args["out"], args["overwrite"], repo_id=repo_id
         )
     for warning in caught:
         if issubclass(warning.category, UserWarning):
             print(f"warning: {' '.join(str(warning.message).split())}", file=sys.stderr)
     print(f"converted {args['release']} -> {out}")
     if repo_id:
-        url = push_folder(out, repo_id, private=truthy(args.get("private")))
+        url = push_folder(out, repo_id, private=args["private"])
         print(f"pushed {out} -> {url}")
 
 
