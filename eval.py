@@ -10,7 +10,7 @@ per-scene ``scenes.csv`` and sample renders into the run folder, and prints a ta
 models are scored with and without test-time target-pose fit: their frame may differ from
 the scene frame by a similarity (a release's own depth normalisation), so the target poses are first
 mapped into it (``target_pose_alignment``, fitted on the context views, see
-``models.pose_fit.place_targets``), then refined; ``metrics.json`` says how
+``models.pipeline.pose_fit.place_targets``), then refined; ``metrics.json`` says how
 (``target_pose_placement``).
 """
 
@@ -36,10 +36,9 @@ from omegaconf import DictConfig, open_dict
 from datamodules.errors import InputError
 from datamodules.training.datamodule import recipe_data_settings
 from models import create_model, get_pretrained_cfg
-from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
+from models.core.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
+from models.core.output_folder import mark_staging, remove_stale_folders
 from models.geometry.similarity import CAMERA_FITS
-from models.output_folder import mark_staging, remove_stale_folders
-from models.registry import to_plain
 from models.training.cli import (
     StepProgressBar,
     UserError,
@@ -48,6 +47,7 @@ from models.training.cli import (
     instantiate_group,
     quiet_third_party,
 )
+from models.weights.registry import to_plain
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import view  # noqa: E402
 from datamodules.errors import InputError  # noqa: E402
-from models.command_line import (  # noqa: E402
+from models.core.command_line import (  # noqa: E402
     check_arguments,
     config_help,
     quote_lists,

@@ -19,8 +19,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from datamodules.errors import InputError
-from models.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
-from models.registry import to_plain
+from models.core.command_line import quote_path_arguments, stopped_by_signal, stopped_cleanly
 from models.training.cli import (
     AtomicCheckpointIO,
     StepProgressBar,
@@ -36,6 +35,7 @@ from models.training.cli import (
     resolve_ckpt_path,
     resume_safely,
 )
+from models.weights.registry import to_plain
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 

@@ -15,7 +15,7 @@ the scene and the Gaussian count. An ``infer.py`` folder is reconstructed again 
 ``summary.json`` (model, weights, input) when the input is still there (``live=false``: show the
 saved files only; ``max_gaussians`` then prunes the saved set). ``refine=N`` / ``refine_time=S``
 (photos reconstructed here) refine the Gaussians on the input photos before serving
-(``models.inference.refine_reconstruction``); a knob moved later re-runs the feed-forward pass
+(``models.pipeline.inference.refine_reconstruction``); a knob moved later re-runs the feed-forward pass
 only, not the refinement.
 
 It binds to 127.0.0.1 (``host=`` to change, with a warning when not loopback) on a free port
@@ -40,16 +40,16 @@ if str(REPO_ROOT) not in sys.path:  # `python /path/to/view.py` from another fol
     sys.path.insert(0, str(REPO_ROOT))
 
 from datamodules.errors import InputError  # noqa: E402
-from models.command_line import Declared, parse_key_values, stopped_cleanly  # noqa: E402
-from models.knobs import MAX_GAUSSIANS, declared_knob_names  # noqa: E402
-from models.pipeline.live import build  # noqa: E402
+from models.core.command_line import Declared, parse_key_values, stopped_cleanly  # noqa: E402
 from models.pipeline.refinement import (  # noqa: E402
     check_fit_memory,
     photo_shape,
     refine_settings,
 )
 from models.pipeline.settings import RefineFields, ViewConfig  # noqa: E402
-from models.viewer import ViewerError  # noqa: E402
+from models.view.live import build  # noqa: E402
+from models.view.server import ViewerError  # noqa: E402
+from models.weights.knobs import MAX_GAUSSIANS, declared_knob_names  # noqa: E402
 
 USAGE = (
     "usage: python view.py PATH [model=NAME] [weights=...] [host=127.0.0.1] [port=0] "
@@ -57,7 +57,9 @@ USAGE = (
 )
 
 
-KNOB_KEYS = declared_knob_names()  # the knobs the families declare (models.knobs), read once
+KNOB_KEYS = (
+    declared_knob_names()
+)  # the knobs the families declare (models.weights.knobs), read once
 # The knobs as settings: any value here, checked against the model's declarations once it loads
 KNOBS = {key: Declared(key, Any, True, None, {}) for key in KNOB_KEYS}
 

@@ -3,7 +3,7 @@
 One forward pass of V views at the inputs' size, timed, with its peak resident memory: each
 configuration in a fresh subprocess; the resident memory after loading the weights, and the peak
 during the forward pass (``VmHWM`` reset through ``/proc/self/clear_refs`` after loading, as
-``models.budget`` was calibrated). Weights: a release-format folder (``config.json`` +
+``models.core.budget`` was calibrated). Weights: a release-format folder (``config.json`` +
 ``model.safetensors``, e.g. deterministic test weights) or, without ``--weights``, random ones
 (time and memory do not depend on the values except through the voxel count, reported).
 Inputs: ``image [1, V, 3, H, W]`` in [0, 1] from a ``.safetensors`` file (``--images``; the first

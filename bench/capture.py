@@ -3,9 +3,9 @@
     python -m bench.capture input=PHOTOS holdout=8 models=pixel_aligned_tiny,zipsplat_tiny \
         [output=DIR] [image_size=N] [device=auto] [backend=auto] [views=all]
 
-Loads the capture once per input size (``models.capture.inputs.load_inputs``: cameras.json, a
+Loads the capture once per input size (``models.pipeline.capture.inputs.load_inputs``: cameras.json, a
 COLMAP model, or structure-from-motion), plans the windows and held-out photos once
-(``models.capture.whole.plan_capture`` with the first model; a model with another view count gets
+(``models.pipeline.capture.whole.plan_capture`` with the first model; a model with another view count gets
 its own windows over the same photos, said in the table), then per model reconstructs every
 window, fuses them and scores the held-out photos (``reconstruct_capture``). Writes
 ``DIR/capture.json``, ``DIR/capture.md`` (the table) and ``DIR/capture.png`` (held-out PSNR
@@ -58,9 +58,9 @@ def parse(argv: list[str]) -> dict[str, Any]:
 
 def run_model(name: str, settings: dict, cache: dict, first_plan: list) -> dict[str, Any]:
     """One model on the capture; a row of the table."""
-    from models import inference
-    from models.capture.inputs import load_inputs
-    from models.capture.whole import plan_capture, reconstruct_capture, window_size
+    from models.pipeline import inference
+    from models.pipeline.capture.inputs import load_inputs
+    from models.pipeline.capture.whole import plan_capture, reconstruct_capture, window_size
 
     device = inference.choose_device(settings["device"])
     start = time.perf_counter()

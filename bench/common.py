@@ -21,7 +21,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from datamodules.training.samplers import load_evaluation_index  # noqa: E402
 from models import Gaussians, load_model, render  # noqa: E402
-from models.metrics import lpips_inputs, psnr_per_image, ssim_per_image  # noqa: E402
+from models.pipeline.metrics import lpips_inputs, psnr_per_image, ssim_per_image  # noqa: E402
 
 __all__ = [
     "REPO_ROOT",
@@ -36,7 +36,7 @@ __all__ = [
 
 def load_weights(location: str, device: torch.device | str = "cpu", **overrides: Any) -> nn.Module:
     """The registry model that ``location`` (``.ckpt``, folder, ``hf-hub:``) describes, with its
-    weights, in eval mode on ``device`` (see ``models.factory.load_model``)."""
+    weights, in eval mode on ``device`` (see ``models.weights.factory.load_model``)."""
     return load_model(location, **overrides).to(device).eval()
 
 
@@ -136,7 +136,7 @@ def score_targets(
         backend: renderer backend.
         extrinsics: ``[B, T, 4, 4]`` to render from instead of ``target["extrinsics"]`` (refined
             poses).
-        lpips: a ``models.metrics.build_lpips`` module to also score LPIPS with.
+        lpips: a ``models.pipeline.metrics.build_lpips`` module to also score LPIPS with.
 
     Returns:
         Per-scene ``psnr``, ``ssim`` (means over the targets), ``gaussians`` (count) and, with

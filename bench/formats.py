@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from data_fixtures import GARDEN, garden_scene  # noqa: E402
 from splat_format_fixtures import file_size, splat_transform  # noqa: E402
 
-from models.gaussians import Gaussians  # noqa: E402
+from models.core.gaussians import Gaussians  # noqa: E402
 from models.geometry.cameras import intrinsics_to_normalized  # noqa: E402
 from models.render import render  # noqa: E402
 

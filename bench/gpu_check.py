@@ -11,7 +11,7 @@ wheel first). It
 3. times forward and forward+backward of both backends;
 4. times ``create_model(name)`` + ``render`` for the models named with ``--models`` (the hook
    :func:`reconstruction_timing`, for per-family reconstruction timing);
-5. times a per-scene refinement step (``models.refine.refine_gaussians``) with
+5. times a per-scene refinement step (``models.pipeline.refine.refine_gaussians``) with
    ``backend="gsplat"`` and ``backend="torch"`` on CUDA and the compiled ``"cpu"`` backend on the
    CPU (:func:`refine_timing`: 50k Gaussians, 8 photos at 240x136, MCMC densification), split
    into forward / backward / densify / optimizer. A backend that fails or whose loss does not
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from data_fixtures import GARDEN, garden_scene  # noqa: E402
 
-from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
+from models.core.gaussians import Gaussians, rgb_to_sh  # noqa: E402
 from models.geometry.cameras import intrinsics_to_normalized  # noqa: E402
 from models.render.core import render  # noqa: E402
 from models.render.output import RenderOutput  # noqa: E402
@@ -279,7 +279,7 @@ def refine_capture(
     of ``views`` orbit cameras, their renders ``[V, 3, H, W]`` (torch backend) as the photos, and
     a start: the same means jittered, grey, half as many."""
     from models.geometry.camera_paths import orbit_cameras
-    from models.refine import gaussians_from_points
+    from models.pipeline.refine import gaussians_from_points
 
     g = torch.Generator().manual_seed(seed)
     means = torch.randn(count, 3, generator=g) * 0.6 + torch.tensor([0.0, 0.0, 3.0])
@@ -305,7 +305,7 @@ def refine_timing(
     """Rows of the refinement step timing per backend (``"gsplat"``/``"torch"`` on CUDA,
     ``"cpu"`` on the CPU) and the number of failed checks: a backend that raises, or whose loss
     does not fall over ``steps`` steps, fails (reported in its row with the error)."""
-    from models.refine import RefineSettings, refine_gaussians
+    from models.pipeline.refine import RefineSettings, refine_gaussians
 
     start, photos, extrinsics, intrinsics = refine_capture(count, views)
     rows: list[dict[str, object]] = []

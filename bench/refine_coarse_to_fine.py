@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datamodules.readers.image_folder import load_images  # noqa: E402
-from models.refine import (  # noqa: E402
+from models.pipeline.refine import (  # noqa: E402
     RefineSettings,
     fit_shape,
     gaussians_from_points,

@@ -1,4 +1,4 @@
-"""Benchmark: the step time of the refinement fit (``models.refine.refine_gaussians``) with each
+"""Benchmark: the step time of the refinement fit (``models.pipeline.refine.refine_gaussians``) with each
 renderer backend, in the same run, split into render forward (+ loss), backward, densification and
 optimiser (Adam, the MCMC noise, schedules).
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datamodules.readers.colmap import read_colmap_points  # noqa: E402
 from datamodules.readers.image_folder import load_images  # noqa: E402
-from models.refine import (  # noqa: E402
+from models.pipeline.refine import (  # noqa: E402
     MCMCSettings,
     RefineSettings,
     gaussians_from_points,

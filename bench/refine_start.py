@@ -112,7 +112,7 @@ def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
     import torch
     from PIL import Image
 
-    from models.refine import gaussians_from_points
+    from models.pipeline.refine import gaussians_from_points
     from models.render.core import render
 
     data = np.load(npz)

@@ -45,7 +45,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from data_fixtures import GARDEN, garden_scene  # noqa: E402
 
-from models.gaussians import Gaussians, rgb_to_sh  # noqa: E402
+from models.core.gaussians import Gaussians, rgb_to_sh  # noqa: E402
+from models.core.sh import eval_sh  # noqa: E402
 from models.geometry.cameras import (  # noqa: E402
     intrinsics_to_pixels,
     world_to_camera,
@@ -53,7 +54,6 @@ from models.geometry.cameras import (  # noqa: E402
 from models.render.core import render  # noqa: E402
 from models.render.projection import ALPHA_THRESHOLD, project_gaussians  # noqa: E402
 from models.render.rasterize import MAX_ALPHA, TRANSMITTANCE_MIN  # noqa: E402
-from models.sh import eval_sh  # noqa: E402
 
 # Dense peak bytes per (pixel, Gaussian) entry, measured with this script on CPU (float32):
 # 26 and 44 bytes at 64^2 x 4096 (about 7 and 11 float32 tensors alive at the peak), rounded up.

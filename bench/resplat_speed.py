@@ -34,7 +34,7 @@ def _worker(label: str, iterations: int, threads: int) -> dict:
     import torch
 
     from models import create_model, get_pretrained_cfg, render
-    from models.gaussians import Gaussians
+    from models.core.gaussians import Gaussians
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

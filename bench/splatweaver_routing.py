@@ -74,7 +74,7 @@ def score(
         "gaussians": int(gaussians.count()[0]),
     }
     if refine_steps > 0 and getattr(model, "pose_free", False):
-        from models.pose_fit import fit_target_poses
+        from models.pipeline.pose_fit import fit_target_poses
 
         with torch.enable_grad():
             refined = fit_target_poses(

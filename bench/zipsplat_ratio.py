@@ -10,7 +10,7 @@ context and target views, as in ``eval.py``) at every ratio, and optionally a pi
 baseline once, then prints a Markdown table. Metrics follow ``eval.py``: PSNR on images clipped
 to [0, 1] and SSIM (11x11 Gaussian window), averaged over each scene's targets, then over scenes.
 Pose-free models are also scored after test-time target-pose fit
-(``models.pose_fit``), the pose-free protocol; ``--refine-steps 0`` skips it.
+(``models.pipeline.pose_fit``), the pose-free protocol; ``--refine-steps 0`` skips it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import data_config, load_weights, score_targets, test_loader, to_device  # noqa: E402
 
-from models.pose_fit import fit_target_poses  # noqa: E402
+from models.pipeline.pose_fit import fit_target_poses  # noqa: E402
 from models.weights.hub import PretrainedError  # noqa: E402
 
 

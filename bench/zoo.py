@@ -14,7 +14,7 @@ the reference for the pose-free ZipSplat), ``zipsplat``, ``resplat``, ``splatwea
    so its peak memory is its own: PSNR, SSIM, LPIPS (when the VGG weights are present locally),
    Gaussians per scene, parameters, reconstruction and render milliseconds per scene and the peak
    rise in resident memory (CUDA: peak allocated). Each family is scored across the knob its
-   family module declares with sweep values (``models.knobs``: ``Knob.sweep``): ZipSplat's
+   family module declares with sweep values (``models.weights.knobs``: ``Knob.sweep``): ZipSplat's
    compression ratio, ReSplat's iterations, SplatWeaver's inference-time Gaussians per pixel.
    Targets are rendered from their given poses (no test-time pose fit).
 3. **Report** ``results.csv``, ``results.md`` (means over seeds, ± the standard deviation when
@@ -99,7 +99,7 @@ class Family:
 
     @property
     def variants(self) -> tuple[Variant, ...]:
-        """One point per value of the family's swept knob (``models.knobs``: ``Knob.sweep``),
+        """One point per value of the family's swept knob (``models.weights.knobs``: ``Knob.sweep``),
         after the model's default when the knob is off by default (SplatWeaver: as routed)."""
         knob = _swept_knob(self.model)
         if knob is None:
@@ -112,7 +112,7 @@ class Family:
 
 def _swept_knob(model: str):
     """The first knob ``model``'s family declares with sweep values, or ``None``."""
-    from models.knobs import inference_knobs
+    from models.weights.knobs import inference_knobs
 
     return next((knob for knob in inference_knobs(model) if knob.sweep), None)
 
@@ -369,7 +369,7 @@ def evaluate_model(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from common import data_config, load_weights, score_targets, test_loader, to_device, widen_index
 
-    from models.metrics import build_lpips
+    from models.pipeline.metrics import build_lpips
 
     rss_before = _rss_mb()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -456,7 +456,7 @@ def evaluate_baselines(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from common import data_config, test_loader, widen_index
 
-    from models.metrics import (
+    from models.pipeline.metrics import (
         mean_color_baseline,
         nearest_view_baseline,
         psnr_per_image,

@@ -6,7 +6,7 @@ Usage::
         [kind=room|object] [workers=W] [test_fraction=0.1] [supersample=2] [chunk_mb=2] \\
         [overwrite=true] [quiet=true]
 
-Settings are ``key=value``, checked as every command's (:mod:`models.command_line`); the form
+Settings are ``key=value``, checked as every command's (:mod:`models.core.command_line`); the form
 the project's design writes, ``--out DIR --scenes N --resolution R --seed S`` (any setting as
 ``--name VALUE``, ``-`` for ``_``; ``--overwrite``, ``--quiet``), is read the same way.
 
@@ -62,7 +62,7 @@ from datamodules.readers.chunk_writer import ChunkWriter, encode_bytes
 from datamodules.readers.chunks import encode_depths
 from datamodules.synthetic_render import render_scene
 from datamodules.synthetic_scenes import SceneSpec, sample_scene
-from models.command_line import (
+from models.core.command_line import (
     MISSING,
     SettingError,
     flag_arguments,
@@ -71,7 +71,7 @@ from models.command_line import (
     setting,
     stopped_cleanly,
 )
-from models.output_folder import OutputFolder, OutputFolderError
+from models.core.output_folder import OutputFolder, OutputFolderError
 
 __all__ = [
     "SyntheticSettings",

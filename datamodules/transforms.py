@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
-from models.pixels import image_from_uint8
+from models.core.pixels import image_from_uint8
 
 __all__ = [
     "cover_shape",

@@ -23,7 +23,7 @@ def garden_scene(path: Path = GARDEN):
     import numpy as np
     import torch
 
-    from models.gaussians import Gaussians, rgb_to_sh
+    from models.core.gaussians import Gaussians, rgb_to_sh
     from models.geometry.cameras import intrinsics_to_normalized
 
     data = np.load(path)

@@ -88,7 +88,7 @@ def small_scene(count: int = 3000, degree: int = 3, seed: int = 0):
     """``count`` points of gsplat's garden, at least 2 cm apart, with random anisotropic scales,
     rotations, opacities and SH bands (small, as trained scenes have them), plus the garden's
     three cameras at half size: ``(gaussians, extrinsics, intrinsics, (H, W))``."""
-    from models.gaussians import Gaussians
+    from models.core.gaussians import Gaussians
 
     gaussians, extrinsics, intrinsics, (height, width) = garden_scene(GARDEN)
     means = gaussians.means[0].numpy()

@@ -18,7 +18,8 @@ from data_fixtures import SHARED_DATA
 from safetensors.torch import save_file
 from splatweaver_release_weights import deterministic_state
 
-from models import Gaussians, budget, create_model
+from models import Gaussians, create_model
+from models.core import budget
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anysplat"
 EXAMPLES = SHARED_DATA / "examples"

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from splatweaver_release_weights import deterministic_state
 
 from models import create_model, render
+from models.core.sh import eval_sh, sh_rotation
 from models.families.anysplat import (
     DISTILL_PREFIXES,
     DROPPED_KEYS,
@@ -29,10 +30,9 @@ from models.families.anysplat import (
     voxel_merge,
 )
 from models.geometry.rotations import quaternion_to_matrix
-from models.knobs import inference_knobs
-from models.sh import eval_sh, sh_rotation
 from models.weights.hub import PretrainedError
-from models.weights.pretrained_cfg import get_pretrained_cfg
+from models.weights.knobs import inference_knobs
+from models.weights.registry import get_pretrained_cfg
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anysplat"
 TINY = "anysplat_vggt_tiny"

@@ -557,7 +557,7 @@ def test_pyproject_ranges_hold_compatible_pairs() -> None:
     import tomllib
     from packaging.requirements import Requirement
 
-    from models._timm_import import PINNED
+    from models.layers._timm_import import PINNED
 
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
         "dependencies"
@@ -639,7 +639,7 @@ def test_first_training_run_says_it_generates_data(tmp_path: Path, capsys) -> No
 def test_infer_settings_are_checked_against_the_config(arg: str, expected: str) -> None:
     sys.path.insert(0, str(REPO_ROOT))
     import infer
-    from models.command_line import SettingError
+    from models.core.command_line import SettingError
 
     with pytest.raises(SettingError) as caught:
         infer.arguments(["input=photos", "output=out", arg])
@@ -652,8 +652,8 @@ def test_settings_declared_later_are_checked_too() -> None:
     from dataclasses import field, make_dataclass
     from typing import Any
 
-    from models.command_line import SettingError
-    from models.command_line import check_arguments as check_settings
+    from models.core.command_line import SettingError
+    from models.core.command_line import check_arguments as check_settings
 
     x = make_dataclass("X", [("y", bool, True)])
     config = make_dataclass(
@@ -812,7 +812,7 @@ def test_infer_refuses_before_structure_from_motion(
     weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str], args, expected
 ) -> None:
     """What does not need the poses is refused before SfM's minutes, not after them."""
-    from models import budget
+    from models.core import budget
 
     if not args:  # the forward pass of 3 photos cannot fit 1 MB; SfM's own estimate is later
         monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
@@ -847,7 +847,7 @@ def test_infer_video_refused_before_structure_from_motion(
     weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
 ) -> None:
     """A video's sampled frames (``views=N``) are counted before any frame is extracted."""
-    from models import budget
+    from models.core import budget
 
     monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 10**6)
     out = tmp_path / "out"
@@ -863,7 +863,7 @@ def test_view_refuses_before_structure_from_motion(
     weights: Path, tmp_path: Path, capsys, monkeypatch, fake_sfm: list[str]
 ) -> None:
     """``view.py PHOTOS``: the forward pass's memory is checked before SfM, as in infer.py."""
-    from models import budget
+    from models.core import budget
 
     sys.path.insert(0, str(REPO_ROOT))
     import view

@@ -1,4 +1,4 @@
-"""Big work is announced and bounded before it starts (``models.budget``)."""
+"""Big work is announced and bounded before it starts (``models.core.budget``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 from data_fixtures import SHARED_DATA
 
-from models import budget, create_model
+from models import create_model
+from models.core import budget
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRONE = SHARED_DATA / "examples" / "drone_frames"

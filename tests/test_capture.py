@@ -18,12 +18,12 @@ from config_fixtures import infer_in_process
 from data_fixtures import SHARED_DATA
 
 from models import create_model
-from models.capture import fusion, holdout, views
-from models.capture.inputs import load_inputs
-from models.capture.whole import CaptureError, plan_capture
-from models.gaussians import Gaussians, transform_gaussians
+from models.core.gaussians import Gaussians, transform_gaussians
 from models.geometry.rotations import quaternion_to_matrix
 from models.geometry.similarity import Similarity
+from models.pipeline.capture import fusion, holdout, views
+from models.pipeline.capture.inputs import load_inputs
+from models.pipeline.capture.whole import CaptureError, plan_capture
 from models.render.core import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +75,11 @@ def test_select_views_around_center(images, posed_model) -> None:
 def test_view_angle_warning_against_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    import models.registry
+    import models.weights.registry
 
     recipe = SimpleNamespace(max_view_angle=30.0, views=2)
     monkeypatch.setattr(
-        models.registry, "get_pretrained_cfg", lambda name: SimpleNamespace(recipe=recipe)
+        models.weights.registry, "get_pretrained_cfg", lambda name: SimpleNamespace(recipe=recipe)
     )
     assert views.view_angle_note(25.0, "m") is None
     assert "45 degrees apart, more than the 30 degrees" in views.view_angle_note(45.0, "m")
@@ -345,7 +345,7 @@ def test_perfect_render_scores_high_and_baseline_is_nearest() -> None:
     assert held.nearest_names == ["v0.png", "v3.png"]
     scores = holdout.score_holdout(gaussians, held, backend="torch", lpips=False)
     assert scores.mean["psnr"] > 40 and scores.mean["ssim"] > 0.99
-    from models.metrics import psnr_per_image
+    from models.pipeline.metrics import psnr_per_image
 
     expected = float(psnr_per_image(shots[0], shots[1]))
     assert abs(scores.metrics["v1.png"]["nearest_view_psnr"] - round(expected, 4)) < 1e-3
@@ -365,7 +365,7 @@ COMMON = ("image_size=32", "orbit_frames=4", "backend=torch", "device=cpu")
 def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     from PIL import Image
 
-    from models import budget
+    from models.core import budget
 
     monkeypatch.setattr(budget, "BIG_SECONDS", 0.0)  # every wait said, however short
     output = tmp_path / "out"
@@ -399,7 +399,7 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypa
     assert len(cameras["frames"]) == 9 and len(cameras["path"]) == 4
     # view.py shows a fused output as saved (and says so): its knobs would re-run every window
     import view
-    from models.pipeline import live
+    from models.view import live
 
     settings = {"model": None, "weights": None, "views": None, "image_size": None}
     settings |= {k: None for k in view.KNOB_KEYS}
@@ -450,7 +450,7 @@ def test_infer_pose_free_holdout_without_poses(
     (issue 39 item 4) instead of stopping, and the fit is announced with its time (issue 40)."""
     import shutil
 
-    from models import budget
+    from models.core import budget
 
     monkeypatch.setattr(budget, "BIG_SECONDS", 0.0)  # every wait said, however short
     bare = tmp_path / "bare"
@@ -513,7 +513,7 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
     window by window: each window's Gaussians as they enter the fusion are the same in the
     capture frame, the similarity's image of the other's in the capture's own frame (what is
     written), and render alike from each capture's own cameras; so does the fused set."""
-    from models.capture.whole import reconstruct_capture
+    from models.pipeline.capture.whole import reconstruct_capture
 
     model = create_model(model_name, pretrained=True).eval()
     angle = math.radians(70)
@@ -546,8 +546,8 @@ def test_whole_capture_frame_round_trip(images, model_name: str, monkeypatch) ->
     to_own_b = second.reconstruction.frame.to_capture
     assert abs(to_own_b.scale / to_own_a.scale - truth.scale) < 1e-4
     if not model.pose_free:  # each window's own cameras land on the capture's, in both frames
-        from models.capture.whole import subset
-        from models.inference import reconstruct
+        from models.pipeline.capture.whole import subset
+        from models.pipeline.inference import reconstruct
 
         for result, photos in ((first, images), (second, other)):
             back = result.reconstruction.frame.to_capture

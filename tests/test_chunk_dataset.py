@@ -21,8 +21,8 @@ from datamodules.synthetic import SyntheticSettings, generate_dataset
 from datamodules.training.chunk_dataset import ChunkDataset
 from datamodules.training.samplers import BoundedViewSampler, EvaluationViewSampler
 from datamodules.transforms import flip_views
+from models.core.pixels import image_from_uint8, image_to_uint8
 from models.geometry.cameras import pixel_grid, project, transform_points, unproject
-from models.pixels import image_from_uint8, image_to_uint8
 
 RES, VIEWS = 32, 24
 

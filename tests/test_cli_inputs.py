@@ -14,9 +14,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from PIL import Image
 
 from models import create_model
-from models.command_line import quote_path_arguments
-from models.registry import pose_free_models
+from models.core.command_line import quote_path_arguments
 from models.weights.hub import save_pretrained
+from models.weights.registry import pose_free_models
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

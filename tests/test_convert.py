@@ -518,7 +518,7 @@ def test_make_index(tmp_path):
 
 
 def test_make_index_arguments_are_checked(tmp_path, capsys):
-    """The one parser's checks (models.command_line): one line, exit 2, nothing written."""
+    """The one parser's checks (models.core.command_line): one line, exit 2, nothing written."""
     write_lengths(tmp_path / "a", {"long": 300})
     for argv, expected in (
         (["gap=1,2,3"], "gap=1,2,3: must be 2 items"),

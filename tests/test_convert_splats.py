@@ -12,7 +12,7 @@ from data_fixtures import REPO_ROOT
 from splat_format_fixtures import assert_within, small_scene
 
 from models.convert_splats import main
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from models import create_model, get_pretrained_cfg, list_models
+from models.core.sh import rotate_sh_e3nn
 from models.families.depthsplat import DepthSplat, checkpoint_filter_fn, official_key_to_ours
-from models.sh import rotate_sh_e3nn
 from models.weights.hub import PretrainedError
 
 CONFIGS = sorted(p.stem[len("manifest_") :] for p in fx.FIXTURES.glob("manifest_*.json"))

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.gaussians import sh_to_rgb
+from models.core.gaussians import sh_to_rgb
 from models.geometry.cameras import project
 from models.layers.heads import (
     AnchorOffsetPlacement,

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models import create_model, list_models, load_model
-from models.output_folder import MARKER_NAME
+from models.core.output_folder import MARKER_NAME
 from models.weights.builder import load_pretrained
 from models.weights.hub import (
     CONFIG_NAME,

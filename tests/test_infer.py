@@ -73,7 +73,7 @@ def infer_here(capsys: pytest.CaptureFixture, *args: str) -> Result:
 @pytest.fixture
 def needs_two_views(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every model class needs at least two views (``min_views = 2``)."""
-    from models.base import SplatModel
+    from models.core.base import SplatModel
 
     def patch(cls: type) -> None:
         monkeypatch.setattr(cls, "min_views", 2)
@@ -461,7 +461,7 @@ def test_forward_knobs_are_checked_against_the_model() -> None:
     from omegaconf import OmegaConf
 
     from models import create_model
-    from models.inference import InferenceError
+    from models.pipeline.inference import InferenceError
     from models.pipeline.run import forward_kwargs
 
     with torch.device("meta"):

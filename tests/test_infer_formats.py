@@ -9,9 +9,9 @@ import json
 from config_fixtures import infer_in_process
 from data_fixtures import REPO_ROOT
 
-from models.gaussians import Gaussians
-from models.output_folder import MARKER_NAME
-from models.viewer import load_view_scene
+from models.core.gaussians import Gaussians
+from models.core.output_folder import MARKER_NAME
+from models.view.server import load_view_scene
 
 
 def test_infer_writes_the_formats(capsys, tmp_path) -> None:

@@ -1,6 +1,6 @@
-"""The inference library (``models.inference``): reconstruct on the shipped tiny models with given
+"""The inference library (``models.pipeline.inference``): reconstruct on the shipped tiny models with given
 cameras and pose-free, knob checks against the families' declarations, and write_reconstruction's
-atomic output (the ``models.output_folder`` rules the exporter follows too)."""
+atomic output (the ``models.core.output_folder`` rules the exporter follows too)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from models import Gaussians, create_model
+from models.core.output_folder import MARKER_NAME, OutputFolderError
 from models.geometry.cameras import normalize_scene
-from models.inference import (
+from models.pipeline.inference import (
     InferenceError,
     KnobError,
     Reconstruction,
@@ -22,7 +23,6 @@ from models.inference import (
     reconstruct,
     write_reconstruction,
 )
-from models.output_folder import MARKER_NAME, OutputFolderError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "examples" / "synthetic_room"
@@ -58,7 +58,7 @@ class Block(importlib.abc.MetaPathFinder):  # as if these were not installed
 sys.meta_path.insert(0, Block())
 import torch
 from models import create_model
-from models.inference import reconstruct, write_reconstruction
+from models.pipeline.inference import reconstruct, write_reconstruction
 
 model = create_model("zipsplat_tiny").eval()
 result = reconstruct(model, torch.rand(2, 3, 32, 32), pose_fit_steps=0, compression=0.5)
@@ -136,7 +136,12 @@ def test_pose_free_model_places_views(views, one_thread) -> None:
 def test_reconstruct_is_its_window_stages(views, one_thread) -> None:
     """The stages of one window (what view.py runs around its knob runner), called alone, give
     what reconstruct gives: the same Gaussians, cameras, placement and frame."""
-    from models.inference import place_views, run_forward, window_input, window_reconstruction
+    from models.pipeline.inference import (
+        place_views,
+        run_forward,
+        window_input,
+        window_reconstruction,
+    )
 
     model = create_model("pixel_aligned_tiny", pretrained=True).eval()
     cameras = {"extrinsics": views["extrinsics"], "intrinsics": views["intrinsics"]}
@@ -226,7 +231,7 @@ def test_write_reconstruction_files(tmp_path: Path) -> None:
 def test_write_reconstruction_is_atomic(tmp_path: Path, monkeypatch) -> None:
     """The output_folder rules: a failure leaves nothing (no staging folder either), a user's
     folder is never replaced, an earlier output only with overwrite."""
-    import models.inference_outputs as inference
+    import models.pipeline.inference_outputs as inference
 
     result = _small_result()
     out = tmp_path / "out"
@@ -282,7 +287,7 @@ def test_zoo_sweeps_the_declared_knobs() -> None:
     sys.path.insert(0, str(REPO_ROOT / "bench"))
     import zoo
 
-    from models.knobs import inference_knobs
+    from models.weights.knobs import inference_knobs
 
     for family in zoo.FAMILIES.values():
         swept = [k for k in inference_knobs(family.model) if k.sweep]

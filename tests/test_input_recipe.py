@@ -18,14 +18,15 @@ from PIL import Image
 
 from datamodules.readers.cameras_json import write_cameras_json
 from datamodules.readers.image_folder import crop_fraction, load_images
-from models import Gaussians, create_model, inference, list_models
-from models.gaussians import transform_gaussians
+from models import Gaussians, create_model, list_models
+from models.core.gaussians import transform_gaussians
 from models.geometry.cameras import intrinsics_to_normalized
 from models.geometry.rotations import quaternion_to_matrix
 from models.geometry.similarity import Similarity
-from models.input_recipe import BASELINE_DEPTH_RATIO, InputRecipe, parse_image_size
-from models.registry import get_pretrained_cfg
+from models.pipeline import inference
 from models.render.core import render
+from models.weights.input_recipe import BASELINE_DEPTH_RATIO, InputRecipe, parse_image_size
+from models.weights.registry import get_pretrained_cfg
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 needs_drone = pytest.mark.skipif(
@@ -186,7 +187,7 @@ def test_near_far_of_the_recipe_reach_the_model() -> None:
 def test_shipped_example_scene_gets_its_recipe() -> None:
     """examples/synthetic_room with pixel_aligned_tiny: 0.25/50 (the issue: input-view PSNR
     19.5 -> 23.6 dB on view 0)."""
-    from models.metrics import psnr
+    from models.pipeline.metrics import psnr
 
     model = create_model("pixel_aligned_tiny", pretrained=True).eval()
     result = inference.reconstruct(model, _room())
@@ -273,7 +274,7 @@ def test_infer_writes_back_in_the_capture_frame(tmp_path: Path) -> None:
     """infer.py on the shipped example (non-square 48x80): cameras.json holds the input poses
     and sizes as given, gaussians.ply rendered from them reproduces renders/."""
     import infer
-    from models.metrics import psnr
+    from models.pipeline.metrics import psnr
 
     output = tmp_path / "out"
     cfg = infer.compose(

@@ -32,15 +32,15 @@ RANKS: dict[str, float] = {
     # utilities every layer may use (no project imports of their own above rank 0); the one
     # bad-input error class sits at the bottom of the data package, which never imports models
     "datamodules.errors": 0,
-    "models._timm_import": 0,
-    "models.output_folder": 0,
-    "models.command_line": 0,
-    "models.budget": 0,
-    "models.pixels": 0,  # 8-bit pixels <-> float images (no project imports)  # time/memory estimates of big work (imports only datamodules.errors)
+    "models.layers._timm_import": 0,
+    "models.core.output_folder": 0,
+    "models.core.command_line": 0,
+    "models.core.budget": 0,
+    "models.core.pixels": 0,  # 8-bit pixels <-> float images (no project imports)  # time/memory estimates of big work (imports only datamodules.errors)
     "models.geometry": 1,
     "models.splat_formats": 1,  # splat file formats (NumPy; imports only datamodules.errors)
-    "models.gaussians": 2,
-    "models.sh": 2,
+    "models.core.gaussians": 2,
+    "models.core.sh": 2,
     "models.render": 3,
     # the facade (its __init__): it imports errors only, the rest on first access (its _LAZY
     # table counts as imports), up to the training data
@@ -48,29 +48,29 @@ RANKS: dict[str, float] = {
     "datamodules.readers": 3,
     "datamodules.transforms": 3,  # image resizing shared by the readers and the training data
     "models.layers": 4,
-    "models.base": 5,  # SplatModel, ModelOutput: what every family subclasses / returns
-    "models.knobs": 5.5,  # inference-knob declarations the families make (reads the registry)
+    "models.core.base": 5,  # SplatModel, ModelOutput: what every family subclasses / returns
+    "models.weights.knobs": 5.5,  # inference-knob declarations the families make (reads the registry)
     "models.weights": 5.1,  # the package (a docstring)
     "models.weights.pretrained_cfg": 5.1,  # PretrainedCfg, the architecture.tag tables
-    "models.registry": 5.2,  # entry points, families, list_models
+    "models.weights.registry": 5.2,  # entry points, families, list_models
     "models.weights.hub": 5.3,  # locations, downloads, sha256, files
     "models.weights.publish": 5.3,  # model cards, the upload to the Hub, ExportError
     "models.weights.builder": 5.4,  # build from recorded arguments, filter fns, strict load
-    "models.input_recipe": 0,  # a dataclass the pretrained configs hold
+    "models.weights.input_recipe": 0,  # a dataclass the pretrained configs hold
     "models.families": 6,
-    "models.factory": 7,
+    "models.weights.factory": 7,
     "models.weights.convert": 7,  # python -m models.weights.convert (release files)
     "models": 7,  # the facade (its __init__) re-exports the factory
-    "models.metrics": 8,
-    "models.reconstruction": 8,  # the result types inference's stages share
-    "models.inference_inputs": 8,  # device, knobs, model, recipe, context batch
-    "models.inference_outputs": 8,  # the output folder of a reconstruction
-    "models.inference": 8,
+    "models.pipeline.metrics": 8,
+    "models.pipeline.reconstruction": 8,  # the result types inference's stages share
+    "models.pipeline.inference_inputs": 8,  # device, knobs, model, recipe, context batch
+    "models.pipeline.inference_outputs": 8,  # the output folder of a reconstruction
+    "models.pipeline.inference": 8,
     "models.refine": 8,  # per-scene refinement (application layer, beside inference)
     "models.convert_splats": 8,  # python -m models.convert_splats (splat file formats)
-    "models.pose_fit": 8,
-    "models.viewer": 8,
-    "models.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
+    "models.pipeline.pose_fit": 8,
+    "models.view.server": 8,
+    "models.pipeline.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
     # the application layer: typed settings, the refinement's checks, infer.py's stages
     "models.pipeline": 9.5,
     "models.refine.cli": 9.6,  # python -m models.refine: a client of the pipeline's checks
@@ -201,7 +201,7 @@ def test_graph_covers_scripts_tests_and_bench(graph) -> None:
     edges, _ = graph
     assert {"train", "infer", "tests.test_layering", "bench.common"} <= set(edges)
     assert "models.pipeline.run" in edges["infer"]  # infer.py runs the pipeline
-    assert "models.inference" in edges["models.pipeline.run"]
+    assert "models.pipeline.inference" in edges["models.pipeline.run"]
     assert "tests.test_infer" in edges["tests.test_bad_inputs"]  # a sibling, by bare name
     assert "view" in edges["tests.test_viewer"]
     assert "datamodules.training.datamodule" in edges["datamodules"]  # lazily, by _LAZY
@@ -233,9 +233,9 @@ def upward_imports(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int
 
 
 def test_upward_imports_are_reported() -> None:
-    edges = {"models.render.core": {"models.inference": 3, "models.geometry.cameras": 4}}
-    assert upward_imports(edges) == [("models.render.core", "models.inference", 3)]
-    assert upward_imports({"models.inference": {"models.render.core": 1}}) == []
+    edges = {"models.render.core": {"models.pipeline.inference": 3, "models.geometry.cameras": 4}}
+    assert upward_imports(edges) == [("models.render.core", "models.pipeline.inference", 3)]
+    assert upward_imports({"models.pipeline.inference": {"models.render.core": 1}}) == []
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one(graph) -> None:
@@ -253,10 +253,10 @@ def test_no_import_from_a_lower_layer_to_a_higher_one(graph) -> None:
 # application (pipeline, inference, capture, refine, training).
 DATA_PACKAGE_MAY_IMPORT = (
     "models.geometry",
-    "models.pixels",
-    "models.budget",
-    "models.output_folder",
-    "models.command_line",
+    "models.core.pixels",
+    "models.core.budget",
+    "models.core.output_folder",
+    "models.core.command_line",
 )
 
 
@@ -278,14 +278,14 @@ def data_package_violations(edges: dict[str, dict[str, int]]) -> list[tuple[str,
 
 def test_data_package_rule_is_checked() -> None:
     edges = {
-        "datamodules.tools.sfm": {"models.registry": 7, "models.geometry.cameras": 3},
+        "datamodules.tools.sfm": {"models.weights.registry": 7, "models.geometry.cameras": 3},
         "datamodules.readers.colmap": {"models.pipeline.settings": 2, "models": 1},
-        "models.capture.inputs": {"models.registry": 5},
+        "models.pipeline.capture.inputs": {"models.weights.registry": 5},
     }
     assert data_package_violations(edges) == [
         ("datamodules.readers.colmap", "models", 1),
         ("datamodules.readers.colmap", "models.pipeline.settings", 2),
-        ("datamodules.tools.sfm", "models.registry", 7),
+        ("datamodules.tools.sfm", "models.weights.registry", 7),
     ]
 
 
@@ -353,7 +353,7 @@ def test_no_import_cycle_between_files(graph) -> None:
 # lightning, hydra and wandb (training: models/training/, datamodules/training/, train.py,
 # eval.py), pycolmap (structure-from-motion: datamodules/tools/sfm_result.py, its child process),
 # viser (the browser viewer), gsplat (models/render/gsplat_backend.py), torchmetrics and
-# matplotlib (models/metrics.py, models/refine/report.py); the compiled CPU rasteriser
+# matplotlib (models/pipeline/metrics.py, models/pipeline/refine/report.py); the compiled CPU rasteriser
 # (models/render/cpu.py) is built on its first call, not on import. A project import that must
 # stay inside a function is listed here with its reason (none today).
 LAZY_PROJECT_IMPORTS: dict[tuple[str, str], str] = {}
@@ -403,7 +403,7 @@ def test_the_application_loads_no_heavy_optional_package() -> None:
     modules = (
         "models",
         "models.pipeline.run",
-        "models.viewer",
+        "models.view.server",
         "datamodules.tools.convert",
         "datamodules.tools.sfm",
     )
@@ -421,11 +421,11 @@ def test_the_application_loads_no_heavy_optional_package() -> None:
 
 
 def test_import_models_loads_no_training_stack() -> None:
-    """``import models`` (and ``models.inference`` where it exists) loads no Lightning, Hydra or
+    """``import models`` (and ``models.pipeline.inference`` where it exists) loads no Lightning, Hydra or
     wandb (timm would import wandb when installed: ``models`` imports timm with it hidden), and
     wandb still imports afterwards."""
     modules = ["models"] + (
-        ["models.inference"] if (ROOT / "models" / "inference.py").exists() else []
+        ["models.pipeline.inference"] if (ROOT / "models" / "inference.py").exists() else []
     )
     code = (
         "import sys\n"

@@ -7,8 +7,8 @@ import torch
 from data_fixtures import random_context
 
 from models import create_model
-from models.base import ModelOutput
-from models.gaussians import Gaussians
+from models.core.base import ModelOutput
+from models.core.gaussians import Gaussians
 
 
 def _gaussians(n: int = 4) -> Gaussians:

@@ -22,13 +22,13 @@ from safetensors.torch import load_file
 
 from datamodules.training.datamodule import SplatDataModule, recipe_data_settings
 from models import create_model, get_pretrained_cfg, list_models
+from models.core.gaussians import Gaussians
 from models.families.noposplat_release import (
     _UNUSED,
     NoPoSplatRelease,
     checkpoint_filter_fn,
     official_key_to_ours,
 )
-from models.gaussians import Gaussians
 from models.weights import pretrained_cfg
 from models.weights.convert import _hub_license
 from models.weights.hub import PretrainedError

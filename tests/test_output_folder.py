@@ -1,4 +1,4 @@
-"""Nothing but our own output is ever replaced: ``models.output_folder`` and every command that
+"""Nothing but our own output is ever replaced: ``models.core.output_folder`` and every command that
 writes a folder (infer.py, models.training.export, datamodules.synthetic, datamodules.tools.convert).
 
 The first test is the reported data loss: ``input=shoot/photos output=shoot overwrite=true``
@@ -23,7 +23,7 @@ from PIL import Image
 from test_infer import infer_here
 
 from models import create_model
-from models.output_folder import (
+from models.core.output_folder import (
     MARKER_NAME,
     OutputFolder,
     OutputFolderError,
@@ -390,7 +390,7 @@ def _ply(path: Path, count: int = 40) -> Path:
 
 def test_view_save_never_replaces_the_input_or_a_users_file(tmp_path, capsys, monkeypatch) -> None:
     import view
-    from models.pipeline import live
+    from models.view import live
 
     scene = _ply(tmp_path / "scene.ply")
     notes = tmp_path / "notes.ply"
@@ -413,7 +413,7 @@ def test_view_save_never_replaces_the_input_or_a_users_file(tmp_path, capsys, mo
 
 def test_viewer_save_button_replaces_only_its_own_file(tmp_path, capsys) -> None:
     from models import Gaussians
-    from models.viewer import SplatViewer, ViewScene
+    from models.view.server import SplatViewer, ViewScene
 
     scene = _ply(tmp_path / "scene.ply")
     target = tmp_path / "saved.ply"

@@ -45,7 +45,7 @@ def _one_error_line(err: str) -> str:
 
 
 def test_infer_yaml_declares_the_typed_settings() -> None:
-    from models.command_line import declared
+    from models.core.command_line import declared
     from models.pipeline.settings import InferConfig, refinement_fields
 
     raw = yaml.safe_load((REPO_ROOT / "configs" / "infer.yaml").read_text())
@@ -84,7 +84,7 @@ def test_infer_yaml_declares_the_typed_settings() -> None:
 )
 def test_infer_refuses_before_hydra(arg: str, expected: str) -> None:
     import infer
-    from models.command_line import SettingError
+    from models.core.command_line import SettingError
 
     with pytest.raises(SettingError) as caught:
         infer.arguments(["input=photos", "output=out", arg])
@@ -119,10 +119,10 @@ def test_infer_refuses_a_fit_that_cannot_fit_before_any_work(tmp_path: Path, cap
 
 
 def test_the_largest_size_named_fits_and_one_more_does_not() -> None:
-    from models.budget import available_memory
-    from models.command_line import SettingError
+    from models.core.budget import available_memory
+    from models.core.command_line import SettingError
+    from models.pipeline.refine import RefineSettings, fit_shape
     from models.pipeline.refinement import check_fit_memory, fit_memory
-    from models.refine import RefineSettings, fit_shape
 
     settings = RefineSettings(steps=5, size=100000)
     with pytest.raises(SettingError) as caught:
@@ -162,7 +162,7 @@ def test_refine_command_checks_like_infer(tmp_path: Path, capsys, arg: str, expe
 
 
 def _gaussians(bad: float | None = None):
-    from models.gaussians import Gaussians
+    from models.core.gaussians import Gaussians
 
     n = 20
     g = torch.Generator().manual_seed(0)
@@ -213,7 +213,7 @@ def test_view_checks_its_live_refinement_the_same_way(tmp_path: Path, arg: str, 
 
 def test_library_errors_are_mapped_to_the_commands_keys() -> None:
     """``RefineSettings`` names its own fields; every command reports its own keys."""
-    from models.command_line import SettingError
+    from models.core.command_line import SettingError
     from models.pipeline.refinement import refine_settings
 
     with pytest.raises(SettingError, match=r"^refinement\.densify: must be one of"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models import create_model, list_models
-from models.base import ModelOutput, SplatModel
+from models.core.base import ModelOutput, SplatModel
 from models.families.pixel_aligned import (
     PixelAligned,
     noposplat_tiny,

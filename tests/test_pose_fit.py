@@ -1,4 +1,4 @@
-"""Test-time target-pose fit (models/pose_fit.py)."""
+"""Test-time target-pose fit (models/pipeline/pose_fit.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from models import Gaussians
-from models.gaussians import rgb_to_sh
+from models.core.gaussians import rgb_to_sh
 from models.geometry.similarity import Similarity, fit_cameras
-from models.pose_fit import fit_target_poses, pose_error, se3_delta
+from models.pipeline.pose_fit import fit_target_poses, pose_error, se3_delta
 
 SIZE = (32, 32)
 
@@ -170,7 +170,7 @@ class _ScaledFrameModel(torch.nn.Module):
         self.gaussians = gaussians.replace(means=gaussians.means * s, scales=gaussians.scales * s)
 
     def forward(self, context, **kwargs):
-        from models.base import ModelOutput
+        from models.core.base import ModelOutput
 
         return ModelOutput(gaussians=self.gaussians)
 
@@ -182,7 +182,8 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
     """The model's frame is the scene frame scaled by s (not a search candidate). Through the
     test step: with the alignment the refined targets are the true ones (PSNR > 40 dB), without
     it (refinement from the scene-frame poses, as before) they are not."""
-    from models import pose_fit, render
+    from models import render
+    from models.pipeline import pose_fit
     from models.training.module import SplatLitModule
 
     gaussians = _wide_scene()
@@ -238,9 +239,9 @@ def test_eval_step_recovers_targets_in_a_scaled_model_frame(s, monkeypatch):
 
 def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
     """After two steps a long fit says on stderr how long the rest will take (from the steps'
-    measured times, ``models.budget.Countdown``); a short one, or one not asked to, says
+    measured times, ``models.core.budget.Countdown``); a short one, or one not asked to, says
     nothing."""
-    import models.budget
+    import models.core.budget
 
     g = Gaussians(
         means=torch.randn(1, 200, 3) * 0.3 + torch.tensor([0.0, 0.0, 2.0]),
@@ -254,7 +255,7 @@ def test_pose_fit_announces_its_estimate_once(monkeypatch, capsys) -> None:
     image = torch.rand(1, 2, 3, 16, 16)
     fit_target_poses(g, image, extrinsics, intrinsics, steps=3, backend="torch", announce=True)
     assert capsys.readouterr().err == ""  # well under BIG_SECONDS
-    monkeypatch.setattr(models.budget, "BIG_SECONDS", 0.0)
+    monkeypatch.setattr(models.core.budget, "BIG_SECONDS", 0.0)
     fit_target_poses(g, image, extrinsics, intrinsics, steps=3, backend="torch")
     assert capsys.readouterr().err == ""  # not asked to
     fit_target_poses(g, image, extrinsics, intrinsics, steps=3, backend="torch", announce=True)

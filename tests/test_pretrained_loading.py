@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import create_model, families, get_pretrained_cfg, list_models, registry
-from models.weights import pretrained_cfg as cfg_module
+from models import create_model, families, get_pretrained_cfg, list_models
+from models.weights import registry
+from models.weights import registry as cfg_module
 from models.weights.hub import PretrainedError, save_pretrained
 
 TOY_MODULE = '''
@@ -387,7 +388,7 @@ def test_renamed_release_file_loads_under_the_tag_without_sha_check(depthsplat_f
     for key, value in model.state_dict().items():
         assert torch.equal(value, reference[key]), key
     # what infer.py prints and records in summary.json (model=<tag> weights=<file>)
-    from models.inference import load_for_inference
+    from models.pipeline.inference import load_for_inference
 
     loaded = load_for_inference(DEPTHSPLAT_TAG, str(depthsplat_file))
     assert any("not the release file" in note for note in loaded.notes), loaded.notes

@@ -17,9 +17,7 @@ import torch
 from data_fixtures import random_context
 
 from models import create_model
-from models.base import constructor_arguments
-from models.factory import load_model
-from models.registry import model_class
+from models.core.base import constructor_arguments
 from models.training import (
     ReSplatTrainingRecipe,
     SplatLitModule,
@@ -28,7 +26,9 @@ from models.training import (
     ZipSplatTrainingRecipe,
     default_recipe,
 )
+from models.weights.factory import load_model
 from models.weights.hub import PretrainedError
+from models.weights.registry import model_class
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 

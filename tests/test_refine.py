@@ -1,4 +1,4 @@
-"""Per-scene refinement (``models.refine``) on a small synthetic capture: 400 Gaussians rendered
+"""Per-scene refinement (``models.pipeline.refine``) on a small synthetic capture: 400 Gaussians rendered
 into 10 views at 32x32 on a ring (8 fitted, 2 held out), fitted from a sparse, miscoloured start.
 
 The fit's loss falls and the held-out PSNR rises; MCMC keeps the count at the cap and relocates
@@ -20,10 +20,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.gaussians import Gaussians, rgb_to_sh
+from models.core.gaussians import Gaussians, rgb_to_sh
 from models.geometry.camera_paths import orbit_cameras
-from models.metrics import psnr, ssim_per_image
-from models.refine import (
+from models.pipeline.metrics import psnr, ssim_per_image
+from models.pipeline.refine import (
     ADCSettings,
     MCMCSettings,
     RefineSettings,
@@ -32,9 +32,9 @@ from models.refine import (
     refine_gaussians,
     settings_from_config,
 )
-from models.refine import fit as fit_module
-from models.refine.loss import ssim
-from models.refine.ops import relocation
+from models.pipeline.refine import fit as fit_module
+from models.pipeline.refine.loss import ssim
+from models.pipeline.refine.ops import relocation
 from models.render import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -342,7 +342,7 @@ def test_infer_yaml_refinement_node_holds_the_defaults():
 
 
 def test_optimize_cameras_reduces_the_pose_error(capture):
-    from models.pose_fit import pose_error, se3_delta
+    from models.pipeline.pose_fit import pose_error, se3_delta
 
     generator = torch.Generator().manual_seed(1)
     views = len(TRAIN)

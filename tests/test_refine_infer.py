@@ -157,7 +157,7 @@ def test_view_refine_builds_a_scene(capture, capsys) -> None:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     import view
-    from models.pipeline import live
+    from models.view import live
 
     path, settings = view.parse_args(
         [str(capture), "model=pixel_aligned_tiny", "refine=10", "device=cpu", "backend=torch",

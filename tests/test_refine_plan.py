@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.budget import fit_estimate
-from models.gaussians import Gaussians, rgb_to_sh
+from models.core.budget import fit_estimate
+from models.core.gaussians import Gaussians, rgb_to_sh
 from models.geometry.camera_paths import orbit_cameras
-from models.refine import (
+from models.pipeline.refine import (
     ADCStrategy,
     MCMCStrategy,
     RefineSettings,
@@ -27,7 +27,7 @@ from models.refine import (
     refine_gaussians,
     settings_from_config,
 )
-from models.refine.plan import StepTime, cap_screen_size, importance, screen_radii
+from models.pipeline.refine.plan import StepTime, cap_screen_size, importance, screen_radii
 from models.render import render
 
 
@@ -174,8 +174,8 @@ def test_time_budget_fit_prunes_announces_and_does_its_planned_steps(capsys):
 
 
 def test_merged_start_adds_feed_forward_gaussians_only_in_the_gaps_of_the_sfm_cloud():
-    from models.refine import gaussians_from_points
-    from models.refine.start import merged_start
+    from models.pipeline.refine import gaussians_from_points
+    from models.pipeline.refine.start import merged_start
 
     generator = torch.Generator().manual_seed(0)
     xyz = torch.rand(200, 3, generator=generator) * torch.tensor([1.0, 1.0, 0.1])

@@ -1,4 +1,4 @@
-"""Tests of the renderer (``models.render``) and spherical harmonics (``models.sh``)."""
+"""Tests of the renderer (``models.render``) and spherical harmonics (``models.core.sh``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from data_fixtures import garden_scene
 
-from models.gaussians import Gaussians, rgb_to_sh
+from models.core.gaussians import Gaussians, rgb_to_sh
+from models.core.sh import eval_sh
 from models.geometry.cameras import invert_extrinsics
 from models.render.core import render
 from models.render.output import RenderOutput
 from models.render.projection import project_gaussians
-from models.sh import eval_sh
 
 ALPHA_MIN = 1.0 / 255.0
 

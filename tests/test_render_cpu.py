@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_render import cameras, cpu_backend_or_skip, garden_inputs, random_gaussians
 
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
 from models.render import cpu as render_cpu
 from models.render.core import render
 

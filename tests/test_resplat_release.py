@@ -16,10 +16,10 @@ import torch
 from models import create_model, get_pretrained_cfg, list_models
 from models.families.resplat_release import ReSplatRelease, checkpoint_filter_fn
 from models.families.resplat_release_weights import official_key_to_ours, split_fused_qkv
-from models.knobs import inference_knobs
 from models.layers.knn import knn
 from models.layers.point_transformer import KNNAttention
 from models.weights.hub import PretrainedError
+from models.weights.knobs import inference_knobs
 
 CONFIGS = fx.list_configs()
 INIT_TOLERANCE = 1e-4
@@ -183,7 +183,7 @@ def test_tag_path_downloads_checks_sha_and_loads(small_file: Path, tmp_path: Pat
                                                  monkeypatch) -> None:  # fmt: skip
     """``create_model('resplat_small.dl3dv_256x448_view8', pretrained=True)`` through the Hub
     cache (offline), with the tag's sha256 prefix pointed at our generated file."""
-    import models.weights.pretrained_cfg as cfg_module
+    import models.weights.registry as cfg_module
 
     name = "resplat_small.dl3dv_256x448_view8"
     cfg = get_pretrained_cfg(name)
@@ -279,7 +279,7 @@ def test_knn_exact_against_brute_force(method: str) -> None:
 
 
 def test_knob_runner_reuses_the_depth_trunk() -> None:
-    from models.knobs import KnobRunner
+    from models.weights.knobs import KnobRunner
 
     model = create_model("resplat_release_tiny").eval()
     context = _tiny_context()

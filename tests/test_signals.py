@@ -157,7 +157,7 @@ def test_ctrl_c_is_one_line(tmp_path: Path, script: str) -> None:
 _GENERATE = """
 import signal, sys
 from datamodules.synthetic import SyntheticSettings, generate_dataset
-from models.command_line import stopped_cleanly
+from models.core.command_line import stopped_cleanly
 signal.signal(signal.SIGTERM, lambda *_: None)  # like Lightning's SIGTERM "bypass": only returns
 settings = SyntheticSettings(scenes=int(sys.argv[2]), resolution=16, views=4, supersample=1)
 with stopped_cleanly("gen"):
@@ -408,7 +408,7 @@ def test_a_batch_lost_to_the_group_sigterm_is_the_stop() -> None:
     SIGTERM that is the stop (one line, exit 143); before it, the error it is."""
     from types import SimpleNamespace
 
-    from models.command_line import Terminated, stopped_by_signal
+    from models.core.command_line import Terminated, stopped_by_signal
 
     stopping = SimpleNamespace(interrupted=False, received_sigterm=True)
     with pytest.raises(Terminated):

@@ -1,5 +1,5 @@
 """Similarities (models/geometry/similarity.py) and Gaussians moved by them
-(models.gaussians.transform_gaussians)."""
+(models.core.gaussians.transform_gaussians)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from models.gaussians import Gaussians, transform_gaussians
+from models.core.gaussians import Gaussians, transform_gaussians
 from models.geometry.rotations import quaternion_to_matrix
 from models.geometry.similarity import Similarity, fit_cameras, nearest_rotation, umeyama
 from models.render.core import render

@@ -14,8 +14,8 @@ import torch
 from splat_format_fixtures import BOUNDS, FILE_NAMES, assert_within, small_scene
 
 from datamodules.errors import InputError
-from models.gaussians import Gaussians
-from models.sh import eval_sh_bases
+from models.core.gaussians import Gaussians
+from models.core.sh import eval_sh_bases
 from models.splat_formats.common import (
     SplatArrays,
     flip_axes,

@@ -20,7 +20,7 @@ from splat_format_fixtures import (
     splat_transform,
 )
 
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
 
 pytestmark = pytest.mark.skipif(
     splat_transform() is None,

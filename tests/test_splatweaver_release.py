@@ -24,7 +24,7 @@ from models.families.splatweaver_release import (
     exact_knn,
     pywt_detail_bands,
 )
-from models.weights.pretrained_cfg import get_pretrained_cfg
+from models.weights.registry import get_pretrained_cfg
 
 TINY = "splatweaver_vggt_tiny"
 RELEASED = "splatweaver_vggt"
@@ -365,9 +365,9 @@ def test_parity_released_size() -> None:
 
 
 def test_knob_runner_reuses_the_trunk(tiny_model) -> None:
-    """The budget knob (models.knobs) re-runs only the experts: the trunk runs once for three
+    """The budget knob (models.weights.knobs) re-runs only the experts: the trunk runs once for three
     settings, and each result equals a fresh forward."""
-    from models.knobs import KnobRunner
+    from models.weights.knobs import KnobRunner
 
     context = {"image": torch.rand(1, 2, 3, 28, 28, generator=torch.Generator().manual_seed(0))}
     runner = KnobRunner(tiny_model, context)

@@ -1,4 +1,4 @@
-"""The browser viewer (view.py, models.viewer) and the knob re-runner (models.knobs).
+"""The browser viewer (view.py, models.view.server) and the knob re-runner (models.weights.knobs).
 
 The browser test opens the viewer in Debian's headless Chromium (SwiftShader WebGL) through
 selenium and chromedriver; it is skipped, saying why, where those are missing (CI installs them).
@@ -27,9 +27,8 @@ import torch
 import view
 from models import Gaussians, create_model, list_models
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
-from models.knobs import MAX_GAUSSIANS, KnobRunner, inference_knobs, knob_free_modules
-from models.pipeline import live
-from models.viewer import (
+from models.view import live
+from models.view.server import (
     SplatViewer,
     ViewerError,
     ViewScene,
@@ -38,6 +37,7 @@ from models.viewer import (
     opencv_to_viser_pose,
     viser_camera_to_opencv,
 )
+from models.weights.knobs import MAX_GAUSSIANS, KnobRunner, inference_knobs, knob_free_modules
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "synthetic_room"
@@ -287,7 +287,7 @@ def test_cli_serves_and_stops_on_ctrl_c_and_models_leaves_viser_out(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # one interpreter (imports are slow): `import models` leaves viser out, then view.py runs
     code = (
-        "import runpy, sys; import models, models.knobs; "
+        "import runpy, sys; import models, models.weights.knobs; "
         "assert 'viser' not in sys.modules, 'import models imported viser'; "
         f"sys.argv = ['view.py', {str(tmp_path / 'set.ply')!r}]; "
         f"runpy.run_path({str(REPO / 'view.py')!r}, run_name='__main__')"

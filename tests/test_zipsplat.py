@@ -7,8 +7,8 @@ import torch
 
 import models.families.zipsplat as zipsplat_module
 from models import create_model, list_models
+from models.core.gaussians import sh_to_rgb
 from models.families.zipsplat import ZipSplat, chamfer_distance, compression_schedule
-from models.gaussians import sh_to_rgb
 from models.layers.kmeans import cluster_count, kmeans_select
 from models.training.recipes import ZipSplatTrainingRecipe
 

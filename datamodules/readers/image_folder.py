@@ -79,7 +79,7 @@ class ImageSet:
         pose_source: ``"cameras.json"``, ``"colmap"`` or None.
         sfm: the structure-from-motion result the poses came from, or None.
         points: ``[P, 3]`` sparse points of the COLMAP / SfM model (the poses' frame), or None;
-            they set the scale of a capture for a release (``models.inference.scene_scale``).
+            they set the scale of a capture for a release (``models.pipeline.inference.scene_scale``).
         fit: the same views at a second size (``fit_shape_of=`` of :func:`load_images`: a
             per-scene fit's), resized from the same decoded images, or None.
     """

@@ -77,7 +77,7 @@ from datamodules.tools.scene_sources import (
     discover,
 )
 from datamodules.tools.sfm import SfmError, estimate_poses
-from models.command_line import (
+from models.core.command_line import (
     MISSING,
     SettingError,
     parse_key_values,
@@ -85,12 +85,12 @@ from models.command_line import (
     setting,
     stopped_cleanly,
 )
+from models.core.output_folder import check_output_folder, write_marker
+from models.core.pixels import image_from_uint8, image_to_uint8
 from models.geometry.cameras import (
     intrinsics_to_normalized,
     intrinsics_to_pixels,
 )
-from models.output_folder import check_output_folder, write_marker
-from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = [
     "resize_and_crop",

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from datamodules.errors import InputError
-from models.command_line import (
+from models.core.command_line import (
     MISSING,
     SettingError,
     parse_key_values,

@@ -53,10 +53,10 @@ from datamodules.tools.sfm_cache import (
     store_entry,
 )
 from datamodules.tools.sfm_result import SfmResult, read_entry, write_entry
-from models import budget
-from models.command_line import sigterm_raises
-from models.output_folder import mark_staging
-from models.pixels import image_to_uint8
+from models.core import budget
+from models.core.command_line import sigterm_raises
+from models.core.output_folder import mark_staging
+from models.core.pixels import image_to_uint8
 
 __all__ = [
     "MATCHING",
@@ -366,7 +366,7 @@ def _check_images(
 def _check_budget(
     folder: Path, sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings, verbose: int
 ) -> None:
-    """Refuse a run over the time/memory budget (``models.budget``); announce the estimate."""
+    """Refuse a run over the time/memory budget (``models.core.budget``); announce the estimate."""
     largest = max(sizes, key=lambda size: size[0] * size[1])
     estimate = budget.sfm_estimate(
         len(sizes), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads

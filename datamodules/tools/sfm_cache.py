@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from models.output_folder import remove_stale_folders
+from models.core.output_folder import remove_stale_folders
 
 __all__ = [
     "CACHE_VERSION",

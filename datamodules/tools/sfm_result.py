@@ -19,8 +19,8 @@ from torch import Tensor
 
 from datamodules.readers import colmap, colmap_records
 from datamodules.readers.undistort import undistort_image
+from models.core.pixels import image_from_uint8, image_to_uint8
 from models.geometry.cameras import intrinsics_to_normalized, normalize_scene
-from models.pixels import image_from_uint8, image_to_uint8
 
 __all__ = ["SfmResult", "import_pycolmap", "read_entry", "write_entry"]
 

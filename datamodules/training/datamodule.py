@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 def recipe_data_settings(recipe: Any) -> dict[str, Any]:
-    """The data settings an input recipe (``models.input_recipe.InputRecipe``) fixes at test time:
+    """The data settings an input recipe (``models.weights.input_recipe.InputRecipe``) fixes at test time:
     ``image_size`` (resize to cover, centre crop, intrinsics updated), ``near``, ``far``,
     ``pose_scale`` and ``num_context_views``. ``eval.py`` applies them over ``data=`` for a
     release tag, as the release's own test loader does."""
@@ -73,7 +73,7 @@ def worker_init(worker_id: int) -> None:
     exits quietly when its parent sends it, and dies by the signal when anyone else does (the
     terminal's or ``timeout``'s process group, a job scheduler); the parent's SIGCHLD handler
     then raises ``DataLoader worker ... is killed by signal`` while it handles its own SIGTERM,
-    a traceback instead of ``models.command_line.stopped_cleanly``'s one line. Here a worker
+    a traceback instead of ``models.core.command_line.stopped_cleanly``'s one line. Here a worker
     exits quietly (status 0) on any SIGTERM, and Ctrl-C raises ``KeyboardInterrupt``, which the
     worker loop catches, rather than whatever handler the forking process had installed.
     Lightning seeds workers (``seed_everything(workers=True)``) only when a loader has no

@@ -45,10 +45,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
-from models.gaussians import Gaussians
-from models.input_recipe import InputRecipe
-from models.knobs import MAX_GAUSSIANS, Knob
+from models.core.base import ModelOutput, SplatModel, check_context
+from models.core.gaussians import Gaussians
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
 from models.layers.release_frame import pad_scenes, to_scene_frame
 from models.layers.vggt import (
@@ -57,9 +55,11 @@ from models.layers.vggt import (
     trunk_and_geometry,
     vggt_dpt,
 )
-from models.registry import register_model
 from models.weights.builder import check_mapped_state
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from models.weights.input_recipe import InputRecipe
+from models.weights.knobs import MAX_GAUSSIANS, Knob
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "AnySplatRelease",
@@ -126,7 +126,7 @@ def decode_raw_gaussians(
 
 
 # ----------------------------------------------------------------------------- memory model
-# AnySplatRelease.forward_memory / forward_seconds (models.budget announces and checks them).
+# AnySplatRelease.forward_memory / forward_seconds (models.core.budget announces and checks them).
 # Float32 arrays alive at the peak: per pixel, in units of the Gaussian DPT's and the depth DPT's
 # full-resolution widths and of the raw parameters; per token, in units of the trunk's width.
 MEMORY_GAUSSIAN_MAPS = 3
@@ -234,7 +234,7 @@ class AnySplatRelease(SplatModel):
     # ------------------------------------------------------------------ memory and time
     def forward_memory(self, views: int, height: int, width: int) -> int:
         """Estimated peak resident bytes of a forward pass over one scene of ``views`` images of
-        ``height x width`` (what ``models.budget`` announces and checks): the process and the
+        ``height x width`` (what ``models.core.budget`` announces and checks): the process and the
         weights, the trunk's tokens (the kept layers and one block's working arrays, ``[V, T,
         C]`` each; attention runs through ``scaled_dot_product_attention``, no score matrix)
         and the heads' full-resolution maps (the Gaussian and depth DPTs' last maps, the raw
@@ -373,7 +373,7 @@ class AnySplatRelease(SplatModel):
         )
 
 
-# Inference knobs (models.knobs): the voxel side of the merge, and every family's max_gaussians.
+# Inference knobs (models.weights.knobs): the voxel side of the merge, and every family's max_gaussians.
 # The trunk, the cameras, the depth and the per-pixel raw parameters do not depend on them.
 INFERENCE_KNOBS = (
     Knob(

@@ -32,10 +32,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
+from models.core.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import pixel_grid
-from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
-from models.knobs import MAX_GAUSSIANS
 from models.layers.backbones.depth_trunk import (
     DepthTrunk,
     depth_trunk_size,
@@ -44,9 +42,11 @@ from models.layers.backbones.depth_trunk import (
 )
 from models.layers.backbones.dpt import release_dpt_key
 from models.layers.heads import GaussianHead, RayDepthPlacement
-from models.registry import register_model
 from models.weights.builder import check_mapped_state, encoder_state_dict
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from models.weights.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
+from models.weights.knobs import MAX_GAUSSIANS
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "DepthSplat",

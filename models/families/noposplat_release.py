@@ -30,19 +30,19 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
-from models.gaussians import Gaussians
-from models.input_recipe import InputRecipe
-from models.knobs import MAX_GAUSSIANS
+from models.core.base import ModelOutput, SplatModel, check_context
+from models.core.gaussians import Gaussians
 from models.layers.backbones.croco_vit import (
     CroCoViT,
     GaussianParamHead,
     PointHead,
     dust3r_dpt_hooks,
 )
-from models.registry import register_model
 from models.weights.builder import check_mapped_state, encoder_state_dict
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from models.weights.input_recipe import InputRecipe
+from models.weights.knobs import MAX_GAUSSIANS
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "NoPoSplatRelease",

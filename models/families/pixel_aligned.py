@@ -23,15 +23,15 @@ import torch
 from einops import rearrange, repeat
 from torch import Tensor
 
-from models.base import ModelOutput, SplatModel, check_context
-from models.gaussians import Gaussians
+from models.core.base import ModelOutput, SplatModel, check_context
+from models.core.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid
 from models.geometry.similarity import umeyama
-from models.knobs import MAX_GAUSSIANS
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead, RayDepthPlacement
 from models.layers.pixel_trunk import PixelTrunk
-from models.registry import register_model
-from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
+from models.weights.knobs import MAX_GAUSSIANS
+from models.weights.pretrained_cfg import synthetic64_cfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "PixelAligned",
@@ -318,7 +318,7 @@ class PixelAligned(PixelTrunk, SplatModel):
         )
 
 
-# Inference knobs (models.knobs): one Gaussian per pixel; only max_gaussians (a prune of the result).
+# Inference knobs (models.weights.knobs): one Gaussian per pixel; only max_gaussians (a prune of the result).
 INFERENCE_KNOBS = (MAX_GAUSSIANS,)
 KNOB_FREE_MODULES: tuple[str, ...] = ()
 

@@ -43,19 +43,19 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
-from models.gaussians import Gaussians
+from models.core.base import ModelOutput, SplatModel, check_context
+from models.core.gaussians import Gaussians
 from models.geometry.cameras import normalize_scene, pixel_grid, plucker_embedding, unproject
-from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.feature_extractor import FrozenFeatureExtractor
 from models.layers.heads import GaussianHead, RayDepthPlacement, raw_gaussian_dim
 from models.layers.pixel_trunk import PixelTrunk
 from models.layers.point_transformer import PointTransformer, PointTransformerBlock
-from models.registry import register_model
 from models.render.core import render
 from models.weights.builder import load_state_dict_strict, sub_state_dict
 from models.weights.hub import read_weights
-from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
+from models.weights.knobs import MAX_GAUSSIANS, Knob
+from models.weights.pretrained_cfg import synthetic64_cfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "ReSplat",
@@ -581,7 +581,7 @@ class ReSplat(SplatModel):
         )
 
 
-# Inference knobs (models.knobs): the refinement iterations, and every family's max_gaussians. The
+# Inference knobs (models.weights.knobs): the refinement iterations, and every family's max_gaussians. The
 # initial model (backbone, depth, initial set) does not depend on them and is reused.
 INFERENCE_KNOBS = (
     Knob(

@@ -48,13 +48,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
+from models.core.base import ModelOutput, SplatModel, check_context
 from models.families.resplat_release_weights import (
     DL3DV_LAYOUT,
     official_key_to_ours,
     split_fused_qkv,
 )
-from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones.depth_trunk import DepthTrunk, depth_trunk_size
 from models.layers.point_transformer import PointTransformer, ViewGridAttention
 from models.layers.resplat_state import (
@@ -74,9 +73,10 @@ from models.layers.resplat_state import (
     rgb_to_sh,
     view_heads,
 )
-from models.registry import register_model
 from models.render import render
 from models.weights.builder import check_mapped_state, encoder_state_dict
+from models.weights.knobs import MAX_GAUSSIANS, Knob
+from models.weights.registry import register_model
 
 __all__ = [
     "ReSplatRelease",

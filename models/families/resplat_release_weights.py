@@ -16,8 +16,9 @@ import re
 from torch import Tensor
 
 from models.families.depthsplat import official_key_to_ours as depthsplat_key
-from models.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from models.weights.input_recipe import DL3DV_REFERENCE_DEPTH, RE10K_REFERENCE_DEPTH, InputRecipe
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import register_pretrained_cfgs
 
 __all__ = ["DL3DV_LAYOUT", "RE10K_LAYOUT", "official_key_to_ours", "split_fused_qkv"]
 

@@ -69,11 +69,10 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
-from models.gaussians import Gaussians
+from models.core.base import ModelOutput, SplatModel, check_context
+from models.core.gaussians import Gaussians
 from models.geometry.cameras import camera_directions, normalize_scene, pixel_grid, transform_points
 from models.geometry.similarity import umeyama
-from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.cardinality_router import (
     ROUTING_MODES,
     CardinalityRouter,
@@ -88,10 +87,11 @@ from models.layers.heads import AnchorOffsetPlacement, GaussianHead, free_mean_a
 from models.layers.pixel_trunk import PixelTrunk
 from models.layers.point_transformer import PointTransformerBlock
 from models.layers.wavelet import detail_bands, detail_energy
-from models.registry import register_model
 from models.weights.builder import load_state_dict_strict, sub_state_dict
 from models.weights.hub import PretrainedError, read_weights
-from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
+from models.weights.knobs import MAX_GAUSSIANS, Knob
+from models.weights.pretrained_cfg import synthetic64_cfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "SplatWeaver",
@@ -580,7 +580,7 @@ class SplatWeaver(PixelTrunk, SplatModel):
         return fitted, intrinsics
 
 
-# Inference knobs (models.knobs): the per-pixel budget, and every family's max_gaussians. Backbone
+# Inference knobs (models.weights.knobs): the per-pixel budget, and every family's max_gaussians. Backbone
 # and DPT features do not depend on the budget (it shifts the router's logits) and are reused.
 INFERENCE_KNOBS = (
     Knob(

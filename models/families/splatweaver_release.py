@@ -55,10 +55,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
+from models.core.base import ModelOutput, SplatModel, check_context
+from models.core.gaussians import Gaussians
 from models.families.splatweaver import INFERENCE_KNOBS as _FAMILY_KNOBS
-from models.gaussians import Gaussians
-from models.input_recipe import InputRecipe
 from models.layers.backbones.dpt import add_uv_embedding, release_dpt_key
 from models.layers.cardinality_router import budget_shift, frozen_gumbel_noise, route
 from models.layers.heads import AnchorOffsetPlacement, GaussianHead
@@ -72,8 +71,9 @@ from models.layers.vggt import (
     vggt_dpt,
 )
 from models.layers.wavelet import WAVELETS
-from models.registry import register_model
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from models.weights.input_recipe import InputRecipe
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "SplatWeaverRelease",
@@ -633,7 +633,7 @@ def checkpoint_filter_fn(checkpoint: dict, model: nn.Module) -> dict[str, Tensor
     return out
 
 
-# Inference knobs (models.knobs): the family's per-pixel budget and max_gaussians. The trunk, the
+# Inference knobs (models.weights.knobs): the family's per-pixel budget and max_gaussians. The trunk, the
 # per-pixel features and the router's logits do not depend on them (the budget shifts the logits).
 INFERENCE_KNOBS = _FAMILY_KNOBS
 KNOB_FREE_MODULES = (

@@ -45,7 +45,7 @@ data convention (``docs/design.md``) fixes both: every batch is expressed in the
 (identity) with the largest context baseline scaled to 1, so Gaussians predicted in view 0's frame
 line up with the ground-truth target cameras up to what the network gets wrong about that scale
 (learned from the training distribution, where the baseline is always 1). The remaining error is
-what test-time target-pose fit (``models.pose_fit``) absorbs at evaluation.
+what test-time target-pose fit (``models.pipeline.pose_fit``) absorbs at evaluation.
 
 Losses: L1 and LPIPS are the LightningModule's (``configs/model/zipsplat.yaml``), as is the depth
 term: with ``depth_weight > 0`` it compares the rendered target depth with the ground truth (free,
@@ -67,7 +67,7 @@ from einops import rearrange, repeat
 from timm.layers import build_sincos2d_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
+from models.core.base import ModelOutput, SplatModel, check_context
 from models.geometry.cameras import (
     camera_directions,
     normalize_scene,
@@ -75,13 +75,13 @@ from models.geometry.cameras import (
     plucker_embedding,
     unproject,
 )
-from models.knobs import MAX_GAUSSIANS, Knob
 from models.layers.backbones import VIT_SIZES, MultiViewTransformer
 from models.layers.cross_attention import CrossAttentionBlock
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import cluster_count, kmeans_select
-from models.registry import register_model
-from models.weights.pretrained_cfg import register_pretrained_cfgs, synthetic64_cfg
+from models.weights.knobs import MAX_GAUSSIANS, Knob
+from models.weights.pretrained_cfg import synthetic64_cfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "ZipSplat",
@@ -613,7 +613,7 @@ class ZipSplat(SplatModel):
         return ModelOutput(gaussians, losses=losses, diagnostics=diagnostics)
 
 
-# Inference knobs (models.knobs): the cluster ratio, and every family's max_gaussians. The backbone
+# Inference knobs (models.weights.knobs): the cluster ratio, and every family's max_gaussians. The backbone
 # sees only the images (and the camera prior, not a knob), so a re-run with another ratio reuses it.
 INFERENCE_KNOBS = (
     Knob(

@@ -28,7 +28,7 @@ images at 252 x 252 in one forward pass:
 The release predicts **no cameras**: its Gaussians are in the camera frame of view 0 (OpenCV
 axes), at the scale its training data was normalised to (not this project's unit-baseline
 convention), so anything that renders a given camera must place it first (``infer.py`` and
-``eval.py`` use the test-time pose fit of ``models.pose_fit``).
+``eval.py`` use the test-time pose fit of ``models.pipeline.pose_fit``).
 
 Weights: ``checkpoint_filter_fn`` reads the release's ``.tar`` (``{'model', 'conf', 'epoch',
 'eval'}``, unprefixed keys). The release loads it non-strictly; the only extra keys it names are
@@ -47,15 +47,15 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.base import ModelOutput, SplatModel, check_context
+from models.core.base import ModelOutput, SplatModel, check_context
 from models.families.zipsplat import INFERENCE_KNOBS as _FAMILY_KNOBS
-from models.input_recipe import InputRecipe
 from models.layers.backbones.da3_vit import DA3_SIZES, Block, DA3Encoder, Mlp, PatchEmbed
 from models.layers.cross_attention import CrossAttentionBlock
 from models.layers.heads import FreeMeanPlacement, GaussianHead
 from models.layers.kmeans import kmeans_nearest_tokens
-from models.registry import register_model
-from models.weights.pretrained_cfg import PretrainedCfg, register_pretrained_cfgs
+from models.weights.input_recipe import InputRecipe
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import register_model, register_pretrained_cfgs
 
 __all__ = [
     "INFERENCE_KNOBS",

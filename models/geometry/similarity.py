@@ -5,7 +5,7 @@ capture's (fusion), the scene frame to the capture's own frame (inference, the v
 frame to a pose-free model's frame (pose fit), structure-from-motion poses to a reference
 (evaluation of SfM), and the rigid fits of the families. A :class:`Similarity` may carry leading
 batch dimensions (``scale [*S]``, ``rotation [*S, 3, 3]``, ``translation [*S, 3]``); the things it
-moves have those dimensions first. Gaussians are moved by ``models.gaussians.transform_gaussians``
+moves have those dimensions first. Gaussians are moved by ``models.core.gaussians.transform_gaussians``
 (they and their spherical harmonics live a layer above this one).
 
 Fits: :func:`umeyama` (points, optionally weighted; Umeyama 1991, Kabsch without the scale) and

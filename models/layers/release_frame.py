@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.gaussians import Gaussians, transform_gaussians
+from models.core.gaussians import Gaussians, transform_gaussians
 from models.geometry.cameras import invert_extrinsics, normalize_scene
 from models.geometry.similarity import Similarity
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
 
 __all__ = [

@@ -14,11 +14,11 @@ from typing import Any
 from PIL import Image
 
 from datamodules.readers.image_folder import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
-from models.budget import fit_estimate
-from models.capture.holdout import HoldoutScores, HoldoutViews, holdout_summary
-from models.command_line import SettingError
-from models.refine.plan import plan_fit
-from models.refine.settings import (
+from models.core.budget import fit_estimate
+from models.core.command_line import SettingError
+from models.pipeline.capture.holdout import HoldoutScores, HoldoutViews, holdout_summary
+from models.pipeline.refine.plan import plan_fit
+from models.pipeline.refine.settings import (
     RefineSettings,
     RefineSettingsError,
     config_key,
@@ -82,7 +82,7 @@ def refine_settings(values: Mapping[str, Any], backend: str, seed: int) -> Refin
 
 def fit_memory(count: int, views: int, shape: tuple[int, int], sh_degree: int, backend: str) -> int:
     """Bytes the fit needs at its peak with ``count`` Gaussians and ``views`` photos of
-    ``shape`` ``(H, W)`` (the budget module's estimate, ``models.budget.fit_estimate``)."""
+    ``shape`` ``(H, W)`` (the budget module's estimate, ``models.core.budget.fit_estimate``)."""
     return fit_estimate(count, views, shape, sh_degree, backend).peak_bytes
 
 
@@ -112,7 +112,7 @@ def check_fit_memory(
     count: int = 0,
     sh_degree: int = 3,
 ) -> None:
-    """Refuse a fit that cannot run here (``models.refine.plan.plan_fit``: memory at
+    """Refuse a fit that cannot run here (``models.pipeline.refine.plan.plan_fit``: memory at
     ``settings.size`` on the long side of ``shape`` with up to ``settings.max_gaussians`` or
     ``count`` Gaussians, a time budget too short for its steps), naming the command's key and
     the largest value that fits.

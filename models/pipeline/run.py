@@ -17,13 +17,15 @@ import torch
 from datamodules.errors import InputError
 from datamodules.readers.colmap import read_colmap_points
 from datamodules.readers.image_folder import VIDEO_EXTENSIONS
-from models import budget, inference
-from models.capture import fusion
-from models.capture import holdout as holdout_lib
-from models.capture.holdout import holdout_indices
-from models.capture.inputs import load_inputs, needs_sfm, sfm_preflight
-from models.capture.views import center_index
-from models.capture.whole import (
+from models.core import budget
+from models.core.command_line import check_values
+from models.pipeline import inference
+from models.pipeline.capture import fusion
+from models.pipeline.capture import holdout as holdout_lib
+from models.pipeline.capture.holdout import holdout_indices
+from models.pipeline.capture.inputs import load_inputs, needs_sfm, sfm_preflight
+from models.pipeline.capture.views import center_index
+from models.pipeline.capture.whole import (
     capture_estimate,
     plan_capture,
     print_holdout,
@@ -31,9 +33,10 @@ from models.capture.whole import (
     window_size,
     write_capture,
 )
-from models.command_line import check_values
-from models.inference import InferenceError, check_knobs
-from models.knobs import declared_knob_names
+from models.pipeline.inference import InferenceError, check_knobs
+from models.pipeline.refine import fit_shape, gaussians_from_points, plot_holdout_psnr
+from models.pipeline.refine.stage import refine_checkpoint_path
+from models.pipeline.refine.start import merged_start
 from models.pipeline.refinement import (
     check_fit_memory,
     holdout_table,
@@ -41,10 +44,8 @@ from models.pipeline.refinement import (
     refine_settings,
 )
 from models.pipeline.settings import InferConfig
-from models.refine import fit_shape, gaussians_from_points, plot_holdout_psnr
-from models.refine.stage import refine_checkpoint_path
-from models.refine.start import merged_start
 from models.splat_formats import parse_formats
+from models.weights.knobs import declared_knob_names
 
 __all__ = [
     "Loaded",
@@ -77,7 +78,7 @@ def settings_from(config) -> InferConfig:
 
 def forward_kwargs(model, settings) -> dict:
     """The knobs set in ``settings`` (any family's declared knob name), checked against
-    ``model``'s declarations (``models.knobs``); a knob the family lacks is refused by name."""
+    ``model``'s declarations (``models.weights.knobs``); a knob the family lacks is refused by name."""
     get = settings.get if hasattr(settings, "get") else lambda k: getattr(settings, k, None)
     knobs = {k: get(k) for k in declared_knob_names()}
     return check_knobs(model, {k: v for k, v in knobs.items() if v is not None}, str(get("model")))
@@ -382,7 +383,7 @@ def _refine_photos(images, names: list[str]):
 
 
 def _checkpoint(s: InferConfig, output: Path) -> Path | None:
-    """The fit's checkpoint (``models.refine.stage.refine_checkpoint_path``) when
+    """The fit's checkpoint (``models.pipeline.refine.stage.refine_checkpoint_path``) when
     ``refine_checkpoint_every`` is set, else ``None``."""
     if s.refine_checkpoint_every is None:
         return None
@@ -422,7 +423,7 @@ def _after_refine(s: InferConfig, output: Path, fitted) -> None:
 
 def _capture_mode(s: InferConfig) -> bool:
     """``views=N`` / ``views=all`` / ``center_view=`` / ``holdout=``: the photos are planned into
-    windows (``models.capture.whole``); none of them: every photo in one pass, as before."""
+    windows (``models.pipeline.capture.whole``); none of them: every photo in one pass, as before."""
     return any(getattr(s, k) not in (None, "") for k in ("views", "center_view", "holdout"))
 
 
@@ -438,7 +439,7 @@ def _load_views(s: InferConfig, source: Path, capture: bool) -> int | None:
 
 def forward_capture(pipeline: Pipeline, loaded: Loaded):
     """``views=N|all`` / ``center_view`` / ``holdout``: plan the windows, estimate (refused when
-    one cannot fit), reconstruct every window and fuse them (``models.capture.whole``)."""
+    one cannot fit), reconstruct every window and fuse them (``models.pipeline.capture.whole``)."""
     s, model = pipeline.s, loaded.model
     plan = plan_capture(
         loaded.images, model, views=s.views, center_view=s.center_view, holdout=s.holdout,
@@ -543,7 +544,7 @@ def refine_stage(pipeline: Pipeline, loaded: Loaded, recon, to_scene, held=None)
 
 
 def _auto_start(recon, points, intrinsics, settings, photos):
-    """``refine_init=auto``: the merged start (``models.refine.start.merged_start``: the SfM
+    """``refine_init=auto``: the merged start (``models.pipeline.refine.start.merged_start``: the SfM
     points plus the feed-forward Gaussians where the SfM cloud has gaps; training cameras
     only, never a held-out photo)."""
     k = recon.intrinsics if intrinsics is None else intrinsics

@@ -2,7 +2,7 @@
 its range (the field's metadata) and its default (``configs/infer.yaml``, which a test keeps equal
 to the defaults here).
 
-They are read by the commands' one parser (:mod:`models.command_line`): ``infer.py`` registers
+They are read by the commands' one parser (:mod:`models.core.command_line`): ``infer.py`` registers
 :class:`InferConfig` with Hydra as a structured config and checks its command line with
 ``check_arguments``; ``python -m models.refine`` parses its ``key=value`` arguments with
 ``parse_key_values`` over :class:`RefineCommandConfig`, and ``view.py`` its refinement settings
@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.command_line import MISSING, Declared, declared, parse_key_values, setting
-from models.refine.settings import RefineSettings
+from models.core.command_line import MISSING, Declared, declared, parse_key_values, setting
+from models.pipeline.refine.settings import RefineSettings
 
 __all__ = [
     "InferConfig",
@@ -52,7 +52,7 @@ REFINE_TOP_LEVEL = frozenset(
 
 @dataclass
 class SfmConfig:
-    """Structure-from-motion (``cameras=auto``; ``models.capture.inputs``)."""
+    """Structure-from-motion (``cameras=auto``; ``models.pipeline.capture.inputs``)."""
 
     matching: str = setting("auto", choices=("auto", "exhaustive", "sequential"))
     camera_model: str = "SIMPLE_PINHOLE"
@@ -65,7 +65,7 @@ class SfmConfig:
 @dataclass
 class RefineFields:
     """The per-scene fit's settings, the same in ``infer.py``, ``view.py`` and
-    ``python -m models.refine`` (``models.refine.RefineSettings`` takes them)."""
+    ``python -m models.refine`` (``models.pipeline.refine.RefineSettings`` takes them)."""
 
     refine: int = setting(0, minimum=0)
     refine_time: float | None = setting(None, above=0.0, finite=True)
@@ -73,7 +73,7 @@ class RefineFields:
     refine_init: str = setting("auto", choices=("auto", "feed_forward", "sfm"))
     refine_max_gaussians: int | None = setting(None, minimum=1)
     refine_checkpoint_every: int | None = setting(None, minimum=1)
-    # models.refine.RefineSettings' other fields, as refinement.KEY (ranges checked there)
+    # models.pipeline.refine.RefineSettings' other fields, as refinement.KEY (ranges checked there)
     refinement: Any = setting({}, fields=lambda: refinement_fields())
 
 
@@ -130,7 +130,7 @@ class RefineCommandConfig(RefineFields):
 @dataclass
 class ViewConfig(RefineFields):
     """``python view.py PATH key=value ...`` (and the model's inference knobs, declared by the
-    families: ``models.knobs``)."""
+    families: ``models.weights.knobs``)."""
 
     model: str | None = None
     weights: str | None = setting(None, path=True)
@@ -153,7 +153,7 @@ class ViewConfig(RefineFields):
 
 
 def refinement_fields() -> dict[str, Declared]:
-    """``refinement.KEY`` settings: the fields of ``models.refine.RefineSettings`` that the
+    """``refinement.KEY`` settings: the fields of ``models.pipeline.refine.RefineSettings`` that the
     commands' own settings (``refine``, ``refine_time``, ...) do not set."""
     return {
         name: item

@@ -1,7 +1,7 @@
 """``python -m models.refine [GAUSSIANS.ply] PHOTOS output=DIR [key=value ...]`` (see
 :mod:`models.refine.cli`)."""
 
-from models.command_line import stopped_cleanly
+from models.core.command_line import stopped_cleanly
 from models.refine.cli import main
 
 with stopped_cleanly("python -m models.refine"):  # SIGTERM stops the fit as Ctrl-C does

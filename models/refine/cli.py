@@ -25,11 +25,16 @@ from torch import Tensor
 from datamodules.errors import InputError
 from datamodules.readers.colmap import read_colmap_points
 from datamodules.readers.image_folder import load_images
-from models.capture.holdout import holdout_indices, holdout_views, score_holdout
-from models.command_line import MISSING, Terminated, parse_key_values
-from models.gaussians import Gaussians
-from models.inference import check_backend, choose_device
-from models.output_folder import OutputFolder
+from models.core.command_line import MISSING, Terminated, parse_key_values
+from models.core.gaussians import Gaussians
+from models.core.output_folder import OutputFolder
+from models.core.pixels import image_to_uint8
+from models.pipeline.capture.holdout import holdout_indices, holdout_views, score_holdout
+from models.pipeline.inference import check_backend, choose_device
+from models.pipeline.refine.plan import fit_shape
+from models.pipeline.refine.report import plot_holdout_psnr
+from models.pipeline.refine.stage import refine_checkpoint_path, start_refinement
+from models.pipeline.refine.start import gaussians_from_points
 from models.pipeline.refinement import (
     check_fit_memory,
     holdout_table,
@@ -37,11 +42,6 @@ from models.pipeline.refinement import (
     refine_settings,
 )
 from models.pipeline.settings import RefineCommandConfig
-from models.pixels import image_to_uint8
-from models.refine.plan import fit_shape
-from models.refine.report import plot_holdout_psnr
-from models.refine.stage import refine_checkpoint_path, start_refinement
-from models.refine.start import gaussians_from_points
 
 __all__ = ["USAGE", "main", "parse_arguments"]
 
@@ -151,7 +151,7 @@ def _settings(argv: list[str]) -> tuple[list[str], dict[str, Any], Any, torch.de
 
 def _holdout(photos, held: list[int], train: list[int], shape: tuple[int, int]):
     """The held-out photos at the fit's size with their nearest training photo
-    (``models.capture.holdout``, as ``infer.py`` scores them), or ``None``."""
+    (``models.pipeline.capture.holdout``, as ``infer.py`` scores them), or ``None``."""
     if not held:
         return None
     resized = F.interpolate(photos.images.float(), size=shape, mode="area")

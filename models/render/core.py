@@ -31,13 +31,13 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
+from models.core.sh import sh_degree_of
 from models.render.cpu import cpu_rasterizer_error, render_cpu
 from models.render.gsplat_backend import TILE_SIZE, _render_gsplat, gsplat_available
 from models.render.output import RenderOutput
 from models.render.projection import EPS2D
 from models.render.rasterize import _render_torch
-from models.sh import sh_degree_of
 
 __all__ = ["BACKENDS", "RASTERIZE_MODES", "render"]
 

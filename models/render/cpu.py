@@ -38,9 +38,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from models.core.sh import eval_sh
 from models.render.output import RenderOutput
 from models.render.projection import EPS2D, project_views
-from models.sh import eval_sh
 
 __all__ = [
     "CpuRasterizerUnavailable",

@@ -10,7 +10,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
 from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
 from models.geometry.rotations import quaternion_to_matrix
 

@@ -8,7 +8,8 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from models.gaussians import Gaussians
+from models.core.gaussians import Gaussians
+from models.core.sh import eval_sh
 from models.render.output import (
     RenderOutput,
 )
@@ -17,7 +18,6 @@ from models.render.projection import (
     EPS2D,
     project_views,
 )
-from models.sh import eval_sh
 
 __all__ = ["MAX_ALPHA", "TRANSMITTANCE_MIN"]
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.errors import InputError
-from models.command_line import SettingError, closest
+from models.core.command_line import SettingError, closest
 from models.weights.hub import PretrainedError, checkpoint_safe_globals, load_checkpoint_state_dict
 
 __all__ = [

@@ -26,20 +26,20 @@ from typing import Any
 
 from torch import nn
 
-from models.base import INIT_ONLY_ARGS
-from models.command_line import (
+from models.core.base import INIT_ONLY_ARGS
+from models.core.command_line import (
     MISSING,
     parse_key_values,
     run_key_value_command,
     setting,
     stopped_cleanly,
 )
-from models.output_folder import OutputFolder, OutputFolderError
-from models.registry import is_model
+from models.core.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_from_recorded, load_state_dict_strict
 from models.weights.hub import load_checkpoint_state_dict
 from models.weights.hub import save_pretrained as save_with_metadata
 from models.weights.publish import ExportError, model_card, push_folder
+from models.weights.registry import is_model
 
 __all__ = ["checkpoint_metrics", "export_checkpoint", "main"]
 

@@ -21,10 +21,10 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
-from models import pose_fit
-from models.base import ModelOutput
-from models.gaussians import Gaussians
-from models.metrics import (
+from models.core.base import ModelOutput
+from models.core.gaussians import Gaussians
+from models.pipeline import pose_fit
+from models.pipeline.metrics import (
     build_lpips,
     lpips_inputs,
     mean_color_baseline,
@@ -32,9 +32,9 @@ from models.metrics import (
     psnr_per_image,
     ssim_per_image,
 )
-from models.registry import to_plain
 from models.render.core import render
 from models.training.recipes import TrainingRecipe, default_recipe, recipe_record
+from models.weights.registry import to_plain
 
 __all__ = ["SplatLitModule", "net_identity"]
 

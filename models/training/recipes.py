@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.base import ModelOutput
+from models.core.base import ModelOutput
+from models.core.gaussians import Gaussians
 from models.families.zipsplat import compression_schedule
-from models.gaussians import Gaussians
 
 __all__ = [
     "TrainingRecipe",

@@ -21,14 +21,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from models.base import (
+from models.core.base import (
     INIT_ONLY_ARGS,
     SplatModel,
     constructor_arguments,
     describe_unknown_arguments,
     renamed,
 )
-from models.registry import model_class, model_entrypoint
 from models.weights.hub import (
     CONFIG_NAME,
     METADATA_KEY,
@@ -37,7 +36,7 @@ from models.weights.hub import (
     read_official_file,
     resolve_source,
 )
-from models.weights.pretrained_cfg import split_model_name
+from models.weights.registry import model_class, model_entrypoint, split_model_name
 
 __all__ = [
     "build_from_recorded",

@@ -32,19 +32,18 @@ from typing import Any
 
 from torch import nn
 
-from models.command_line import (
+from models.core.command_line import (
     MISSING,
     parse_key_values,
     run_key_value_command,
     setting,
     stopped_cleanly,
 )
-from models.output_folder import OutputFolder, OutputFolderError
-from models.registry import is_model
+from models.core.output_folder import OutputFolder, OutputFolderError
 from models.weights.builder import build_model, is_release_format
 from models.weights.hub import WeightsSource, resolve_source, save_pretrained
-from models.weights.pretrained_cfg import split_model_name
 from models.weights.publish import ExportError, model_card, push_folder
+from models.weights.registry import is_model, split_model_name
 
 __all__ = ["convert_release", "main", "provenance"]
 

@@ -38,9 +38,15 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.errors import InputError
-from models.base import INIT_ONLY_ARGS, constructor_arguments
-from models.registry import get_pretrained_cfg, is_model, to_plain
-from models.weights.pretrained_cfg import PretrainedCfg, list_pretrained, split_model_name
+from models.core.base import INIT_ONLY_ARGS, constructor_arguments
+from models.weights.pretrained_cfg import PretrainedCfg
+from models.weights.registry import (
+    get_pretrained_cfg,
+    is_model,
+    list_pretrained,
+    split_model_name,
+    to_plain,
+)
 
 __all__ = [
     "CHECKPOINTS_DIR",

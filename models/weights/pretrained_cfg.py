@@ -6,24 +6,19 @@ Weights are named ``architecture.tag`` (e.g. ``zipsplat_tiny.synthetic64``,
 architectures with :func:`register_pretrained_cfgs`; ``create_model("architecture.tag",
 pretrained=True)`` loads those weights, ``create_model("architecture", pretrained=True)`` the
 architecture's default tag (the first registered). This module sits below the families: it imports
-only the input recipe (models.input_recipe) of the project.
+only the input recipe (models.weights.input_recipe) of the project.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.input_recipe import InputRecipe, shipped_recipe
+from models.weights.input_recipe import InputRecipe, shipped_recipe
 
 __all__ = [
     "PretrainedCfg",
-    "get_pretrained_cfg",
-    "list_pretrained",
-    "register_pretrained_cfgs",
-    "split_model_name",
     "synthetic64_cfg",
 ]
 
@@ -101,49 +96,6 @@ class PretrainedCfg:
         if self.recipe is not None:
             data["recipe"] = self.recipe.to_dict()
         return data
-
-
-_pretrained_cfgs: dict[str, PretrainedCfg] = {}  # "arch.tag" -> cfg
-_default_tags: dict[str, str] = {}  # arch -> tag
-
-
-def split_model_name(name: str) -> tuple[str, str | None]:
-    """``"arch.tag"`` → ``("arch", "tag")``; ``"arch"`` → ``("arch", None)``."""
-    architecture, _, tag = name.partition(".")
-    return architecture, (tag or None)
-
-
-def register_pretrained_cfgs(cfgs: dict[str, PretrainedCfg]) -> dict[str, PretrainedCfg]:
-    """Register ``{"arch.tag": PretrainedCfg(...)}``; an architecture's first tag is its default.
-
-    Returns:
-        The registered configs (with ``architecture`` and ``tag`` filled in).
-    """
-    registered = {}
-    for name, cfg in cfgs.items():
-        architecture, tag = split_model_name(name)
-        if tag is None:
-            raise ValueError(f"pretrained config {name!r} must be named 'architecture.tag'")
-        if name in _pretrained_cfgs:
-            raise ValueError(f"pretrained config {name!r} is registered twice")
-        cfg = dataclasses.replace(cfg, architecture=architecture, tag=tag)
-        _pretrained_cfgs[name] = cfg
-        _default_tags.setdefault(architecture, tag)
-        registered[name] = cfg
-    return registered
-
-
-def get_pretrained_cfg(name: str) -> PretrainedCfg | None:
-    """The config of ``"arch.tag"``, or of ``"arch"``'s default tag; ``None`` if there is none."""
-    architecture, tag = split_model_name(name)
-    tag = tag or _default_tags.get(architecture)
-    return None if tag is None else _pretrained_cfgs.get(f"{architecture}.{tag}")
-
-
-def list_pretrained(pattern: str | None = None) -> list[str]:
-    """Sorted ``architecture.tag`` names of every registered pretrained config."""
-    names = sorted(_pretrained_cfgs)
-    return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
 
 
 def synthetic64_cfg(

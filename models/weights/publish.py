@@ -12,8 +12,8 @@ import os
 from torch import nn
 
 from datamodules.errors import InputError
-from models.output_folder import MARKER_NAME
-from models.registry import get_pretrained_cfg
+from models.core.output_folder import MARKER_NAME
+from models.weights.registry import get_pretrained_cfg
 
 __all__ = ["ExportError", "model_card", "push_folder"]
 

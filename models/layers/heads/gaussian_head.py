@@ -12,7 +12,7 @@ Every family ends here, so the activations live in exactly one place:
   scaled down (``0.1 * 0.25**degree``) so training starts view-independent;
 - ``local_frame=True`` (DepthSplat's release): rotations and SH are predicted in each location's
   camera frame and moved to the world by the camera-to-world rotation (quaternion product; SH with
-  e3nn's Wigner matrices, ``models.sh.rotate_sh_e3nn``, as the released models were trained).
+  e3nn's Wigner matrices, ``models.core.sh.rotate_sh_e3nn``, as the released models were trained).
 
 ``in_dim=None`` builds a decode-only head (no projection; call ``decode`` with raw parameters).
 
@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor, nn
 
-from models.gaussians import Gaussians, rgb_to_sh
+from models.core.gaussians import Gaussians, rgb_to_sh
+from models.core.sh import rotate_sh_e3nn
 from models.geometry.cameras import unproject
 from models.geometry.rotations import matrix_to_quaternion, quaternion_multiply
-from models.sh import rotate_sh_e3nn
 
 __all__ = [
     "GaussianHead",

@@ -1,6 +1,0 @@
-"""A user's capture (a folder of photos or a video) on its way to a reconstruction: the views and
-their poses for a model (:mod:`models.capture.inputs`), which photos go together into a forward
-pass (:mod:`models.capture.views`), the whole capture in overlapping windows fused into one set
-(:mod:`models.capture.whole`, :mod:`models.capture.fusion`) and held-out photos scored
-(:mod:`models.capture.holdout`). Application layer: it stands above :mod:`models.inference` and
-the data readers of :mod:`datamodules`."""

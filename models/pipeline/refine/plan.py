@@ -1,0 +1,336 @@
+"""What a fit will cost, decided before it starts.
+
+- :func:`plan_fit`: before any work (the pipeline calls it before the forward pass): the
+  arguments' types and ranges, the fitted image size, the memory (and the densification cap that
+  keeps the fit inside it) and whether the time budget can buy any steps at all. Raises one
+  :class:`~models.pipeline.refine.settings.RefineSettingsError` naming the argument and, when the machine
+  is what limits it, the largest value that fits.
+- :func:`screen_radii` / :func:`cap_screen_size` / :func:`importance`: each Gaussian's footprint
+  in the training views, the screen-size cap applied to a start, and the pruning order
+  (opacity x footprint).
+- :func:`budget_fit`: with the step time measured on the start (:func:`measure_step_time`), the
+  working count, the densification cap and the planned steps that a time budget buys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.core.budget import fit_estimate
+from models.core.gaussians import Gaussians
+from models.pipeline.refine.loss import photometric_loss
+from models.pipeline.refine.settings import DEFAULT_MAX_SIZE, RefineSettings, RefineSettingsError
+from models.render import render
+
+__all__ = [
+    "FitBudget",
+    "FitPlan",
+    "StepTime",
+    "budget_fit",
+    "cap_screen_size",
+    "fit_shape",
+    "importance",
+    "measure_step_time",
+    "plan_fit",
+    "screen_limit",
+    "screen_radii",
+]
+
+#: A step costs at least this (render + SSIM + backward of an empty set at 240 px on this
+#: project's 2 loaded cores: about 15 ms); :func:`plan_fit` refuses a time budget below
+#: ``min_steps`` of it.
+MIN_STEP_SECONDS = 0.01
+#: The fit stops at this multiple of ``time`` even before its planned steps (a machine much
+#: slower than measured); otherwise it does exactly the planned steps.
+TIME_GUARD = 2.0
+#: A time budget never prunes the start below this many Gaussians (when even that many cannot buy
+#: ``min_steps``, the fit plans the steps the budget buys, fewer, and says so).
+MIN_WORKING = 1000
+#: The screen-size cap never goes below this radius in pixels (a 16 px splat covers ~800 pixels,
+#: which costs little; on small photos the fraction alone would reshape ordinary Gaussians).
+MIN_SCREEN_RADIUS = 16.0
+
+
+def fit_shape(image_size: tuple[int, int], size: int | None) -> tuple[int, int]:
+    """``(H, W)`` with the long side ``size`` (``None``: the photo's, capped at
+    :data:`~models.pipeline.refine.settings.DEFAULT_MAX_SIZE`), the aspect ratio kept."""
+    height, width = image_size
+    long_side = max(height, width)
+    target = min(long_side, DEFAULT_MAX_SIZE) if size is None else int(size)
+    scale = target / long_side
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """What :func:`plan_fit` decided.
+
+    Attributes:
+        image_size: ``(H, W)`` the photos are fitted at.
+        max_count: the largest count the memory allows (the densification cap unless
+            ``max_gaussians`` or the time budget sets a lower one).
+        peak_bytes: the estimated peak with ``max_count`` (or ``max_gaussians``) Gaussians.
+        available: the bytes the fit may use.
+    """
+
+    image_size: tuple[int, int]
+    max_count: int
+    peak_bytes: int
+    available: int
+
+
+def _largest_size(settings, views, image_size, degree, count, device) -> int:
+    """The largest long side at which ``count`` Gaussians fit in memory (0: none)."""
+    low, high = 0, max(image_size)
+    while low < high:
+        middle = (low + high + 1) // 2
+        shape = fit_shape(image_size, middle)
+        memory = fit_estimate(
+            count, views, shape, degree, settings.backend, device, settings.memory_limit
+        )
+        low, high = (middle, high) if memory.fits else (low, middle - 1)
+    return low
+
+
+def plan_fit(
+    settings: RefineSettings,
+    views: int,
+    image_size: tuple[int, int],
+    start_count: int = 1,
+    sh_degree: int = 3,
+    device: str = "cpu",
+) -> FitPlan:
+    """Check a fit before any work: types and ranges (:meth:`RefineSettings.check`), the memory
+    at the fitted size with ``start_count`` (or ``max_gaussians``) Gaussians, and a time budget
+    that buys at least ``min_steps`` steps of the cheapest possible step.
+
+    Args:
+        settings: the fit's settings.
+        views: training photos; image_size: ``(H, W)`` of the photos as given.
+        start_count: Gaussians at the start (an estimate is fine before the forward pass).
+        sh_degree: the start's SH degree (``settings.sh_degree`` wins when set).
+
+    Raises:
+        RefineSettingsError: naming ``size``, ``max_gaussians`` or ``time`` with the largest
+            (for ``time``: the smallest) value that fits, or the argument out of range.
+    """
+    settings.check()
+    if int(views) < 1:
+        raise RefineSettingsError("images", "the fit needs at least one photo")
+    shape = fit_shape(tuple(image_size), settings.size)
+    degree = sh_degree if settings.sh_degree is None else int(settings.sh_degree)
+    count = int(settings.max_gaussians or max(int(start_count), 1))
+    memory = fit_estimate(
+        count, views, shape, degree, settings.backend, device, settings.memory_limit
+    )
+    if not memory.fits:
+        need = f"about {memory.peak_bytes / 2**30:.2f} GiB at {shape[1]}x{shape[0]} with {count}"
+        have = f"{memory.available / 2**30:.2f} GiB is available"
+        if memory.max_count >= 1 and settings.max_gaussians:
+            raise RefineSettingsError(
+                "max_gaussians",
+                f"the fit needs {need} Gaussians, {have}: at most {memory.max_count} fit",
+                memory.max_count,
+            )
+        largest = _largest_size(settings, views, image_size, degree, count, device)
+        raise RefineSettingsError(
+            "size",
+            f"the fit needs {need} Gaussians, {have}: lower size (at most {largest} px fits) "
+            "or max_gaussians",
+            largest,
+        )
+    if settings.time is not None and settings.steps is None:
+        shortest = settings.min_steps * MIN_STEP_SECONDS
+        if settings.time < shortest:
+            raise RefineSettingsError(
+                "time",
+                f"{settings.time:g} s cannot buy {settings.min_steps} steps (min_steps): give at "
+                f"least {shortest:g} s, or steps",
+                shortest,
+            )
+    cap = min(memory.max_count, int(settings.max_gaussians or memory.max_count))
+    peak = fit_estimate(cap, views, shape, degree, settings.backend, device, memory.available)
+    return FitPlan(shape, cap, peak.peak_bytes, memory.available)
+
+
+@torch.no_grad()
+def screen_radii(
+    means: Tensor, scales: Tensor, extrinsics: Tensor, intrinsics: Tensor, shape: tuple[int, int]
+) -> Tensor:
+    """``[V, N]`` each Gaussian's radius in pixels (3 x its largest scale, projected at its
+    depth; 0 behind a camera or outside the image) in each view; means ``[N, 3]``, scales
+    ``[N, 3]``, extrinsics ``[V, 4, 4]`` camera-to-world, intrinsics ``[V, 3, 3]`` normalised."""
+    height, width = shape
+    world_to_camera = torch.linalg.inv(extrinsics.double()).float()  # [V, 4, 4]
+    points = means @ world_to_camera[:, :3, :3].transpose(-1, -2) + world_to_camera[:, None, :3, 3]
+    depth = points[..., 2]  # [V, N]
+    focal = intrinsics[:, 0, 0] * width  # [V]
+    radius = 3.0 * scales.amax(-1)[None] * focal[:, None] / depth.clamp_min(1e-6)  # [V, N]
+    x = (
+        intrinsics[:, None, 0, 0] * points[..., 0] / depth.clamp_min(1e-6)
+        + intrinsics[:, None, 0, 2]
+    )
+    y = (
+        intrinsics[:, None, 1, 1] * points[..., 1] / depth.clamp_min(1e-6)
+        + intrinsics[:, None, 1, 2]
+    )
+    margin_x, margin_y = radius / width, radius / height
+    inside = (depth > 0.01) & (x > -margin_x) & (x < 1 + margin_x)
+    inside &= (y > -margin_y) & (y < 1 + margin_y)
+    return torch.where(inside, radius, torch.zeros_like(radius))
+
+
+def screen_limit(fraction: float | None, shape: tuple[int, int]) -> float | None:
+    """The screen-size cap in pixels: ``fraction`` of the long side, never below
+    :data:`MIN_SCREEN_RADIUS` (``None``: no cap)."""
+    return None if fraction is None else max(fraction * max(shape), MIN_SCREEN_RADIUS)
+
+
+def cap_screen_size(radii: Tensor, gaussians: Gaussians, limit: float) -> tuple[Gaussians, int]:
+    """``gaussians`` (a batch of one, no mask) with every Gaussian whose largest radius over
+    ``radii`` ``[V, N]`` exceeds ``limit`` pixels shrunk to it; and how many were."""
+    largest = radii.amax(0)  # [N]
+    large = largest > limit
+    if not bool(large.any()):
+        return gaussians, 0
+    factor = torch.where(large, limit / largest.clamp_min(1e-12), torch.ones_like(largest))
+    return gaussians.replace(scales=gaussians.scales * factor[None, :, None]), int(large.sum())
+
+
+def importance(radii: Tensor, opacities: Tensor, shape: tuple[int, int]) -> Tensor:
+    """``[N]`` opacity x screen footprint: the pixels (``pi r^2``, at most the image) each
+    Gaussian covers summed over the views, times its opacity ``[N]``."""
+    area = (math.pi * radii.square()).clamp(max=float(shape[0] * shape[1]))
+    return opacities * area.sum(0)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step with ``n`` Gaussians: ``fixed + per_gaussian * n`` (measured)."""
+
+    fixed: float
+    per_gaussian: float
+
+    def __call__(self, n: int) -> float:
+        return self.fixed + self.per_gaussian * n
+
+
+def _time_steps(gaussians: Gaussians, images, extrinsics, intrinsics, shape, settings) -> float:
+    """Median seconds of a render + loss + backward on ``gaussians`` (one warm-up, then 3)."""
+    leaves = gaussians.map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
+    background = torch.tensor(settings.background, dtype=torch.float32, device=images.device)
+    seconds = []
+    for i in range(4):
+        view = i % images.shape[0]
+        start = time.perf_counter()
+        out = render(
+            leaves, extrinsics[view][None, None], intrinsics[view][None, None], shape,
+            background=background, backend=settings.backend,
+        )  # fmt: skip
+        photometric_loss(out.color[0], images[view][None], settings.ssim_weight).backward()
+        seconds.append(time.perf_counter() - start)
+    return sorted(seconds[1:])[1]
+
+
+def measure_step_time(
+    gaussians: Gaussians,
+    order: Tensor,
+    images: Tensor,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    settings: RefineSettings,
+) -> StepTime:
+    """The step time on the start (all of it, and its most important quarter: ``order`` ``[N]``
+    sorts it most important first), as a line in the count. The optimizer and densification
+    add about 10% (``timings``), which the fixed part's share absorbs."""
+    count = int(order.numel())
+    full = _time_steps(gaussians, images, extrinsics, intrinsics, shape, settings) * 1.1
+    if count < 4000:  # too few to separate the two parts: half each (conservative for growth)
+        return StepTime(full / 2, full / 2 / max(count, 1))
+    part = gaussians.map(lambda t: t[:, order[: count // 4]])
+    quarter = _time_steps(part, images, extrinsics, intrinsics, shape, settings) * 1.1
+    per_gaussian = max((full - quarter) / (count - count // 4), full / count * 0.1)
+    return StepTime(max(full - per_gaussian * count, 0.0), per_gaussian)
+
+
+@dataclass(frozen=True)
+class FitBudget:
+    """What :func:`budget_fit` decided: ``working`` Gaussians to start with (the most important
+    ones), the densification ``cap``, the ``steps`` to do and the ``seconds`` they should take."""
+
+    working: int
+    cap: int
+    steps: int
+    seconds: float
+
+
+def _seconds(step_time: StepTime, counts: list[tuple[int, int]], steps: int) -> float:
+    """Expected seconds of ``steps`` steps along a count schedule ``[(from_step, count)]``."""
+    total, marks = 0.0, [*counts, (steps, 0)]
+    for (begin, n), (end, _) in zip(marks, marks[1:]):
+        total += max(0, min(end, steps) - begin) * step_time(n)
+    return total
+
+
+def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``[low, high]`` with ``fits(n)`` (``fits`` monotone; ``low`` if none)."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def budget_fit(
+    step_time: StepTime | None,
+    start: int,
+    max_count: int,
+    settings: RefineSettings,
+    expected_counts: Callable[[int, int, int], list[tuple[int, int]]],
+) -> FitBudget:
+    """The working count, cap and steps a budget buys.
+
+    Without ``time`` (``step_time`` may then be ``None``): the start (at most ``max_count``),
+    cap ``max_count``, ``steps``. With
+    ``time``: ``target`` = ``steps`` or ``min_steps``; the working count is the largest (at most
+    the start, at least :data:`MIN_WORKING`) whose steps ``target`` fit in ``time`` (when even
+    that many cannot buy them, pruning stops where the per-Gaussian part of the step time equals
+    its fixed part: below that a step gets at most twice as fast); the cap the largest whose expected count
+    schedule (``expected_counts(working, steps, cap)``) still fits; the steps, when not given,
+    the most the time buys along that schedule (at least ``target``).
+    """
+    ceiling = max(1, min(int(max_count), int(settings.max_gaussians or max_count)))
+    working = max(1, min(int(start), ceiling))
+    if settings.time is None or step_time is None:
+        steps = int(settings.steps)
+        seconds = 0.0 if step_time is None else _seconds(step_time, [(0, working)], steps)
+        return FitBudget(working, ceiling, steps, seconds)
+    seconds = float(settings.time)
+    target = int(settings.steps or settings.min_steps)
+    floor = min(working, MIN_WORKING)
+    if target * step_time(floor) > seconds:  # out of reach: prune only what costs more than
+        floor = min(working, max(floor, int(step_time.fixed / step_time.per_gaussian)))
+    working = _largest(floor, working, lambda n: target * step_time(n) <= seconds)
+    cap = ceiling
+    if not settings.max_gaussians:
+        cap = _largest(
+            working,
+            ceiling,
+            lambda c: _seconds(step_time, expected_counts(working, target, c), target) <= seconds,
+        )
+    steps = settings.steps
+    if steps is None:
+        bought = max(1, int(seconds / step_time(working)))
+        steps = _largest(
+            min(target, bought),
+            max(target, bought),
+            lambda s: _seconds(step_time, expected_counts(working, s, cap), s) <= seconds,
+        )
+    expected = _seconds(step_time, expected_counts(working, steps, cap), steps)
+    return FitBudget(working, cap, int(steps), expected)
