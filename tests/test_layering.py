@@ -1,8 +1,13 @@
-"""The package layering (docs/design.md, Layout): the project's import graph, built with ``ast`` over
-``models/``, ``datamodules/``, the top-level scripts, ``tests/`` and ``bench/`` (imports inside
-functions and a lazy facade's ``_LAZY`` table included, ``if TYPE_CHECKING:`` blocks left out),
-has no cycle between files and no import from a lower layer to a higher one; ``import models``
-loads no Lightning, Hydra or wandb."""
+"""The package layering (docs/design.md, Layout): each folder of ``models/`` is a layer, and the
+layers are in one order. A module imports only from its own folder or from a folder of a lower
+layer (two folders of the same layer do not import each other); ``models/`` holds no module
+outside a layer's folder but its facade, ``models/__init__.py``; the data package imports
+nothing of ``models`` above the core; no file imports another in a cycle; ``import models`` loads
+no Lightning, Hydra or wandb and ``import datamodules`` nothing of ``models`` or torch.
+
+The import graph is built with ``ast`` over ``models/``, ``datamodules/``, the top-level
+scripts, ``tests/`` and ``bench/`` (imports inside functions and a lazy facade's ``_LAZY`` table
+included, ``if TYPE_CHECKING:`` blocks left out)."""
 
 from __future__ import annotations
 
@@ -20,80 +25,52 @@ SCRIPTS = ("train", "eval", "infer", "view")  # the commands, at the repository 
 # put the folder itself on ``sys.path``).
 SCRIPT_FOLDERS = ("tests", "bench")
 
-# Layer ranks, lowest first: a module may import modules of its own rank or lower. The longest
-# matching prefix decides. geometry -> gaussians/sh -> render -> layers -> families ->
-# weights/factory/registry -> metrics/inference -> training, with timm's placement of the
-# registration modules: the weights line pretrained_cfg -> registry -> hub -> builder sits below
-# the families (every family module registers itself with them and finishes its
-# checkpoint_filter_fn with the builder's check, as timm's _registry/_pretrained/_hub/_builder),
-# the factory (create_model, load_model) and the release converter above them. Fractional ranks
-# order that line inside layer 5.
-RANKS: dict[str, float] = {
-    # utilities every layer may use (no project imports of their own above rank 0); the one
-    # bad-input error class sits at the bottom of the data package, which never imports models
-    "datamodules.errors": 0,
-    "models.layers._timm_import": 0,
-    "models.core.output_folder": 0,
-    "models.core.command_line": 0,
-    "models.core.budget": 0,
-    "models.core.pixels": 0,  # 8-bit pixels <-> float images (no project imports)  # time/memory estimates of big work (imports only datamodules.errors)
-    "models.geometry": 1,
-    "models.splat_formats": 1,  # splat file formats (NumPy; imports only datamodules.errors)
-    "models.core.gaussians": 2,
-    "models.core.sh": 2,
-    "models.render": 3,
-    # the facade (its __init__): it imports errors only, the rest on first access (its _LAZY
-    # table counts as imports), up to the training data
-    "datamodules": 9,
-    "datamodules.readers": 3,
-    "datamodules.transforms": 3,  # image resizing shared by the readers and the training data
-    "models.layers": 4,
-    "models.core.base": 5,  # SplatModel, ModelOutput: what every family subclasses / returns
-    "models.weights.knobs": 5.5,  # inference-knob declarations the families make (reads the registry)
-    "models.weights": 5.1,  # the package (a docstring)
-    "models.weights.pretrained_cfg": 5.1,  # PretrainedCfg, the architecture.tag tables
-    "models.weights.registry": 5.2,  # entry points, families, list_models
-    "models.weights.hub": 5.3,  # locations, downloads, sha256, files
-    "models.weights.publish": 5.3,  # model cards, the upload to the Hub, ExportError
-    "models.weights.builder": 5.4,  # build from recorded arguments, filter fns, strict load
-    "models.weights.input_recipe": 0,  # a dataclass the pretrained configs hold
-    "models.families": 6,
-    "models.weights.factory": 7,
-    "models.weights.convert": 7,  # python -m models.weights.convert (release files)
-    "models": 7,  # the facade (its __init__) re-exports the factory
-    "models.pipeline.metrics": 8,
-    "models.pipeline.reconstruction": 8,  # the result types inference's stages share
-    "models.pipeline.inference_inputs": 8,  # device, knobs, model, recipe, context batch
-    "models.pipeline.inference_outputs": 8,  # the output folder of a reconstruction
-    "models.pipeline.inference": 8,
-    "models.refine": 8,  # per-scene refinement (application layer, beside inference)
-    "models.convert_splats": 8,  # python -m models.convert_splats (splat file formats)
-    "models.pipeline.pose_fit": 8,
-    "models.view.server": 8,
-    "models.pipeline.capture": 9,  # a user's capture: inputs (SfM, readers) for inference
-    # the application layer: typed settings, the refinement's checks, infer.py's stages
-    "models.pipeline": 9.5,
-    "models.refine.cli": 9.6,  # python -m models.refine: a client of the pipeline's checks
-    "models.refine.__main__": 9.6,
-    "datamodules.synthetic": 6,  # the scene generator (python -m datamodules.synthetic)
-    "datamodules.synthetic_scenes": 3,  # its scenes (textures, primitives, camera paths)
-    "datamodules.synthetic_render": 3,  # its analytic ray casting
-    "datamodules.tools": 3,  # convert uses sfm; the registry's hints come from the callers
-    "datamodules.training": 9,
-    "models.training": 10,
-    # the commands, then what exercises everything (nothing in models/ or datamodules/ imports
-    # them)
-    "train": 11,
-    "eval": 11,
-    "infer": 11,
-    "view": 11,
-    "tests": 12,
-    "bench": 12,
-}
+# The layers, lowest first: each entry is the folders of one layer. A module's folder is its
+# ``models/`` sub-folder (``models.core.gaussians`` -> ``models.core``); the facade
+# ``models/__init__.py`` is the folder ``models``; ``datamodules.errors`` (the one bad-input error,
+# which every error of both packages derives from) is a layer of its own below everything, the
+# rest of ``datamodules`` one folder.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("datamodules.errors",),  # InputError: imports nothing
+    ("models.geometry",),  # cameras, rotations, Similarity, camera paths: imports nothing
+    ("models.splat_formats",),  # splat files besides the INRIA .ply (NumPy)
+    ("models.core",),  # Gaussians, SH, SplatModel, pixels, output folders, budgets, arguments
+    ("datamodules",),  # the data package: readers, training data, tools, synthetic scenes
+    ("models.render",),  # render()
+    ("models.layers",),  # backbones, heads, trunks (and timm imported without wandb)
+    ("models.weights",),  # timm's order: pretrained_cfg -> registry -> hub -> builder -> factory
+    ("models.families",),  # one file per family or released architecture
+    ("models",),  # the facade: the weights line's names, render, and every family
+    ("models.pipeline",),  # the application: inference, capture, refinement, pose fit, metrics
+    ("models.training",),  # LightningModule, training recipes, exporter
+    ("models.view", "models.refine", "models.convert_splats"),  # the commands' folders
+    ("scripts",),  # the commands at the top level: train.py, eval.py, infer.py, view.py
+    ("tests", "bench"),  # what exercises everything
+)
+RANK = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
 
 # Edges that are deliberate, each with its reason. Each must still exist (a stale entry fails),
 # so the list cannot grow silently: remove an entry when its import goes.
 ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def folder(module: str) -> str | None:
+    """The layer folder of a module (see LAYERS), None when it is in none."""
+    parts = module.split(".")
+    if parts[0] == "models":
+        name = "models" if len(parts) == 1 else f"models.{parts[1]}"
+    elif parts[0] == "datamodules":
+        name = "datamodules.errors" if module == "datamodules.errors" else "datamodules"
+    elif module in SCRIPTS:
+        name = "scripts"  # the repository's root folder
+    else:
+        name = parts[0]
+    return name if name in RANK else None
+
+
+def rank(module: str) -> int | None:
+    name = folder(module)
+    return None if name is None else RANK[name]
 
 
 def _module_name(path: Path) -> str:
@@ -177,21 +154,6 @@ def _lazy_targets(tree: ast.Module, package: str) -> list[tuple[str, int]]:
     return []
 
 
-# Package facades: their rank is their own (not a default for the modules inside them).
-FACADES = ("models", "datamodules")
-
-
-def rank(module: str) -> int | None:
-    parts = module.split(".")
-    for i in range(len(parts), 0, -1):
-        if i == 1 and len(parts) > 1 and parts[0] in FACADES:
-            break
-        prefix = ".".join(parts[:i])
-        if prefix in RANKS:
-            return RANKS[prefix]
-    return None
-
-
 @pytest.fixture(scope="module")
 def graph():
     return build_graph()
@@ -200,17 +162,31 @@ def graph():
 def test_graph_covers_scripts_tests_and_bench(graph) -> None:
     edges, _ = graph
     assert {"train", "infer", "tests.test_layering", "bench.common"} <= set(edges)
-    assert "models.pipeline.run" in edges["infer"]  # infer.py runs the pipeline
-    assert "models.pipeline.inference" in edges["models.pipeline.run"]
+    assert any(folder(t) == "models.pipeline" for t in edges["infer"])  # infer.py runs it
     assert "tests.test_infer" in edges["tests.test_bad_inputs"]  # a sibling, by bare name
     assert "view" in edges["tests.test_viewer"]
     assert "datamodules.training.datamodule" in edges["datamodules"]  # lazily, by _LAZY
 
 
 def test_every_module_has_a_layer(graph) -> None:
-    edges, _ = graph
-    unranked = sorted(m for m in edges if rank(m) is None)
-    assert not unranked, f"modules without a layer (add them to RANKS): {unranked}"
+    edges, files = graph
+    unranked = sorted(str(files[m].relative_to(ROOT)) for m in edges if rank(m) is None)
+    assert not unranked, (
+        f"modules in no layer's folder (move them into one, see LAYERS): {unranked}"
+    )
+
+
+def test_models_holds_folders_and_its_facade_only() -> None:
+    """The layers are the folders: no module of ``models/`` beside them but ``__init__.py``, and
+    every folder of ``models/`` that holds Python is a layer's."""
+    loose = sorted(p.name for p in (ROOT / "models").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules loose in models/ (move them into a layer's folder): {loose}"
+    folders = sorted(
+        p.name
+        for p in (ROOT / "models").iterdir()
+        if p.is_dir() and any(p.rglob("*.py")) and f"models.{p.name}" not in RANK
+    )
+    assert not folders, f"folders of models/ in no layer (add them to LAYERS): {folders}"
 
 
 def test_allowed_exceptions_still_exist(graph) -> None:
@@ -219,44 +195,58 @@ def test_allowed_exceptions_still_exist(graph) -> None:
     assert not stale, f"allowed imports that no longer exist (remove them from ALLOWED): {stale}"
 
 
-def upward_imports(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
-    """``(module, target, line)`` of every import from a lower layer to a higher one."""
+def forbidden_imports(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
+    """``(module, target, line)`` of every import of a higher layer's folder, or of another
+    folder of the same layer."""
     bad = []
     for module, targets in sorted(edges.items()):
         for target, line in sorted(targets.items()):
             if (module, target) in ALLOWED:
                 continue
             low, high = rank(module), rank(target)
-            if low is not None and high is not None and high > low:
+            if low is None or high is None:
+                continue
+            if high > low or (high == low and folder(target) != folder(module)):
                 bad.append((module, target, line))
     return bad
 
 
-def test_upward_imports_are_reported() -> None:
-    edges = {"models.render.core": {"models.pipeline.inference": 3, "models.geometry.cameras": 4}}
-    assert upward_imports(edges) == [("models.render.core", "models.pipeline.inference", 3)]
-    assert upward_imports({"models.pipeline.inference": {"models.render.core": 1}}) == []
+def test_forbidden_imports_are_reported() -> None:
+    edges = {
+        "models.render.core": {"models.pipeline.inference": 3, "models.geometry.cameras": 4},
+        "models.view.live": {"models.refine.cli": 5, "models.view.server": 6},
+        "datamodules.tools.sfm": {"models.weights.registry": 7, "models.core.pixels": 8},
+    }
+    assert forbidden_imports(edges) == [
+        ("datamodules.tools.sfm", "models.weights.registry", 7),
+        ("models.render.core", "models.pipeline.inference", 3),
+        ("models.view.live", "models.refine.cli", 5),  # same layer, another folder
+    ]
+    assert forbidden_imports({"models.pipeline.inference": {"models.render.core": 1}}) == []
+    assert folder("models.core.gaussians") == "models.core"
+    assert folder("models") == "models" and folder("datamodules") == "datamodules"
+    assert folder("models.loose_module") is None
+    assert folder("infer") == folder("view") == "scripts"
 
 
-def test_no_import_from_a_lower_layer_to_a_higher_one(graph) -> None:
+def test_no_import_of_a_higher_layer(graph) -> None:
     edges, files = graph
     bad = [
-        f"{files[module].relative_to(ROOT)}:{line}: {module} (layer {rank(module)}) imports "
-        f"{target} (layer {rank(target)})"
-        for module, target, line in upward_imports(edges)
+        f"{files[module].relative_to(ROOT)}:{line}: {module} ({folder(module)}, layer "
+        f"{rank(module)}) imports {target} ({folder(target)}, layer {rank(target)})"
+        for module, target, line in forbidden_imports(edges)
     ]
-    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+    assert not bad, "imports of a higher layer or of a folder beside it:\n" + "\n".join(bad)
 
 
-# What the data package may import of ``models``: the layers below the networks (geometry and
-# the plumbing every command shares), never the registry, the families, the weights or the
-# application (pipeline, inference, capture, refine, training).
-DATA_PACKAGE_MAY_IMPORT = (
-    "models.geometry",
-    "models.core.pixels",
-    "models.core.budget",
-    "models.core.output_folder",
-    "models.core.command_line",
+# What the data package may import of ``models``: the folders up to the core (geometry, the
+# splat formats, the core's types and the plumbing every command shares), never the registry,
+# the families, the weights or the application (pipeline, training, the commands' folders).
+DATA_PACKAGE_MAY_IMPORT = tuple(
+    name
+    for layer in LAYERS[: RANK["models.core"] + 1]
+    for name in layer
+    if name.split(".")[0] == "models"
 )
 
 
@@ -282,6 +272,7 @@ def test_data_package_rule_is_checked() -> None:
         "datamodules.readers.colmap": {"models.pipeline.settings": 2, "models": 1},
         "models.pipeline.capture.inputs": {"models.weights.registry": 5},
     }
+    assert DATA_PACKAGE_MAY_IMPORT == ("models.geometry", "models.splat_formats", "models.core")
     assert data_package_violations(edges) == [
         ("datamodules.readers.colmap", "models", 1),
         ("datamodules.readers.colmap", "models.pipeline.settings", 2),
@@ -421,12 +412,13 @@ def test_the_application_loads_no_heavy_optional_package() -> None:
 
 
 def test_import_models_loads_no_training_stack() -> None:
-    """``import models`` (and ``models.pipeline.inference`` where it exists) loads no Lightning, Hydra or
-    wandb (timm would import wandb when installed: ``models`` imports timm with it hidden), and
-    wandb still imports afterwards."""
-    modules = ["models"] + (
-        ["models.pipeline.inference"] if (ROOT / "models" / "inference.py").exists() else []
-    )
+    """``import models`` and every module of the application (``models.pipeline``) load no
+    Lightning, Hydra or wandb (timm would import wandb when installed: ``models`` imports timm with
+    it hidden), and wandb still imports afterwards."""
+    pipeline = ROOT / "models" / "pipeline"
+    modules = ["models"] + [
+        _module_name(path) for path in sorted(pipeline.rglob("*.py")) if path.name != "__main__.py"
+    ]
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)

@@ -22,7 +22,6 @@ import torch
 
 from models import create_model, families, get_pretrained_cfg, list_models
 from models.weights import registry
-from models.weights import registry as cfg_module
 from models.weights.hub import PretrainedError, save_pretrained
 
 TOY_MODULE = '''
@@ -131,8 +130,8 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(registry, "_model_entrypoints", dict(registry._model_entrypoints))
     monkeypatch.setattr(registry, "_model_family", dict(registry._model_family))
     monkeypatch.setattr(registry, "_model_classes", dict(registry._model_classes))
-    monkeypatch.setattr(cfg_module, "_pretrained_cfgs", dict(cfg_module._pretrained_cfgs))
-    monkeypatch.setattr(cfg_module, "_default_tags", dict(cfg_module._default_tags))
+    monkeypatch.setattr(registry, "_pretrained_cfgs", dict(registry._pretrained_cfgs))
+    monkeypatch.setattr(registry, "_default_tags", dict(registry._default_tags))
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(folder)])
     assert families.import_families() == ["toy_family"]  # discovered, nothing else to edit
     yield sys.modules["models.families.toy_family"], data, sha
@@ -418,7 +417,7 @@ def test_file_named_as_the_release_with_its_sha_is_the_release(
     named = _release_named(depthsplat_file, tmp_path)
     sha = hashlib.sha256(named.read_bytes()).hexdigest()[:8]
     cfg = dataclasses.replace(get_pretrained_cfg(DEPTHSPLAT_TAG), sha256_prefix=sha)
-    monkeypatch.setitem(cfg_module._pretrained_cfgs, DEPTHSPLAT_TAG, cfg)
+    monkeypatch.setitem(registry._pretrained_cfgs, DEPTHSPLAT_TAG, cfg)
     source = resolve_source("depthsplat_small", str(named))
     assert source.is_release and source.pretrained_cfg.name == DEPTHSPLAT_TAG
     with warnings.catch_warnings():
@@ -455,7 +454,7 @@ def test_convert_card_says_release_only_when_the_sha_matched(
     named = _release_named(depthsplat_file, tmp_path)
     sha = hashlib.sha256(named.read_bytes()).hexdigest()[:8]
     cfg = dataclasses.replace(get_pretrained_cfg(DEPTHSPLAT_TAG), sha256_prefix=sha)
-    monkeypatch.setitem(cfg_module._pretrained_cfgs, DEPTHSPLAT_TAG, cfg)
+    monkeypatch.setitem(registry._pretrained_cfgs, DEPTHSPLAT_TAG, cfg)
     out = convert_release(named, "depthsplat_small", tmp_path / "release")
     card = (out / "README.md").read_text()
     assert f"the release `{named.name}` (sha256 matched)" in card

@@ -1,12 +1,14 @@
-"""What is known about a set of pretrained weights, apart from the architecture (timm's
-``PretrainedCfg``).
+"""What is known about a set of pretrained weights, apart from the architecture: the
+:class:`PretrainedCfg` dataclass (timm's ``_pretrained``), and :func:`synthetic64_cfg` for the
+weights this project ships.
 
 Weights are named ``architecture.tag`` (e.g. ``zipsplat_tiny.synthetic64``,
 ``depthsplat_small.re10k_256x256_view2``). A family module declares the tags of its
-architectures with :func:`register_pretrained_cfgs`; ``create_model("architecture.tag",
+architectures with ``register_pretrained_cfgs`` of :mod:`models.weights.registry`, which holds the
+tables (the one registry, as timm's ``_registry``); ``create_model("architecture.tag",
 pretrained=True)`` loads those weights, ``create_model("architecture", pretrained=True)`` the
-architecture's default tag (the first registered). This module sits below the families: it imports
-only the input recipe (models.weights.input_recipe) of the project.
+architecture's default tag (the first registered). The bottom of the weights line: it imports only
+the input recipe (models.weights.input_recipe) of the project.
 """
 
 from __future__ import annotations
