@@ -75,12 +75,9 @@ def test_select_views_around_center(images, posed_model) -> None:
 def test_view_angle_warning_against_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    import models.weights.registry
-
     recipe = SimpleNamespace(max_view_angle=30.0, views=2)
-    monkeypatch.setattr(
-        models.weights.registry, "get_pretrained_cfg", lambda name: SimpleNamespace(recipe=recipe)
-    )
+    # views.py binds the registry's lookup at import (a module-top import)
+    monkeypatch.setattr(views, "get_pretrained_cfg", lambda name: SimpleNamespace(recipe=recipe))
     assert views.view_angle_note(25.0, "m") is None
     assert "45 degrees apart, more than the 30 degrees" in views.view_angle_note(45.0, "m")
     recipe.max_view_angle = None  # not known: no warning
