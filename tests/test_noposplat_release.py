@@ -29,7 +29,7 @@ from models.families.noposplat_release import (
     checkpoint_filter_fn,
     official_key_to_ours,
 )
-from models.weights import pretrained_cfg
+from models.weights import registry
 from models.weights.convert import _hub_license
 from models.weights.hub import PretrainedError
 
@@ -349,7 +349,7 @@ def _reduced_tag(monkeypatch, tag: str, size: int = 32) -> str:
         recipe=recipe,
         input_size=(size, size),
     )
-    monkeypatch.setitem(pretrained_cfg._pretrained_cfgs, cfg.name, cfg)
+    monkeypatch.setitem(registry._pretrained_cfgs, cfg.name, cfg)
     return cfg.hf_hub_filename
 
 
