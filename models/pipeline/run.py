@@ -223,8 +223,19 @@ class Pipeline:
         return _run_all(self, loaded, folder)
 
 
-def _overrides(s: InferConfig) -> dict:
-    return {"near": s.near, "far": s.far, "scene_scale": s.scene_scale}
+def _forward_options(s: InferConfig, loaded: Loaded) -> dict:
+    """The forward's settings every window shares: pose fitting, renderer, field of view, the
+    recipe's overrides and the family's knobs."""
+    return {
+        "pose_fit_steps": s.pose_fit_steps,
+        "pose_fit_size": s.pose_fit_size,
+        "backend": s.backend,
+        "fov": s.fov,
+        "near": s.near,
+        "far": s.far,
+        "scene_scale": s.scene_scale,
+        **loaded.knobs,
+    }
 
 
 def forward_all(pipeline: Pipeline, loaded: Loaded):
@@ -240,14 +251,9 @@ def forward_all(pipeline: Pipeline, loaded: Loaded):
         result = inference.reconstruct(
             model,
             images,
-            pose_fit_steps=s.pose_fit_steps,
-            pose_fit_size=s.pose_fit_size,
-            backend=s.backend,
-            fov=s.fov,
             name=s.model,
             recipe=loaded.recipe,
-            **_overrides(s),
-            **loaded.knobs,
+            **_forward_options(s, loaded),
         )
     _warn(result.warnings)
     for warning in caught:  # other warnings pass on as they came
@@ -453,13 +459,8 @@ def forward_capture(pipeline: Pipeline, loaded: Loaded):
     capture = reconstruct_capture(
         model,
         plan,
-        pose_fit_steps=s.pose_fit_steps,
-        pose_fit_size=s.pose_fit_size,
-        backend=s.backend,
-        fov=s.fov,
         fusion_max_gaussians=s.fusion_max_gaussians,
-        **_overrides(s),
-        **loaded.knobs,
+        **_forward_options(s, loaded),
     )
     _warn([n for n in capture.notes if n not in plan.notes])
     return capture
