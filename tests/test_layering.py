@@ -389,41 +389,20 @@ def test_project_imports_are_at_module_top(graph) -> None:
 
 
 def test_the_application_loads_no_heavy_optional_package() -> None:
-    """The inference path, the viewer's module and the data tools import none of the heavy
-    optional packages until a function needs them."""
-    modules = (
-        "models",
-        "models.pipeline.run",
-        "models.view.server",
-        "datamodules.tools.convert",
-        "datamodules.tools.sfm",
-    )
-    code = (
-        "import sys\n" + "".join(f"import {m}\n" for m in modules) + f"heavy = {HEAVY_OPTIONAL!r}\n"
-        "loaded = sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy})\n"
-        "assert not loaded, loaded\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("ok")
-
-
-def test_import_models_loads_no_training_stack() -> None:
-    """``import models`` and every module of the application (``models.pipeline``) load no
-    Lightning, Hydra or wandb (timm would import wandb when installed: ``models`` imports timm with
-    it hidden), and wandb still imports afterwards."""
+    """``import models``, every module of the application (``models.pipeline``), the viewer's
+    module and the data tools import none of the heavy optional packages (Lightning, Hydra, wandb,
+    pycolmap, viser, gsplat, torchmetrics) until a function needs them (timm would import wandb
+    when installed: ``models`` imports timm with it hidden), and wandb still imports afterwards.
+    One process for all of them: each start costs seconds of imports."""
     pipeline = ROOT / "models" / "pipeline"
-    modules = ["models"] + [
+    modules = ["models", "models.view.server", "datamodules.tools.convert", "datamodules.tools.sfm"]
+    modules += [
         _module_name(path) for path in sorted(pipeline.rglob("*.py")) if path.name != "__main__.py"
     ]
+    heavy = (*HEAVY_OPTIONAL, "pytorch_lightning")
     code = (
-        "import sys\n"
-        + "".join(f"import {m}\n" for m in modules)
-        + "heavy = ('lightning', 'pytorch_lightning', 'hydra', 'wandb')\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+        "import sys\n" + "".join(f"import {m}\n" for m in modules) + f"heavy = {heavy!r}\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy})\n"
         "assert not loaded, loaded\n"
         "import importlib.util\n"
         "if importlib.util.find_spec('wandb') is not None:\n"

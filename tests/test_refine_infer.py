@@ -104,7 +104,11 @@ def test_refine_init_without_a_budget_is_one_line(capture, tmp_path, init, capsy
     assert not output.exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+@pytest.mark.parametrize(
+    "signum",
+    [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM],  # one signal path
+    ids=["ctrl_c", "sigterm"],
+)
 def test_stop_writes_the_output_then_a_rerun_resumes(capture, tmp_path, signum) -> None:
     output = tmp_path / "stopped"
     args = [

@@ -292,7 +292,7 @@ def _assert_stopped(status: int, lines: list[str], script: str, signum: int) -> 
     assert said == lines[-1:] and not [line for line in lines if "Traceback" in line], lines
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.slow), 2])  # 2: the harder
 def test_train_sigterm_mid_run(synthetic_root: Path, tmp_path: Path, workers: int) -> None:
     """SIGTERM once a checkpoint is written: one line, exit 143, the checkpoints whole. With
     loader workers it goes to the whole process group (as ``timeout`` or a scheduler sends it):
@@ -352,7 +352,9 @@ def test_loader_workers_do_not_run_the_parents_handlers(monkeypatch) -> None:
     assert seen == [(True, True), (True, True)]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+)
 def test_eval_stopped_mid_run(synthetic_root: Path, tmp_path: Path, signum: int) -> None:
     """Ctrl-C / SIGTERM while eval.py scores the test scenes: one line, exit 130 / 143, and no
     metrics files (nor their staging folder)."""

@@ -456,7 +456,7 @@ def test_ckpt_path_last_takes_the_newest_last_checkpoint(tmp_path):
     ("script", "arg", "expected"),
     [
         ("train.py", "trainer.max_stepz=3", "unknown setting of train.py (did you mean trainer.max_steps?)"),
-        ("eval.py", "trainer.max_stepz=3", "unknown setting of eval.py (did you mean trainer.max_steps?)"),
+        pytest.param("eval.py", "trainer.max_stepz=3", "unknown setting of eval.py (did you mean trainer.max_steps?)", marks=pytest.mark.slow),  # the same check as train.py
     ],
 )  # fmt: skip
 def test_unknown_setting_is_one_line_with_a_guess(script: str, arg: str, expected: str) -> None:

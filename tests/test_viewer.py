@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser import chromium_or_skip, start_chromium
 
 import view
 from models import Gaussians, create_model, list_models
@@ -357,21 +358,6 @@ def test_viewer_without_model_prunes_and_saves(tmp_path):
 # --------------------------------------------------------------------------- in a real browser
 
 
-def _browser_or_skip():
-    missing = [p for p in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(p).exists()]
-    if missing:
-        pytest.skip(
-            f"headless Chromium not installed ({', '.join(missing)} missing): "
-            "apt-get install chromium chromium-driver"
-        )
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium not installed (pip install selenium)")
-    return webdriver, Service
-
-
 def _screenshot(driver) -> np.ndarray:
     import io
 
@@ -399,7 +385,7 @@ def _wait(predicate, seconds: float = 30.0, step: float = 0.5):
 
 
 def test_viewer_in_headless_chromium(tmp_path):
-    webdriver, Service = _browser_or_skip()
+    chromium_or_skip()
     from selenium.webdriver.common.by import By
 
     saved = tmp_path / "saved.ply"
@@ -407,22 +393,7 @@ def test_viewer_in_headless_chromium(tmp_path):
         [str(EXAMPLE), "model=zipsplat_tiny", "views=2", f"save={saved}"]
     )
     viewer = live.build(path, settings)
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for argument in (
-        "--headless=new",
-        "--use-angle=swiftshader",
-        "--enable-unsafe-swiftshader",
-        "--no-sandbox",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=960,640",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = start_chromium(tmp_path / "chromium", 960, 640)
     try:
         driver.get(viewer.url)
         assert _wait(lambda: _shown_count(driver) == viewer.count), _shown_count(driver)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser import chromium_or_skip, start_chromium
 from data_fixtures import REPO_ROOT
 from splat_format_fixtures import small_scene
 
@@ -65,21 +66,11 @@ splats.initialized.then(() => renderer.setAnimationLoop(() => {
 </script></body></html>"""
 
 
-def _browser_or_skip():
-    missing = [p for p in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(p).exists()]
-    if missing:
-        pytest.skip(
-            f"headless Chromium not installed ({', '.join(missing)}): apt-get install chromium chromium-driver"
-        )
+def _spark_or_skip() -> None:
+    chromium_or_skip()
     absent = [str(p) for p in FILES.values() if not p.is_file()]
     if absent:
         pytest.skip(f"Spark/three.js not installed ({absent[0]}): see .ci/run's npm install")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium not installed (pip install selenium)")
-    return webdriver, Service
 
 
 def _serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
@@ -97,7 +88,7 @@ def _serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     ("file", "options"), [("scene.sog", {}), ("scene.spz", {"spz_version": 3})], ids=["sog", "spz3"]
 )
 def test_spark_shows_our_file(tmp_path, file, options) -> None:
-    webdriver, Service = _browser_or_skip()
+    _spark_or_skip()
     from PIL import Image
 
     gaussians, extrinsics, intrinsics, _ = small_scene(count=3000)
@@ -123,19 +114,7 @@ def test_spark_shows_our_file(tmp_path, file, options) -> None:
     reference = ours.color[0, 0].permute(1, 2, 0).clamp(0, 1).numpy()  # [H, W, 3]
 
     server, url = _serve(tmp_path)
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for argument in (
-        "--headless=new",
-        "--use-angle=swiftshader",
-        "--enable-unsafe-swiftshader",
-        "--no-sandbox",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        f"--window-size={WIDTH},{HEIGHT + 200}",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = start_chromium(tmp_path / "chromium", WIDTH, HEIGHT + 200)
     try:
         driver.get(url)
         end = time.time() + 120
