@@ -16,10 +16,32 @@ from models import create_model
 from models.core import budget
 
 ARCH = "noposplat_vitl"
-# One forward of the released size (625 M parameters), (views, H, W, seconds), measured on the
-# shared 2-core machine, 2 threads, each in a fresh process (docs/ports/noposplat.md, "Speed"
-# and "Commands on real inputs"): /work/scratch runs of bench/noposplat_speed.py and of infer.py.
-MEASURED = []
+# The first forward of the released size (625 M parameters) in a fresh process, 2 threads, on
+# the shared 2-core machine, 2026-12-04 (docs/ports/noposplat.md, "Preflight estimate"):
+# (views, H, W, wall seconds, seconds the process's threads waited for a CPU taken by other
+# processes, from /proc/self/task/*/schedstat as bench/noposplat_speed.py reports it; None: not
+# recorded).
+MEASURED = [
+    # a scratch script: noposplat_vitl with random weights, model(context) as the bench times it
+    (2, 256, 256, 8.59, 0.1),
+    (3, 256, 256, 10.63, 0.1),
+    (2, 512, 512, 44.09, 19.7),
+    (4, 256, 256, 21.92, 9.6),
+    (2, 384, 384, 33.07, 21.2),
+    (3, 256, 256, 26.86, 18.9),
+    (2, 256, 256, 14.48, 6.7),
+    (3, 256, 256, 10.4, 0.6),  # under torch.profiler
+    (2, 256, 256, 8.76, None),  # infer.py on examples/drone_frames (timings_s.inference)
+    # bench/noposplat_speed.py --one re10k_3views --weights <the deterministic file>
+    (3, 256, 256, 11.2, 0.1),
+    (3, 256, 256, 12.7, 0.1),
+    (3, 256, 256, 11.6, 0.1),
+    (3, 256, 256, 21.4, 13.0),
+    (3, 256, 256, 12.5, 0.2),
+]
+# The runs other processes did not slow by more than half of their time (a run that waited
+# longer measures the machine's load, not the model; the progress bar still runs then).
+UNLOADED = [row for row in MEASURED if row[4] is None or row[4] <= row[3] / 2]
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +72,9 @@ def test_flops_match_torch_flop_counter(released, monkeypatch, views: int, side:
     assert released.forward_flops(views, side, side) == pytest.approx(counted, rel=2e-3)
 
 
-@pytest.mark.parametrize("views,height,width,seconds", MEASURED)
+@pytest.mark.parametrize("views,height,width,seconds,waited", UNLOADED)
 def test_forward_seconds_within_2x_of_measured(
-    released, views: int, height: int, width: int, seconds: float
+    released, views: int, height: int, width: int, seconds: float, waited: float | None
 ) -> None:
     estimate = released.forward_seconds(views, height, width)
     assert seconds / 2 <= estimate <= 2 * seconds, (views, height, width, estimate, seconds)

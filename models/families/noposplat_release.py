@@ -67,7 +67,7 @@ KNOB_FREE_MODULES: tuple[str, ...] = (
 # model: 2,753,024 at every size) and the rate measured on this project's CPU (released size,
 # 2 threads; docs/ports/noposplat.md, "Speed").
 HEAD_FLOPS_PER_PIXEL = 2.753e6
-SECONDS_PER_FLOP = 1 / 80e9
+SECONDS_PER_FLOP = 1 / 90e9
 
 
 def sh_band_gain(degree: int) -> Tensor:
