@@ -64,8 +64,9 @@ KNOB_FREE_MODULES: tuple[str, ...] = (
 )
 # NoPoSplatRelease.forward_seconds (models.core.budget announces it): the heads' work per input
 # pixel (both DPTs of a view, the released widths; torch.utils.flop_counter on the released
-# model: 2,753,024 at every size) and the rate measured on this project's CPU (released size,
-# 2 threads; docs/ports/noposplat.md, "Speed").
+# model: 2,753,024 at every size) and the rate fitted to forwards of the released size on this
+# project's CPU (2 threads; docs/ports/noposplat.md, "Preflight estimate";
+# tests/test_noposplat_budget.py holds the measurements).
 HEAD_FLOPS_PER_PIXEL = 2.753e6
 SECONDS_PER_FLOP = 1 / 90e9
 
