@@ -5,7 +5,10 @@ at the released size (625 M parameters), random weights or ``--weights FILE`` (a
 authors' Lightning format, loaded by ``create_model``), one forward pass of the tag's recipe
 input (size, views) under ``torch.no_grad``. Peak memory: the process's peak resident set once
 the model is built and loaded, and the peak during the forward (Linux: the peak is reset through
-``/proc/self/clear_refs`` before it; the loaded model included). Prints a table; the official
+``/proc/self/clear_refs`` before it; the loaded model included). ``--one`` also reports the
+seconds the process's threads waited, runnable, for a CPU during the forward (``/proc/self/task/
+*/schedstat``: time other processes took from the cores, so a slow run on a loaded machine shows
+as such), its page faults and the load average. Prints a table; the official
 encoder's figures, measured the same way in a scratch folder, are in docs/ports/noposplat.md.
 
     flock /tmp/splatzoo-heavy.lock python bench/noposplat_speed.py [--threads 2] [--tags re10k ...]
@@ -42,6 +45,31 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
 
 
+def _thread_times() -> dict[str, tuple[float, float]]:
+    """Per thread of this process: (seconds on a CPU, seconds runnable but waiting for one), from
+    ``/proc/self/task/*/schedstat`` (Linux; empty elsewhere)."""
+    times = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            on_cpu, waiting = task.joinpath("schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        times[task.name] = (int(on_cpu) / 1e9, int(waiting) / 1e9)
+    return times
+
+
+def _waited(before: dict[str, tuple[float, float]]) -> float:
+    """Seconds this process's threads waited for a CPU since ``before`` (other processes using
+    the cores: the machine's load, not this code's work)."""
+    after = _thread_times()
+    return sum(wait - before.get(name, (0.0, 0.0))[1] for name, (_, wait) in after.items())
+
+
+def _faults() -> int:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
 def run_one(tag: str, threads: int, weights: str | None = None) -> dict:
     """Build the tag's architecture, run one forward at its recipe; seconds and memory."""
     sys.path.insert(0, str(REPO))
@@ -59,9 +87,11 @@ def run_one(tag: str, threads: int, weights: str | None = None) -> dict:
     _reset_peak()
     context = make_context(*recipe.image_size, recipe.views)
     with torch.no_grad():
+        threads_before, faults = _thread_times(), _faults()
         start, cpu = time.perf_counter(), _cpu_seconds()
         out = model(context)
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+        waited, faults = _waited(threads_before), _faults() - faults
     return {
         "tag": tag,
         "input": f"{recipe.image_size[0]}x{recipe.image_size[1]}",
@@ -71,6 +101,9 @@ def run_one(tag: str, threads: int, weights: str | None = None) -> dict:
         "cpu_seconds": round(cpu, 1),
         "peak_gb_built": round(built, 2),
         "peak_gb_forward": round(_peak_gb(), 2),
+        "waited_for_cpu_s": round(waited, 1),
+        "page_faults": faults,
+        "load_average": Path("/proc/loadavg").read_text().split()[0],
         "threads": threads,
         "weights": weights or "random",
     }

@@ -189,10 +189,11 @@ def forward_estimate(
     with the constants measured as the module docstring says; ``name`` (the registry name) is
     for messages.
 
-    A model with its own memory model (``forward_memory(views, H, W)`` bytes and
-    ``max_views_within(bytes, H, W)``, e.g. AnySplat's) is estimated by it (and by its
-    ``forward_seconds(views, H, W)`` when it has one): the setting becomes ``views`` and the
-    estimate carries the view count that fits (``fitting_views``)."""
+    A model with its own time model (``forward_seconds(views, H, W)``, e.g. AnySplat's and
+    NoPoSplat's) is timed by it. A model with its own memory model (``forward_memory(views, H,
+    W)`` bytes and ``max_views_within(bytes, H, W)``, e.g. AnySplat's) is estimated by it: the
+    setting becomes ``views`` and the estimate carries the view count that fits
+    (``fitting_views``)."""
     params = sum(p.numel() for p in model.parameters())
     height, width = int(size[0]), int(size[1])
     pixels = int(views) * height * width
@@ -205,8 +206,8 @@ def forward_estimate(
         peak = model.forward_memory(int(views), height, width)
         fitting = model.max_views_within(available_memory(kind), height, width)
         setting = "views"
-        if callable(getattr(model, "forward_seconds", None)):
-            seconds = model.forward_seconds(int(views), height, width)
+    if callable(getattr(model, "forward_seconds", None)):
+        seconds = model.forward_seconds(int(views), height, width)
     if kind == "cuda":
         seconds /= 50.0  # order of magnitude only: the constants are CPU measurements
     name = name or type(model).__name__

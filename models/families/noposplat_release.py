@@ -62,6 +62,13 @@ KNOB_FREE_MODULES: tuple[str, ...] = (
     "gaussian_head1",
     "gaussian_head2",
 )
+# NoPoSplatRelease.forward_seconds (models.core.budget announces it): the heads' work per input
+# pixel (both DPTs of a view, the released widths; torch.utils.flop_counter on the released
+# model: 2,753,024 at every size) and the rate fitted to forwards of the released size on this
+# project's CPU (2 threads; docs/ports/noposplat.md, "Preflight estimate";
+# tests/test_noposplat_budget.py holds the measurements).
+HEAD_FLOPS_PER_PIXEL = 2.753e6
+SECONDS_PER_FLOP = 1 / 90e9
 
 
 def sh_band_gain(degree: int) -> Tensor:
@@ -150,6 +157,29 @@ class NoPoSplatRelease(SplatModel):
         if max_gaussians is not None:
             gaussians = gaussians.prune(max_count=max_gaussians)
         return ModelOutput(gaussians, diagnostics={"points": points})
+
+    def forward_flops(self, views: int, height: int, width: int) -> float:
+        """Floating-point operations of one forward on ``views`` images of ``height x width``:
+        the backbone's matrix products (2 x its parameters per token, one decoder stream per
+        view; each view's cross-attention projects the other views' tokens), its attention
+        (the encoder's within a view, the decoder's over all views) and the heads' per-pixel
+        convolutions. Within 0.1 % of ``torch.utils.flop_counter`` at the released size."""
+        backbone = self.backbone
+        grid = (height // backbone.patch_size) * (width // backbone.patch_size)
+        tokens = grid + (backbone.intrinsic_encoder is not None)  # per view
+        all_tokens = views * tokens
+        stream = sum(p.numel() for p in backbone.dec_blocks2.parameters())
+        matmul = 2 * (sum(p.numel() for p in backbone.parameters()) - stream) * all_tokens
+        dec_dim, dec_depth = backbone.dec_dim, backbone.dec_depth
+        memory = 4 * dec_dim**2 * dec_depth * all_tokens * (views - 2)  # K, V of > 1 other view
+        encoder = backbone.enc_dim * len(backbone.enc_blocks)
+        attention = 4 * all_tokens * tokens * (encoder + dec_dim * dec_depth * views)
+        return float(matmul + memory + attention + HEAD_FLOPS_PER_PIXEL * views * height * width)
+
+    def forward_seconds(self, views: int, height: int, width: int) -> float:
+        """Estimated seconds of one forward on this project's CPU (2 threads):
+        :meth:`forward_flops` at the measured rate (``SECONDS_PER_FLOP``)."""
+        return SECONDS_PER_FLOP * self.forward_flops(int(views), int(height), int(width))
 
     def _activate(self, raw: Tensor, means: Tensor) -> Gaussians:
         """``raw [B, N, 83]`` (the release's layout), ``means [B, N, 3]`` -> Gaussians."""
