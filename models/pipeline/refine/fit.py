@@ -203,12 +203,13 @@ class _Fit:
         self.last_good: tuple[Gaussians, Tensor] | None = None
         self.plan: dict[str, Any] = {}
         self.count_before = 0
-        # re-planning from the real steps (``_replan``): the step-time line, the floor of the
-        # working count, the memory's ceiling, and the real and predicted seconds of the steps
-        # since the last re-plan
+        # re-planning from the real steps (``_replan``): the step-time line measured on the
+        # start, the floor of the working count, the memory's ceiling, the real and predicted
+        # (by the measured line) seconds of every step but the first, and the steps and real
+        # seconds since the last re-plan
         self.step_time: StepTime | None = None
         self.keep, self.ceiling = 0, budget.cap
-        self.window = {"steps": 0, "real": 0.0, "predicted": 0.0}
+        self.window = {"steps": 0, "real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0}
 
     def gaussians(self) -> Gaussians:
         """The activated set with the SH bands switched on so far (differentiable)."""
@@ -351,7 +352,9 @@ def _step(fit: _Fit, background: Tensor) -> float | None:
     fit.seconds += t4 - t0
     if fit.step > 1 and fit.step_time is not None:  # the first step warms up: not counted
         fit.window["steps"] += 1
+        fit.window["since"] += 1
         fit.window["real"] += t4 - t0
+        fit.window["since_real"] += t4 - t0
         fit.window["predicted"] += fit.step_time(current.means.shape[1])
     for name, seconds in zip(fit.timings, (t1 - t0, t2 - t1, t4 - t3, t3 - t2)):
         fit.timings[name] += seconds
@@ -410,8 +413,8 @@ def _replan_due(fit: _Fit) -> bool:
     window, s = fit.window, fit.settings
     if fit.step_time is None or not s.time or fit.step >= fit.budget.steps - 1:
         return False
-    enough_time = window["real"] >= REPLAN_FRACTION * s.time and window["steps"] >= 3
-    return window["steps"] >= REPLAN_STEPS or enough_time
+    enough_time = window["since_real"] >= REPLAN_FRACTION * s.time and window["since"] >= 3
+    return window["since"] >= REPLAN_STEPS or enough_time
 
 
 def _prune(fit: _Fit, working: int) -> None:
@@ -428,17 +431,18 @@ def _prune(fit: _Fit, working: int) -> None:
 
 
 def _replan(fit: _Fit, bar) -> None:
-    """Re-measure the step time from the steps done since the last re-plan (their real seconds
-    against the line's prediction at their counts) and, when the plan moves, re-plan the rest
+    """Re-measure the step time from the steps done (all but the first: their real seconds
+    against the measured line's prediction at their counts; all of them, so that a passing load
+    spike does not swing the plan) and, when the plan moves, re-plan the rest
     (:func:`~models.pipeline.refine.plan.replan`): prune, move the cap and the steps; one line
     says what changed and why."""
     window, old = fit.window, fit.budget
     factor = window["real"] / max(window["predicted"], 1e-12)
-    fit.window = {"steps": 0, "real": 0.0, "predicted": 0.0}
-    fit.step_time = fit.step_time.scaled(factor)
+    window["since"], window["since_real"] = 0, 0.0
+    step_time = fit.step_time.scaled(factor)
     count = ops.count(fit.params)
     planner = fit.strategy.expected_counts
-    new = replan(fit.step_time, fit.step, fit.seconds, count, old, fit.ceiling, fit.settings,
+    new = replan(step_time, fit.step, fit.seconds, count, old, fit.ceiling, fit.settings,
                  planner, fit.keep)  # fmt: skip
     if new is None:
         return
@@ -449,7 +453,7 @@ def _replan(fit: _Fit, bar) -> None:
     bar.refresh()
     record = {"step": fit.step, "factor": round(factor, 3), "steps": new.steps,
               "working": ops.count(fit.params), "pruned": count - ops.count(fit.params),
-              "cap": new.cap, "step_seconds": round(fit.step_time(new.working), 4)}  # fmt: skip
+              "cap": new.cap, "step_seconds": round(step_time(new.working), 4)}  # fmt: skip
     fit.plan.setdefault("replans", []).append(record)
     fit.plan.update(steps=new.steps, cap=new.cap, seconds=round(new.seconds, 2))
     pruned = ""

@@ -385,7 +385,10 @@ def budget_fit(
             max(target, bought),
             lambda s: _seconds(step_time, expected_counts(working, s, cap), s) <= seconds,
         )
-    expected = _seconds(step_time, expected_counts(working, steps, cap), steps)
+    schedule = expected_counts(working, steps, cap)
+    if not settings.max_gaussians:  # a cap above where the schedule leads says nothing
+        cap = max(working, min(cap, max(n for _, n in schedule)))
+    expected = _seconds(step_time, schedule, steps)
     return FitBudget(working, cap, int(steps), expected)
 
 
@@ -414,12 +417,13 @@ def replan(
     budget: FitBudget,
     ceiling: int,
     settings: RefineSettings,
-    expected_counts: Callable[[int, int, int], list[tuple[int, int]]],
+    expected_counts: Callable[..., list[tuple[int, int]]],
     keep: int = 0,
 ) -> FitBudget | None:
     """The plan again from step ``done`` after ``seconds`` of fitting with ``count`` Gaussians,
     ``step_time`` re-measured from the real steps: the rule of :func:`budget_fit` on what is
-    left (the remaining time; the steps still owed, ``steps`` or ``min_steps`` less those done;
+    left (``expected_counts(start, steps, cap, done)``: the strategy's schedule from step
+    ``done``) (the remaining time; the steps still owed, ``steps`` or ``min_steps`` less those done;
     the count pruned to buy them, never below ``keep`` nor :data:`MIN_WORKING`), expressed for
     the whole fit (``steps`` and ``seconds`` counted from step 0). ``None`` when nothing moves
     by more than :data:`REPLAN_TOLERANCE` (or without a time budget).
@@ -434,7 +438,11 @@ def replan(
         min_steps=max(1, owed),
         max_gaussians=budget.cap if settings.max_gaussians else None,
     )
-    remaining = budget_fit(step_time, count, ceiling, rest, expected_counts, keep)
+
+    def schedule(working: int, steps: int, cap: int) -> list[tuple[int, int]]:
+        return expected_counts(working, int(done) + steps, cap, int(done))  # from step done
+
+    remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
     steps = int(done) + max(1, remaining.steps)
     moved = abs(steps - budget.steps) > REPLAN_TOLERANCE * budget.steps
     moved |= remaining.working < count
