@@ -462,13 +462,12 @@ def _replan(fit: _Fit, bar) -> None:
     short = ""
     if not fit.settings.steps and new.steps < fit.settings.min_steps:
         short = f" (the budget buys fewer than min_steps={fit.settings.min_steps} here)"
-    print(
+    tqdm.write(  # its own line, above the progress bar
         f"refine: re-planned at step {fit.step} from the steps done ({fit.seconds / fit.step:.3f} "
         f"s a step so far, {factor:.2f}x the measured time): {new.steps} steps (was {old.steps})"
         f"{short}{pruned}, densification cap {new.cap} (was {old.cap}), about "
         f"{new.seconds:.0f} s",
         file=sys.stderr,
-        flush=True,
     )
 
 
