@@ -27,7 +27,15 @@ from models.pipeline.refine import (
     refine_gaussians,
     settings_from_config,
 )
-from models.pipeline.refine.plan import StepTime, cap_screen_size, importance, screen_radii
+from models.pipeline.refine.fit import _working_start as fit_working_start
+from models.pipeline.refine.plan import (
+    MIN_WORKING,
+    StepTime,
+    cap_screen_size,
+    importance,
+    replan,
+    screen_radii,
+)
 from models.render import render
 
 
@@ -168,7 +176,9 @@ def test_time_budget_fit_prunes_announces_and_does_its_planned_steps(capsys):
     assert result.stopped == "steps" and result.steps == plan["steps"] >= 30
     assert plan["working"] + plan["pruned"] == 3000
     line = capsys.readouterr().err
-    assert f"refine: {plan['steps']} steps" in line
+    assert f"refine: {plan['initial_steps']} steps" in line  # the first plan, then re-plans
+    last = line.strip().splitlines()[-1]
+    assert plan["steps"] == plan["initial_steps"] or f": {plan['steps']} steps (was" in last
     if plan["pruned"]:
         assert "pruned from 3000 by opacity x footprint" in line
 
@@ -194,3 +204,121 @@ def test_merged_start_adds_feed_forward_gaussians_only_in_the_gaps_of_the_sfm_cl
     assert start.sh_degree == 1 and start.count().item() == 200 + counts["feed_forward"]
     alone, only = merged_start(ff, None, extrinsics, intrinsics, (32, 32))
     assert only == {"sfm": 0, "feed_forward": 400} and alone.count().item() == 400
+
+
+def _scene(n: int = 300):
+    truth = _set(n, seed=1, scale=0.03)
+    k = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    extrinsics, intrinsics = orbit_cameras(torch.eye(4), 3.0, k, 4, 1.0)
+    with torch.no_grad():
+        images = render(truth, extrinsics[None], intrinsics[None], (16, 16)).color[0]
+    return truth, images, extrinsics, intrinsics
+
+
+class _FakeClock:
+    """Each step of the fit reads the clock 5 times: 4 ticks of ``step / 4`` make a step last
+    ``step`` seconds."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.tick = 0.0, step / 4
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_an_optimistic_plan_is_replanned_from_the_real_steps(monkeypatch, capsys):
+    from models.pipeline.refine import fit as fit_module
+
+    truth, images, extrinsics, intrinsics = _scene()
+    # the start's measurement says 2.5 ms a step; the real steps take 10 ms (4x slower)
+    monkeypatch.setattr(fit_module, "measure_step_time", lambda *a, **k: StepTime(0.0025, 0.0))
+    monkeypatch.setattr(fit_module, "clock", _FakeClock(0.01))
+    settings = RefineSettings(time=2.0, min_steps=100, max_screen_fraction=None, densify="none")
+    result = refine_gaussians(truth, images, extrinsics, intrinsics, settings, progress=False)
+    plan = result.plan
+    assert plan["initial_steps"] == 800  # 2 s / 2.5 ms
+    first = plan["replans"][0]
+    # re-measured after a tenth of the budget (0.2 s: 20 steps after the first), before the
+    # 50 steps of REPLAN_STEPS
+    assert 21 <= first["step"] <= 22 and first["factor"] == pytest.approx(4.0)
+    assert 195 <= plan["steps"] <= 200  # ~21 done in 0.21 s, 1.79 s left at 10 ms a step
+    assert result.stopped == "steps" and result.steps == plan["steps"]
+    assert result.seconds == pytest.approx(plan["steps"] * 0.01, rel=1e-6)
+    assert plan["real_step_seconds"] == pytest.approx(0.01)
+    err = capsys.readouterr().err
+    assert "refine: 800 steps" in err
+    assert (
+        f"re-planned at step {first['step']} from the steps done (0.010 s a step so far, 4.00x"
+        in err
+    )
+    assert f"{first['steps']} steps (was 800)" in err
+
+
+def test_replan_prunes_to_buy_the_owed_steps_but_never_below_keep():
+    settings = RefineSettings(time=100.0, min_steps=1000)
+    strategy = Strategy(1, None, None)
+    planned = budget_fit(StepTime(0.01, 1e-5), 10_000, 10**6, settings, strategy.expected_counts)
+    assert planned.working == 9_000 and planned.steps == 1000  # 1000 x (0.01 + 0.09)
+    slower = StepTime(0.01, 4e-5)  # the real steps: the per-Gaussian part is 4x the measured
+    # after 100 steps in 40 s: 900 steps owed in 60 s -> 0.0667 s a step -> 1416 Gaussians
+    new = replan(slower, 100, 40.0, 9_000, planned, 10**6, settings, strategy.expected_counts)
+    assert new.steps >= 1000 and new.working == pytest.approx(1416, abs=2)
+    assert new.seconds <= 100.0 + 1e-6
+    kept = replan(
+        slower, 100, 40.0, 9_000, planned, 10**6, settings, strategy.expected_counts, 5000
+    )
+    assert kept.working == 5000 and 100 < kept.steps < 1000  # what 60 s buys at 5000: 285 more
+    assert kept.steps == 100 + int(60.0 / slower(5000))
+    same = replan(StepTime(0.01, 1e-5), 100, 10.0, 9_000, planned, 10**6, settings,
+                  strategy.expected_counts)  # fmt: skip
+    assert same is None  # on schedule: nothing moves
+
+
+def test_budget_never_prunes_below_keep_nor_min_working():
+    step_time = StepTime(fixed=0.02, per_gaussian=1e-5)
+    settings = RefineSettings(time=120.0, min_steps=1000)
+    counts = Strategy(1, None, None).expected_counts
+    assert abs(budget_fit(step_time, 100_000, 10**7, settings, counts).working - 10_000) <= 1
+    assert budget_fit(step_time, 100_000, 10**7, settings, counts, keep=40_000).working == 40_000
+    tiny = StepTime(fixed=0.2, per_gaussian=1e-3)  # nothing buys 1000 steps
+    assert budget_fit(tiny, 5_000, 10**7, settings, counts).working == MIN_WORKING
+
+
+def test_the_start_is_measured_where_the_fit_runs(monkeypatch, capsys):
+    from models.pipeline.refine import plan as plan_module
+
+    truth, images, extrinsics, intrinsics = _scene(3000)
+    timed: list[int] = []
+
+    def fake_time(gaussians, *args):  # a step costs 1 ms + 0.1 ms a Gaussian
+        timed.append(int(gaussians.means.shape[1]))
+        return 0.001 + 1e-4 * gaussians.means.shape[1]
+
+    monkeypatch.setattr(plan_module, "_time_steps", fake_time)
+    # 100 steps at 2500 Gaussians take 25 s: the budget would prune further, keep stops it
+    settings = RefineSettings(time=20.0, min_steps=100, max_screen_fraction=None)
+    counts = MCMCStrategy(settings.mcmc, 1, None, None).expected_counts
+    plan = plan_fit(settings, 4, (16, 16), 3000)
+    start, budget, record, step_time = fit_working_start(
+        truth, (images, extrinsics, intrinsics), settings, plan, counts, keep=2500
+    )
+    assert timed[:2] == [750, 3000]  # the first line: the quarter and the whole start
+    assert budget.working == 2500 and start.count().item() == 2500  # keep: the floor
+    assert timed[2] == 2500 and timed[3] > 2500  # then where it runs: working and grown
+    assert step_time.fixed == pytest.approx(0.001) and step_time.per_gaussian == pytest.approx(1e-4)
+    assert record["pruned"] == 500 and record["keep"] == 2500
+    peak = max(n for _, n in counts(budget.working, budget.steps, budget.cap))
+    assert timed[3] >= max(peak, 3750)  # at least 1.5 x the working count
+    assert record["mean_step_seconds"] >= round(step_time(2500), 4)
+
+
+def test_a_grown_set_copies_gaussians():
+    from models.pipeline.refine.plan import _at_count
+
+    g = _set(10)
+    order = torch.arange(10).flip(0)
+    assert torch.equal(_at_count(g, order, 4).means[0], g.means[0, [9, 8, 7, 6]])
+    grown = _at_count(g, order, 25)
+    assert grown.count().item() == 25 and torch.equal(grown.means[0, :10], g.means[0])
+    assert bool((torch.cdist(grown.means[0, 10:], g.means[0]).min(-1).values == 0).all())

@@ -411,6 +411,7 @@ def refine_reconstruction(
     optimize_cameras: bool | None = None,
     checkpoint_path: str | os.PathLike | None = None,
     progress: bool = True,
+    keep: int = 0,
 ) -> tuple[Reconstruction, Any]:
     """Per-scene refinement after the feed-forward pass (``models.pipeline.refine``, docs/refine.md).
 
@@ -434,6 +435,8 @@ def refine_reconstruction(
         checkpoint_path: the fit's state file (saved every ``settings.checkpoint_every`` steps;
             a rerun resumes from it).
         progress: show the fit's progress bar.
+        keep: a time budget never prunes the start below this many Gaussians (the SfM points
+            it holds).
 
     Returns:
         ``(refined, refine_result)``: the reconstruction with the refined Gaussians (and
@@ -471,6 +474,7 @@ def refine_reconstruction(
         optimize_cameras=joint,
         checkpoint_path=checkpoint_path,
         progress=progress,
+        keep=keep,
     )
     placement = list(result.placement)
     if joint:  # view 0 stays where it was; the others moved with the fit

@@ -526,9 +526,10 @@ def refine_stage(pipeline: Pipeline, loaded: Loaded, recon, to_scene, held=None)
         held_at, inputs = list(range(used, len(names))), list(range(used))
         views = holdout_lib.holdout_views(names, photos, every_e, every_k, held_at, inputs)
         before = holdout_lib.score_holdout(recon.gaussians, views, backend=s.backend)
-    start = None
+    start, keep = None, 0
     if loaded.points is not None:
         start = _points_start(loaded.points, to_scene)
+        keep = int(start.count()[0])  # never pruned below the SfM points (sfm and auto)
         if s.refine_init == "auto":
             start = _auto_start(recon, start, k[:used] if full else None, settings, photos[:used])
     refined, fitted = inference.refine_reconstruction(
@@ -539,6 +540,7 @@ def refine_stage(pipeline: Pipeline, loaded: Loaded, recon, to_scene, held=None)
         holdout=views,
         start=start,
         checkpoint_path=_checkpoint(s, pipeline.output),
+        keep=keep,
     )
     print(fitted.message, file=sys.stderr)
     return refined, fitted, views, before

@@ -203,6 +203,7 @@ def run(argv: list[str]) -> int:
         optimize_cameras=bool(top["optimize_cameras"]),
         checkpoint_path=checkpoint,
         progress=True,
+        keep=int(gaussians.count()[0]) if top["refine_init"] == "sfm" else 0,
     )
     print(result.message, file=sys.stderr)
     summary: dict[str, Any] = {

@@ -42,13 +42,18 @@ from models.pipeline.pose_fit import se3_delta
 from models.pipeline.refine import ops
 from models.pipeline.refine.loss import photometric_loss
 from models.pipeline.refine.plan import (
+    REPLAN_FRACTION,
+    REPLAN_STEPS,
     TIME_GUARD,
     FitBudget,
+    StepTime,
     budget_fit,
     cap_screen_size,
     importance,
     measure_step_time,
+    peak_count,
     plan_fit,
+    replan,
     screen_limit,
     screen_radii,
 )
@@ -59,6 +64,8 @@ from models.render import render
 __all__ = ["RefineResult", "refine_gaussians", "scene_extent"]
 
 Evaluate = Callable[[Gaussians, Tensor], dict[str, float]]
+#: The fit's clock (seconds); a test replaces it to give the steps a known duration.
+clock = time.perf_counter
 
 
 @dataclass
@@ -196,6 +203,13 @@ class _Fit:
         self.last_good: tuple[Gaussians, Tensor] | None = None
         self.plan: dict[str, Any] = {}
         self.count_before = 0
+        # re-planning from the real steps (``_replan``): the step-time line measured on the
+        # start, the floor of the working count, the memory's ceiling, the real and predicted
+        # (by the measured line) seconds of every step but the first, and the steps and real
+        # seconds since the last re-plan
+        self.step_time: StepTime | None = None
+        self.keep, self.ceiling = 0, budget.cap
+        self.window = {"steps": 0, "real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0}
 
     def gaussians(self) -> Gaussians:
         """The activated set with the SH bands switched on so far (differentiable)."""
@@ -243,6 +257,8 @@ class _Fit:
             "evaluations": self.evaluations,
             "plan": self.plan,
             "count_before": self.count_before,
+            "step_time": None if self.step_time is None else asdict(self.step_time),
+            "window": dict(self.window),
             "generator": self.generator.get_state(),
             "views": self.views,
         }
@@ -262,6 +278,9 @@ class _Fit:
         self.order, self.curve = list(state["order"]), list(state["curve"])
         self.evaluations, self.timings = list(state["evaluations"]), dict(state["timings"])
         self.generator.set_state(state["generator"])
+        if state.get("step_time") is not None:
+            self.step_time = StepTime(**state["step_time"])
+        self.window = dict(state.get("window", self.window))
 
 
 def _save_checkpoint(fit: _Fit, path: Path) -> None:
@@ -296,7 +315,7 @@ def _due_evaluation(fit: _Fit, eval_every: int | None, last_progress: float) -> 
 def _step(fit: _Fit, background: Tensor) -> float | None:
     """One step: render a view, the strategy's hooks around backward and Adam; the loss, or
     ``None`` when it is not finite (nothing changed then)."""
-    s, timer = fit.settings, time.perf_counter
+    s, timer = fit.settings, clock
     t0 = timer()
     view = fit.next_view()
     current, cameras = fit.gaussians(), fit.extrinsics()
@@ -331,6 +350,12 @@ def _step(fit: _Fit, background: Tensor) -> float | None:
     fit.strategy.step_post_backward(fit.params, fit.optimizers, fit.state, fit.step, info)
     t4 = timer()
     fit.seconds += t4 - t0
+    if fit.step > 1 and fit.step_time is not None:  # the first step warms up: not counted
+        fit.window["steps"] += 1
+        fit.window["since"] += 1
+        fit.window["real"] += t4 - t0
+        fit.window["since_real"] += t4 - t0
+        fit.window["predicted"] += fit.step_time(current.means.shape[1])
     for name, seconds in zip(fit.timings, (t1 - t0, t2 - t1, t4 - t3, t3 - t2)):
         fit.timings[name] += seconds
     return loss.item()
@@ -367,6 +392,8 @@ def _run(fit: _Fit, evaluate, eval_every, checkpoint: Path | None, progress: boo
                 _record(fit, window)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", gaussians=ops.count(fit.params), refresh=False)
+            if _replan_due(fit):
+                _replan(fit, bar)
             if _due_evaluation(fit, eval_every, last_progress):
                 _evaluate(fit, evaluate, fit.gaussians().detach())
             if checkpoint is not None and fit.step % s.checkpoint_every == 0:
@@ -379,9 +406,95 @@ def _run(fit: _Fit, evaluate, eval_every, checkpoint: Path | None, progress: boo
         bar.close()
 
 
-def _working_start(start: Gaussians, photos, settings: RefineSettings, plan, strategy_counts):
+def _replan_due(fit: _Fit) -> bool:
+    """Time to re-measure the step time from the real steps: :data:`REPLAN_STEPS` steps (or
+    :data:`REPLAN_FRACTION` of the budget, at least 3 steps) since the last re-plan, with steps
+    still to come."""
+    window, s = fit.window, fit.settings
+    if fit.step_time is None or not s.time or fit.step >= fit.budget.steps - 1:
+        return False
+    enough_time = window["since_real"] >= REPLAN_FRACTION * s.time and window["since"] >= 3
+    return window["since"] >= REPLAN_STEPS or enough_time
+
+
+def _prune(fit: _Fit, working: int) -> None:
+    """Keep the ``working`` most important Gaussians (opacity x footprint in the training
+    views), with their Adam moments and the strategy's per-Gaussian state."""
+    current = ops.gaussians_from_parameters(fit.params, 0).detach()
+    radii = screen_radii(
+        current.means[0], current.scales[0], fit.extrinsics().detach(), fit.intrinsics, fit.shape
+    )
+    order = torch.argsort(importance(radii, current.opacities[0], fit.shape), descending=True)
+    kept = torch.sort(order[:working]).values
+    with torch.no_grad():
+        ops.keep(fit.params, fit.optimizers, fit.state, kept)
+
+
+def _replan(fit: _Fit, bar) -> None:
+    """Re-measure the step time from the steps done (all but the first: their real seconds
+    against the measured line's prediction at their counts; all of them, so that a passing load
+    spike does not swing the plan) and, when the plan moves, re-plan the rest
+    (:func:`~models.pipeline.refine.plan.replan`): prune, move the cap and the steps; one line
+    says what changed and why."""
+    window, old = fit.window, fit.budget
+    factor = window["real"] / max(window["predicted"], 1e-12)
+    window["since"], window["since_real"] = 0, 0.0
+    step_time = fit.step_time.scaled(factor)
+    count = ops.count(fit.params)
+    planner = fit.strategy.expected_counts
+    new = replan(step_time, fit.step, fit.seconds, count, old, fit.ceiling, fit.settings,
+                 planner, fit.keep)  # fmt: skip
+    if new is None:
+        return
+    if new.working < count:
+        _prune(fit, new.working)
+    fit.budget, fit.strategy.cap = new, new.cap
+    bar.total = new.steps
+    bar.refresh()
+    record = {"step": fit.step, "factor": round(factor, 3), "steps": new.steps,
+              "working": ops.count(fit.params), "pruned": count - ops.count(fit.params),
+              "cap": new.cap, "step_seconds": round(step_time(new.working), 4)}  # fmt: skip
+    fit.plan.setdefault("replans", []).append(record)
+    fit.plan.update(steps=new.steps, cap=new.cap, seconds=round(new.seconds, 2))
+    pruned = ""
+    if record["pruned"]:
+        pruned = f", pruned from {count} to {record['working']} by opacity x footprint"
+    short = ""
+    if not fit.settings.steps and new.steps < fit.settings.min_steps:
+        short = f" (the budget buys fewer than min_steps={fit.settings.min_steps} here)"
+    tqdm.write(  # its own line, above the progress bar
+        f"refine: re-planned at step {fit.step} from the steps done ({fit.seconds / fit.step:.3f} "
+        f"s a step so far, {factor:.2f}x the measured time): {new.steps} steps (was {old.steps})"
+        f"{short}{pruned}, densification cap {new.cap} (was {old.cap}), about "
+        f"{new.seconds:.0f} s",
+        file=sys.stderr,
+    )
+
+
+def _measured_budget(start, order, photos, settings, plan, strategy_counts, keep: int):
+    """The step time and the budget it buys: a first line through the whole start and its most
+    important quarter; then, when the budget prunes or densifies, measured again where the fit
+    will run (the working count and the count densification leads to) and budgeted again."""
+    images, extrinsics, intrinsics = photos
+    shape, count = tuple(images.shape[-2:]), int(order.numel())
+    if settings.time is None:
+        return None, budget_fit(None, count, plan.max_count, settings, strategy_counts, keep)
+    measure = lambda counts: measure_step_time(  # noqa: E731
+        start, order, images, extrinsics, intrinsics, shape, settings, counts
+    )
+    step_time = measure(None)
+    budget = budget_fit(step_time, count, plan.max_count, settings, strategy_counts, keep)
+    peak = max(peak_count(budget, strategy_counts), budget.working + budget.working // 2)
+    step_time = measure((budget.working, peak))
+    budget = budget_fit(step_time, count, plan.max_count, settings, strategy_counts, keep)
+    return step_time, budget
+
+
+def _working_start(start: Gaussians, photos, settings: RefineSettings, plan, strategy_counts,
+                   keep: int = 0):  # fmt: skip
     """The start after the screen-size cap and, with a time budget, pruned to the working count
-    the measured step time allows; its :class:`FitBudget` and the plan's record."""
+    the measured step time allows (never below ``keep``); its :class:`FitBudget`, the plan's
+    record and the measured :class:`StepTime` (``None`` without a time budget)."""
     images, extrinsics, intrinsics = photos
     shape = tuple(images.shape[-2:])
     radii = screen_radii(start.means[0], start.scales[0], extrinsics, intrinsics, shape)
@@ -392,15 +505,18 @@ def _working_start(start: Gaussians, photos, settings: RefineSettings, plan, str
         radii = radii.clamp(max=limit)
     count = int(start.count()[0])
     order = torch.argsort(importance(radii, start.opacities[0], shape), descending=True)
-    step_time = None
-    if settings.time is not None:
-        step_time = measure_step_time(start, order, images, extrinsics, intrinsics, shape, settings)
-    budget = budget_fit(step_time, count, plan.max_count, settings, strategy_counts)
+    step_time, budget = _measured_budget(
+        start, order, photos, settings, plan, strategy_counts, keep
+    )
     if budget.working < count:
         start = start.map(lambda t: t[:, order[: budget.working]])
     record = {**asdict(budget), "pruned": count - budget.working, "shrunk": shrunk}
     record["step_seconds"] = None if step_time is None else round(step_time(budget.working), 4)
-    return start, budget, record
+    record["mean_step_seconds"] = (
+        None if step_time is None else round(budget.seconds / max(budget.steps, 1), 4)
+    )
+    record["initial_steps"], record["keep"] = budget.steps, int(keep)
+    return start, budget, record, step_time
 
 
 def _announce(record: dict, count: int, settings: RefineSettings) -> None:
@@ -430,6 +546,7 @@ def refine_gaussians(
     eval_every: int | None = None,
     checkpoint_path: str | os.PathLike | None = None,
     progress: bool = True,
+    keep: int = 0,
 ) -> RefineResult:
     """Optimise ``gaussians`` against posed photos.
 
@@ -450,6 +567,9 @@ def refine_gaussians(
         checkpoint_path: a file for the fit's state, saved every ``settings.checkpoint_every``
             steps and at the end; when it exists, the fit resumes from it (and its plan).
         progress: show a tqdm bar (loss and Gaussian count).
+        keep: a time budget never prunes below this many Gaussians (the SfM points a start
+            holds: pruning below them costs more than the steps it buys), nor below
+            :data:`~models.pipeline.refine.plan.MIN_WORKING`.
 
     Raises:
         RefineSettingsError: an argument of the wrong type or out of range, or a fit too large
@@ -477,8 +597,8 @@ def refine_gaussians(
     count = int(start.count()[0])
     if state is None:
         planner = make_strategy(settings.densify, settings.mcmc, settings.adc, 1, 1.0, None, None)
-        start, budget, record = _working_start(
-            start, photos, settings, plan, planner.expected_counts
+        start, budget, record, step_time = _working_start(
+            start, photos, settings, plan, planner.expected_counts, keep
         )
         _announce(record, count, settings)
     else:
@@ -487,7 +607,10 @@ def refine_gaussians(
             budget = dataclasses.replace(budget, steps=int(settings.steps))
             record["steps"] = int(settings.steps)
     fit = _Fit(start, photos, settings, budget, optimize_cameras)
-    if state is not None:
+    fit.keep, fit.ceiling = int(keep), plan.max_count
+    if state is None:
+        fit.step_time = step_time
+    else:
         fit.load_state_dict(state)
     fit.plan, fit.count_before = record, count if state is None else int(state["count_before"])
     stopped = _run(fit, evaluate, eval_every, checkpoint, progress)
@@ -522,6 +645,8 @@ def _finish(fit: _Fit, stopped: str, evaluate, checkpoint: Path | None) -> Refin
         _evaluate(fit, evaluate, final)
     if checkpoint is not None and stopped != "nan":
         _save_checkpoint(fit, checkpoint)
+    if fit.step:
+        fit.plan["real_step_seconds"] = round(fit.seconds / fit.step, 4)
     messages = {
         "steps": f"refined {fit.step} steps in {fit.seconds:.0f} s",
         "time": f"refined {fit.step} of {fit.budget.steps} planned steps in {fit.seconds:.0f} s: "

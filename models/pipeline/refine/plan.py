@@ -37,7 +37,9 @@ __all__ = [
     "fit_shape",
     "importance",
     "measure_step_time",
+    "peak_count",
     "plan_fit",
+    "replan",
     "screen_limit",
     "screen_radii",
 ]
@@ -220,22 +222,66 @@ class StepTime:
     def __call__(self, n: int) -> float:
         return self.fixed + self.per_gaussian * n
 
+    def scaled(self, factor: float) -> StepTime:
+        """Both parts times ``factor`` (the machine ``factor`` times slower than measured)."""
+        return StepTime(self.fixed * factor, self.per_gaussian * factor)
+
+    @staticmethod
+    def through(low: tuple[int, float], high: tuple[int, float]) -> StepTime:
+        """The line through two ``(count, seconds)`` measurements; its per-Gaussian part at
+        least a tenth of the larger set's mean share (two close timings on a loaded machine
+        can put the slope anywhere, and densification needs a cost to grow against)."""
+        (n0, t0), (n1, t1) = sorted([low, high])
+        slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+        per_gaussian = max(slope, 0.1 * t1 / max(n1, 1))
+        return StepTime(max(t1 - per_gaussian * n1, 0.0), per_gaussian)
+
+
+#: Untimed steps before each timing (the first steps allocate, fill caches, warm the threads).
+MEASURE_WARMUP = 2
+#: Timed steps of each timing (their mean: what a budget spends is the mean, not the median).
+MEASURE_STEPS = 5
+#: The MCMC noise, the regularisation and the densification rounds add to a timed
+#: render + loss + backward + Adam step about this much (``timings`` of the drone runs).
+STEP_OVERHEAD = 1.05
+
 
 def _time_steps(gaussians: Gaussians, images, extrinsics, intrinsics, shape, settings) -> float:
-    """Median seconds of a render + loss + backward on ``gaussians`` (one warm-up, then 3)."""
+    """Mean seconds of a step (render + loss + backward + Adam) on ``gaussians`` at its full SH
+    degree, over :data:`MEASURE_STEPS` steps after :data:`MEASURE_WARMUP` untimed ones, the
+    views spread over the photos."""
     leaves = gaussians.map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
+    tensors = [leaves.means, leaves.scales, leaves.rotations, leaves.opacities, leaves.harmonics]
+    optimizer = torch.optim.Adam(tensors, lr=0.0)
     background = torch.tensor(settings.background, dtype=torch.float32, device=images.device)
-    seconds = []
-    for i in range(4):
-        view = i % images.shape[0]
+    total, runs = 0.0, MEASURE_WARMUP + MEASURE_STEPS
+    for i in range(runs):
+        view = (i * images.shape[0]) // runs
         start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
         out = render(
             leaves, extrinsics[view][None, None], intrinsics[view][None, None], shape,
             background=background, backend=settings.backend,
         )  # fmt: skip
         photometric_loss(out.color[0], images[view][None], settings.ssim_weight).backward()
-        seconds.append(time.perf_counter() - start)
-    return sorted(seconds[1:])[1]
+        optimizer.step()
+        if i >= MEASURE_WARMUP:
+            total += time.perf_counter() - start
+    return total / MEASURE_STEPS * STEP_OVERHEAD
+
+
+def _at_count(gaussians: Gaussians, order: Tensor, count: int) -> Gaussians:
+    """The set at ``count`` Gaussians: its ``count`` most important (``order`` ``[N]``, most
+    important first), or, above ``N``, grown by copies of Gaussians drawn in proportion to
+    their opacity (as densification adds them: same places, same footprints)."""
+    n = int(order.numel())
+    if count <= n:
+        return gaussians.map(lambda t: t[:, order[:count]])
+    generator = torch.Generator().manual_seed(0)
+    weights = gaussians.opacities[0].detach().float().cpu().clamp_min(1e-6)
+    extra = torch.multinomial(weights, count - n, replacement=True, generator=generator)
+    index = torch.cat([torch.arange(n), extra]).to(gaussians.means.device)
+    return gaussians.map(lambda t: t[:, index])
 
 
 def measure_step_time(
@@ -246,18 +292,23 @@ def measure_step_time(
     intrinsics: Tensor,
     shape: tuple[int, int],
     settings: RefineSettings,
+    counts: tuple[int, int] | None = None,
 ) -> StepTime:
-    """The step time on the start (all of it, and its most important quarter: ``order`` ``[N]``
-    sorts it most important first), as a line in the count. The optimizer and densification
-    add about 10% (``timings``), which the fixed part's share absorbs."""
-    count = int(order.numel())
-    full = _time_steps(gaussians, images, extrinsics, intrinsics, shape, settings) * 1.1
-    if count < 4000:  # too few to separate the two parts: half each (conservative for growth)
-        return StepTime(full / 2, full / 2 / max(count, 1))
-    part = gaussians.map(lambda t: t[:, order[: count // 4]])
-    quarter = _time_steps(part, images, extrinsics, intrinsics, shape, settings) * 1.1
-    per_gaussian = max((full - quarter) / (count - count // 4), full / count * 0.1)
-    return StepTime(max(full - per_gaussian * count, 0.0), per_gaussian)
+    """The step time as a line in the count, through timings (:func:`_time_steps`) of the set
+    at two ``counts`` (default: all of it and its most important quarter; the fit measures
+    again at the working count and at the count densification leads to, :func:`_at_count`).
+    ``order`` ``[N]`` sorts the set most important first."""
+    total = int(order.numel())
+    low, high = counts if counts is not None else (max(1, total // 4), total)
+    timed = [
+        (n, _time_steps(_at_count(gaussians, order, n), images, extrinsics, intrinsics, shape,
+                        settings))
+        for n in sorted({max(1, int(low)), max(1, int(high))})
+    ]  # fmt: skip
+    if len(timed) == 1:  # one count: half fixed, half per Gaussian (conservative for growth)
+        n, seconds = timed[0]
+        return StepTime(seconds / 2, seconds / 2 / n)
+    return StepTime.through(timed[0], timed[1])
 
 
 @dataclass(frozen=True)
@@ -293,13 +344,15 @@ def budget_fit(
     max_count: int,
     settings: RefineSettings,
     expected_counts: Callable[[int, int, int], list[tuple[int, int]]],
+    keep: int = 0,
 ) -> FitBudget:
     """The working count, cap and steps a budget buys.
 
     Without ``time`` (``step_time`` may then be ``None``): the start (at most ``max_count``),
     cap ``max_count``, ``steps``. With
     ``time``: ``target`` = ``steps`` or ``min_steps``; the working count is the largest (at most
-    the start, at least :data:`MIN_WORKING`) whose steps ``target`` fit in ``time`` (when even
+    the start, at least :data:`MIN_WORKING` and ``keep``, e.g. the SfM points of the start)
+    whose steps ``target`` fit in ``time`` (when even
     that many cannot buy them, pruning stops where the per-Gaussian part of the step time equals
     its fixed part: below that a step gets at most twice as fast); the cap the largest whose expected count
     schedule (``expected_counts(working, steps, cap)``) still fits; the steps, when not given,
@@ -313,7 +366,7 @@ def budget_fit(
         return FitBudget(working, ceiling, steps, seconds)
     seconds = float(settings.time)
     target = int(settings.steps or settings.min_steps)
-    floor = min(working, MIN_WORKING)
+    floor = min(working, max(MIN_WORKING, int(keep)))
     if target * step_time(floor) > seconds:  # out of reach: prune only what costs more than
         floor = min(working, max(floor, int(step_time.fixed / step_time.per_gaussian)))
     working = _largest(floor, working, lambda n: target * step_time(n) <= seconds)
@@ -332,5 +385,68 @@ def budget_fit(
             max(target, bought),
             lambda s: _seconds(step_time, expected_counts(working, s, cap), s) <= seconds,
         )
-    expected = _seconds(step_time, expected_counts(working, steps, cap), steps)
+    schedule = expected_counts(working, steps, cap)
+    if not settings.max_gaussians:  # a cap above where the schedule leads says nothing
+        cap = max(working, min(cap, max(n for _, n in schedule)))
+    expected = _seconds(step_time, schedule, steps)
     return FitBudget(working, cap, int(steps), expected)
+
+
+def peak_count(
+    budget: FitBudget, expected_counts: Callable[[int, int, int], list[tuple[int, int]]]
+) -> int:
+    """The most Gaussians the fit is expected to hold (where densification leads)."""
+    return max(n for _, n in expected_counts(budget.working, budget.steps, budget.cap))
+
+
+#: The fit re-measures its step time from the steps it did after this many steps (or
+#: :data:`REPLAN_FRACTION` of the time budget, whichever comes first), and again after each
+#: such stretch.
+REPLAN_STEPS = 50
+REPLAN_FRACTION = 0.1
+#: A re-plan is taken (and announced) only when it moves the planned steps by more than this
+#: fraction, or prunes, or moves the densification cap by more than this fraction.
+REPLAN_TOLERANCE = 0.05
+
+
+def replan(
+    step_time: StepTime,
+    done: int,
+    seconds: float,
+    count: int,
+    budget: FitBudget,
+    ceiling: int,
+    settings: RefineSettings,
+    expected_counts: Callable[..., list[tuple[int, int]]],
+    keep: int = 0,
+) -> FitBudget | None:
+    """The plan again from step ``done`` after ``seconds`` of fitting with ``count`` Gaussians,
+    ``step_time`` re-measured from the real steps: the rule of :func:`budget_fit` on what is
+    left (``expected_counts(start, steps, cap, done)``: the strategy's schedule from step
+    ``done``) (the remaining time; the steps still owed, ``steps`` or ``min_steps`` less those done;
+    the count pruned to buy them, never below ``keep`` nor :data:`MIN_WORKING`), expressed for
+    the whole fit (``steps`` and ``seconds`` counted from step 0). ``None`` when nothing moves
+    by more than :data:`REPLAN_TOLERANCE` (or without a time budget).
+    """
+    if settings.time is None:
+        return None
+    left = max(float(settings.time) - float(seconds), 1e-6)
+    owed = int(settings.steps or settings.min_steps) - int(done)
+    rest = RefineSettings(
+        time=left,
+        steps=None if settings.steps is None else max(1, int(settings.steps) - int(done)),
+        min_steps=max(1, owed),
+        max_gaussians=budget.cap if settings.max_gaussians else None,
+    )
+
+    def schedule(working: int, steps: int, cap: int) -> list[tuple[int, int]]:
+        return expected_counts(working, int(done) + steps, cap, int(done))  # from step done
+
+    remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
+    steps = int(done) + max(1, remaining.steps)
+    moved = abs(steps - budget.steps) > REPLAN_TOLERANCE * budget.steps
+    moved |= remaining.working < count
+    moved |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
+    if not moved:
+        return None
+    return FitBudget(remaining.working, remaining.cap, steps, float(seconds) + remaining.seconds)

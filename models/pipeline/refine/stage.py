@@ -40,6 +40,7 @@ def start_refinement(
     optimize_cameras: bool = False,
     checkpoint_path: str | os.PathLike | None = None,
     progress: bool = True,
+    keep: int = 0,
 ) -> RefineResult:
     """Fit ``gaussians`` (on the device to fit on) to ``photos`` ``[V, 3, H, W]`` at their
     cameras (``[V, 4, 4]`` camera-to-world, normalised ``[V, 3, 3]``, the Gaussians' frame).
@@ -51,6 +52,8 @@ def start_refinement(
         optimize_cameras: refine the cameras jointly (view 0 fixed).
         checkpoint_path: the fit's state file (:func:`refine_checkpoint_path`).
         progress: show the fit's progress bar.
+        keep: the time budget never prunes below this many Gaussians (the SfM points of a
+            ``refine_init=sfm`` or ``auto`` start).
     """
     device = gaussians.means.device
     evaluate = None
@@ -72,4 +75,5 @@ def start_refinement(
         evaluate=evaluate,
         checkpoint_path=checkpoint_path,
         progress=progress,
+        keep=keep,
     )

@@ -49,9 +49,13 @@ class Strategy:
         """A term added to the loss (none)."""
         return 0.0
 
-    def expected_counts(self, start: int, steps: int, cap: int) -> list[tuple[int, int]]:
-        """``[(from_step, count)]``: the count the schedule leads to over ``steps`` steps from
-        ``start`` Gaussians with the cap ``cap`` (for planning the step time); here constant."""
+    def expected_counts(
+        self, start: int, steps: int, cap: int, done: int = 0
+    ) -> list[tuple[int, int]]:
+        """``[(from_step, count)]``: the count the schedule leads to over the steps from ``done``
+        to ``steps`` of a fit of ``steps`` steps, from ``start`` Gaussians at step ``done``
+        with the cap ``cap`` (for planning the step time; ``from_step`` counted from
+        ``done``); here constant."""
         return [(0, start)]
 
     def step_pre_backward(
@@ -110,13 +114,17 @@ class MCMCStrategy(Strategy):
             + s.scale_reg * params["scales"].exp().mean()
         )
 
-    def expected_counts(self, start: int, steps: int, cap: int) -> list[tuple[int, int]]:
+    def expected_counts(
+        self, start: int, steps: int, cap: int, done: int = 0
+    ) -> list[tuple[int, int]]:
         s, counts, current = self.settings, [(0, start)], start
         for step in range(max(s.start, s.every), steps + 1, s.every):
             if step / steps >= s.stop_fraction:
                 break
+            if step <= done:
+                continue
             current = max(current, min(cap, int(math.ceil(current * (1.0 + s.growth)))))
-            counts.append((step, current))
+            counts.append((step - done, current))
         return counts
 
     def step_post_backward(
@@ -162,9 +170,11 @@ class ADCStrategy(Strategy):
         counts = {"cloned": 0, "split": 0, "pruned": 0, "resets": 0, "shrunk": 0}
         return {"grad_sum": None, "seen": None, "max_radii": None, "counts": counts}
 
-    def expected_counts(self, start: int, steps: int, cap: int) -> list[tuple[int, int]]:
+    def expected_counts(
+        self, start: int, steps: int, cap: int, done: int = 0
+    ) -> list[tuple[int, int]]:
         """Pessimistic: the cap from the first refinement on."""
-        return [(0, start), (self.settings.start, max(start, cap))]
+        return [(0, start), (max(0, self.settings.start - done), max(start, cap))]
 
     def step_pre_backward(
         self, params: Params, optimizers: Optimizers, state: dict, step: int, info: dict
