@@ -346,15 +346,26 @@ def announce_rest(
 
 
 class Countdown:
-    """Says how long the rest of a loop of like units (a capture's windows) takes, from their
-    measured times: after the first two (the mean: the first one warms up), and again, marked
-    ``revised``, when the rest at the median of the last five is off by more than 2x from what
-    was said (the first units of a model can be slower than the rest many times over)."""
+    """Says how long the rest of a loop of like units (a capture's windows, a pose fit's steps)
+    takes, from their measured times (:meth:`unit_seconds`): after the first two, and again,
+    marked ``revised``, when the rest at the median of the recent units is off by more than 2x
+    from what was said (the first units of a model can be slower than the rest many times over;
+    on a shared machine one unit's time swings several times with the other work)."""
 
     def __init__(self, what: str, total: int, unit: str) -> None:
         self.what, self.total, self.unit = what, int(total), unit
         self.times: list[float] = []
         self.expected: float | None = None  # the rest said, less the units done since
+
+    def unit_seconds(self) -> float:
+        """The time of one unit to come: after two units the faster one (the first warms up:
+        allocations, caches, the first render), then the median of the last five after the
+        first (a spike of the machine's other work moves it less than a mean)."""
+        if len(self.times) <= 2:
+            return min(self.times)
+        recent = sorted(self.times[1:][-5:])
+        middle = len(recent) // 2
+        return recent[middle] if len(recent) % 2 else (recent[middle - 1] + recent[middle]) / 2
 
     def done(self, seconds: float) -> None:
         """One more unit took ``seconds``."""
@@ -362,8 +373,7 @@ class Countdown:
         count, remaining = len(self.times), self.total - len(self.times)
         if count < 2 or remaining <= 0:
             return
-        recent = sorted(self.times[-5:])
-        unit = sum(self.times) / 2 if count == 2 else recent[len(recent) // 2]
+        unit = self.unit_seconds()
         rest = unit * remaining
         if self.expected is not None:
             self.expected = max(self.expected - self.times[-1], 0.0)
