@@ -170,7 +170,10 @@ def test_countdown_first_line_after_a_slow_warm_up_is_within_2x(capsys) -> None:
     assert capsys.readouterr().err == ""  # one unit: nothing said yet
     countdown.done(times[1])
     line = capsys.readouterr().err
-    assert line == "whole capture (m): 40 windows: about 19 s more (38 window(s) at 0.5 s each, measured)\n"
+    assert (
+        line
+        == "whole capture (m): 40 windows: about 19 s more (38 window(s) at 0.5 s each, measured)\n"
+    )
     left = sum(times[2:])
     assert left / 2 <= countdown.expected <= 2 * left
     for seconds in times[2:]:
