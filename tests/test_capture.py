@@ -373,7 +373,9 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypa
     assert status == 0, err
     assert "nearest PSNR" in out
     # the windows' time, measured on the second window, then the fusion's, on its first window
-    assert "whole capture (pixel_aligned_tiny): 8 windows, then their fusion: about" in err
+    assert (
+        "whole capture (pixel_aligned_tiny): 8 windows (their fusion is said after): about" in err
+    )
     assert "more (6 window(s) at" in err and "fusion of 8 windows" in err
     summary = json.loads((output / "summary.json").read_text())
     windows = summary["scene"]["windows"]

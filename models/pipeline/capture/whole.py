@@ -462,7 +462,7 @@ def reconstruct_windows(
     (:func:`place_window`)."""
     placed = PlacedWindows()
     bar = progress(plan.windows, desc="windows", unit="window")
-    what = f"whole capture ({plan.name}): {len(plan.windows)} windows, then their fusion"
+    what = f"whole capture ({plan.name}): {len(plan.windows)} windows (their fusion is said after)"
     countdown = budget.Countdown(what, len(plan.windows), "window")
     for number, window in enumerate(bar):
         start = time.perf_counter()
