@@ -10,6 +10,7 @@ import pytest
 import torch
 from data_fixtures import SHARED_DATA
 
+from datamodules.tools.sfm_worker import Stages
 from models import create_model
 from models.core import budget
 
@@ -179,3 +180,53 @@ def test_countdown_first_line_after_a_slow_warm_up_is_within_2x(capsys) -> None:
     for seconds in times[2:]:
         countdown.done(seconds)
     assert "revised" not in capsys.readouterr().err  # it held: never said again
+
+
+class FakeClock:
+    """Seconds that move only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_sfm_says_the_rest_after_each_stage_from_its_measured_speed(capsys) -> None:
+    """The SfM child scales the stages left by how long the stages done took against their
+    estimate (a machine twice as slow as the constants: the rest said twice as long)."""
+    estimates = budget.sfm_stage_seconds(8, (848, 480), "exhaustive")
+    assert sum(estimates.values()) == pytest.approx(
+        budget.sfm_estimate(8, (848, 480), "exhaustive").seconds
+    )
+    clock = FakeClock()
+    stages = Stages(True, estimates, clock=clock)
+    with stages("features", "SIFT on 8 images"):
+        clock.now += 2 * estimates["features"]  # twice the estimate
+    err = capsys.readouterr().err.splitlines()
+    rest = 2 * (estimates["matching"] + estimates["mapping"])
+    assert err[0] == "sfm: features: SIFT on 8 images ..."
+    assert err[1] == (
+        f"sfm: features: done in {2 * estimates['features']:.1f} s; matching and mapping: about "
+        f"{rest:.0f} s more (the stages so far took 2.0x their estimate)"
+    )
+    with stages("matching", "exhaustive, 28 pairs"):
+        clock.now += estimates["matching"]  # the two stages together: (2f + m) / (f + m)
+    factor = (2 * estimates["features"] + estimates["matching"]) / (
+        estimates["features"] + estimates["matching"]
+    )
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[1]
+        .endswith(
+            f"mapping: about {factor * estimates['mapping']:.0f} s more (the stages so far took "
+            f"{factor:.1f}x their estimate)"
+        )
+    )
+    with stages("mapping", "incremental mapping"):
+        clock.now += 1.0
+    assert capsys.readouterr().err.splitlines()[1] == "sfm: mapping: done in 1.0 s"  # none left
+    quiet = Stages(True, None, clock=clock)  # no estimates (an older parent): the plain line
+    with quiet("features", "SIFT"):
+        clock.now += 3.0
+    assert capsys.readouterr().err.splitlines()[1] == "sfm: features: done in 3.0 s"

@@ -60,6 +60,7 @@ __all__ = [
     "forward_estimate",
     "running",
     "sfm_estimate",
+    "sfm_stage_seconds",
 ]
 
 # Forward pass: seconds per parameter per input pixel (+ per pixel squared), bytes per pixel.
@@ -214,6 +215,35 @@ def forward_estimate(
     return Estimate(what, seconds, int(peak), setting, kind, fitting, (height, width))
 
 
+def sfm_stage_seconds(
+    photos: int,
+    size: tuple[int, int],
+    matching: str,
+    overlap: int = 10,
+    max_image_size: int = 1600,
+    threads: int = 2,
+) -> dict[str, float]:
+    """Estimated seconds of each stage of structure-from-motion (``features``, ``matching``,
+    ``mapping``) on ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching``
+    ``"exhaustive"`` or ``"sequential"`` (with ``overlap``). The SfM child says the rest again
+    after each stage, scaled by how long the stages so far took against these."""
+    width, height = int(size[0]), int(size[1])
+    scale = min(1.0, max_image_size / max(width, height, 1))
+    megapixels = width * height * scale**2 / 1e6
+    speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
+    return {
+        "features": speed * SFM_FEATURE_SECONDS * photos * megapixels,
+        "matching": speed * SFM_PAIR_SECONDS * _sfm_pairs(photos, matching, overlap),
+        "mapping": speed * SFM_MAP_SECONDS * photos * (1 + photos / 200),
+    }
+
+
+def _sfm_pairs(photos: int, matching: str, overlap: int) -> int:
+    if matching == "exhaustive":
+        return photos * (photos - 1) // 2
+    return photos * min(overlap, max(photos - 1, 0))
+
+
 def sfm_estimate(
     photos: int,
     size: tuple[int, int],
@@ -222,24 +252,17 @@ def sfm_estimate(
     max_image_size: int = 1600,
     threads: int = 2,
 ) -> Estimate:
-    """Time and peak memory of structure-from-motion on ``photos`` images of ``size`` ``(W, H)``
-    (the largest), ``matching`` ``"exhaustive"`` or ``"sequential"`` (with ``overlap``)."""
+    """Time (:func:`sfm_stage_seconds`, summed) and peak memory of structure-from-motion on
+    ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching`` ``"exhaustive"`` or
+    ``"sequential"`` (with ``overlap``)."""
     width, height = int(size[0]), int(size[1])
     scale = min(1.0, max_image_size / max(width, height, 1))
     megapixels = width * height * scale**2 / 1e6
-    if matching == "exhaustive":
-        pairs = photos * (photos - 1) // 2
-    else:
-        pairs = photos * min(overlap, max(photos - 1, 0))
-    speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
-    seconds = speed * (
-        SFM_FEATURE_SECONDS * photos * megapixels
-        + SFM_PAIR_SECONDS * pairs
-        + SFM_MAP_SECONDS * photos * (1 + photos / 200)
-    )
+    stages = sfm_stage_seconds(photos, size, matching, overlap, max_image_size, threads)
+    pairs = _sfm_pairs(photos, matching, overlap)
     peak = SFM_BASE_BYTES + SFM_BYTES_PER_IMAGE * photos + int(40e6 * megapixels)
     what = f"sfm: {photos} photos of {width}x{height}, {matching} matching ({pairs} pairs)"
-    return Estimate(what, seconds, int(peak), "the number of photos")
+    return Estimate(what, sum(stages.values()), int(peak), "the number of photos")
 
 
 @dataclass(frozen=True)
