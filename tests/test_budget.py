@@ -230,3 +230,19 @@ def test_sfm_says_the_rest_after_each_stage_from_its_measured_speed(capsys) -> N
     with quiet("features", "SIFT"):
         clock.now += 3.0
     assert capsys.readouterr().err.splitlines()[1] == "sfm: features: done in 3.0 s"
+
+
+def test_countdown_after_a_time_said_up_front_only_revises(capsys) -> None:
+    """A wait said up front from a formula (the synthetic set's generation): nothing more while
+    the measured units hold it within 2x, one ``revised`` line when the machine turns out slower."""
+    steady = budget.Countdown("generating the synthetic dataset: 50 scenes", 50, "scene", said=50.0)
+    for number in range(50):
+        steady.done(0.9 if number % 2 else 1.1)  # 50 s as said, each scene off by 10%
+    assert capsys.readouterr().err == ""
+    slow = budget.Countdown("generating the synthetic dataset: 50 scenes", 50, "scene", said=50.0)
+    for _ in range(4):
+        slow.done(3.5)  # 175 s in all against 50 said
+    err = capsys.readouterr().err
+    assert err.startswith("generating the synthetic dataset: 50 scenes (revised): about")
+    left = 3.5 * 46
+    assert left / 2 <= slow.expected <= 2 * left

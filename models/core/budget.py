@@ -375,10 +375,12 @@ class Countdown:
     from what was said (the first units of a model can be slower than the rest many times over;
     on a shared machine one unit's time swings several times with the other work)."""
 
-    def __init__(self, what: str, total: int, unit: str) -> None:
+    def __init__(self, what: str, total: int, unit: str, said: float | None = None) -> None:
+        """``said``: the whole loop's time, when it was said up front from a formula (then only
+        its revisions are said, measured as above)."""
         self.what, self.total, self.unit = what, int(total), unit
         self.times: list[float] = []
-        self.expected: float | None = None  # the rest said, less the units done since
+        self.expected: float | None = said  # the rest said, less the units done since
 
     def unit_seconds(self) -> float:
         """The time of one unit to come: after two units the faster one (the first warms up:
@@ -393,15 +395,17 @@ class Countdown:
     def done(self, seconds: float) -> None:
         """One more unit took ``seconds``."""
         self.times.append(float(seconds))
+        if self.expected is not None:
+            self.expected = max(self.expected - self.times[-1], 0.0)
         count, remaining = len(self.times), self.total - len(self.times)
         if count < 2 or remaining <= 0:
             return
         unit = self.unit_seconds()
         rest = unit * remaining
-        if self.expected is not None:
-            self.expected = max(self.expected - self.times[-1], 0.0)
-            if self.expected / 2 <= rest <= 2 * self.expected + BIG_SECONDS / 2:
-                return
+        if self.expected is not None and (
+            self.expected / 2 <= rest <= 2 * self.expected + BIG_SECONDS / 2
+        ):
+            return
         what = self.what if self.expected is None else f"{self.what} (revised)"
         self.expected = announce_rest(what, unit, remaining, self.unit)
 
