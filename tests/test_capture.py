@@ -465,7 +465,10 @@ def test_infer_pose_free_holdout_without_poses(
     summary = json.loads((output / "summary.json").read_text())
     cameras = summary["holdout"]["cameras"]
     assert "fitted" in cameras["placement"] and cameras["steps"] == holdout.HOLDOUT_POSE_STEPS
-    assert f"pose fit: {holdout.HOLDOUT_POSE_STEPS} steps of 1 cameras at 32x32 px: about" in err
+    assert (
+        f"held-out cameras' pose fit: {holdout.HOLDOUT_POSE_STEPS} steps of 1 cameras at 32x32 px: about"
+        in err
+    )
     assert len(cameras["translation"]) == 1 and len(cameras["rotation_deg"]) == 1
     entry = summary["holdout"]["metrics"]["photo_02.png"]
     assert entry["nearest_view"] in ("photo_01.png", "photo_03.png") and entry["psnr"] > 5
