@@ -370,10 +370,12 @@ def announce_rest(
 
 class Countdown:
     """Says how long the rest of a loop of like units (a capture's windows, a pose fit's steps)
-    takes, from their measured times (:meth:`unit_seconds`): after the first two, and again,
-    marked ``revised``, when the rest at the median of the recent units is off by more than 2x
-    from what was said (the first units of a model can be slower than the rest many times over;
-    on a shared machine one unit's time swings several times with the other work)."""
+    takes, from their measured times (:meth:`unit_seconds`): after the first three (after two
+    when the loop has three, or when the two took :data:`BIG_SECONDS` x 2 or more: slow units
+    are not waited for), and again, marked ``revised``, when the rest at the median of the last
+    five is off by more than 2x from what was said (the first units of a model can be slower
+    than the rest many times over, or faster; on a shared machine one unit's time swings several
+    times with the other work)."""
 
     def __init__(self, what: str, total: int, unit: str, said: float | None = None) -> None:
         """``said``: the whole loop's time, when it was said up front from a formula (then only
@@ -383,22 +385,29 @@ class Countdown:
         self.expected: float | None = said  # the rest said, less the units done since
 
     def unit_seconds(self) -> float:
-        """The time of one unit to come: after two units the faster one (the first warms up:
-        allocations, caches, the first render), then the median of the last five after the
-        first (a spike of the machine's other work moves it less than a mean)."""
-        if len(self.times) <= 2:
+        """The time of one unit to come: the median of the last five (one unit off, the first's
+        warm-up or a spike of the machine's other work, moves it little); of two, the faster
+        (the first one's warm-up is the likelier outlier)."""
+        if len(self.times) == 2:
             return min(self.times)
-        recent = sorted(self.times[1:][-5:])
+        recent = sorted(self.times[-5:])
         middle = len(recent) // 2
         return recent[middle] if len(recent) % 2 else (recent[middle - 1] + recent[middle]) / 2
+
+    def _ready(self) -> bool:
+        """Whether the first line is due: three units, or two that are slow or all but one."""
+        count = len(self.times)
+        if count >= 3:
+            return True
+        return count == 2 and (self.total <= 3 or sum(self.times) >= 2 * BIG_SECONDS)
 
     def done(self, seconds: float) -> None:
         """One more unit took ``seconds``."""
         self.times.append(float(seconds))
         if self.expected is not None:
             self.expected = max(self.expected - self.times[-1], 0.0)
-        count, remaining = len(self.times), self.total - len(self.times)
-        if count < 2 or remaining <= 0:
+        remaining = self.total - len(self.times)
+        if remaining <= 0 or (self.expected is None and not self._ready()) or len(self.times) < 2:
             return
         unit = self.unit_seconds()
         rest = unit * remaining
