@@ -25,9 +25,10 @@ one thread, so an idle machine is faster; see ``docs/budget.md``):
   (3.9e-12 + 1.45e-17 x pixels) (attention makes it grow faster than the pixel count), with
   ``pixels`` = views x H x W; peak ≈ 64 MiB + 8 bytes x params + 900 bytes x pixels (linear fit:
   65 MB at 128², 436 MB at 512² for the pixel-aligned model, the larger of the two);
-- SfM (``datamodules.tools.sfm``, 8 and 20 of the 848x480 drone frames, 2 threads): ~1.3 s of
-  SIFT per megapixel-image, 0.18-0.32 s per matched pair, 4-5 s per registered image of
-  mapping; the pycolmap process peaked at 715 MB resident for both.
+- SfM (``datamodules.tools.sfm``, the 848x480 drone frames, 2 threads): ~1.0 s of SIFT per
+  megapixel-image, 0.1 s per matched pair, 0.05 s x images² of mapping (8 frames at load 2.8:
+  3.4, 2.5 and 2.9 s; 41 frames, sequential, at load 11: 61, 48 and 253 s, about 3x the
+  former's rates); the pycolmap process peaked at 715 MB resident.
 
 Memory available is ``MemAvailable`` of ``/proc/meminfo`` (and the cgroup limit when lower), or
 the free memory of the CUDA device. This module imports nothing of the project but its errors.
@@ -67,10 +68,13 @@ __all__ = [
 FORWARD_SECONDS = (3.9e-12, 1.45e-17)
 FORWARD_BASE_BYTES = 64 * 2**20
 FORWARD_BYTES_PER_PIXEL = 900
-# SfM: SIFT seconds per megapixel-image, seconds per matched pair, mapping seconds per image.
-SFM_FEATURE_SECONDS = 1.3
-SFM_PAIR_SECONDS = 0.3
-SFM_MAP_SECONDS = 4.5
+# SfM (2 threads, load average 2.8: docs/budget.md): SIFT seconds per megapixel-image, seconds
+# per matched pair, mapping seconds per image squared (incremental mapping's bundle adjustments
+# grow faster than the images: 8 drone frames 7.2 s, 41 frames 253 s under one load). A loaded
+# machine is slower: the SfM child scales the stages left by the stages done.
+SFM_FEATURE_SECONDS = 1.0
+SFM_PAIR_SECONDS = 0.1
+SFM_MAP_SECONDS = 0.05
 SFM_BASE_BYTES = 720 * 2**20
 SFM_BYTES_PER_IMAGE = 2 * 2**20  # keypoints, descriptors and matches kept in memory
 # Work announced (a line and a progress bar) from this many estimated seconds or this share of
@@ -234,7 +238,7 @@ def sfm_stage_seconds(
     return {
         "features": speed * SFM_FEATURE_SECONDS * photos * megapixels,
         "matching": speed * SFM_PAIR_SECONDS * _sfm_pairs(photos, matching, overlap),
-        "mapping": speed * SFM_MAP_SECONDS * photos * (1 + photos / 200),
+        "mapping": speed * SFM_MAP_SECONDS * photos**2,
     }
 
 
