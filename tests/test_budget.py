@@ -207,22 +207,22 @@ class FakeClock:
 def test_sfm_says_the_rest_after_each_stage_from_its_measured_speed(capsys) -> None:
     """The SfM child scales the stages left by how long the stages done took against their
     estimate (a machine twice as slow as the constants: the rest said twice as long)."""
-    estimates = budget.sfm_stage_seconds(8, (848, 480), "exhaustive")
+    estimates = budget.sfm_stage_seconds(20, (848, 480), "exhaustive")
     assert sum(estimates.values()) == pytest.approx(
-        budget.sfm_estimate(8, (848, 480), "exhaustive").seconds
+        budget.sfm_estimate(20, (848, 480), "exhaustive").seconds
     )
     clock = FakeClock()
     stages = Stages(True, estimates, clock=clock)
-    with stages("features", "SIFT on 8 images"):
+    with stages("features", "SIFT on 20 images"):
         clock.now += 2 * estimates["features"]  # twice the estimate
     err = capsys.readouterr().err.splitlines()
     rest = 2 * (estimates["matching"] + estimates["mapping"])
-    assert err[0] == "sfm: features: SIFT on 8 images ..."
+    assert err[0] == "sfm: features: SIFT on 20 images ..."
     assert err[1] == (
         f"sfm: features: done in {2 * estimates['features']:.1f} s; matching and mapping: about "
         f"{rest:.0f} s more (the stages so far took 2.0x their estimate)"
     )
-    with stages("matching", "exhaustive, 28 pairs"):
+    with stages("matching", "exhaustive, 190 pairs"):
         clock.now += estimates["matching"]  # the two stages together: (2f + m) / (f + m)
     factor = (2 * estimates["features"] + estimates["matching"]) / (
         estimates["features"] + estimates["matching"]
