@@ -377,6 +377,7 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypa
         "whole capture (pixel_aligned_tiny): 8 windows (their fusion is said after): about" in err
     )
     assert "more (6 window(s) at" in err and "fusion of 8 windows" in err
+    assert "fusion of 8 windows: surface merge of" in err  # timed on a sample first
     summary = json.loads((output / "summary.json").read_text())
     windows = summary["scene"]["windows"]
     held = [f"photo_{i:02d}.png" for i in (0, 4, 8)]
