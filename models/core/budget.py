@@ -13,7 +13,7 @@ largest Gaussian count (the densification cap) that keeps the fit inside the ava
 their own loops (whole-capture windows, refinement) add estimates with ``+`` (``a + b`` sums the
 seconds, keeps the larger peak) or scale them (``estimate * windows``: the time only). Loops of
 like units whose time no formula predicts (a capture's windows, a pose fit's steps) say the rest
-from the units' measured times instead: :class:`Countdown` (after two units, revised when off by
+from the units' measured times instead: :class:`Countdown` (after three units, revised when off by
 more than 2x), :func:`announce_rest`.
 
 How the constants were measured (this project's CPU, 2 cores shared by 8 sessions, load ~7.5,
