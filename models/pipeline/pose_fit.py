@@ -158,9 +158,10 @@ def fit_target_poses(
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
         announce: say on stderr (a string: the fit's name in the line, else ``pose fit``), after
-            two steps, how long the rest will take from the steps' measured times, and again when that turns out off by more than 2x
-            (:class:`models.core.budget.Countdown`; from ``models.core.budget.BIG_SECONDS`` on: one
-            step's time swung 3-10x on the loaded shared machine).
+            three steps, how long the rest will take from the steps' measured times, and again
+            when that turns out off by more than 2x (:class:`models.core.budget.Countdown`; from
+            ``models.core.budget.BIG_SECONDS`` on: one step's time swung 3-10x on the loaded
+            shared machine).
 
     Returns:
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
