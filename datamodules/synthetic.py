@@ -62,6 +62,7 @@ from datamodules.readers.chunk_writer import ChunkWriter, encode_bytes
 from datamodules.readers.chunks import encode_depths
 from datamodules.synthetic_render import render_scene
 from datamodules.synthetic_scenes import SceneSpec, sample_scene
+from models.core import budget
 from models.core.command_line import (
     MISSING,
     SettingError,
@@ -277,6 +278,7 @@ def generate_dataset(
     chunk_mb: float = 2.0,
     progress: bool = True,
     overwrite: bool = False,
+    said_seconds: float | None = None,
 ) -> Path:
     """Generate a synthetic chunk dataset into ``out`` (written under a temporary name first).
 
@@ -287,6 +289,9 @@ def generate_dataset(
         chunk_mb: approximate chunk size (image bytes).
         progress: show a tqdm progress bar.
         overwrite: replace an existing non-empty ``out``.
+        said_seconds: the time said before it started (:func:`ensure_synthetic`): said again,
+            marked ``revised``, when the scenes' measured times are off by more than 2x from it
+            (``models.core.budget.Countdown``).
 
     Returns:
         The output folder.
@@ -299,7 +304,7 @@ def generate_dataset(
     tasks = [(split, i, settings) for split in ("train", "test") for i in range(sizes[split])]
     try:
         with folder as tmp:
-            _generate_into(tmp, settings, sizes, tasks, workers, chunk_mb, progress)
+            _generate_into(tmp, settings, sizes, tasks, workers, chunk_mb, progress, said_seconds)
     except OutputFolderError:
         if not overwrite and is_complete(out):  # another process finished first
             return out
@@ -315,6 +320,7 @@ def _generate_into(
     workers: int,
     chunk_mb: float,
     progress: bool,
+    said_seconds: float | None = None,
 ) -> None:
     from tqdm import tqdm
 
@@ -327,11 +333,13 @@ def _generate_into(
         disable=not progress,
         dynamic_ncols=True,
     )
+    timer = _SceneTimer(len(tasks), 1 if pool is None else POOL_CHUNK * workers, said_seconds)
     if pool is not None:
         try:
-            for scene in pool.imap(_task, tasks, chunksize=4):
+            for scene in pool.imap(_task, tasks, chunksize=POOL_CHUNK):
                 writers[scene["key"].split("_")[1]].add(_to_chunk_scene(scene))
                 bar.update()
+                timer.done()
             pool.close()  # workers take their end-of-work sentinel and exit by themselves
         except BaseException:
             pool.terminate()  # SIGTERM: the workers' default action ends them at once
@@ -343,6 +351,7 @@ def _generate_into(
             scene = _task(task)
             writers[task[0]].add(_to_chunk_scene(scene))
             bar.update()
+            timer.done()
     bar.close()
     for split, writer in writers.items():
         writer.close()
@@ -352,6 +361,31 @@ def _generate_into(
     index = {scene_key("test", i): evaluation_entry(i, settings) for i in range(sizes["test"])}
     (tmp / "evaluation_index.json").write_text(json.dumps(index), encoding="utf-8")
     (tmp / "metadata.json").write_text(json.dumps(asdict(settings), indent=2), encoding="utf-8")
+
+
+# Scenes a pool worker takes at a time.
+POOL_CHUNK = 4
+
+
+class _SceneTimer:
+    """The scenes' measured times into a ``budget.Countdown`` (only when a time was said up
+    front: it says the rest again, ``revised``, when that is off by more than 2x), ``batch``
+    scenes a unit: a pool's workers hand their scenes back in chunks, several at once."""
+
+    def __init__(self, scenes: int, batch: int, said: float | None) -> None:
+        units = -(-scenes // batch)
+        unit = "scene" if batch == 1 else f"{batch}-scene batch"
+        what = f"generating the synthetic dataset: {scenes} scenes"
+        self.countdown = None if said is None else budget.Countdown(what, units, unit, said)
+        self.batch, self.count, self.last = batch, 0, time.perf_counter()
+
+    def done(self) -> None:
+        """One more scene finished."""
+        self.count += 1
+        if self.countdown is not None and self.count % self.batch == 0:
+            now = time.perf_counter()
+            self.countdown.done(now - self.last)
+            self.last = now
 
 
 def ensure_synthetic(
@@ -390,7 +424,9 @@ def ensure_synthetic(
         file=sys.stderr,
         flush=True,
     )
-    return generate_dataset(root, settings, workers=workers, progress=progress)
+    return generate_dataset(
+        root, settings, workers=workers, progress=progress, said_seconds=seconds
+    )
 
 
 # CPU seconds per scene of 24 views at 64² with 2x2 rays per pixel on an idle machine

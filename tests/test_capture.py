@@ -373,8 +373,11 @@ def test_infer_views_all_holdout(capture: Path, tmp_path: Path, capsys, monkeypa
     assert status == 0, err
     assert "nearest PSNR" in out
     # the windows' time, measured on the second window, then the fusion's, on its first window
-    assert "whole capture (pixel_aligned_tiny): 8 windows, then their fusion: about" in err
+    assert (
+        "whole capture (pixel_aligned_tiny): 8 windows (their fusion is said after): about" in err
+    )
     assert "more (6 window(s) at" in err and "fusion of 8 windows" in err
+    assert "fusion of 8 windows: surface merge of" in err  # timed on a sample first
     summary = json.loads((output / "summary.json").read_text())
     windows = summary["scene"]["windows"]
     held = [f"photo_{i:02d}.png" for i in (0, 4, 8)]
@@ -463,7 +466,10 @@ def test_infer_pose_free_holdout_without_poses(
     summary = json.loads((output / "summary.json").read_text())
     cameras = summary["holdout"]["cameras"]
     assert "fitted" in cameras["placement"] and cameras["steps"] == holdout.HOLDOUT_POSE_STEPS
-    assert f"pose fit: {holdout.HOLDOUT_POSE_STEPS} steps of 1 cameras at 32x32 px: about" in err
+    assert (
+        f"held-out cameras' pose fit: {holdout.HOLDOUT_POSE_STEPS} steps of 1 cameras at 32x32 px: about"
+        in err
+    )
     assert len(cameras["translation"]) == 1 and len(cameras["rotation_deg"]) == 1
     entry = summary["holdout"]["metrics"]["photo_02.png"]
     assert entry["nearest_view"] in ("photo_01.png", "photo_03.png") and entry["psnr"] > 5

@@ -367,16 +367,21 @@ def _check_budget(
     folder: Path, sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings, verbose: int
 ) -> None:
     """Refuse a run over the time/memory budget (``models.core.budget``); announce the estimate."""
-    largest = max(sizes, key=lambda size: size[0] * size[1])
-    estimate = budget.sfm_estimate(
-        len(sizes), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
-    )
+    estimate = budget.sfm_estimate(*_budget_arguments(sizes, chosen, settings))
     try:
         budget.check(estimate)
     except budget.BudgetError as error:
         raise SfmError(f"{folder}: {error.message}", total=len(sizes)) from None
     if verbose:
         budget.announce(estimate, force=True)
+
+
+def _budget_arguments(sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings) -> tuple:
+    """``budget.sfm_estimate``'s and ``sfm_stage_seconds``' arguments."""
+    largest = max(sizes, key=lambda size: size[0] * size[1])
+    return (
+        len(sizes), largest, chosen, settings.overlap, settings.max_image_size, settings.num_threads
+    )  # fmt: skip
 
 
 def _run_colmap(
@@ -404,6 +409,8 @@ def _run_colmap(
             "settings": asdict(settings),
             "matching": chosen,
             "verbose": int(verbose),
+            # each stage's estimate: the child says the rest after each stage, measured against it
+            "stage_seconds": budget.sfm_stage_seconds(*_budget_arguments(sizes, chosen, settings)),
         }
         info = _colmap_in_child(spec, work)
         if info is None:

@@ -29,21 +29,49 @@ EXIT_TOO_FEW = 3
 
 
 class Stages:
-    """One line per stage on stderr (``sfm: features: done in 2.4 s``), and the times."""
+    """One line per stage on stderr (``sfm: features: done in 2.4 s``), and the times.
 
-    def __init__(self, verbose: bool) -> None:
+    With ``estimates`` (each stage's estimated seconds, ``models.core.budget.sfm_stage_seconds``,
+    from the parent), each stage's line also says how long the stages left take: their estimate
+    scaled by how long the stages done took against theirs (the machine's speed and load, measured
+    on the spot): ``sfm: features: done in 9.3 s; matching and mapping: about 41 s more (the stages
+    so far took 2.2x their estimate)``. ``clock``: seconds (a test's fake clock)."""
+
+    def __init__(
+        self, verbose: bool, estimates: dict[str, float] | None = None, clock=time.perf_counter
+    ) -> None:
         self.verbose = verbose
+        self.estimates = dict(estimates or {})
+        self.clock = clock
         self.times: dict[str, float] = {}
 
     @contextlib.contextmanager
     def __call__(self, name: str, what: str) -> Iterator[None]:
         if self.verbose:
             print(f"sfm: {name}: {what} ...", file=sys.stderr, flush=True)
-        start = time.perf_counter()
+        start = self.clock()
         yield
-        self.times[name] = round(time.perf_counter() - start, 3)
+        self.times[name] = round(self.clock() - start, 3)
         if self.verbose:
-            print(f"sfm: {name}: done in {self.times[name]:.1f} s", file=sys.stderr, flush=True)
+            line = f"sfm: {name}: done in {self.times[name]:.1f} s{self.rest()}"
+            print(line, file=sys.stderr, flush=True)
+
+    def rest(self) -> str:
+        """``; matching and mapping: about 41 s more (...)``, or nothing (no estimates, no
+        stage left, or under 5 s left)."""
+        left = [stage for stage in self.estimates if stage not in self.times]
+        done = [stage for stage in self.estimates if stage in self.times]
+        said = sum(self.estimates[stage] for stage in done)
+        if not left or not done or said <= 0:
+            return ""
+        factor = sum(self.times[stage] for stage in done) / said
+        seconds = factor * sum(self.estimates[stage] for stage in left)
+        if seconds < 5:
+            return ""
+        return (
+            f"; {' and '.join(left)}: about {seconds:.0f} s more (the stages so far took "
+            f"{factor:.1f}x their estimate)"
+        )
 
 
 @contextlib.contextmanager
@@ -187,7 +215,7 @@ def main(spec_path: str) -> int:
     folder, work = Path(spec["folder"]), Path(spec["work"])
     names, settings, verbose = spec["names"], spec["settings"], int(spec["verbose"])
     sizes = [tuple(size) for size in spec["sizes"]]
-    stages = Stages(bool(verbose))
+    stages = Stages(bool(verbose), spec.get("stage_seconds"))
     with quiet_colmap(verbose):
         models = run_colmap(folder, names, sizes, work, settings, spec["matching"], stages, verbose)
     best = largest(models)

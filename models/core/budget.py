@@ -13,7 +13,7 @@ largest Gaussian count (the densification cap) that keeps the fit inside the ava
 their own loops (whole-capture windows, refinement) add estimates with ``+`` (``a + b`` sums the
 seconds, keeps the larger peak) or scale them (``estimate * windows``: the time only). Loops of
 like units whose time no formula predicts (a capture's windows, a pose fit's steps) say the rest
-from the units' measured times instead: :class:`Countdown` (after two units, revised when off by
+from the units' measured times instead: :class:`Countdown` (after three units, revised when off by
 more than 2x), :func:`announce_rest`.
 
 How the constants were measured (this project's CPU, 2 cores shared by 8 sessions, load ~7.5,
@@ -25,9 +25,10 @@ one thread, so an idle machine is faster; see ``docs/budget.md``):
   (3.9e-12 + 1.45e-17 x pixels) (attention makes it grow faster than the pixel count), with
   ``pixels`` = views x H x W; peak ≈ 64 MiB + 8 bytes x params + 900 bytes x pixels (linear fit:
   65 MB at 128², 436 MB at 512² for the pixel-aligned model, the larger of the two);
-- SfM (``datamodules.tools.sfm``, 8 and 20 of the 848x480 drone frames, 2 threads): ~1.3 s of
-  SIFT per megapixel-image, 0.18-0.32 s per matched pair, 4-5 s per registered image of
-  mapping; the pycolmap process peaked at 715 MB resident for both.
+- SfM (``datamodules.tools.sfm``, the 848x480 drone frames, 2 threads): ~1.0 s of SIFT per
+  megapixel-image, 0.1 s per matched pair, 0.05 s x images² of mapping (8 frames at load 2.8:
+  3.4, 2.5 and 2.9 s; 41 frames, sequential, at load 11: 61, 48 and 253 s, about 3x the
+  former's rates); the pycolmap process peaked at 715 MB resident.
 
 Memory available is ``MemAvailable`` of ``/proc/meminfo`` (and the cgroup limit when lower), or
 the free memory of the CUDA device. This module imports nothing of the project but its errors.
@@ -60,16 +61,20 @@ __all__ = [
     "forward_estimate",
     "running",
     "sfm_estimate",
+    "sfm_stage_seconds",
 ]
 
 # Forward pass: seconds per parameter per input pixel (+ per pixel squared), bytes per pixel.
 FORWARD_SECONDS = (3.9e-12, 1.45e-17)
 FORWARD_BASE_BYTES = 64 * 2**20
 FORWARD_BYTES_PER_PIXEL = 900
-# SfM: SIFT seconds per megapixel-image, seconds per matched pair, mapping seconds per image.
-SFM_FEATURE_SECONDS = 1.3
-SFM_PAIR_SECONDS = 0.3
-SFM_MAP_SECONDS = 4.5
+# SfM (2 threads, load average 2.8: docs/budget.md): SIFT seconds per megapixel-image, seconds
+# per matched pair, mapping seconds per image squared (incremental mapping's bundle adjustments
+# grow faster than the images: 8 drone frames 7.2 s, 41 frames 253 s under one load). A loaded
+# machine is slower: the SfM child scales the stages left by the stages done.
+SFM_FEATURE_SECONDS = 1.0
+SFM_PAIR_SECONDS = 0.1
+SFM_MAP_SECONDS = 0.05
 SFM_BASE_BYTES = 720 * 2**20
 SFM_BYTES_PER_IMAGE = 2 * 2**20  # keypoints, descriptors and matches kept in memory
 # Work announced (a line and a progress bar) from this many estimated seconds or this share of
@@ -215,6 +220,35 @@ def forward_estimate(
     return Estimate(what, seconds, int(peak), setting, kind, fitting, (height, width))
 
 
+def sfm_stage_seconds(
+    photos: int,
+    size: tuple[int, int],
+    matching: str,
+    overlap: int = 10,
+    max_image_size: int = 1600,
+    threads: int = 2,
+) -> dict[str, float]:
+    """Estimated seconds of each stage of structure-from-motion (``features``, ``matching``,
+    ``mapping``) on ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching``
+    ``"exhaustive"`` or ``"sequential"`` (with ``overlap``). The SfM child says the rest again
+    after each stage, scaled by how long the stages so far took against these."""
+    width, height = int(size[0]), int(size[1])
+    scale = min(1.0, max_image_size / max(width, height, 1))
+    megapixels = width * height * scale**2 / 1e6
+    speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
+    return {
+        "features": speed * SFM_FEATURE_SECONDS * photos * megapixels,
+        "matching": speed * SFM_PAIR_SECONDS * _sfm_pairs(photos, matching, overlap),
+        "mapping": speed * SFM_MAP_SECONDS * photos**2,
+    }
+
+
+def _sfm_pairs(photos: int, matching: str, overlap: int) -> int:
+    if matching == "exhaustive":
+        return photos * (photos - 1) // 2
+    return photos * min(overlap, max(photos - 1, 0))
+
+
 def sfm_estimate(
     photos: int,
     size: tuple[int, int],
@@ -223,24 +257,17 @@ def sfm_estimate(
     max_image_size: int = 1600,
     threads: int = 2,
 ) -> Estimate:
-    """Time and peak memory of structure-from-motion on ``photos`` images of ``size`` ``(W, H)``
-    (the largest), ``matching`` ``"exhaustive"`` or ``"sequential"`` (with ``overlap``)."""
+    """Time (:func:`sfm_stage_seconds`, summed) and peak memory of structure-from-motion on
+    ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching`` ``"exhaustive"`` or
+    ``"sequential"`` (with ``overlap``)."""
     width, height = int(size[0]), int(size[1])
     scale = min(1.0, max_image_size / max(width, height, 1))
     megapixels = width * height * scale**2 / 1e6
-    if matching == "exhaustive":
-        pairs = photos * (photos - 1) // 2
-    else:
-        pairs = photos * min(overlap, max(photos - 1, 0))
-    speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
-    seconds = speed * (
-        SFM_FEATURE_SECONDS * photos * megapixels
-        + SFM_PAIR_SECONDS * pairs
-        + SFM_MAP_SECONDS * photos * (1 + photos / 200)
-    )
+    stages = sfm_stage_seconds(photos, size, matching, overlap, max_image_size, threads)
+    pairs = _sfm_pairs(photos, matching, overlap)
     peak = SFM_BASE_BYTES + SFM_BYTES_PER_IMAGE * photos + int(40e6 * megapixels)
     what = f"sfm: {photos} photos of {width}x{height}, {matching} matching ({pairs} pairs)"
-    return Estimate(what, seconds, int(peak), "the number of photos")
+    return Estimate(what, sum(stages.values()), int(peak), "the number of photos")
 
 
 @dataclass(frozen=True)
@@ -347,29 +374,52 @@ def announce_rest(
 
 
 class Countdown:
-    """Says how long the rest of a loop of like units (a capture's windows) takes, from their
-    measured times: after the first two (the mean: the first one warms up), and again, marked
-    ``revised``, when the rest at the median of the last five is off by more than 2x from what
-    was said (the first units of a model can be slower than the rest many times over)."""
+    """Says how long the rest of a loop of like units (a capture's windows, a pose fit's steps)
+    takes, from their measured times (:meth:`unit_seconds`): after the first three (after two
+    when the loop has three, or when the two took :data:`BIG_SECONDS` x 2 or more: slow units
+    are not waited for), and again, marked ``revised``, when the rest at the median of the last
+    five is off by more than 2x from what was said (the first units of a model can be slower
+    than the rest many times over, or faster; on a shared machine one unit's time swings several
+    times with the other work)."""
 
-    def __init__(self, what: str, total: int, unit: str) -> None:
+    def __init__(self, what: str, total: int, unit: str, said: float | None = None) -> None:
+        """``said``: the whole loop's time, when it was said up front from a formula (then only
+        its revisions are said, measured as above)."""
         self.what, self.total, self.unit = what, int(total), unit
         self.times: list[float] = []
-        self.expected: float | None = None  # the rest said, less the units done since
+        self.expected: float | None = said  # the rest said, less the units done since
+
+    def unit_seconds(self) -> float:
+        """The time of one unit to come: the median of the last five (one unit off, the first's
+        warm-up or a spike of the machine's other work, moves it little); of two, the faster
+        (the first one's warm-up is the likelier outlier)."""
+        if len(self.times) == 2:
+            return min(self.times)
+        recent = sorted(self.times[-5:])
+        middle = len(recent) // 2
+        return recent[middle] if len(recent) % 2 else (recent[middle - 1] + recent[middle]) / 2
+
+    def _ready(self) -> bool:
+        """Whether the first line is due: three units, or two that are slow or all but one."""
+        count = len(self.times)
+        if count >= 3:
+            return True
+        return count == 2 and (self.total <= 3 or sum(self.times) >= 2 * BIG_SECONDS)
 
     def done(self, seconds: float) -> None:
         """One more unit took ``seconds``."""
         self.times.append(float(seconds))
-        count, remaining = len(self.times), self.total - len(self.times)
-        if count < 2 or remaining <= 0:
-            return
-        recent = sorted(self.times[-5:])
-        unit = sum(self.times) / 2 if count == 2 else recent[len(recent) // 2]
-        rest = unit * remaining
         if self.expected is not None:
             self.expected = max(self.expected - self.times[-1], 0.0)
-            if self.expected / 2 <= rest <= 2 * self.expected + BIG_SECONDS / 2:
-                return
+        remaining = self.total - len(self.times)
+        if remaining <= 0 or (self.expected is None and not self._ready()) or len(self.times) < 2:
+            return
+        unit = self.unit_seconds()
+        rest = unit * remaining
+        if self.expected is not None and (
+            self.expected / 2 <= rest <= 2 * self.expected + BIG_SECONDS / 2
+        ):
+            return
         what = self.what if self.expected is None else f"{self.what} (revised)"
         self.expected = announce_rest(what, unit, remaining, self.unit)
 

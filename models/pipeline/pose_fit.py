@@ -137,7 +137,7 @@ def fit_target_poses(
     background: Tensor | None = None,
     min_lr_fraction: float = 0.1,
     pivot: bool = True,
-    announce: bool = False,
+    announce: bool | str = False,
 ) -> Tensor:
     """Optimise each target camera's pose against its image with the Gaussians frozen.
 
@@ -157,10 +157,11 @@ def fit_target_poses(
             (measured at the initial pose) instead of about its centre. This decouples rotation
             from translation (a rotation about the scene no longer looks like a sideways shift),
             which converges several times faster than rotating about the centre.
-        announce: say on stderr, after two steps, how long the rest will take from the steps'
-            measured times, and again when that turns out off by more than 2x
-            (:class:`models.core.budget.Countdown`; from ``models.core.budget.BIG_SECONDS`` on: one
-            step's time swung 3-10x on the loaded shared machine).
+        announce: say on stderr (a string: the fit's name in the line, else ``pose fit``), after
+            three steps, how long the rest will take from the steps' measured times, and again
+            when that turns out off by more than 2x (:class:`models.core.budget.Countdown`; from
+            ``models.core.budget.BIG_SECONDS`` on: one step's time swung 3-10x on the loaded
+            shared machine).
 
     Returns:
         ``[B, V, 4, 4]`` refined camera-to-world poses (detached): per camera the pose with the
@@ -195,7 +196,8 @@ def fit_target_poses(
             pivot_point = _pivot_point(frozen, start, intrinsics, (h, w), background, backend)
         best_loss = torch.full((b, v), float("inf"), device=start.device, dtype=start.dtype)
         best_pose = start.clone()
-        what = f"pose fit: {steps} steps of {v} cameras at {w}x{h} px"
+        label = announce if isinstance(announce, str) else "pose fit"
+        what = f"{label}: {steps} steps of {v} cameras at {w}x{h} px"
         countdown = budget.Countdown(what, steps, "step") if announce else None
         started = time.perf_counter()
         for step in range(steps + 1):

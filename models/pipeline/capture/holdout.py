@@ -203,7 +203,7 @@ def fit_holdout_cameras(
         intrinsics[None].to(device).float(),
         steps=int(steps),
         backend=backend,
-        announce=True,  # how long the fit takes, from its measured steps
+        announce="held-out cameras' pose fit",  # how long, from its measured steps
     )[0].cpu()
     angle, distance = pose_error(fitted.double(), start.double().cpu())
     record = {
