@@ -232,15 +232,20 @@ def sfm_stage_seconds(
     ``mapping``) on ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching``
     ``"exhaustive"`` or ``"sequential"`` (with ``overlap``). The SfM child says the rest again
     after each stage, scaled by how long the stages so far took against these."""
-    width, height = int(size[0]), int(size[1])
-    scale = min(1.0, max_image_size / max(width, height, 1))
-    megapixels = width * height * scale**2 / 1e6
+    megapixels = _sfm_megapixels(size, max_image_size)
     speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
     return {
         "features": speed * SFM_FEATURE_SECONDS * photos * megapixels,
         "matching": speed * SFM_PAIR_SECONDS * _sfm_pairs(photos, matching, overlap),
         "mapping": speed * SFM_MAP_SECONDS * photos**2,
     }
+
+
+def _sfm_megapixels(size: tuple[int, int], max_image_size: int) -> float:
+    """Megapixels of an image of ``size`` ``(W, H)`` once SfM scales it to ``max_image_size``."""
+    width, height = int(size[0]), int(size[1])
+    scale = min(1.0, max_image_size / max(width, height, 1))
+    return width * height * scale**2 / 1e6
 
 
 def _sfm_pairs(photos: int, matching: str, overlap: int) -> int:
@@ -261,8 +266,7 @@ def sfm_estimate(
     ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching`` ``"exhaustive"`` or
     ``"sequential"`` (with ``overlap``)."""
     width, height = int(size[0]), int(size[1])
-    scale = min(1.0, max_image_size / max(width, height, 1))
-    megapixels = width * height * scale**2 / 1e6
+    megapixels = _sfm_megapixels(size, max_image_size)
     stages = sfm_stage_seconds(photos, size, matching, overlap, max_image_size, threads)
     pairs = _sfm_pairs(photos, matching, overlap)
     peak = SFM_BASE_BYTES + SFM_BYTES_PER_IMAGE * photos + int(40e6 * megapixels)
