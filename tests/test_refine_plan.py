@@ -275,6 +275,20 @@ def test_replan_prunes_to_buy_the_owed_steps_but_never_below_keep():
     assert same is None  # on schedule: nothing moves
 
 
+def test_replan_never_prunes_once_the_owed_steps_are_done():
+    """Late in a fit, with the minimum steps done and the budget spent, a slower line cuts the
+    steps; it never prunes the fitted set to buy more."""
+    settings = RefineSettings(time=100.0, min_steps=1000)
+    strategy = Strategy(1, None, None)
+    planned = budget_fit(StepTime(0.01, 1e-5), 10_000, 10**6, settings, strategy.expected_counts)
+    slower = StepTime(0.01, 4e-5)
+    late = replan(slower, 3400, 99.9, 80_000, planned, 10**6, settings, strategy.expected_counts)
+    assert late is not None and late.working == 80_000  # not pruned
+    assert late.steps <= 3401  # what 0.1 s buys at 80,000 Gaussians: at most one more step
+    owed = replan(slower, 100, 40.0, 9_000, planned, 10**6, settings, strategy.expected_counts)
+    assert owed.working < 9_000  # while steps are still owed, pruning buys them
+
+
 def test_budget_never_prunes_below_keep_nor_min_working():
     step_time = StepTime(fixed=0.02, per_gaussian=1e-5)
     settings = RefineSettings(time=120.0, min_steps=1000)
