@@ -209,7 +209,7 @@ class _Fit:
         # seconds since the last re-plan
         self.step_time: StepTime | None = None
         self.keep, self.ceiling = 0, budget.cap
-        self.window = {"steps": 0, "real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0}
+        self.window = {"real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0}
 
     def gaussians(self) -> Gaussians:
         """The activated set with the SH bands switched on so far (differentiable)."""
@@ -351,7 +351,6 @@ def _step(fit: _Fit, background: Tensor) -> float | None:
     t4 = timer()
     fit.seconds += t4 - t0
     if fit.step > 1 and fit.step_time is not None:  # the first step warms up: not counted
-        fit.window["steps"] += 1
         fit.window["since"] += 1
         fit.window["real"] += t4 - t0
         fit.window["since_real"] += t4 - t0
