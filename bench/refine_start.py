@@ -17,10 +17,12 @@ Captures:
 
 - ``drone``: the shared real drone capture (41 COLMAP-posed frames, ``real/drone_colmap``);
 - ``garden``: an object-centred orbit made here: ``garden_views`` photos rendered with the
-  project's renderer on a circle around the shared real garden scene
-  (``gsplat_test_garden.npz``: 138,766 coloured points, each a Gaussian as 3DGS initialises
-  them), looking at the point its three real cameras look at, written without cameras to a temporary folder, so that posed
-  models get the project's own structure-from-motion poses. Nothing of it enters the repository.
+  project's renderer on a circle around the shared real garden scene's centre object
+  (``gsplat_test_garden.npz``: 138,766 coloured points; the ~25k within 0.6x the cameras'
+  distance of the point its three real cameras look at, each a Gaussian as 3DGS initialises
+  them, scales capped at their 95th percentile), 1.3x farther out than those cameras, on black,
+  written without cameras to a temporary folder, so that posed models get the project's own
+  structure-from-motion poses. Nothing of it enters the repository.
 
 A run that ``infer.py`` refuses (e.g. a ``refine_init`` this build lacks) is a row saying why.
 Figures from a loaded machine are not comparable between rows run at different loads: run it
@@ -29,6 +31,7 @@ alone (``flock /tmp/splatzoo-heavy.lock``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -58,6 +61,9 @@ DEFAULTS = {
     "garden_size": "240",
     "device": "cpu",
 }
+GARDEN_KEEP = 0.6  # the orbit's object: points this close to the centre (x the cameras' distance)
+GARDEN_SCALE_QUANTILE = 0.95  # no point's Gaussian larger than this quantile of the scales
+GARDEN_ZOOM_OUT = 1.3  # the orbit's radius and height x the real cameras'
 
 
 def parse(argv: list[str]) -> dict[str, Any]:
@@ -116,15 +122,20 @@ def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
     from models.render.core import render
 
     data = np.load(npz)
-    means = torch.from_numpy(data["means3d"]).float()
-    scene = gaussians_from_points(means, torch.from_numpy(data["colors"]), opacity=0.9)
+    means = torch.from_numpy(data["means3d"]).float()  # [N, 3]
     cameras = torch.linalg.inv(torch.from_numpy(data["viewmats"]).float())  # c2w [3, 4, 4]
     centre = _looked_at(cameras)
     up = -cameras[:, :3, 1].mean(0)  # OpenCV +y is down in every real camera
     offset = cameras[:, :3, 3].mean(0) - centre
     height = float(offset @ (up / up.norm()))
     radius = float((offset - height * up / up.norm()).norm())
-    poses = _orbit(centre, up, radius, height, views)
+    # the object: the points within GARDEN_KEEP of the cameras' distance from the centre; the
+    # sparse background points, as 3DGS initialises them, are screen-filling fog
+    near = (means - centre).norm(dim=1) < GARDEN_KEEP * float(offset.norm())
+    scene = gaussians_from_points(means[near], torch.from_numpy(data["colors"])[near], opacity=0.9)
+    cap = float(scene.scales.quantile(GARDEN_SCALE_QUANTILE))  # isolated points' blobs
+    scene = dataclasses.replace(scene, scales=scene.scales.clamp(max=cap))
+    poses = _orbit(centre, up, GARDEN_ZOOM_OUT * radius, GARDEN_ZOOM_OUT * height, views)
     width, height_px = int(data["width"]), int(data["height"])
     h = round(size * height_px / width)
     k = torch.from_numpy(data["Ks"][0]).float().clone()
