@@ -3,6 +3,7 @@
     python -m bench.refine_start [captures=drone,garden] [models=pixel_aligned_tiny,...]
         [starts=auto,feed_forward,sfm] [budgets=120,300,600] [refine_size=240] [holdout=8]
         [output=DIR] [drone=PATH] [garden=PATH] [garden_views=48] [garden_size=240]
+    python -m bench.refine_start report=DIR,DIR,... output=DIR   # earlier runs in one table/plot
 
 For every capture x model x start x time budget it runs the command a user runs,
 ``infer.py input=... model=M views=all holdout=8 refine_time=S refine_init=START``, in a
@@ -25,8 +26,9 @@ Captures:
   structure-from-motion poses. Nothing of it enters the repository.
 
 A run that ``infer.py`` refuses (e.g. a ``refine_init`` this build lacks) is a row saying why.
-Figures from a loaded machine are not comparable between rows run at different loads: run it
-alone (``flock /tmp/splatzoo-heavy.lock``).
+Each run's own output goes to ``<its folder>.log`` beside it (the folder printed). The runs use
+torch's thread count (``OMP_NUM_THREADS`` when set). Figures from a loaded machine are not
+comparable between rows run at different loads: run it alone (``flock /tmp/splatzoo-heavy.lock``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ DEFAULTS = {
     "garden_views": "48",
     "garden_size": "240",
     "device": "cpu",
+    "report": None,
 }
 GARDEN_KEEP = 0.6  # the orbit's object: points this close to the centre (x the cameras' distance)
 GARDEN_SCALE_QUANTILE = 0.95  # no point's Gaussian larger than this quantile of the scales
@@ -160,12 +163,15 @@ def run_one(
         f"refine_time={budget}", f"refine_size={settings['refine_size']}",
         f"refine_init={start}", f"device={settings['device']}", "overwrite=true",
     ]  # fmt: skip
+    log = out.parent / f"{out.name}.log"  # the run's own output, to follow it while it runs
+    log.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+    with open(log, "w") as handle:
+        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     wall = time.perf_counter() - began
     row: dict[str, Any] = {"model": model, "start": start, "budget_s": budget, "wall_s": wall}
     if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
+        lines = log.read_text(errors="replace").strip().splitlines()
         row["error"] = lines[-1] if lines else f"exit status {done.returncode}"
         return row
     summary = json.loads((out / "summary.json").read_text())
@@ -229,10 +235,8 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(argv: list[str]) -> int:
-    settings = parse(argv)
-    output = Path(settings["output"] or tempfile.mkdtemp(prefix="refine_start_"))
-    output.mkdir(parents=True, exist_ok=True)
+def run_all(settings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every capture x model x start x budget of ``settings``: the rows, by capture."""
     scratch = Path(tempfile.mkdtemp(prefix="refine_start_inputs_"))
     captures: dict[str, Path] = {}
     for name in settings["captures"].split(","):
@@ -257,19 +261,42 @@ def main(argv: list[str]) -> int:
         for b in settings["budgets"].split(",")
     ]
     for number, (capture, model, start, budget) in enumerate(runs, 1):
-        print(f"[{number}/{len(runs)}] {capture} {model} {start} {budget}s", file=sys.stderr)
         out = scratch / "runs" / f"{capture}_{model}_{start}_{budget}"
+        print(
+            f"[{number}/{len(runs)}] {capture} {model} {start} {budget}s: {out}.log",
+            file=sys.stderr,
+        )
         row = run_one(captures[capture], model, start, budget, settings, out)
         results.setdefault(capture, []).append(row)
+    return results
+
+
+def read_reports(folders: str) -> dict[str, list[dict[str, Any]]]:
+    """The rows of earlier runs' ``refine_start.json`` (comma-separated folders), by capture."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for folder in folders.split(","):
+        path = Path(folder) / "refine_start.json"
+        if not path.is_file():
+            raise SystemExit(f"error: report={folder}: no refine_start.json there")
+        for capture, rows in json.loads(path.read_text()).items():
+            results.setdefault(capture, []).extend(rows)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    settings = parse(argv)
+    output = Path(settings["output"] or tempfile.mkdtemp(prefix="refine_start_"))
+    output.mkdir(parents=True, exist_ok=True)
+    report = settings["report"]
+    results = read_reports(report) if report else run_all(settings)
     text = "\n\n".join(f"### {c}\n\n{table(rows)}" for c, rows in results.items())
     print(text)
     (output / "refine_start.md").write_text(text + "\n")
     (output / "refine_start.json").write_text(json.dumps(results, indent=1))
     plot(results, output / "refine_start.png")
-    print(f"wrote {output}/refine_start.md, .json and .png (inputs and runs in {scratch})")
+    print(f"wrote {output}/refine_start.md, .json and .png")
     return 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     raise SystemExit(main(sys.argv[1:]))
