@@ -22,13 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datamodules.readers.colmap import read_colmap_points  # noqa: E402
 from datamodules.readers.image_folder import load_images  # noqa: E402
 from models.pipeline.refine import (  # noqa: E402
     RefineSettings,
     fit_shape,
     gaussians_from_points,
     holdout_evaluator,
-    read_colmap_points,
     refine_gaussians,
 )
 
