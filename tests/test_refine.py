@@ -8,7 +8,9 @@ state; the memory estimate refuses in one line; the command line round-trips a `
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -218,6 +220,22 @@ def test_memory_refusal_names_the_arguments(capture):
     line = str(error.value)
     assert "\n" not in line and line.startswith("size:") and "max_gaussians" in line
     assert error.value.argument == "size" and error.value.largest == 0
+
+
+def test_start_opacity_caps_the_start_and_none_keeps_it(capture):
+    """A start's opacities are capped before the first step (a feed-forward set's wrong-depth
+    Gaussians then fade instead of occluding); ``None`` keeps a finished scene as it is."""
+    truth = capture["truth"]  # opacities in [0.5, 1]
+    settings = RefineSettings(steps=1, densify="none", start_opacity=0.1)
+    capped = _fit(capture, settings, start=truth)
+    assert capped.plan["opacity_capped"] == truth.means.shape[1]
+    assert float(capped.gaussians.opacities.max()) < 0.11  # one Adam step from 0.1 at most
+    kept = _fit(capture, dataclasses.replace(settings, start_opacity=None), start=truth)
+    assert kept.plan["opacity_capped"] == 0 and float(kept.gaussians.opacities.max()) > 0.9
+    for bad in (0, 1.5, math.nan, "0.1"):
+        with pytest.raises(RefineSettingsError) as error:
+            RefineSettings(steps=1, start_opacity=bad).check()
+        assert error.value.argument == "start_opacity"
 
 
 def test_settings_from_config_maps_the_infer_keys():

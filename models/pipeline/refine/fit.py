@@ -504,18 +504,29 @@ def _working_start(start: Gaussians, photos, settings: RefineSettings, plan, str
         radii = radii.clamp(max=limit)
     count = int(start.count()[0])
     order = torch.argsort(importance(radii, start.opacities[0], shape), descending=True)
+    start, capped = cap_start_opacity(start, settings.start_opacity)
     step_time, budget = _measured_budget(
         start, order, photos, settings, plan, strategy_counts, keep
     )
     if budget.working < count:
         start = start.map(lambda t: t[:, order[: budget.working]])
     record = {**asdict(budget), "pruned": count - budget.working, "shrunk": shrunk}
+    record["opacity_capped"] = capped
     record["step_seconds"] = None if step_time is None else round(step_time(budget.working), 4)
     record["mean_step_seconds"] = (
         None if step_time is None else round(budget.seconds / max(budget.steps, 1), 4)
     )
     record["initial_steps"], record["keep"] = budget.steps, int(keep)
     return start, budget, record, step_time
+
+
+def cap_start_opacity(start: Gaussians, opacity: float | None) -> tuple[Gaussians, int]:
+    """``start`` with every opacity capped at ``opacity`` (``None``: as it is) and how many were
+    above it (:attr:`RefineSettings.start_opacity`)."""
+    if opacity is None:
+        return start, 0
+    above = int((start.opacities > opacity).sum())
+    return start.replace(opacities=start.opacities.clamp(max=float(opacity))), above
 
 
 def _announce(record: dict, count: int, settings: RefineSettings) -> None:
@@ -525,6 +536,8 @@ def _announce(record: dict, count: int, settings: RefineSettings) -> None:
     budget = f" in about {record['seconds']:.0f} s" if settings.time else ""
     if settings.time and not settings.steps and record["steps"] < settings.min_steps:
         budget += f" (the budget buys fewer than min_steps={settings.min_steps} here)"
+    if record.get("opacity_capped"):
+        pruned += f" ({record['opacity_capped']} opacities capped at {settings.start_opacity})"
     print(
         f"refine: {record['steps']} steps{budget} from {record['working']} Gaussians{pruned}"
         f"{seconds}, densification cap {record['cap']}",
