@@ -187,6 +187,7 @@ def run_one(
         gaussians_end=fit.get("count_after"),
         curve=[(e["seconds"], e["psnr"]) for e in fit.get("evaluations", []) if "psnr" in e],
         image_size=summary["holdout"]["image_size"],
+        start_opacity=fit.get("settings", {}).get("start_opacity"),
     )
     return row
 
@@ -194,17 +195,19 @@ def run_one(
 def table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of one capture's rows."""
     head = (
-        "| model | start | budget s | held-out PSNR | SSIM | at start | nearest view | steps "
-        "| Gaussians start -> end |\n|---|---|---:|---:|---:|---:|---:|---:|---|"
+        "| model | start | opacity cap | budget s | held-out PSNR | SSIM | at start | nearest view "
+        "| steps | Gaussians start -> end |\n|---|---|---|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['start']} | {r['budget_s']} | {r['error']} |||||")
+            lines.append(f"| {r['model']} | {r['start']} || {r['budget_s']} | {r['error']} |||||")
             continue
         start = "" if r["psnr_start"] is None else f"{r['psnr_start']:.2f}"
+        cap = r.get("start_opacity")  # absent: a run from before refinement.start_opacity
         lines.append(
-            f"| {r['model']} | {r['start']} | {r['budget_s']} | {r['psnr']:.2f} | "
+            f"| {r['model']} | {r['start']} | {'none' if cap is None else cap} | "
+            f"{r['budget_s']} | {r['psnr']:.2f} | "
             f"{r['ssim']:.3f} | {start} | {r['nearest_view_psnr']:.2f} | {r['steps']} | "
             f"{r['gaussians_start']:,} -> {r['gaussians_end']:,} |"
         )
@@ -225,7 +228,9 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
             if "error" in r or not r["curve"]:
                 continue
             seconds, psnr = zip(*r["curve"])
-            ax.plot(seconds, psnr, marker=".", label=f"{r['model']} {r['start']} {r['budget_s']}s")
+            cap = "" if r.get("start_opacity") is None else f" cap {r['start_opacity']}"
+            label = f"{r['model']} {r['start']}{cap} {r['budget_s']}s"
+            ax.plot(seconds, psnr, marker=".", label=label)
             baseline = r["nearest_view_psnr"]
         if baseline is not None:
             ax.axhline(baseline, linestyle="--", color="grey", label="nearest view")
