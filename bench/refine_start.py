@@ -214,6 +214,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+START_COLOURS = {"auto": "tab:blue", "feed_forward": "tab:orange", "sfm": "tab:green"}
+MODEL_MARKERS = ("o", "s", "^", "D")
+
+
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """Held-out PSNR against seconds of fit, a panel per capture."""
     import matplotlib
@@ -228,9 +232,18 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
             if "error" in r or not r["curve"]:
                 continue
             seconds, psnr = zip(*r["curve"])
-            cap = "" if r.get("start_opacity") is None else f" cap {r['start_opacity']}"
-            label = f"{r['model']} {r['start']}{cap} {r['budget_s']}s"
-            ax.plot(seconds, psnr, marker=".", label=label)
+            cap = r.get("start_opacity")
+            label = (
+                f"{r['model']} {r['start']}{'' if cap is None else f' cap {cap}'} {r['budget_s']}s"
+            )
+            style = {  # a colour per start, a marker per model, dotted without the opacity cap
+                "color": START_COLOURS.get(r["start"], "black"),
+                "marker": MODEL_MARKERS[sorted(DEFAULTS["models"].split(",")).index(r["model"]) % 4]
+                if r["model"] in DEFAULTS["models"].split(",")
+                else ".",
+                "linestyle": ":" if cap is None else "-",
+            }
+            ax.plot(seconds, psnr, label=label, **style)
             baseline = r["nearest_view_psnr"]
         if baseline is not None:
             ax.axhline(baseline, linestyle="--", color="grey", label="nearest view")
