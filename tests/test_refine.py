@@ -37,6 +37,7 @@ from models.pipeline.refine import (
 from models.pipeline.refine import fit as fit_module
 from models.pipeline.refine.loss import ssim
 from models.pipeline.refine.ops import relocation
+from models.pipeline.settings import refinement_fields
 from models.render import render
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -357,6 +358,16 @@ def test_infer_yaml_refinement_node_holds_the_defaults():
     assert {"refine", "refine_time", "refine_size", "refine_init"} <= set(config)
     settings = settings_from_config(refine=1, refinement=config["refinement"])
     assert settings == RefineSettings(steps=1)
+
+    def flat(node, prefix="refinement"):
+        for key, value in node.items():
+            yield from (
+                flat(value, f"{prefix}.{key}") if isinstance(value, dict) else [f"{prefix}.{key}"]
+            )
+
+    # every refinement.KEY the commands accept is in the YAML, so Hydra takes it too (it refused
+    # refinement.coarse_fraction=0.3 with its multi-line error when the YAML lacked it)
+    assert set(flat(config["refinement"])) == set(refinement_fields())
 
 
 def test_optimize_cameras_reduces_the_pose_error(capture):
