@@ -302,9 +302,10 @@ def machine_slowdown(threads: int = 2, clock=time.perf_counter) -> float:
 
 
 def _blur_pyramid(image: np.ndarray, scratch: np.ndarray) -> None:
-    """``PROBE_BLURS`` x 2 separable [1 4 6 4 1] / 16 blurs of a flattened ``[PROBE_SIDE²]`` image
-    in place: a shift of 1 is a row neighbour, of ``PROBE_SIDE`` a column neighbour (contiguous
-    1-D operations: numpy releases the GIL, so the threads run at once, as SIFT's do)."""
+    """``PROBE_BLURS`` separable [1 4 6 4 1] / 16 blurs (a row pass and a column pass each) of a
+    flattened ``[PROBE_SIDE²]`` image in place: a shift of 1 is a row neighbour, of
+    ``PROBE_SIDE`` a column neighbour (contiguous 1-D operations: numpy releases the GIL, so the
+    threads run at once, as SIFT's do)."""
     for step in [1, PROBE_SIDE] * PROBE_BLURS:
         count = image.size - 4 * step
         out = scratch[:count]
