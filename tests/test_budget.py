@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +106,83 @@ def test_sfm_is_announced_and_refused_before_pycolmap(tmp_path, monkeypatch, cap
     ):
         estimate_poses(photos, cache=False, verbose=1)
     assert "sfm: features" not in capsys.readouterr().err  # refused before the first stage
+
+
+class ThreadClock:
+    """Each thread's own seconds, ``step`` more at each call (any interleaving of threads reads
+    the same passes)."""
+
+    def __init__(self, step: float) -> None:
+        self.step, self.local = step, threading.local()
+
+    def __call__(self) -> float:
+        self.local.now = getattr(self.local, "now", 0.0) + self.step
+        return self.local.now
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_machine_slowdown_is_the_probe_against_its_idle_time(threads) -> None:
+    """A probe pass 3x its idle time reads 3x slower (each thread's passes, any thread count);
+    the reading stays within SLOWDOWN_RANGE, and a real probe is cheap."""
+    idle = budget.PROBE_IDLE_SECONDS
+    assert budget.machine_slowdown(threads, clock=ThreadClock(3 * idle)) == pytest.approx(3.0)
+    assert budget.machine_slowdown(threads, clock=ThreadClock(idle / 2)) == pytest.approx(0.5)
+    low, high = budget.SLOWDOWN_RANGE
+    assert budget.machine_slowdown(threads, clock=ThreadClock(1e-9)) == low
+    assert budget.machine_slowdown(threads, clock=ThreadClock(1e3)) == high
+    start = time.perf_counter()
+    measured = budget.machine_slowdown(threads)
+    elapsed = time.perf_counter() - start
+    assert low <= measured <= high
+    # the passes (about PROBE_PASSES x the median) and the set-up, on any load the range allows
+    assert elapsed < 3 * budget.PROBE_PASSES * idle * max(measured, 1.0) + 0.5
+
+
+def test_sfm_estimate_follows_the_measured_slowdown() -> None:
+    """The stages' times scale with the slowdown (memory does not), and the line says it."""
+    base = budget.sfm_estimate(8, (848, 480), "exhaustive")
+    slow = budget.sfm_estimate(8, (848, 480), "exhaustive", slowdown=2.5)
+    assert slow.seconds == pytest.approx(2.5 * base.seconds)
+    assert slow.peak_bytes == base.peak_bytes
+    assert "2.5x the idle time (the machine's speed now, measured)" in slow.line()
+    assert "idle time" not in base.line()
+    stages = budget.sfm_stage_seconds(8, (848, 480), "exhaustive", slowdown=2.5)
+    assert sum(stages.values()) == pytest.approx(slow.seconds)
+    # the 8 drone frames on an idle machine took 2.0, 1.1 and 2.4 s (docs/budget.md)
+    idle = budget.sfm_stage_seconds(8, (848, 480), "exhaustive")
+    for stage, seconds in {"features": 2.0, "matching": 1.1, "mapping": 2.4}.items():
+        assert seconds / 1.25 <= idle[stage] <= seconds * 1.25
+
+
+@pytest.mark.skipif(not DRONE.is_dir(), reason=f"no drone frames at {DRONE}")
+def test_sfm_measures_the_machine_before_its_estimate(tmp_path, monkeypatch, capsys) -> None:
+    """``estimate_poses`` probes the machine once before it says the estimate, and hands the
+    same scaled stage estimates to the SfM child; silent runs do not probe."""
+    from datamodules.tools import sfm
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("frame_00.jpg", "frame_01.jpg", "frame_02.jpg"):
+        shutil.copy(DRONE / name, photos / name)
+    probes: list[int] = []
+    monkeypatch.setattr(budget, "machine_slowdown", lambda threads: probes.append(threads) or 3.0)
+    handed: list[dict[str, float]] = []
+
+    def stop_before_colmap(*args) -> None:
+        handed.append(args[-1])
+        raise sfm.SfmError("stopped before COLMAP")
+
+    monkeypatch.setattr(sfm, "_run_colmap", stop_before_colmap)
+    with pytest.raises(sfm.SfmError, match="stopped before COLMAP"):
+        sfm.estimate_poses(photos, cache=False, verbose=1, num_threads=2)
+    expected = budget.sfm_estimate(3, (848, 480), "exhaustive", slowdown=3.0)
+    assert probes == [2]
+    assert handed == [budget.sfm_stage_seconds(3, (848, 480), "exhaustive", slowdown=3.0)]
+    said = capsys.readouterr().err.splitlines()[0]  # the memory available moves: up to it
+    assert said.split(", peak")[0] == expected.line().split(", peak")[0]
+    with pytest.raises(sfm.SfmError, match="stopped before COLMAP"):
+        sfm.estimate_poses(photos, cache=False, verbose=0, num_threads=2)
+    assert probes == [2] and handed[-1] == budget.sfm_stage_seconds(3, (848, 480), "exhaustive")
 
 
 def test_the_rest_of_a_loop_is_announced_from_a_measured_unit(capsys) -> None:

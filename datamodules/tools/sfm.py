@@ -336,8 +336,8 @@ def estimate_poses(
                     file=sys.stderr,
                 )
             return _finish(cached, out_dir, len(names), verbose)
-    _check_budget(folder, sizes, chosen, settings, verbose)
-    result = _run_colmap(folder, names, sizes, settings, chosen, key, root, verbose)
+    stage_seconds = _check_budget(folder, sizes, chosen, settings, verbose)
+    result = _run_colmap(folder, names, sizes, settings, chosen, key, root, verbose, stage_seconds)
     return _finish(result, out_dir, len(names), verbose)
 
 
@@ -365,15 +365,20 @@ def _check_images(
 
 def _check_budget(
     folder: Path, sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings, verbose: int
-) -> None:
-    """Refuse a run over the time/memory budget (``models.core.budget``); announce the estimate."""
-    estimate = budget.sfm_estimate(*_budget_arguments(sizes, chosen, settings))
+) -> dict[str, float]:
+    """Refuse a run over the memory budget (``models.core.budget``); announce the estimate, at
+    the machine's speed measured now (``budget.machine_slowdown``, when it is said). Returns
+    each stage's estimated seconds (the SfM child says the rest after each stage from them)."""
+    arguments = _budget_arguments(sizes, chosen, settings)
     try:
-        budget.check(estimate)
+        budget.check(budget.sfm_estimate(*arguments))
     except budget.BudgetError as error:
         raise SfmError(f"{folder}: {error.message}", total=len(sizes)) from None
-    if verbose:
-        budget.announce(estimate, force=True)
+    if not verbose:
+        return budget.sfm_stage_seconds(*arguments)
+    slowdown = budget.machine_slowdown(settings.num_threads)
+    budget.announce(budget.sfm_estimate(*arguments, slowdown=slowdown), force=True)
+    return budget.sfm_stage_seconds(*arguments, slowdown=slowdown)
 
 
 def _budget_arguments(sizes: list[tuple[int, int]], chosen: str, settings: SfmSettings) -> tuple:
@@ -393,9 +398,11 @@ def _run_colmap(
     key: str,
     root: Path | None,
     verbose: int,
+    stage_seconds: dict[str, float],
 ) -> SfmResult:
     """COLMAP in a child process, in a work folder below ``root`` (or the temporary folder);
-    the finished entry is moved into the cache (or a temporary folder removed at exit)."""
+    the finished entry is moved into the cache (or a temporary folder removed at exit).
+    ``stage_seconds``: each stage's estimate, for the child's lines."""
     start = time.perf_counter()
     parent = root if root is not None else Path(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix=f".sfm-{key}-", dir=parent))
@@ -410,7 +417,7 @@ def _run_colmap(
             "matching": chosen,
             "verbose": int(verbose),
             # each stage's estimate: the child says the rest after each stage, measured against it
-            "stage_seconds": budget.sfm_stage_seconds(*_budget_arguments(sizes, chosen, settings)),
+            "stage_seconds": stage_seconds,
         }
         info = _colmap_in_child(spec, work)
         if info is None:

@@ -25,10 +25,11 @@ one thread, so an idle machine is faster; see ``docs/budget.md``):
   (3.9e-12 + 1.45e-17 x pixels) (attention makes it grow faster than the pixel count), with
   ``pixels`` = views x H x W; peak ≈ 64 MiB + 8 bytes x params + 900 bytes x pixels (linear fit:
   65 MB at 128², 436 MB at 512² for the pixel-aligned model, the larger of the two);
-- SfM (``datamodules.tools.sfm``, the 848x480 drone frames, 2 threads): ~1.0 s of SIFT per
-  megapixel-image, 0.1 s per matched pair, 0.05 s x images² of mapping (8 frames at load 2.8:
-  3.4, 2.5 and 2.9 s; 41 frames, sequential, at load 11: 61, 48 and 253 s, about 3x the
-  former's rates); the pycolmap process peaked at 715 MB resident.
+- SfM (``datamodules.tools.sfm``, the 848x480 drone frames, 2 threads, an idle machine):
+  ~0.6 s of SIFT per megapixel-image, 0.04 s per matched pair, 0.037 s x images² of mapping
+  (8 frames: 2.0, 1.1 and 2.4 s), times the machine's slowdown measured just before
+  (:func:`machine_slowdown`: a short blur pyramid in as many threads, against its idle time);
+  the pycolmap process peaked at 715 MB resident.
 
 Memory available is ``MemAvailable`` of ``/proc/meminfo`` (and the cgroup limit when lower), or
 the free memory of the CUDA device. This module imports nothing of the project but its errors.
@@ -45,6 +46,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from datamodules.errors import InputError
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "check",
     "fit_estimate",
     "forward_estimate",
+    "machine_slowdown",
     "running",
     "sfm_estimate",
     "sfm_stage_seconds",
@@ -68,15 +72,25 @@ __all__ = [
 FORWARD_SECONDS = (3.9e-12, 1.45e-17)
 FORWARD_BASE_BYTES = 64 * 2**20
 FORWARD_BYTES_PER_PIXEL = 900
-# SfM (2 threads, load average 2.8: docs/budget.md): SIFT seconds per megapixel-image, seconds
+# SfM on an idle machine (2 threads; docs/budget.md): SIFT seconds per megapixel-image, seconds
 # per matched pair, mapping seconds per image squared (incremental mapping's bundle adjustments
-# grow faster than the images: 8 drone frames 7.2 s, 41 frames 253 s under one load). A loaded
-# machine is slower: the SfM child scales the stages left by the stages done.
-SFM_FEATURE_SECONDS = 1.0
-SFM_PAIR_SECONDS = 0.1
-SFM_MAP_SECONDS = 0.05
+# grow faster than the images). The 8 drone frames at 848x480 took 2.0, 1.1 and 2.4 s with
+# nothing else running (probe at 1.0x idle). Scaled by the machine's speed measured just before
+# (machine_slowdown); the SfM child scales the stages left by the stages done.
+SFM_FEATURE_SECONDS = 0.6
+SFM_PAIR_SECONDS = 0.04
+SFM_MAP_SECONDS = 0.037
 SFM_BASE_BYTES = 720 * 2**20
 SFM_BYTES_PER_IMAGE = 2 * 2**20  # keypoints, descriptors and matches kept in memory
+# The machine's speed now (machine_slowdown): a blur pyramid (SIFT's kind of work) on a
+# PROBE_SIDE² float32 image in each SfM thread, PROBE_PASSES passes; the median pass against
+# PROBE_IDLE_SECONDS: the median of 19 probes' medians (13.3-15.3 ms) on this project's 2-core
+# AVX2 CPU with nothing else running (under the heavy-job lock, 5 Dec 2026 02:09 UTC, numpy 2.4).
+PROBE_SIDE = 512
+PROBE_BLURS = 32
+PROBE_PASSES = 6
+PROBE_IDLE_SECONDS = 0.014
+SLOWDOWN_RANGE = (0.25, 20.0)  # a probe's bounds (one pass's hiccup, a far faster machine)
 # Work announced (a line and a progress bar) from this many estimated seconds or this share of
 # the available memory on.
 BIG_SECONDS = 5.0
@@ -227,13 +241,15 @@ def sfm_stage_seconds(
     overlap: int = 10,
     max_image_size: int = 1600,
     threads: int = 2,
+    slowdown: float = 1.0,
 ) -> dict[str, float]:
     """Estimated seconds of each stage of structure-from-motion (``features``, ``matching``,
     ``mapping``) on ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching``
-    ``"exhaustive"`` or ``"sequential"`` (with ``overlap``). The SfM child says the rest again
-    after each stage, scaled by how long the stages so far took against these."""
+    ``"exhaustive"`` or ``"sequential"`` (with ``overlap``), on a machine ``slowdown`` times
+    slower than idle (:func:`machine_slowdown`, measured just before). The SfM child says the
+    rest again after each stage, scaled by how long the stages so far took against these."""
     megapixels = _sfm_megapixels(size, max_image_size)
-    speed = 2.0 / max(min(threads, os.cpu_count() or 1), 1)
+    speed = float(slowdown) * 2.0 / max(min(threads, os.cpu_count() or 1), 1)
     return {
         "features": speed * SFM_FEATURE_SECONDS * photos * megapixels,
         "matching": speed * SFM_PAIR_SECONDS * _sfm_pairs(photos, matching, overlap),
@@ -254,6 +270,52 @@ def _sfm_pairs(photos: int, matching: str, overlap: int) -> int:
     return photos * min(overlap, max(photos - 1, 0))
 
 
+def machine_slowdown(threads: int = 2, clock=time.perf_counter) -> float:
+    """How many times slower than idle this machine runs structure-from-motion's kind of work
+    now (its other work shares the cores): a blur pyramid of a ``PROBE_SIDE``² float32 image,
+    ``PROBE_PASSES`` times over, in each of ``threads`` threads at once (as many as SfM runs, at
+    most the cores); the median pass, each thread's first left out (a thread that just woke is
+    scheduled ahead of the machine's running work), against :data:`PROBE_IDLE_SECONDS`, within
+    :data:`SLOWDOWN_RANGE`. About 0.1 s on an idle machine, ``slowdown`` x that on a busy one.
+    ``clock``: seconds (a test's fake clock)."""
+    count = max(min(int(threads), os.cpu_count() or 1), 1)
+    images = np.random.default_rng(0).random((count, PROBE_SIDE**2), dtype=np.float32)
+    scratch = np.empty_like(images)
+    passes: list[list[float]] = [[] for _ in range(count)]
+
+    def run(index: int) -> None:
+        start = clock()
+        for _ in range(PROBE_PASSES):
+            _blur_pyramid(images[index], scratch[index])
+            end = clock()
+            passes[index].append(end - start)
+            start = end
+
+    workers = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    timed = sorted(seconds for thread in passes for seconds in thread[1:])
+    ratio = timed[len(timed) // 2] / PROBE_IDLE_SECONDS
+    return min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
+
+
+def _blur_pyramid(image: np.ndarray, scratch: np.ndarray) -> None:
+    """``PROBE_BLURS`` separable [1 4 6 4 1] / 16 blurs (a row pass and a column pass each) of a
+    flattened ``[PROBE_SIDE²]`` image in place: a shift of 1 is a row neighbour, of
+    ``PROBE_SIDE`` a column neighbour (contiguous 1-D operations: numpy releases the GIL, so the
+    threads run at once, as SIFT's do)."""
+    for step in [1, PROBE_SIDE] * PROBE_BLURS:
+        count = image.size - 4 * step
+        out = scratch[:count]
+        np.multiply(image[2 * step : 2 * step + count], 6.0, out=out)
+        out += 4.0 * (image[step : step + count] + image[3 * step : 3 * step + count])
+        out += image[:count]
+        out += image[4 * step : 4 * step + count]
+        np.multiply(out, 1.0 / 16.0, out=image[2 * step : 2 * step + count])
+
+
 def sfm_estimate(
     photos: int,
     size: tuple[int, int],
@@ -261,16 +323,19 @@ def sfm_estimate(
     overlap: int = 10,
     max_image_size: int = 1600,
     threads: int = 2,
+    slowdown: float = 1.0,
 ) -> Estimate:
     """Time (:func:`sfm_stage_seconds`, summed) and peak memory of structure-from-motion on
     ``photos`` images of ``size`` ``(W, H)`` (the largest), ``matching`` ``"exhaustive"`` or
-    ``"sequential"`` (with ``overlap``)."""
+    ``"sequential"`` (with ``overlap``), on a machine ``slowdown`` times slower than idle."""
     width, height = int(size[0]), int(size[1])
     megapixels = _sfm_megapixels(size, max_image_size)
-    stages = sfm_stage_seconds(photos, size, matching, overlap, max_image_size, threads)
+    stages = sfm_stage_seconds(photos, size, matching, overlap, max_image_size, threads, slowdown)
     pairs = _sfm_pairs(photos, matching, overlap)
     peak = SFM_BASE_BYTES + SFM_BYTES_PER_IMAGE * photos + int(40e6 * megapixels)
     what = f"sfm: {photos} photos of {width}x{height}, {matching} matching ({pairs} pairs)"
+    if round(slowdown, 1) != 1.0:
+        what = f"{what}; {slowdown:.1f}x the idle time (the machine's speed now, measured)"
     return Estimate(what, sum(stages.values()), int(peak), "the number of photos")
 
 
