@@ -195,8 +195,9 @@ def run_one(
 def table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of one capture's rows."""
     head = (
-        "| model | start | opacity cap | budget s | held-out PSNR | SSIM | at start | nearest view "
-        "| steps | Gaussians start -> end |\n|---|---|---|---:|---:|---:|---:|---:|---:|---|"
+        "| model | start | opacity cap | budget s | held-out PSNR | SSIM "
+        "| feed-forward set before the fit | nearest view | steps | Gaussians start -> end |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for r in rows:
