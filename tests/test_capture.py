@@ -443,6 +443,33 @@ def test_fit_holdout_cameras_moves_towards_the_photo() -> None:
     assert "fitted" in record["placement"]
 
 
+def test_refit_holdout_cameras_follows_the_refined_scene() -> None:
+    """After a joint refinement moved the scene and the input cameras together, the held-out
+    camera is placed again against the refined scene from its neighbour's refined camera: the
+    camera placed against the scene before it renders the moved scene badly."""
+    e, k = _cameras(3)
+    wall = _surface(32)
+    photo = render(wall, e[None, 1:2], k[None, 1:2], (32, 32), backend="torch").color[0]
+    shift = torch.eye(4)
+    shift[:3, 3] = torch.tensor([0.2, -0.1, 0.3])  # what the refinement did to the frame
+    moved = wall.replace(means=wall.means + shift[:3, 3])
+    views = holdout.HoldoutViews(
+        names=["held"], images=photo, extrinsics=e[1:2], intrinsics=k[1:2],
+        nearest_names=["left"], nearest_images=photo,
+    )  # fmt: skip
+    again, record = holdout.refit_holdout_cameras(
+        moved, views, ["left", "right"], shift @ e[[0, 2]], backend="torch"
+    )
+    assert torch.equal(again.images, views.images) and again.names == ["held"]
+
+    def error(camera: torch.Tensor) -> float:
+        out = render(moved, camera[None], k[None, 1:2], (32, 32), backend="torch").color[0]
+        return float((out - photo).pow(2).mean())
+
+    assert error(again.extrinsics) < 0.2 * error(views.extrinsics)
+    assert "refined scene" in record["placement"] and len(record["translation"]) == 1
+
+
 def test_infer_pose_free_holdout_without_poses(
     capture: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:

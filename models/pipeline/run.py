@@ -577,7 +577,12 @@ def _refine_capture(pipeline: Pipeline, loaded: Loaded, capture):
     backend = s.backend
     summary = dict(capture.summary)
     record = _refine_record(s, settings, fitted, Path(s.output).expanduser())
-    scores = None
+    scores = placed = None
+    placed_before = summary.get("holdout", {}).get("cameras")
+    if views is not None and placed_before is not None:  # fitted cameras (no poses): again
+        views, placed = holdout_lib.refit_holdout_cameras(
+            refined.gaussians, views, refined.names, refined.extrinsics, backend=backend
+        )
     if views is not None:
         scores = holdout_lib.score_holdout(refined.gaussians, views, backend=backend)
         if "holdout" in summary:  # the feed-forward scores at the model's input size
@@ -586,6 +591,8 @@ def _refine_capture(pipeline: Pipeline, loaded: Loaded, capture):
         table["scored_at"] = (
             "the refinement's size: before (feed-forward), after (refined) and the nearest view"
         )
+        if placed is not None:
+            table["cameras"], table["cameras_before_refine"] = placed, placed_before
         summary["holdout"] = table
     summary["refine"] = record
     capture = dataclasses.replace(

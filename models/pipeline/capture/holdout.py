@@ -19,6 +19,7 @@ touching the scene. ``summary.json`` ``holdout.cameras`` says so and how far eac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
@@ -214,6 +215,27 @@ def fit_holdout_cameras(
         "translation": [round(float(t), 5) for t in distance],
     }
     return fitted.float(), record
+
+
+def refit_holdout_cameras(
+    gaussians: Gaussians,
+    views: HoldoutViews,
+    names: list[str],
+    extrinsics: Tensor,
+    *,
+    backend: str = "auto",
+) -> tuple[HoldoutViews, dict[str, Any]]:
+    """``views`` with their cameras placed again against ``gaussians`` (a refined scene): the
+    pose-free protocol places a held-out camera against the scene it scores, and a joint
+    refinement moved the input cameras and the scene they were placed against. Each starts at
+    the refined camera of its nearest input photo (``extrinsics [V, 4, 4]`` of ``names``), as
+    :func:`fit_holdout_cameras` does; the record is that function's."""
+    start = torch.stack([extrinsics[names.index(name)] for name in views.nearest_names])
+    cameras, record = fit_holdout_cameras(
+        gaussians, views.images, start, views.intrinsics, backend=backend
+    )
+    record["placement"] += "; placed again against the refined scene, from the refined cameras"
+    return dataclasses.replace(views, extrinsics=cameras), record
 
 
 def score_holdout(
