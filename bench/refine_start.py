@@ -188,6 +188,9 @@ def run_one(
         curve=[(e["seconds"], e["psnr"]) for e in fit.get("evaluations", []) if "psnr" in e],
         image_size=summary["holdout"]["image_size"],
         start_opacity=fit.get("settings", {}).get("start_opacity"),
+        # photos without poses: the held-out cameras are placed against the refined scene after
+        # the fit, so the curve along it (at the first placement) is not its score
+        cameras_placed_after="cameras_before_refine" in summary["holdout"],
     )
     return row
 
@@ -228,11 +231,13 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, (capture, rows) in zip(axes[0], results.items()):
-        baseline = None
+        baselines = set()
         for r in rows:
             if "error" in r or not r["curve"]:
                 continue
             seconds, psnr = zip(*r["curve"])
+            if r.get("cameras_placed_after"):  # only the end is a score (run_one)
+                seconds, psnr = (r["fit_s"],), (r["psnr"],)
             cap = r.get("start_opacity")
             label = (
                 f"{r['model']} {r['start']}{'' if cap is None else f' cap {cap}'} {r['budget_s']}s"
@@ -245,9 +250,9 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
                 "linestyle": ":" if cap is None else "-",
             }
             ax.plot(seconds, psnr, label=label, **style)
-            baseline = r["nearest_view_psnr"]
-        if baseline is not None:
-            ax.axhline(baseline, linestyle="--", color="grey", label="nearest view")
+            baselines.add(round(r["nearest_view_psnr"], 2))
+        for baseline in sorted(baselines):  # one per image size (a pose-free model's crop)
+            ax.axhline(baseline, linestyle="--", color="grey", label=f"nearest view {baseline} dB")
         ax.set(title=capture, xlabel="seconds of fit", ylabel="held-out PSNR (dB)")
         ax.legend(fontsize=7)
     fig.tight_layout()
