@@ -219,7 +219,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 START_COLOURS = {"auto": "tab:blue", "feed_forward": "tab:orange", "sfm": "tab:green"}
-MODEL_MARKERS = ("o", "s", "^", "D")
+MODEL_MARKERS = {
+    "pixel_aligned_tiny": "o",
+    "resplat_tiny": "s",
+    "splatweaver_tiny": "^",
+    "zipsplat_tiny": "D",
+}
 
 
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
@@ -244,9 +249,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
             )
             style = {  # a colour per start, a marker per model, dotted without the opacity cap
                 "color": START_COLOURS.get(r["start"], "black"),
-                "marker": MODEL_MARKERS[sorted(DEFAULTS["models"].split(",")).index(r["model"]) % 4]
-                if r["model"] in DEFAULTS["models"].split(",")
-                else ".",
+                "marker": MODEL_MARKERS.get(r["model"], "."),
                 "linestyle": ":" if cap is None else "-",
             }
             ax.plot(seconds, psnr, label=label, **style)
