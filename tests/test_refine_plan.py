@@ -206,6 +206,29 @@ def test_merged_start_adds_feed_forward_gaussians_only_in_the_gaps_of_the_sfm_cl
     assert only == {"sfm": 0, "feed_forward": 400} and alone.count().item() == 400
 
 
+def test_depth_agreement_drops_gaussians_in_front_of_or_behind_the_sfm_surface():
+    """A gap-filler on the SfM points' surface, or where no point falls in any view, is kept;
+    one floating in front of that surface or hidden behind it in some training view is not."""
+    from models.pipeline.refine.start import depth_agreement
+
+    generator = torch.Generator().manual_seed(0)
+    xyz = torch.rand(400, 3, generator=generator) * torch.tensor([1.0, 1.0, 0.0])
+    points = xyz + torch.tensor([-1.0, -0.5, 3.0])  # the left half of a plane at z = 3
+    k = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    extrinsics = torch.eye(4).repeat(3, 1, 1)
+    extrinsics[:, 0, 3] = torch.tensor([-0.2, 0.0, 0.2])  # three cameras looking down +z
+    means = torch.tensor(
+        [
+            [-0.5, 0.0, 3.0],  # on the surface, between points
+            [-0.5, 0.1, 2.0],  # in front of it (a floater)
+            [-0.5, -0.1, 4.5],  # behind it
+            [1.2, 0.0, 3.0],  # right of the cloud: no point in its cell in any view
+        ]
+    )
+    agree = depth_agreement(means, points, extrinsics, k.expand(3, 3, 3), (64, 64))
+    assert agree.tolist() == [True, False, False, True]
+
+
 def _scene(n: int = 300):
     truth = _set(n, seed=1, scale=0.03)
     k = torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])

@@ -7,16 +7,23 @@ import torch
 from torch import Tensor
 
 from models.core.gaussians import Gaussians, rgb_to_sh
+from models.geometry.cameras import project
 from models.layers.knn import knn
 from models.pipeline.refine.plan import importance, screen_radii
 
-__all__ = ["START_RULES", "gaussians_from_points", "merged_start"]
+__all__ = ["START_RULES", "depth_agreement", "gaussians_from_points", "merged_start"]
 
 #: The starts a fit can take: ``auto`` (:func:`merged_start`), ``feed_forward``, ``sfm``.
 START_RULES = ("auto", "feed_forward", "sfm")
 #: A feed-forward Gaussian fills a gap of the SfM cloud when its nearest SfM point is farther
 #: than this many times that point's own spacing (its scale: the RMS distance to 3 neighbours).
 GAP_FACTOR = 2.0
+#: Depth agreement: the SfM points' depth in a training view is the nearest point's depth in each
+#: cell of this many pixels (at the fit's size) ...
+DEPTH_CELL = 8
+#: ... and a gap-filling Gaussian agrees with it when its own depth there is within this factor
+#: (between 1 / DEPTH_RATIO and DEPTH_RATIO times the points' depth).
+DEPTH_RATIO = 1.25
 
 
 def gaussians_from_points(
@@ -72,6 +79,48 @@ def _nearest(queries: Tensor, points: Tensor, block: int = 4096) -> Tensor:
 
 
 @torch.no_grad()
+def depth_agreement(
+    means: Tensor, points: Tensor, extrinsics: Tensor, intrinsics: Tensor, shape: tuple[int, int]
+) -> Tensor:
+    """``[N]`` bool: whether each of ``means`` ``[N, 3]`` lies at the depth of the SfM ``points``
+    ``[P, 3]`` in every training view where both fall in one cell of :data:`DEPTH_CELL` pixels
+    (the nearest point's depth, within :data:`DEPTH_RATIO`); where no point falls in its cell in
+    any view (what SfM could not match: a flat wall, the sky) nothing contradicts it: ``True``.
+
+    A Gaussian in front of that depth floats in space the photos' matches saw through; one behind
+    it is hidden where SfM sees a surface and shows through where it does not (the shipped toy
+    models put most of their gap-fillers there, large and opaque: docs/refine.md). Views
+    ``extrinsics`` ``[V, 4, 4]``, normalised ``intrinsics`` ``[V, 3, 3]``, at ``shape``."""
+    height, width = shape
+    rows, cols = -(-height // DEPTH_CELL), -(-width // DEPTH_CELL)
+    disagree = torch.zeros(len(means), dtype=torch.bool)
+    for camera, k in zip(extrinsics, intrinsics):
+        cell_p, depth_p = _cells(points, camera, k, shape, rows, cols)
+        nearest = torch.full((rows * cols,), float("inf"))
+        nearest.scatter_reduce_(0, cell_p, depth_p, "amin")
+        cell_m, depth_m = _cells(means, camera, k, shape, rows, cols, keep_outside=True)
+        surface = nearest[cell_m.clamp_min(0)]
+        judged = (cell_m >= 0) & torch.isfinite(surface)
+        ratio = depth_m / surface.clamp_min(1e-9)
+        disagree |= judged & ((ratio > DEPTH_RATIO) | (ratio < 1 / DEPTH_RATIO))
+    return ~disagree
+
+
+def _cells(xyz: Tensor, camera: Tensor, k: Tensor, shape, rows: int, cols: int,
+           keep_outside: bool = False) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The cell index and depth of ``xyz`` ``[N, 3]`` in one view: only those inside it, or
+    (``keep_outside``) all of them, cell ``-1`` outside."""
+    uv, depth = project(xyz.float(), camera.float(), k.float())  # [N, 2], [N]
+    inside = (depth > 0) & (uv >= 0).all(-1) & (uv < 1).all(-1)
+    row = (uv[:, 1] * shape[0] / DEPTH_CELL).long().clamp(0, rows - 1)
+    col = (uv[:, 0] * shape[1] / DEPTH_CELL).long().clamp(0, cols - 1)
+    cell = row * cols + col
+    if keep_outside:
+        return torch.where(inside, cell, torch.full_like(cell, -1)), depth
+    return cell[inside], depth[inside]
+
+
+@torch.no_grad()
 def merged_start(
     feed_forward: Gaussians | None,
     points: Gaussians | None,
@@ -85,8 +134,8 @@ def merged_start(
     Rule: with no SfM points, the feed-forward set; with no feed-forward set, the points. Else
     every SfM Gaussian (3DGS's start: the geometry the photos' matches agree on), and of the
     feed-forward Gaussians those farther from their nearest SfM point than :data:`GAP_FACTOR`
-    times that point's spacing (where SfM found nothing to match: flat or distant surfaces, sky),
-    the most important first (opacity x footprint in the training views ``extrinsics`` ``[V, 4,
+    times that point's spacing (between the points) that also agree with the points' depth in
+    the training views (:func:`depth_agreement`), the most important first (opacity x footprint in the training views ``extrinsics`` ``[V, 4,
     4]``, ``intrinsics`` ``[V, 3, 3]`` normalised, at ``shape``), at most as many as the points:
     the fit's budget then prunes the merged set by the same importance when it must.
 
@@ -104,6 +153,8 @@ def merged_start(
     nearest = _nearest(ff.means[0].float(), points.means[0].float())
     gap = (ff.means[0] - points.means[0][nearest]).norm(dim=-1)
     fills = torch.nonzero(gap > GAP_FACTOR * points.scales[0, nearest, 0])[:, 0]
+    agree = depth_agreement(ff.means[0][fills], points.means[0], extrinsics, intrinsics, shape)
+    fills = fills[agree]
     radii = screen_radii(ff.means[0][fills], ff.scales[0][fills], extrinsics, intrinsics, shape)
     score = importance(radii, ff.opacities[0][fills], shape)
     keep = fills[torch.argsort(score, descending=True)[: points.means.shape[1]]]
