@@ -204,6 +204,7 @@ def test_merged_start_adds_feed_forward_gaussians_only_in_the_gaps_of_the_sfm_cl
     assert start.sh_degree == 1 and start.count().item() == 200 + counts["feed_forward"]
     alone, only = merged_start(ff, None, extrinsics, intrinsics, (32, 32))
     assert only == {"sfm": 0, "feed_forward": 400} and alone.count().item() == 400
+    assert counts["off_depth"] == 0 and "off_depth" not in only  # all on the slab's depth
 
 
 def test_depth_agreement_drops_gaussians_in_front_of_or_behind_the_sfm_surface():

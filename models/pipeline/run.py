@@ -557,7 +557,12 @@ def _auto_start(recon, points, intrinsics, settings, photos):
     )
     print(
         f"refine_init=auto: {counts['sfm']} SfM points + {counts['feed_forward']} feed-forward "
-        "Gaussians where the SfM cloud has gaps",
+        "Gaussians where the SfM cloud has gaps"
+        + (
+            f" ({counts['off_depth']} more left out: not at the points' depth in a training view)"
+            if counts.get("off_depth")
+            else ""
+        ),
         file=sys.stderr,
     )
     return start

@@ -141,7 +141,8 @@ def merged_start(
 
     Returns:
         ``(start, counts)``: a batch of one (the points' SH degree) and ``{"sfm", "feed_forward"}``
-        how many of each it holds.
+        how many of each it holds (with both, ``"off_depth"`` too: the gap-fillers left out by
+        :func:`depth_agreement`).
     """
     if points is None or feed_forward is None:
         start = points if feed_forward is None else feed_forward
@@ -154,7 +155,7 @@ def merged_start(
     gap = (ff.means[0] - points.means[0][nearest]).norm(dim=-1)
     fills = torch.nonzero(gap > GAP_FACTOR * points.scales[0, nearest, 0])[:, 0]
     agree = depth_agreement(ff.means[0][fills], points.means[0], extrinsics, intrinsics, shape)
-    fills = fills[agree]
+    fills, disagree = fills[agree], int((~agree).sum())
     radii = screen_radii(ff.means[0][fills], ff.scales[0][fills], extrinsics, intrinsics, shape)
     score = importance(radii, ff.opacities[0][fills], shape)
     keep = fills[torch.argsort(score, descending=True)[: points.means.shape[1]]]
@@ -164,4 +165,5 @@ def merged_start(
     if harmonics.shape[-1] < degree:
         harmonics = torch.nn.functional.pad(harmonics, (0, degree - harmonics.shape[-1]))
     start = Gaussians.cat([points, chosen.replace(harmonics=harmonics)])
-    return start, {"sfm": int(points.means.shape[1]), "feed_forward": int(keep.numel())}
+    counts = {"sfm": int(points.means.shape[1]), "feed_forward": int(keep.numel())}
+    return start, {**counts, "off_depth": disagree}
