@@ -193,6 +193,23 @@ def test_gpu_check_refine_timing_runs_on_the_cpu_backend() -> None:
     assert {"forward ms", "backward ms", "densify ms", "optimizer ms"} <= rows[0].keys()
 
 
+def test_pose_free_model_on_posed_photos_keeps_their_cameras(capture, tmp_path, capsys) -> None:
+    """A pose-free model on photos with cameras: the fit keeps those cameras, which the held-out
+    photos' cameras share; only cameras a pose-free model placed are refined jointly."""
+    output = tmp_path / "posed"
+    status, _, err = infer_in_process(
+        capsys, f"input={capture}", f"output={output}", "model=zipsplat_tiny", "views=all",
+        "holdout=4", "refine=10", "refine_size=48", "image_size=32", "orbit_frames=2",
+        "backend=torch", "device=cpu",
+    )  # fmt: skip
+    assert status == 0, err
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["pose_free"] and set(summary["placement"]) == {"given"}, summary["placement"]
+    given = json.loads((capture / "cameras.json").read_text())
+    written = json.loads((output / "cameras.json").read_text())
+    print(list(given)[:3], list(written)[:3])
+
+
 def test_pose_free_photos_without_any_camera_is_one_line(capture, tmp_path, capsys) -> None:
     """A pose-free model that predicts no cameras, photos without poses, no pose fit:
     refinement has no camera to fit the photos at (one line, exit status 2, nothing written)."""

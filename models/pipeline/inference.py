@@ -400,6 +400,13 @@ def reconstruct(
 # --------------------------------------------------------------------------- refinement
 
 
+def _cameras_to_refine(result: Reconstruction) -> bool:
+    """A fit refines the cameras of a pose-free model's views, not the capture's own: a pose-free
+    model on posed photos keeps them (refined, they drifted away from the held-out photos'
+    cameras: 6 dB lost on the drone capture with ``zipsplat_tiny``, docs/refine.md)."""
+    return bool(result.pose_free) and any(k not in ("given", "sfm") for k in result.placement)
+
+
 def refine_reconstruction(
     result: Reconstruction,
     photos: Tensor,
@@ -431,7 +438,10 @@ def refine_reconstruction(
             curve (``RefineResult.evaluations``), at their own size.
         start: the Gaussians to start from in the result's frame (``None``: the feed-forward
             ones; e.g. ``models.pipeline.refine.gaussians_from_points`` of the SfM points).
-        optimize_cameras: refine the cameras jointly (``None``: for a pose-free model).
+        optimize_cameras: refine the cameras jointly (``None``: when the views were placed by a
+            pose-free model, predicted or fitted, not given with the photos or found by
+            structure-from-motion: those cameras are the capture's, which the held-out photos'
+            cameras share).
         checkpoint_path: the fit's state file (saved every ``settings.checkpoint_every`` steps;
             a rerun resumes from it).
         progress: show the fit's progress bar.
@@ -463,7 +473,7 @@ def refine_reconstruction(
     gaussians = result.gaussians if start is None else start
     device = result.gaussians.means.device
     camera_k = result.intrinsics if intrinsics is None else intrinsics
-    joint = bool(result.pose_free) if optimize_cameras is None else bool(optimize_cameras)
+    joint = _cameras_to_refine(result) if optimize_cameras is None else bool(optimize_cameras)
     fitted = start_refinement(
         gaussians.to(device),
         photos,
