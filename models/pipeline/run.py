@@ -559,7 +559,7 @@ def _auto_start(recon, points, intrinsics, settings, photos):
         f"refine_init=auto: {counts['sfm']} SfM points + {counts['feed_forward']} feed-forward "
         "Gaussians where the SfM cloud has gaps"
         + (
-            f" ({counts['off_depth']} more left out: not at the points' depth in a training view)"
+            f" ({counts['off_depth']} more left out: not confirmed at the points' depth)"
             if counts.get("off_depth")
             else ""
         ),

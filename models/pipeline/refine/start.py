@@ -84,8 +84,10 @@ def depth_agreement(
 ) -> Tensor:
     """``[N]`` bool: whether each of ``means`` ``[N, 3]`` lies at the depth of the SfM ``points``
     ``[P, 3]`` in every training view where both fall in one cell of :data:`DEPTH_CELL` pixels
-    (the nearest point's depth, within :data:`DEPTH_RATIO`); where no point falls in its cell in
-    any view (what SfM could not match: a flat wall, the sky) nothing contradicts it: ``True``.
+    (the nearest point's depth, within :data:`DEPTH_RATIO`), and in at least one such view.
+    Where no point falls in its cell in any view nothing confirms it either: ``False`` (on the
+    garden orbit of docs/refine.md those were the object's black surroundings, and keeping
+    them ended 1.8 dB below the SfM start).
 
     A Gaussian in front of that depth floats in space the photos' matches saw through; one behind
     it is hidden where SfM sees a surface and shows through where it does not (the shipped toy
@@ -93,6 +95,7 @@ def depth_agreement(
     ``extrinsics`` ``[V, 4, 4]``, normalised ``intrinsics`` ``[V, 3, 3]``, at ``shape``."""
     height, width = shape
     rows, cols = -(-height // DEPTH_CELL), -(-width // DEPTH_CELL)
+    seen = torch.zeros(len(means), dtype=torch.bool)
     disagree = torch.zeros(len(means), dtype=torch.bool)
     for camera, k in zip(extrinsics, intrinsics):
         cell_p, depth_p = _cells(points, camera, k, shape, rows, cols)
@@ -102,8 +105,9 @@ def depth_agreement(
         surface = nearest[cell_m.clamp_min(0)]
         judged = (cell_m >= 0) & torch.isfinite(surface)
         ratio = depth_m / surface.clamp_min(1e-9)
+        seen |= judged
         disagree |= judged & ((ratio > DEPTH_RATIO) | (ratio < 1 / DEPTH_RATIO))
-    return ~disagree
+    return seen & ~disagree
 
 
 def _cells(xyz: Tensor, camera: Tensor, k: Tensor, shape, rows: int, cols: int,
