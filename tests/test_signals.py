@@ -420,3 +420,35 @@ def test_a_batch_lost_to_the_group_sigterm_is_the_stop() -> None:
     with pytest.raises(ConnectionRefusedError):
         with stopped_by_signal(running):
             raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_the_resource_sharer_thread_is_quiet_after_the_sigterm() -> None:
+    """The group's SIGTERM also ends a loader worker that multiprocessing's resource_sharer
+    thread was handing a batch to; that thread's error is the stop, reported by no one. Before
+    the SIGTERM, or from any other thread, an error goes to the previous hook as usual."""
+    import threading
+    from multiprocessing import resource_sharer
+    from types import SimpleNamespace
+
+    from models.core.command_line import stopped_by_signal
+
+    def fail_in(filename: str) -> None:
+        code = compile("raise ConnectionResetError(104, 'reset by peer')", filename, "exec")
+        thread = threading.Thread(target=exec, args=(code, {}))
+        thread.start()
+        thread.join()
+
+    original = threading.excepthook
+    try:
+        for received, filename, reported in (
+            (True, resource_sharer.__file__, False),
+            (False, resource_sharer.__file__, True),
+            (True, "elsewhere.py", True),
+        ):
+            seen = []
+            threading.excepthook = lambda args, seen=seen: seen.append(args.exc_type)
+            with stopped_by_signal(SimpleNamespace(interrupted=False, received_sigterm=received)):
+                fail_in(filename)
+            assert (seen == [ConnectionResetError]) == reported, (received, filename, seen)
+    finally:
+        threading.excepthook = original

@@ -642,6 +642,8 @@ def stopped_by_signal(trainer: Any) -> Iterator[None]:
     interruption again (:class:`Terminated` when ``trainer.received_sigterm``), so that
     :func:`stopped_cleanly` prints its one line and exits 130 / 143. Lightning's own SIGTERM
     handler runs first and sets ``trainer.received_sigterm``."""
+    previous = threading.excepthook
+    threading.excepthook = _quiet_after_sigterm(trainer, previous)
     try:
         yield
     except KeyboardInterrupt:
@@ -657,3 +659,27 @@ def stopped_by_signal(trainer: Any) -> Iterator[None]:
         if getattr(trainer, "received_sigterm", False):
             raise Terminated() from None
         raise
+    finally:
+        if not getattr(trainer, "received_sigterm", False):  # stopping: the hook stays to the end
+            threading.excepthook = previous
+
+
+def _quiet_after_sigterm(trainer: Any, previous: Callable) -> Callable:
+    """A ``threading.excepthook`` that drops what multiprocessing's resource_sharer thread
+    raises once ``trainer`` received SIGTERM (the group's SIGTERM ended the loader worker it was
+    handing a batch to: the stop, not an error); everything else goes to ``previous``."""
+
+    def hook(args: Any) -> None:
+        where = {frame.f_code.co_filename for frame, _ in _frames(args.exc_traceback)}
+        sharer = any(name.endswith("resource_sharer.py") for name in where)
+        if sharer and getattr(trainer, "received_sigterm", False):
+            return
+        previous(args)
+
+    return hook
+
+
+def _frames(tb: types.TracebackType | None) -> Iterator[tuple[types.FrameType, int]]:
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next

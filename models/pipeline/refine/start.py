@@ -95,11 +95,11 @@ def depth_agreement(
     ``extrinsics`` ``[V, 4, 4]``, normalised ``intrinsics`` ``[V, 3, 3]``, at ``shape``."""
     height, width = shape
     rows, cols = -(-height // DEPTH_CELL), -(-width // DEPTH_CELL)
-    seen = torch.zeros(len(means), dtype=torch.bool)
-    disagree = torch.zeros(len(means), dtype=torch.bool)
+    seen = torch.zeros(len(means), dtype=torch.bool, device=means.device)
+    disagree = torch.zeros_like(seen)
     for camera, k in zip(extrinsics, intrinsics):
         cell_p, depth_p = _cells(points, camera, k, shape, rows, cols)
-        nearest = torch.full((rows * cols,), float("inf"))
+        nearest = torch.full((rows * cols,), float("inf"), device=means.device)
         nearest.scatter_reduce_(0, cell_p, depth_p, "amin")
         cell_m, depth_m = _cells(means, camera, k, shape, rows, cols, keep_outside=True)
         surface = nearest[cell_m.clamp_min(0)]
@@ -110,8 +110,9 @@ def depth_agreement(
     return seen & ~disagree
 
 
-def _cells(xyz: Tensor, camera: Tensor, k: Tensor, shape, rows: int, cols: int,
-           keep_outside: bool = False) -> tuple[Tensor, Tensor]:  # fmt: skip
+def _cells(
+    xyz: Tensor, camera: Tensor, k: Tensor, shape, rows: int, cols: int, keep_outside: bool = False
+) -> tuple[Tensor, Tensor]:
     """The cell index and depth of ``xyz`` ``[N, 3]`` in one view: only those inside it, or
     (``keep_outside``) all of them, cell ``-1`` outside."""
     uv, depth = project(xyz.float(), camera.float(), k.float())  # [N, 2], [N]
@@ -139,9 +140,10 @@ def merged_start(
     every SfM Gaussian (3DGS's start: the geometry the photos' matches agree on), and of the
     feed-forward Gaussians those farther from their nearest SfM point than :data:`GAP_FACTOR`
     times that point's spacing (between the points) that also agree with the points' depth in
-    the training views (:func:`depth_agreement`), the most important first (opacity x footprint in the training views ``extrinsics`` ``[V, 4,
-    4]``, ``intrinsics`` ``[V, 3, 3]`` normalised, at ``shape``), at most as many as the points:
-    the fit's budget then prunes the merged set by the same importance when it must.
+    the training views (:func:`depth_agreement`), the most important first (opacity x footprint
+    in the training views ``extrinsics`` ``[V, 4, 4]``, ``intrinsics`` ``[V, 3, 3]`` normalised,
+    at ``shape``), at most as many as the points: the fit's budget then prunes the merged set by
+    the same importance when it must.
 
     Returns:
         ``(start, counts)``: a batch of one (the points' SH degree) and ``{"sfm", "feed_forward"}``
@@ -159,7 +161,7 @@ def merged_start(
     gap = (ff.means[0] - points.means[0][nearest]).norm(dim=-1)
     fills = torch.nonzero(gap > GAP_FACTOR * points.scales[0, nearest, 0])[:, 0]
     agree = depth_agreement(ff.means[0][fills], points.means[0], extrinsics, intrinsics, shape)
-    fills, disagree = fills[agree], int((~agree).sum())
+    fills, left_out = fills[agree], int((~agree).sum())
     radii = screen_radii(ff.means[0][fills], ff.scales[0][fills], extrinsics, intrinsics, shape)
     score = importance(radii, ff.opacities[0][fills], shape)
     keep = fills[torch.argsort(score, descending=True)[: points.means.shape[1]]]
@@ -170,4 +172,4 @@ def merged_start(
         harmonics = torch.nn.functional.pad(harmonics, (0, degree - harmonics.shape[-1]))
     start = Gaussians.cat([points, chosen.replace(harmonics=harmonics)])
     counts = {"sfm": int(points.means.shape[1]), "feed_forward": int(keep.numel())}
-    return start, {**counts, "off_depth": disagree}
+    return start, {**counts, "off_depth": left_out}
