@@ -52,11 +52,15 @@ class Bounds:
 # SOG: 16-bit log positions over the bounds, 256-entry codebooks, an SH palette; compressed PLY:
 # 11/10/11 bits within 256-Gaussian chunks, SH in 8 bits over [-4, 4]; .splat: 8-bit colour and
 # rotation, no higher SH). The 8-bit rotations allow a whole step: splat-transform truncates.
+# SOG's SH palette is splat-transform's k-means from a random start: the largest SH error of a
+# file it writes varies from run to run (0.264-0.323 in 12 writes of this scene, 0.354 once in
+# the suite), so that bound leaves room; the render PSNR bound checks the colours as a whole.
+SOG_SH = 0.45
 BOUNDS = {
     "spz": Bounds(1.3e-4, 0.032, 3e-3, 0.0021, 0.014, 0.067, psnr=35.0),
     "spz3": Bounds(1.3e-4, 0.032, 3e-3, 0.0021, 0.014, 0.067, psnr=35.0),
-    "sog": Bounds(2e-3, 0.03, 2.5e-2, 0.0041, 0.03, 0.35, psnr=30.0),
-    "sog_folder": Bounds(2e-3, 0.03, 2.5e-2, 0.0041, 0.03, 0.35, psnr=30.0),
+    "sog": Bounds(2e-3, 0.03, 2.5e-2, 0.0041, 0.03, SOG_SH, psnr=30.0),
+    "sog_folder": Bounds(2e-3, 0.03, 2.5e-2, 0.0041, 0.03, SOG_SH, psnr=30.0),
     "glb": Bounds(1e-5, 1e-5, 1e-5, 1e-6, 1e-6, 1e-6, psnr=60.0),
     "splat": Bounds(1e-5, 1e-5, 3e-2, 0.0021, 0.007, 0.0, coefficients=1, psnr=30.0),
     "compressed.ply": Bounds(0.015, 0.01, 3e-3, 0.0021, 0.01, 0.016, psnr=35.0),
