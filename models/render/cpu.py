@@ -139,6 +139,26 @@ def _build_lock(build_dir: Path) -> Iterator[None]:
         yield
 
 
+def _import_builder():
+    """``torch.utils.cpp_extension``, which imports setuptools. When the standard library's
+    distutils was imported first in this process (and setuptools' own copy is the one in use),
+    setuptools refuses with a bare ``AssertionError`` naming ``distutils/core.py``; the stale
+    modules are then dropped so that setuptools' copy is imported, and any other failure says
+    why the CPU rasteriser is unavailable instead of escaping from a render."""
+    try:
+        from torch.utils import cpp_extension
+    except AssertionError:
+        for key in [k for k in sys.modules if k == "distutils" or k.startswith("distutils.")]:
+            del sys.modules[key]
+        try:
+            from torch.utils import cpp_extension
+        except Exception as error:  # noqa: BLE001  (any import failure: the torch backend)
+            raise CpuRasterizerUnavailable(f"torch.utils.cpp_extension fails ({error!r})") from None
+    except Exception as error:  # noqa: BLE001
+        raise CpuRasterizerUnavailable(f"torch.utils.cpp_extension fails ({error!r})") from None
+    return cpp_extension
+
+
 def _build() -> None:
     """Compile (or reuse) the extension and load it into ``torch.ops.splatzoo_cpu``."""
     if _loaded():
@@ -151,7 +171,7 @@ def _build() -> None:
     level = builder_log.level
     builder_log.setLevel(logging.ERROR)
     try:
-        from torch.utils import cpp_extension
+        cpp_extension = _import_builder()
     finally:
         builder_log.setLevel(level)
     try:
