@@ -38,6 +38,7 @@ import re
 import signal
 import sys
 import threading
+import traceback
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
@@ -670,16 +671,10 @@ def _quiet_after_sigterm(trainer: Any, previous: Callable) -> Callable:
     handing a batch to: the stop, not an error); everything else goes to ``previous``."""
 
     def hook(args: Any) -> None:
-        where = {frame.f_code.co_filename for frame, _ in _frames(args.exc_traceback)}
+        where = {frame.f_code.co_filename for frame, _ in traceback.walk_tb(args.exc_traceback)}
         sharer = any(name.endswith("resource_sharer.py") for name in where)
         if sharer and getattr(trainer, "received_sigterm", False):
             return
         previous(args)
 
     return hook
-
-
-def _frames(tb: types.TracebackType | None) -> Iterator[tuple[types.FrameType, int]]:
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next

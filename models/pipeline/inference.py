@@ -62,6 +62,7 @@ from models.pipeline.inference_outputs import (
 )
 from models.pipeline.pose_fit import fit_target_poses
 from models.pipeline.reconstruction import (
+    CAPTURE_PLACEMENTS,
     PLACEMENTS,
     InferenceError,
     KnobError,
@@ -404,7 +405,7 @@ def _cameras_to_refine(result: Reconstruction) -> bool:
     """A fit refines the cameras of a pose-free model's views, not the capture's own: a pose-free
     model on posed photos keeps them (refined, they drifted away from the held-out photos'
     cameras: 6 dB lost on the drone capture with ``zipsplat_tiny``, docs/refine.md)."""
-    return bool(result.pose_free) and any(k not in ("given", "sfm") for k in result.placement)
+    return bool(result.pose_free) and any(k not in CAPTURE_PLACEMENTS for k in result.placement)
 
 
 def refine_reconstruction(

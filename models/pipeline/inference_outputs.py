@@ -26,7 +26,12 @@ from models.core.pixels import image_to_uint8
 from models.geometry.camera_paths import interpolate_cameras, orbit_cameras
 from models.geometry.cameras import intrinsics_to_pixels
 from models.pipeline.metrics import psnr
-from models.pipeline.reconstruction import Reconstruction, StageTimer, progress
+from models.pipeline.reconstruction import (
+    CAPTURE_PLACEMENTS,
+    Reconstruction,
+    StageTimer,
+    progress,
+)
 from models.render.core import render
 from models.splat_formats import parse_formats, suffix_of
 
@@ -162,7 +167,7 @@ def _input_cameras(result: Reconstruction, render_names: list[str]) -> list[dict
     else:
         pixels, sizes = intrinsics_to_pixels(intrinsics.double(), shape), [shape] * len(intrinsics)
     capture = result.frame.to_capture.cameras(result.extrinsics.double().cpu())  # [V, 4, 4]
-    kinds = {"given": "input", "sfm": "input"}  # cameras.json's names since its first release
+    kinds = dict.fromkeys(CAPTURE_PLACEMENTS, "input")  # cameras.json's name since its release
     return [
         {
             "file": result.names[i],

@@ -21,6 +21,7 @@ from models.geometry.similarity import Similarity
 from models.weights.input_recipe import InputRecipe
 
 __all__ = [
+    "CAPTURE_PLACEMENTS",
     "PLACEMENTS",
     "InferenceError",
     "KnobError",
@@ -35,6 +36,8 @@ __all__ = [
 # view 0 of a pose-free model (the identity), predicted by the model, test-time pose fit,
 # or not at all (pose-free, no prediction, no refinement).
 PLACEMENTS = ("given", "sfm", "identity", "predicted", "refined", "unknown")
+#: The placements that are the capture's own cameras (given with the photos, or SfM's).
+CAPTURE_PLACEMENTS = ("given", "sfm")
 
 
 class InferenceError(InputError):

@@ -145,18 +145,19 @@ def _import_builder():
     setuptools refuses with a bare ``AssertionError`` naming ``distutils/core.py``; the stale
     modules are then dropped so that setuptools' copy is imported, and any other failure says
     why the CPU rasteriser is unavailable instead of escaping from a render."""
-    try:
-        from torch.utils import cpp_extension
-    except AssertionError:
-        for key in [k for k in sys.modules if k == "distutils" or k.startswith("distutils.")]:
-            del sys.modules[key]
+    for _ in range(2):  # once more after dropping a stale distutils
         try:
             from torch.utils import cpp_extension
+
+            return cpp_extension
+        except AssertionError as error:  # setuptools after the standard library's distutils
+            failure = error
+            for key in [k for k in sys.modules if k == "distutils" or k.startswith("distutils.")]:
+                del sys.modules[key]
         except Exception as error:  # noqa: BLE001  (any import failure: the torch backend)
-            raise CpuRasterizerUnavailable(f"torch.utils.cpp_extension fails ({error!r})") from None
-    except Exception as error:  # noqa: BLE001
-        raise CpuRasterizerUnavailable(f"torch.utils.cpp_extension fails ({error!r})") from None
-    return cpp_extension
+            failure = error
+            break
+    raise CpuRasterizerUnavailable(f"torch.utils.cpp_extension fails ({failure!r})") from None
 
 
 def _build() -> None:

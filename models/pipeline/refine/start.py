@@ -99,9 +99,10 @@ def depth_agreement(
     disagree = torch.zeros_like(seen)
     for camera, k in zip(extrinsics, intrinsics):
         cell_p, depth_p = _cells(points, camera, k, shape, rows, cols)
+        inside = cell_p >= 0
         nearest = torch.full((rows * cols,), float("inf"), device=means.device)
-        nearest.scatter_reduce_(0, cell_p, depth_p, "amin")
-        cell_m, depth_m = _cells(means, camera, k, shape, rows, cols, keep_outside=True)
+        nearest.scatter_reduce_(0, cell_p[inside], depth_p[inside], "amin")
+        cell_m, depth_m = _cells(means, camera, k, shape, rows, cols)
         surface = nearest[cell_m.clamp_min(0)]
         judged = (cell_m >= 0) & torch.isfinite(surface)
         ratio = depth_m / surface.clamp_min(1e-9)
@@ -111,18 +112,15 @@ def depth_agreement(
 
 
 def _cells(
-    xyz: Tensor, camera: Tensor, k: Tensor, shape, rows: int, cols: int, keep_outside: bool = False
+    xyz: Tensor, camera: Tensor, k: Tensor, shape, rows: int, cols: int
 ) -> tuple[Tensor, Tensor]:
-    """The cell index and depth of ``xyz`` ``[N, 3]`` in one view: only those inside it, or
-    (``keep_outside``) all of them, cell ``-1`` outside."""
+    """``[N]`` the cell index (``-1`` outside the view or behind it) and depth of ``xyz``
+    ``[N, 3]`` in one view."""
     uv, depth = project(xyz.float(), camera.float(), k.float())  # [N, 2], [N]
     inside = (depth > 0) & (uv >= 0).all(-1) & (uv < 1).all(-1)
     row = (uv[:, 1] * shape[0] / DEPTH_CELL).long().clamp(0, rows - 1)
     col = (uv[:, 0] * shape[1] / DEPTH_CELL).long().clamp(0, cols - 1)
-    cell = row * cols + col
-    if keep_outside:
-        return torch.where(inside, cell, torch.full_like(cell, -1)), depth
-    return cell[inside], depth[inside]
+    return torch.where(inside, row * cols + col, -1), depth
 
 
 @torch.no_grad()
