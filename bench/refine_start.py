@@ -23,7 +23,10 @@ Captures:
   distance of the point its three real cameras look at, each a Gaussian as 3DGS initialises
   them, scales capped at their 95th percentile), 1.3x farther out than those cameras, on black,
   written without cameras to a temporary folder, so that posed models get the project's own
-  structure-from-motion poses. Nothing of it enters the repository.
+  structure-from-motion poses. Nothing of it enters the repository. Its rows also say how far
+  the run's cameras (structure-from-motion's, or a pose-free model's placed and refined ones)
+  are from the ones the photos were rendered at (``camera_errors``: the median rotation error
+  after a similarity alignment, and of every pair's relative rotation).
 
 A run that ``infer.py`` refuses (e.g. a ``refine_init`` this build lacks) is a row saying why.
 Each run's own output goes to ``<its folder>.log`` beside it (the folder printed). The runs use
@@ -115,14 +118,13 @@ def _looked_at(cameras):
     return point.float()
 
 
-def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
-    """The garden orbit's photos in ``folder`` (module doc); returns the folder."""
+def garden_orbit(npz: Path, views: int):
+    """The garden orbit's object and cameras (module doc): ``(scene, poses [V, 4, 4] c2w,
+    intrinsics [3, 3] normalised, (width, height) of the real cameras)``."""
     import numpy as np
     import torch
-    from PIL import Image
 
     from models.pipeline.refine import gaussians_from_points
-    from models.render.core import render
 
     data = np.load(npz)
     means = torch.from_numpy(data["means3d"]).float()  # [N, 3]
@@ -140,23 +142,59 @@ def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
     scene = dataclasses.replace(scene, scales=scene.scales.clamp(max=cap))
     poses = _orbit(centre, up, GARDEN_ZOOM_OUT * radius, GARDEN_ZOOM_OUT * height, views)
     width, height_px = int(data["width"]), int(data["height"])
-    h = round(size * height_px / width)
     k = torch.from_numpy(data["Ks"][0]).float().clone()
     k[0] /= width
     k[1] /= height_px
+    return scene, torch.stack(list(poses)), k, (width, height_px)
+
+
+def garden_name(index: int) -> str:
+    """The file name of the garden orbit's photo ``index``."""
+    return f"orbit_{index:03d}.png"
+
+
+def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
+    """The garden orbit's photos in ``folder`` (module doc); returns the folder."""
+    import torch
+    from PIL import Image
+
+    from models.render.core import render
+
+    scene, poses, k, (width, height_px) = garden_orbit(npz, views)
+    h = round(size * height_px / width)
     folder.mkdir(parents=True, exist_ok=True)
     for i, pose in enumerate(poses):
         with torch.inference_mode():
             out = render(scene, pose[None, None], k[None, None], (h, size), backend="auto")
         pixels = (out.color[0, 0].clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0)
-        Image.fromarray(pixels.numpy()).save(folder / f"orbit_{i:03d}.png")
+        Image.fromarray(pixels.numpy()).save(folder / garden_name(i))
     return folder
 
 
+def camera_errors(cameras_json: Path, reference: dict[str, Any]) -> dict[str, float]:
+    """How far a run's cameras (its ``cameras.json``: the fitted photos, in the capture frame)
+    are from the ones the photos were rendered at (``datamodules.tools.pose_errors``: aligned
+    by a similarity, so any frame and scale is right; relative rotations need no alignment)."""
+    import torch
+
+    from datamodules.tools.pose_errors import pose_errors
+
+    frames = json.loads(cameras_json.read_text())["frames"]
+    estimated = {f["file"]: torch.tensor(f["camera_to_world"]) for f in frames}
+    return pose_errors(estimated, reference)
+
+
 def run_one(
-    capture: Path, model: str, start: str, budget: int, settings: dict, out: Path
+    capture: Path,
+    model: str,
+    start: str,
+    budget: int,
+    settings: dict,
+    out: Path,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``infer.py`` run; its row (``error`` when it was refused)."""
+    """One ``infer.py`` run; its row (``error`` when it was refused). ``reference``: the
+    capture's true cameras by photo name (the garden orbit's), for the row's ``cameras``."""
     command = [
         sys.executable, str(REPO_ROOT / "infer.py"), f"input={capture}", f"output={out}",
         f"model={model}", "views=all", f"holdout={settings['holdout']}",
@@ -192,6 +230,8 @@ def run_one(
         # the fit, so the curve along it (at the first placement) is not its score
         cameras_placed_after="cameras_before_refine" in summary["holdout"],
     )
+    if reference is not None:
+        row["cameras"] = camera_errors(out / "cameras.json", reference)
     return row
 
 
@@ -199,13 +239,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of one capture's rows."""
     head = (
         "| model | start | opacity cap | budget s | held-out PSNR | SSIM "
-        "| feed-forward set before the fit | nearest view | steps | Gaussians start -> end |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|"
+        "| feed-forward set before the fit | nearest view | steps | Gaussians start -> end "
+        "| cameras' rotation error, relative (deg) |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|"
     )
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['start']} || {r['budget_s']} | {r['error']} |||||")
+            lines.append(f"| {r['model']} | {r['start']} || {r['budget_s']} | {r['error']} ||||||")
             continue
         start = "" if r["psnr_start"] is None else f"{r['psnr_start']:.2f}"
         cap = r.get("start_opacity")  # absent: a run from before refinement.start_opacity
@@ -213,9 +254,18 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['model']} | {r['start']} | {'none' if cap is None else cap} | "
             f"{r['budget_s']} | {r['psnr']:.2f} | "
             f"{r['ssim']:.3f} | {start} | {r['nearest_view_psnr']:.2f} | {r['steps']} | "
-            f"{r['gaussians_start']:,} -> {r['gaussians_end']:,} |"
+            f"{r['gaussians_start']:,} -> {r['gaussians_end']:,} | {_camera_cell(r)} |"
         )
     return "\n".join(lines)
+
+
+def _camera_cell(row: dict[str, Any]) -> str:
+    """The median rotation error of a row's cameras and of their pairwise relative rotations
+    against the true ones (blank where the capture has none: the drone's are its COLMAP model's)."""
+    errors = row.get("cameras")
+    if not errors:
+        return ""
+    return f"{errors['rotation_median_deg']:.2f}, {errors['relative_rotation_median_deg']:.2f}"
 
 
 START_COLOURS = {"auto": "tab:blue", "feed_forward": "tab:orange", "sfm": "tab:green"}
@@ -279,6 +329,10 @@ def run_all(settings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             )
         else:
             raise SystemExit(f"error: captures={name}: expected drone or garden")
+    references: dict[str, dict[str, Any]] = {}
+    if "garden" in captures:
+        poses = garden_orbit(Path(settings["garden"]), int(settings["garden_views"]))[1]
+        references["garden"] = {garden_name(i): pose for i, pose in enumerate(poses)}
     results: dict[str, list[dict[str, Any]]] = {}
     runs = [
         (c, m, s, int(b))
@@ -293,7 +347,8 @@ def run_all(settings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             f"[{number}/{len(runs)}] {capture} {model} {start} {budget}s: {out}.log",
             file=sys.stderr,
         )
-        row = run_one(captures[capture], model, start, budget, settings, out)
+        reference = references.get(capture)
+        row = run_one(captures[capture], model, start, budget, settings, out, reference)
         results.setdefault(capture, []).append(row)
     return results
 

@@ -150,3 +150,43 @@ def test_every_benchmark_imports(name: str) -> None:
     a name moved out of ``models.pipeline.refine``)."""
     module = importlib.import_module(f"bench.{name}")
     assert module.__file__ is not None and Path(module.__file__).parent == BENCH
+
+
+GARDEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsplat_test_garden.npz"
+
+
+@pytest.mark.skipif(not GARDEN.is_file(), reason="needs ../shared/data/gsplat_test_garden.npz")
+def test_refine_start_scores_a_runs_cameras_against_the_garden_orbit(tmp_path: Path) -> None:
+    """The garden rows' camera errors: zero for the orbit's own cameras in another frame and
+    scale, the turn of one camera for a camera turned."""
+    import torch
+
+    from bench import refine_start
+    from models.pipeline.pose_fit import se3_delta
+
+    poses = refine_start.garden_orbit(GARDEN, 12)[1]  # [12, 4, 4]
+    reference = {refine_start.garden_name(i): pose for i, pose in enumerate(poses)}
+    frame = se3_delta(torch.tensor([0.3, -0.2, 0.5]), torch.tensor([1.0, 2.0, -3.0]))
+    moved = frame @ poses
+    moved[:, :3, 3] *= 2.5  # another frame, another scale: the same cameras
+    turned = moved.clone()
+    turned[4] = turned[4] @ se3_delta(torch.tensor([0.0, 0.0, 0.2]), torch.zeros(3))  # 11.46 deg
+
+    def errors(cameras):
+        frames = [
+            {"file": refine_start.garden_name(i), "camera_to_world": c.tolist()}
+            for i, c in enumerate(cameras)
+        ]
+        path = tmp_path / "cameras.json"
+        path.write_text(json.dumps({"frames": frames}))
+        return refine_start.camera_errors(path, reference)
+
+    same = errors(moved)
+    assert same["views"] == 12
+    assert same["rotation_max_deg"] < 0.1 and same["relative_rotation_max_deg"] < 0.1  # float32
+    assert same["center_max"] < 1e-3 and same["scale"] == pytest.approx(1 / 2.5, rel=1e-3)
+    wrong = errors(turned)
+    assert wrong["relative_rotation_max_deg"] == pytest.approx(11.46, abs=0.05)
+    row = {"cameras": wrong, "model": "m", "start": "auto", "budget_s": 1, "psnr": 1.0}
+    assert refine_start._camera_cell(row).endswith(f"{wrong['relative_rotation_median_deg']:.2f}")
+    assert refine_start._camera_cell({}) == ""
