@@ -2,7 +2,9 @@
 kernels are named in the file's metadata (re-recorded on an AVX2 machine when the kNN search
 started breaking distance ties by index, and again when the renderer's projection was
 rewritten in the project's own code, which moved ``resplat_tiny``'s final set, rendered inside
-its forward pass, by 1.9e-6; the predictions are otherwise those of commit 2b83719).
+its forward pass, by 1.9e-6, and once more when the projection's 2D covariance became
+``(J W R S)(J W R S)^T``, which moved it by 1.9e-6 again; the predictions are otherwise those of
+commit 2b83719).
 
 ``tests/test_shipped_weights.py`` compares today's code with the recording bit for bit on the same
 torch version and CPU kernel set (``torch.backends.cpu.get_cpu_capability()``: AVX-512 and AVX2

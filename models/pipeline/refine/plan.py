@@ -24,6 +24,7 @@ from torch import Tensor
 
 from models.core.budget import fit_estimate
 from models.core.gaussians import Gaussians
+from models.pipeline.refine import ops
 from models.pipeline.refine.loss import photometric_loss
 from models.pipeline.refine.settings import DEFAULT_MAX_SIZE, RefineSettings, RefineSettingsError
 from models.render import render
@@ -252,7 +253,7 @@ def _time_steps(gaussians: Gaussians, images, extrinsics, intrinsics, shape, set
     views spread over the photos."""
     leaves = gaussians.map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
     tensors = [leaves.means, leaves.scales, leaves.rotations, leaves.opacities, leaves.harmonics]
-    optimizer = torch.optim.Adam(tensors, lr=0.0)
+    optimizer = ops.adam(tensors, 0.0)
     background = torch.tensor(settings.background, dtype=torch.float32, device=images.device)
     total, runs = 0.0, MEASURE_WARMUP + MEASURE_STEPS
     for i in range(runs):
