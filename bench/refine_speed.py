@@ -3,13 +3,16 @@ renderer backend, in the same run, split into render forward (+ loss), backward,
 optimiser (Adam, the MCMC noise, schedules).
 
 The case: a posed capture (default: the drone frames of ``../shared/data/real/drone_colmap``,
-every 8th photo left out), started from its SfM points (``refine_init=sfm``), fitted at
+every 8th photo left out), started from its SfM points (``refine_init=sfm``) or from ``--ply``
+(a set in the capture's frame, e.g. the ``gaussians.ply`` of an ``infer.py`` run on it: the step
+time at the counts a fit reaches), fitted at
 ``--size`` pixels on the long side for ``--steps`` steps per backend after ``--warmup`` untimed
 ones, with MCMC densification every 10 steps so that the densify column is not empty. It prints
 a Markdown table of milliseconds per step; the load average is printed beside it (the machine
 may be shared).
 
-    python bench/refine_speed.py [--photos DIR] [--backends cpu,torch] [--steps 30] [--size 240]
+    python bench/refine_speed.py [--photos DIR] [--ply PATH] [--backends cpu,torch] [--steps 30]
+        [--size 240] [--threads N]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datamodules.readers.colmap import read_colmap_points  # noqa: E402
 from datamodules.readers.image_folder import load_images  # noqa: E402
+from models import Gaussians  # noqa: E402
 from models.pipeline.refine import (  # noqa: E402
     MCMCSettings,
     RefineSettings,
@@ -71,6 +75,7 @@ def time_backend(gaussians, images, extrinsics, intrinsics, backend: str, args) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
+    parser.add_argument("--ply", type=Path, default=None, help="start from this set")
     parser.add_argument("--backends", default="cpu,torch")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
@@ -81,8 +86,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     photos = load_images(args.photos, None)
     train = [i for i in range(len(photos)) if i % 8]
-    xyz, rgb = read_colmap_points(args.photos, min_points=2)
-    start = gaussians_from_points(xyz, rgb, sh_degree=3)
+    if args.ply is None:
+        xyz, rgb = read_colmap_points(args.photos, min_points=2)
+        start = gaussians_from_points(xyz, rgb, sh_degree=3)
+    else:
+        start = Gaussians.load_ply(args.ply)
     rows = {}
     for backend in args.backends.split(","):
         rows[backend] = time_backend(
@@ -97,7 +105,8 @@ def main() -> None:
     height, width = any_row["shape"]
     print(
         f"refinement step, {args.photos.name}: {len(train)} photos at {width}x{height}, "
-        f"~{any_row['gaussians']} Gaussians (SfM start, SH 3), {args.steps} steps, "
+        f"~{any_row['gaussians']} Gaussians ({'SfM start' if args.ply is None else args.ply.name}, "
+        f"SH {start.sh_degree}), {args.steps} steps, "
         f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
     )
     print()

@@ -13,6 +13,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402
+import refine_start  # noqa: E402
 import zoo  # noqa: E402
 
 
@@ -161,7 +162,6 @@ def test_refine_start_scores_a_runs_cameras_against_the_garden_orbit(tmp_path: P
     scale, the turn of one camera for a camera turned."""
     import torch
 
-    from bench import refine_start
     from models.pipeline.pose_fit import se3_delta
 
     poses = refine_start.garden_orbit(GARDEN, 12)[1]  # [12, 4, 4]
