@@ -153,8 +153,9 @@ def garden_name(index: int) -> str:
     return f"orbit_{index:03d}.png"
 
 
-def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
-    """The garden orbit's photos in ``folder`` (module doc); returns the folder."""
+def make_garden(npz: Path, folder: Path, views: int, size: int) -> dict[str, Any]:
+    """The garden orbit's photos in ``folder`` (module doc); returns the camera each was
+    rendered at (``[4, 4]`` camera-to-world) by file name."""
     import torch
     from PIL import Image
 
@@ -168,7 +169,7 @@ def make_garden(npz: Path, folder: Path, views: int, size: int) -> Path:
             out = render(scene, pose[None, None], k[None, None], (h, size), backend="auto")
         pixels = (out.color[0, 0].clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0)
         Image.fromarray(pixels.numpy()).save(folder / garden_name(i))
-    return folder
+    return {garden_name(i): pose for i, pose in enumerate(poses)}
 
 
 def camera_errors(cameras_json: Path, reference: dict[str, Any]) -> dict[str, float]:
@@ -316,23 +317,21 @@ def run_all(settings: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Every capture x model x start x budget of ``settings``: the rows, by capture."""
     scratch = Path(tempfile.mkdtemp(prefix="refine_start_inputs_"))
     captures: dict[str, Path] = {}
+    references: dict[str, dict[str, Any]] = {}  # the true cameras, where the capture has them
     for name in settings["captures"].split(","):
         if name == "drone":
             captures[name] = Path(settings["drone"])
         elif name == "garden":
             print(f"garden: rendering {settings['garden_views']} orbit photos", file=sys.stderr)
-            captures[name] = make_garden(
+            captures[name] = scratch / "garden"
+            references[name] = make_garden(
                 Path(settings["garden"]),
-                scratch / "garden",
+                captures[name],
                 int(settings["garden_views"]),
                 int(settings["garden_size"]),
             )
         else:
             raise SystemExit(f"error: captures={name}: expected drone or garden")
-    references: dict[str, dict[str, Any]] = {}
-    if "garden" in captures:
-        poses = garden_orbit(Path(settings["garden"]), int(settings["garden_views"]))[1]
-        references["garden"] = {garden_name(i): pose for i, pose in enumerate(poses)}
     results: dict[str, list[dict[str, Any]]] = {}
     runs = [
         (c, m, s, int(b))
