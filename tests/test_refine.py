@@ -142,6 +142,37 @@ def test_mcmc_relocates_dead_gaussians(capture):
     assert bool((result.gaussians.opacities > 0.005).all())
 
 
+def _scaled(capture, factor: float):
+    """The capture and its start in a frame ``factor`` times larger (poses' translations, means
+    and scales; the photos unchanged)."""
+    extrinsics = capture["extrinsics"].clone()
+    extrinsics[:, :3, 3] *= factor
+    start = capture["start"]
+    start = start.replace(means=start.means * factor, scales=start.scales * factor)
+    dead = torch.zeros(start.means.shape[1], dtype=torch.bool)
+    dead[::2] = True  # transparent ones: MCMC's noise moves them
+    opacities = torch.where(dead, torch.tensor(1e-3), start.opacities[0])[None]
+    return {**capture, "extrinsics": extrinsics}, start.replace(opacities=opacities)
+
+
+def test_mcmc_fit_is_the_same_in_a_larger_frame(capture):
+    """The noise, the learning rates and the regularisation follow the frame's scale, so a
+    capture posed in a frame 8x larger (another SfM's choice) fits to the same scene, 8x larger."""
+    # a gentler noise than the default: the default flings a few transparent Gaussians far off
+    # the scene, some behind the cameras, and there the two frames' float rounding drifts apart
+    mcmc = MCMCSettings(start=10, every=10, stop_fraction=1.0, noise_lr=5e5)
+    settings = RefineSettings(steps=40, max_gaussians=120, mcmc=mcmc)
+    fits = {}
+    for factor in (1.0, 8.0):
+        scaled, start = _scaled(capture, factor)
+        fits[factor] = _fit(scaled, settings, start=start).gaussians
+    small, large = fits[1.0], fits[8.0]
+    assert small.means.shape == large.means.shape and small.means.shape[1] > 100
+    torch.testing.assert_close(large.means / 8.0, small.means, atol=2e-3, rtol=0)
+    torch.testing.assert_close(large.scales / 8.0, small.scales, atol=2e-3, rtol=0)
+    torch.testing.assert_close(large.opacities, small.opacities, atol=2e-3, rtol=0)
+
+
 def test_relocation_keeps_the_opacity_of_one_gaussian():
     opacity, scale = relocation(torch.tensor([0.6]), torch.ones(1, 3), torch.tensor([1]))
     assert torch.allclose(opacity, torch.tensor([0.6])) and torch.allclose(scale, torch.ones(1, 3))

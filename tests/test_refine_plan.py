@@ -150,7 +150,7 @@ def test_plan_fit_names_the_argument_and_the_largest_value_that_fits():
 def test_budget_buys_the_minimum_steps_by_pruning_and_caps_growth():
     step_time = StepTime(fixed=0.02, per_gaussian=1e-5)  # 100k Gaussians: 1.02 s a step
     settings = RefineSettings(time=120.0, min_steps=1000)
-    strategy = MCMCStrategy(settings.mcmc, 1, None, None)
+    strategy = MCMCStrategy(settings.mcmc, 1, 1.0, None, None)
     budget = budget_fit(step_time, 100_000, 10**7, settings, strategy.expected_counts)
     assert abs(budget.working - 10_000) <= 1  # 1000 x (0.02 + 1e-5 n) <= 120
     assert budget.steps >= 1000 and budget.seconds <= 120.0 + 1e-6
@@ -337,7 +337,7 @@ def test_the_start_is_measured_where_the_fit_runs(monkeypatch, capsys):
     monkeypatch.setattr(plan_module, "_time_steps", fake_time)
     # 100 steps at 2500 Gaussians take 25 s: the budget would prune further, keep stops it
     settings = RefineSettings(time=20.0, min_steps=100, max_screen_fraction=None)
-    counts = MCMCStrategy(settings.mcmc, 1, None, None).expected_counts
+    counts = MCMCStrategy(settings.mcmc, 1, 1.0, None, None).expected_counts
     plan = plan_fit(settings, 4, (16, 16), 3000)
     start, budget, record, step_time = fit_working_start(
         truth, (images, extrinsics, intrinsics), settings, plan, counts, keep=2500

@@ -77,7 +77,11 @@ class MCMCSettings:
     way, up to the cap (``max_gaussians``). Every step, each mean gets noise
     ``N(0, Sigma) * sigmoid(100 (1 - opacity - 0.995)) * noise_lr * lr_means`` (Sigma: its
     covariance), which moves transparent Gaussians and leaves opaque ones in place; the loss adds
-    ``opacity_reg * mean(opacity) + scale_reg * mean(scale)``.
+    ``opacity_reg * mean(opacity) + scale_reg * mean(scale)``. Lengths in both (Sigma, lr_means,
+    scale) are in units of the scene extent, so the fit is the same in any frame's scale (the
+    paper's noise grows with the cube of the frame's scale); ``noise_lr`` = 1e7 there is the middle
+    of a plateau measured on the drone capture (3e6-3e7 within 0.1 dB, 3e5 1.5 dB lower at 120 s;
+    ``docs/refine.md``).
     """
 
     start: int = 100
@@ -85,7 +89,7 @@ class MCMCSettings:
     stop_fraction: float = 0.85
     min_opacity: float = 0.005
     growth: float = 0.05
-    noise_lr: float = 5e5
+    noise_lr: float = 1e7
     opacity_reg: float = 0.01
     scale_reg: float = 0.01
 

@@ -97,12 +97,14 @@ class MCMCStrategy(Strategy):
         self,
         settings: MCMCSettings,
         cap: int,
+        extent: float,
         max_screen_size: float | None,
         generator: torch.Generator,
     ) -> None:
         super().__init__(cap, max_screen_size, generator)
         self.settings = settings
         self.every = settings.every
+        self.extent = extent
 
     def initialize_state(self) -> dict[str, Any]:
         return {"max_radii": None, "counts": {"relocated": 0, "added": 0, "shrunk": 0}}
@@ -111,7 +113,7 @@ class MCMCStrategy(Strategy):
         s = self.settings
         return (
             s.opacity_reg * torch.sigmoid(params["opacities"]).mean()
-            + s.scale_reg * params["scales"].exp().mean()
+            + s.scale_reg * params["scales"].exp().mean() / self.extent
         )
 
     def expected_counts(
@@ -131,7 +133,10 @@ class MCMCStrategy(Strategy):
         self, params: Params, optimizers: Optimizers, state: dict, step: int, info: dict
     ) -> None:
         s = self.settings
-        ops.inject_noise(params, s.noise_lr * info["lr_means"], self.generator)
+        # lr_means already carries one factor of the extent, the covariance two: in units of the
+        # extent the step is the same whatever the frame's scale
+        scaler = s.noise_lr * info["lr_means"] / self.extent**2
+        ops.inject_noise(params, scaler, self.generator)
         self._track_radii(state, info)
         if step < s.start or step % s.every or info["progress"] >= s.stop_fraction:
             return
@@ -257,7 +262,7 @@ def make_strategy(
 ) -> Strategy:
     """The strategy named ``densify`` (``"mcmc"``, ``"adc"`` or ``"none"``)."""
     if densify == "mcmc":
-        return MCMCStrategy(mcmc, cap, max_screen_size, generator)
+        return MCMCStrategy(mcmc, cap, extent, max_screen_size, generator)
     if densify == "adc":
         return ADCStrategy(adc, cap, extent, max_screen_size, generator)
     return Strategy(cap, max_screen_size, generator)
