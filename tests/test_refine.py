@@ -126,33 +126,34 @@ def test_mcmc_grows_to_the_cap_and_never_beyond(mcmc_fit):
     assert max(point["count"] for point in mcmc_fit.curve) <= 150
 
 
-def test_mcmc_relocates_dead_gaussians(capture):
-    start = capture["start"]
-    dead = torch.zeros(100, dtype=torch.bool)
+def _half_transparent(start: Gaussians) -> Gaussians:
+    """``start`` with every other Gaussian at opacity 1e-3 (dead to MCMC, moved by its noise)."""
+    dead = torch.zeros(start.means.shape[1], dtype=torch.bool)
     dead[::2] = True
     opacities = torch.where(dead, torch.tensor(1e-3), start.opacities[0])[None]
+    return start.replace(opacities=opacities)
+
+
+def test_mcmc_relocates_dead_gaussians(capture):
     settings = RefineSettings(
         steps=11,
         max_gaussians=100,
         mcmc=MCMCSettings(start=10, every=10, stop_fraction=1.0),
     )
-    result = _fit(capture, settings, start=start.replace(opacities=opacities))
+    result = _fit(capture, settings, start=_half_transparent(capture["start"]))
     assert result.densify["relocated"] >= 50 and result.densify["added"] == 0
     assert result.count_after == 100
     assert bool((result.gaussians.opacities > 0.005).all())
 
 
 def _scaled(capture, factor: float):
-    """The capture and its start in a frame ``factor`` times larger (poses' translations, means
-    and scales; the photos unchanged)."""
+    """The capture and its half-transparent start in a frame ``factor`` times larger (poses'
+    translations, means and scales; the photos unchanged)."""
     extrinsics = capture["extrinsics"].clone()
     extrinsics[:, :3, 3] *= factor
     start = capture["start"]
     start = start.replace(means=start.means * factor, scales=start.scales * factor)
-    dead = torch.zeros(start.means.shape[1], dtype=torch.bool)
-    dead[::2] = True  # transparent ones: MCMC's noise moves them
-    opacities = torch.where(dead, torch.tensor(1e-3), start.opacities[0])[None]
-    return {**capture, "extrinsics": extrinsics}, start.replace(opacities=opacities)
+    return {**capture, "extrinsics": extrinsics}, _half_transparent(start)
 
 
 def test_mcmc_fit_is_the_same_in_a_larger_frame(capture):
