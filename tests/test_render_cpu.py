@@ -54,11 +54,20 @@ def failed_build(monkeypatch, fresh_build_state):
 
 
 def render_with_grads(
-    gaussians, extrinsics, intrinsics, shape, background, backend, rasterize_mode="classic"
+    gaussians,
+    extrinsics,
+    intrinsics,
+    shape,
+    background,
+    backend,
+    rasterize_mode="classic",
+    pose_grad=True,
 ):
-    """Render and differentiate a loss of colour, depth and alpha w.r.t. every field and pose."""
+    """Render and differentiate a loss of colour, depth and alpha w.r.t. every field and, with
+    ``pose_grad``, the poses (the cpu backend then projects in PyTorch; without, it uses its
+    compiled projection)."""
     params = {k: getattr(gaussians, k).clone().requires_grad_(True) for k in NAMES}
-    poses = extrinsics.clone().requires_grad_(True)
+    poses = extrinsics.clone().requires_grad_(pose_grad)
     out = render(
         Gaussians(**params, mask=gaussians.mask),
         poses,
@@ -71,7 +80,8 @@ def render_with_grads(
     weight = torch.linspace(0.5, 1.5, out.color.numel(), dtype=out.color.dtype)
     loss = (weight.reshape(out.color.shape) * out.color).sum()
     loss = loss + 0.3 * out.depth.sum() + 2.0 * out.alpha.sum()
-    grads = torch.autograd.grad(loss, [*params.values(), poses])
+    inputs = [*params.values(), *([poses] if pose_grad else [])]
+    grads = torch.autograd.grad(loss, inputs)
     return out, dict(zip([*NAMES, "extrinsics"], grads))
 
 
@@ -92,23 +102,26 @@ def _assert_same_render(ours, ours_grads: dict, ref, ref_grads: dict, dtype) -> 
     return grad_tol
 
 
+@pytest.mark.parametrize("pose_grad", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_matches_torch_backend_forward_and_gradients(cpu_backend, dtype):
+def test_cpu_matches_torch_backend_forward_and_gradients(cpu_backend, dtype, pose_grad):
     g = random_gaussians(2, 600, degree=3, dtype=dtype, spread=0.9)
     g.mask = torch.rand(2, 600, generator=torch.Generator().manual_seed(4)) > 0.2
     g.means[~g.mask] = float("nan")  # masked entries may hold anything
     extrinsics, intrinsics = cameras(2, 3, dtype)
     bg = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(5), dtype=dtype)
     shape = (53, 75)
-    ours, ours_grads = render_with_grads(g, extrinsics, intrinsics, shape, bg, "cpu")
-    ref, ref_grads = render_with_grads(g, extrinsics, intrinsics, shape, bg, "torch")
+    args = (g, extrinsics, intrinsics, shape, bg)
+    ours, ours_grads = render_with_grads(*args, "cpu", pose_grad=pose_grad)
+    ref, ref_grads = render_with_grads(*args, "torch", pose_grad=pose_grad)
     assert ref.alpha.max() > 0.9 and (ref.alpha < 0.1).any()  # opaque and empty pixels
     _assert_same_render(ours, ours_grads, ref, ref_grads, dtype)
     assert (ours_grads["means"][~g.mask] == 0).all()
 
 
+@pytest.mark.parametrize("pose_grad", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_matches_torch_backend_antialiased(cpu_backend, dtype):
+def test_cpu_matches_torch_backend_antialiased(cpu_backend, dtype, pose_grad):
     # The cpu backend compensates the opacities in PyTorch before the kernel: its gradients
     # (autograd through the compensation, then the kernel's backward) must match the torch
     # backend's (autograd throughout).
@@ -119,9 +132,10 @@ def test_cpu_matches_torch_backend_antialiased(cpu_backend, dtype):
     bg = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(7), dtype=dtype)
     shape = (41, 57)
     args = (g, extrinsics, intrinsics, shape, bg)
-    ours, ours_grads = render_with_grads(*args, "cpu", rasterize_mode="antialiased")
-    ref, ref_grads = render_with_grads(*args, "torch", rasterize_mode="antialiased")
-    classic, classic_grads = render_with_grads(*args, "cpu")
+    mode = {"rasterize_mode": "antialiased", "pose_grad": pose_grad}
+    ours, ours_grads = render_with_grads(*args, "cpu", **mode)
+    ref, ref_grads = render_with_grads(*args, "torch", **mode)
+    classic, classic_grads = render_with_grads(*args, "cpu", pose_grad=pose_grad)
     assert (classic.color - ours.color).abs().max() > 0.05  # the mode matters here
     grad_tol = _assert_same_render(ours, ours_grads, ref, ref_grads, dtype)
     # The compensation's own gradient is part of it (it changes the scales' gradient).
@@ -144,15 +158,17 @@ def test_cpu_matches_torch_backend_on_garden(cpu_backend, shared_data):
     assert torch.equal(ours.radii, ref.radii)
 
 
-def test_result_does_not_depend_on_threads(cpu_backend):
+@pytest.mark.parametrize("pose_grad", [True, False])
+def test_result_does_not_depend_on_threads(cpu_backend, pose_grad):
     g = random_gaussians(2, 400, degree=1, spread=0.5, scale=(0.1, 0.4))
     extrinsics, intrinsics = cameras(2, 2)
     threads = torch.get_num_threads()
     results = []
+    args = (g, extrinsics, intrinsics, (40, 56), None, "cpu")
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
-            results.append(render_with_grads(g, extrinsics, intrinsics, (40, 56), None, "cpu"))
+            results.append(render_with_grads(*args, pose_grad=pose_grad))
     finally:
         torch.set_num_threads(threads)
     (a, a_grads), (b, b_grads) = results
@@ -347,3 +363,66 @@ def test_a_stale_build_lock_does_not_hang_the_next_process(cpu_backend):
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
     )  # a hang is a TimeoutExpired
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def _projection_scene(dtype, degree: int) -> tuple[Gaussians, torch.Tensor, torch.Tensor]:
+    """Gaussians in front of, behind and far beside three cameras, some masked, some flat."""
+    g = random_gaussians(2, 700, degree=degree, dtype=dtype, spread=1.5, scale=(1e-3, 0.5))
+    generator = torch.Generator().manual_seed(11)
+    g.means[:, :60, 2] = -torch.rand(2, 60, generator=generator, dtype=dtype)  # behind
+    g.means[:, 60:120, :2] *= 8.0  # far outside the image: the Jacobian's slope is limited
+    g.scales[:, 120:160, 2] = 1e-5  # flat
+    g.mask = torch.rand(2, 700, generator=generator) > 0.1
+    extrinsics, intrinsics = cameras(2, 3, dtype)
+    return g, extrinsics, intrinsics
+
+
+def _projection_and_grads(project, g, extrinsics, intrinsics, mode, seen):
+    """The projection and the gradients of a random weighting of its outputs, where ``seen``
+    ``[B, V, N]`` (None: everywhere)."""
+    leaves = [getattr(g, k).clone().requires_grad_(True) for k in NAMES]
+    outputs = project(
+        Gaussians(*leaves, mask=g.mask), extrinsics, intrinsics, (45, 61), 0.05, 6.0, mode, 0.3
+    )
+    generator = torch.Generator().manual_seed(3)
+    loss = 0.0
+    for output in outputs[:5]:
+        weight = torch.randn(output.shape, generator=generator, dtype=output.dtype)
+        if seen is not None:
+            weight = weight * seen.reshape(*seen.shape, *[1] * (output.ndim - 3))
+        loss = loss + (output * weight).sum()
+    return outputs, torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("mode", ["classic", "antialiased"])
+@pytest.mark.parametrize("degree", [0, 1, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_projection_matches_the_reference(cpu_backend, dtype, degree, mode):
+    # project_cpu (one C++ pass per Gaussian, its backward written out) against the PyTorch
+    # projection and SH colours under autograd, with a gradient on every output. In float64 on
+    # every entry, culled ones too; in float32 on the pairs the rasteriser draws (a culled
+    # Gaussian far beside the image or seen edge-on has an ill-conditioned footprint, where
+    # float32 rounding alone moves its conic by 1e-4).
+    g, extrinsics, intrinsics = _projection_scene(dtype, degree)
+    with torch.no_grad():
+        radii = render_cpu._project_torch(
+            g, extrinsics, intrinsics, (45, 61), 0.05, 6.0, mode, 0.3
+        )[5]
+    visible = radii.any(-1)  # [B, V, N]
+    assert 0.2 < visible.float().mean() < 0.8
+    seen = visible if dtype == torch.float32 else None
+    args = (g, extrinsics, intrinsics, mode, seen)
+    ours, ours_grads = _projection_and_grads(render_cpu.project_cpu, *args)
+    ref, ref_grads = _projection_and_grads(render_cpu._project_torch, *args)
+    assert torch.equal(ours[5], radii)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    compared = visible if seen is not None else torch.ones_like(visible)
+    for name, a, b in zip(("means2d", "conics", "colors", "opacities", "depths"), ours, ref):
+        a, b = a[compared], b[compared]
+        # the compensation's det(S) cancels for needles: float32 rounding moves it more
+        loose = name == "opacities" and mode == "antialiased" and dtype == torch.float32
+        scale = b.abs().max().item()  # relative to the largest, or to the entry itself
+        assert ((a - b).abs() <= (1e-3 if loose else tol) * (b.abs() + scale)).all(), name
+    for name, a, b in zip(NAMES, ours_grads, ref_grads):
+        assert b.abs().max() > 0, name
+        assert (a - b).abs().max().item() <= 10 * tol * b.abs().max().item(), name

@@ -39,6 +39,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from models.core.sh import eval_sh
+from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
 from models.render.output import RenderOutput
 from models.render.projection import EPS2D, project_views
 
@@ -46,13 +47,19 @@ __all__ = [
     "CpuRasterizerUnavailable",
     "SUPPORTED_DTYPES",
     "cpu_rasterizer_error",
+    "project_cpu",
     "rasterize_cpu",
     "render_cpu",
 ]
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("rasterize_cpu_kernel.cpp", "rasterize_cpu_ops.cpp")
-HEADERS = ("rasterize_cpu.h",)
+SOURCES = (
+    "rasterize_cpu_kernel.cpp",
+    "rasterize_cpu_ops.cpp",
+    "project_cpu_kernel.cpp",
+    "project_cpu_ops.cpp",
+)
+HEADERS = ("rasterize_cpu.h", "project_cpu.h")
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _LDFLAGS = ["-fopenmp"]
 # Measured: 21 s on an idle 2-core machine, 25-45 s on a busy one (the project's CPU).
@@ -310,6 +317,106 @@ def rasterize_cpu(
     )
 
 
+class _Project(torch.autograd.Function):
+    """Differentiable wrapper around ``torch.ops.splatzoo_cpu.project_forward``/``backward``:
+    projection and SH colours in one pass (the camera is a constant here)."""
+
+    @staticmethod
+    def forward(ctx, means, scales, rotations, opacities, harmonics, *cameras):
+        inputs = [t.contiguous() for t in (means, scales, rotations, opacities, harmonics)]
+        *tensors, height, width, eps2d, antialiased = cameras
+        tensors = [t.contiguous() for t in tensors]
+        outputs = torch.ops.splatzoo_cpu.project_forward(
+            *inputs, *tensors, height, width, eps2d, antialiased
+        )
+        ctx.save_for_backward(*inputs, *tensors)
+        ctx.options = (height, width, eps2d, antialiased)
+        ctx.mark_non_differentiable(outputs[-1])
+        return outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, v_means2d, v_conics, v_colors, v_opacities, v_depths, _v_radii):
+        grads = [g.contiguous() for g in (v_means2d, v_conics, v_colors, v_opacities, v_depths)]
+        inputs = torch.ops.splatzoo_cpu.project_backward(*ctx.saved_tensors, *ctx.options, *grads)
+        return (*inputs, *([None] * 10))
+
+
+def _per_view(value: float | Tensor, batch: int, views: int, like: Tensor) -> Tensor:
+    """A near or far plane, a float or ``[B, V]``, as a contiguous ``[B, V]`` tensor."""
+    if isinstance(value, Tensor):
+        return value.to(like).expand(batch, views).contiguous()
+    return torch.full((batch, views), float(value), dtype=like.dtype, device=like.device)
+
+
+def project_cpu(
+    gaussians,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    image_size: tuple[int, int],
+    near: float | Tensor,
+    far: float | Tensor,
+    rasterize_mode: str = "classic",
+    eps2d: float = EPS2D,
+) -> tuple[Tensor, ...]:
+    """The compiled projection and SH colours of every scene's Gaussians in each of its views:
+    what :func:`models.render.projection.project_views` and ``max(eval_sh(...) + 0.5, 0)``
+    compute (the reference the tests compare against), differentiable in the Gaussians' fields
+    (not in the cameras).
+
+    Returns:
+        ``means2d [B, V, N, 2]``, ``conics [B, V, N, 3]``, ``colors [B, V, N, 3]``,
+        ``opacities [B, V, N]`` (compensated in ``"antialiased"`` mode), ``depths [B, V, N]`` and
+        ``radii [B, V, N, 2]`` int32 (0 where culled or masked out).
+    """
+    error = cpu_rasterizer_error(gaussians.means.dtype)
+    if error is not None:
+        raise CpuRasterizerUnavailable(f"backend='cpu' is not available: {error}")
+    batch, views = extrinsics.shape[:2]
+    num = gaussians.num_slots
+    height, width = image_size
+    outputs = _Project.apply(
+        gaussians.means,
+        gaussians.scales,
+        gaussians.rotations,
+        gaussians.opacities,
+        gaussians.harmonics,
+        gaussians.valid_mask().contiguous(),
+        world_to_camera(extrinsics),
+        extrinsics[..., :3, 3],
+        intrinsics_to_pixels(intrinsics, image_size),
+        _per_view(near, batch, views, gaussians.means),
+        _per_view(far, batch, views, gaussians.means),
+        int(height),
+        int(width),
+        float(eps2d),
+        rasterize_mode == "antialiased",
+    )
+    return tuple(t.reshape(batch, views, num, *t.shape[2:]) for t in outputs)
+
+
+def _project_torch(gaussians, extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d):
+    """:func:`project_cpu`'s outputs from the PyTorch reference (differentiable in the cameras
+    too)."""
+    views = extrinsics.shape[1]
+    projection, valid = project_views(
+        gaussians, extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d
+    )  # valid: [B, V, N]
+    radii = projection.radii * valid[..., None]  # [B, V, N, 2]
+    centres = extrinsics[..., :3, 3]  # [B, V, 3]
+    directions = gaussians.means[:, None] - centres[:, :, None]  # [B, V, N, 3]
+    harmonics = gaussians.harmonics[:, None].expand(-1, views, -1, -1, -1)  # [B, V, N, 3, K]
+    colors = torch.clamp_min(eval_sh(harmonics, directions) + 0.5, 0.0)  # [B, V, N, 3]
+    opacities = gaussians.opacities[:, None].expand(-1, views, -1)  # [B, V, N]
+    if projection.compensations is not None:
+        opacities = opacities * projection.compensations
+    return projection.means2d, projection.conics, colors, opacities, projection.depths, radii
+
+
+def _cameras_differentiable(*cameras) -> bool:
+    return any(isinstance(t, Tensor) and t.requires_grad for t in cameras)
+
+
 def render_cpu(
     gaussians,
     extrinsics: Tensor,
@@ -324,35 +431,29 @@ def render_cpu(
 ):
     """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``).
 
-    In ``"antialiased"`` mode the opacities are compensated per view in PyTorch before the kernel
-    (which takes per-image opacities), so autograd carries the compensation's gradient.
+    The projection and SH colours are compiled too (:func:`project_cpu`) unless a camera needs a
+    gradient (a fit that refines its cameras): then they are PyTorch's, which autograd
+    differentiates in the cameras as well.
     """
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
-    projection, valid = project_views(
-        gaussians, extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d
-    )  # valid: [B, V, N]
-    radii = projection.radii * valid[..., None]  # [B, V, N, 2]
-    centres = extrinsics[..., :3, 3]  # [B, V, 3]
-    directions = gaussians.means[:, None] - centres[:, :, None]  # [B, V, N, 3]
-    harmonics = gaussians.harmonics[:, None].expand(-1, views, -1, -1, -1)  # [B, V, N, 3, K]
-    colors = torch.clamp_min(eval_sh(harmonics, directions) + 0.5, 0.0)  # [B, V, N, 3]
-    opacities = gaussians.opacities[:, None].expand(-1, views, -1)  # [B, V, N]
-    if projection.compensations is not None:
-        opacities = opacities * projection.compensations
+    cameras = (extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d)
+    if _cameras_differentiable(extrinsics, intrinsics, near, far):
+        projected = _project_torch(gaussians, *cameras)
+    else:
+        projected = project_cpu(gaussians, *cameras)
+    means2d, conics, colors, opacities, depths, radii = projected
     images = batch * views
     out = rasterize_cpu(
-        projection.means2d.reshape(images, num, 2),
-        projection.conics.reshape(images, num, 3),
+        means2d.reshape(images, num, 2),
+        conics.reshape(images, num, 3),
         colors.reshape(images, num, 3),
         opacities.reshape(images, num),
-        projection.depths.reshape(images, num),
+        depths.reshape(images, num),
         radii.reshape(images, num, 2),
         image_size,
         tile_size,
     ).reshape(batch, views, 5, *image_size)
     alpha = out[:, :, 4]
     color = out[:, :, :3] + background[..., None, None] * (1.0 - alpha[:, :, None])
-    return RenderOutput(
-        color=color, depth=out[:, :, 3], alpha=alpha, radii=radii, means2d=projection.means2d
-    )
+    return RenderOutput(color=color, depth=out[:, :, 3], alpha=alpha, radii=radii, means2d=means2d)
