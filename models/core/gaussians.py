@@ -29,6 +29,7 @@ def _all_finite(value: Tensor) -> bool:
     with torch.no_grad():
         return bool(torch.isfinite(value.sum())) or bool(torch.isfinite(value).all())
 
+
 SH_C0 = 0.28209479177387814  # Y_0^0, the DC spherical harmonic
 
 
