@@ -3,10 +3,13 @@
 A C++ tile rasteriser (``models/render/csrc/``, OpenMP over 16x16 tiles) with the numerics of the
 torch backend and of gsplat 1.5 (see :mod:`models.render`): per-tile lists of Gaussians sorted by
 depth, front-to-back compositing, and a backward pass that walks each tile's list back to front the
-way gsplat's CUDA kernel does, recovering each transmittance from the final one. Projection, SH
-colours and the background stay in PyTorch (autograd differentiates through them); the kernel takes
-the projected means, conics, colours, opacities and depths of each image and returns colour,
-expected depth and alpha with their backward pass.
+way gsplat's CUDA kernel does, recovering each transmittance from the final one. The projection
+and SH colours are compiled too (:func:`project_cpu`: one pass per Gaussian over its views, with
+the backward written out, as gsplat's fully fused projection), except when a camera needs a
+gradient (a fit that refines its cameras): then PyTorch's projection (the reference the tests
+compare against) runs and autograd differentiates the cameras as well. The background is added in
+PyTorch. The rasteriser takes the projected means, conics, colours, opacities and depths of each
+image and returns colour, expected depth and alpha with their backward pass.
 
 The extension is built on first use with ``torch.utils.cpp_extension.load`` (needs a C++17/20
 compiler and ninja; about ``BUILD_SECONDS``, said on stderr before it starts) into torch's
