@@ -177,6 +177,54 @@ def test_result_does_not_depend_on_threads(cpu_backend, pose_grad):
         assert torch.equal(a_grads[name], b_grads[name]), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_image_binning_does_not_depend_on_threads(cpu_backend, dtype):
+    """One image with enough Gaussians for the binning to split across threads (overlapping,
+    many depth ties, some culled): the same tile lists, render and gradients on 1 and 2 threads,
+    each tile's list in depth order with ties by slot index."""
+    gen = torch.Generator().manual_seed(0)
+    num, height, width, tile = 20000, 48, 80, 16
+    means2d = torch.rand(1, num, 2, generator=gen) * torch.tensor([width + 8.0, height + 8.0]) - 4
+    sigma = 0.5 + 4.0 * torch.rand(1, num, 2, generator=gen)
+    angle = torch.rand(1, num, generator=gen) * torch.pi
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    xx = (cos * sigma[..., 0]) ** 2 + (sin * sigma[..., 1]) ** 2
+    yy = (sin * sigma[..., 0]) ** 2 + (cos * sigma[..., 1]) ** 2
+    xy = cos * sin * (sigma[..., 0] ** 2 - sigma[..., 1] ** 2)
+    det = xx * yy - xy**2
+    conics = torch.stack([yy / det, -xy / det, xx / det], dim=-1)
+    radii = torch.ceil(3 * torch.stack([xx, yy], dim=-1).sqrt()).to(torch.int32)
+    radii[:, ::7] = 0
+    colors = torch.rand(1, num, 3, generator=gen)
+    opacities = 0.01 + 0.99 * torch.rand(1, num, generator=gen)
+    depths = torch.randint(1, 30, (1, num), generator=gen).float()
+    floats = [t.to(dtype) for t in (means2d, conics, colors, opacities, depths)]
+    inputs = (*floats, radii, height, width, tile)
+    grad_out = torch.rand(1, 5, height, width, generator=gen, dtype=dtype)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            out, t_final, last, offsets, ids = torch.ops.splatzoo_cpu.forward(*inputs)
+            grads = torch.ops.splatzoo_cpu.backward(*inputs, offsets, ids, t_final, last, grad_out)
+            results.append((out, t_final, last, offsets, ids, grads))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    offsets, ids = results[0][3], results[0][4]
+    assert ids.numel() > 2 * num and (radii[0, ids.long()] > 0).any(-1).all()
+    ties = 0
+    for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        slots = ids[start:end].long()
+        d = depths[0, slots]
+        assert ((d[1:] > d[:-1]) | ((d[1:] == d[:-1]) & (slots[1:] > slots[:-1]))).all()
+        ties += int((d[1:] == d[:-1]).sum())
+    assert ties > 1000
+    assert results[0][5].abs().sum() > 0
+
+
 def test_auto_uses_the_compiled_rasteriser_on_cpu(cpu_backend):
     g = random_gaussians(1, 200, degree=1)
     extrinsics, intrinsics = cameras(1, 2)

@@ -14,7 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
+#include <memory>
+#include <utility>
 
 namespace splatzoo {
 namespace {
@@ -224,73 +225,153 @@ inline Lanes<double>::V exp_lanes(Lanes<double>::V x) {
   return y * (V)bits;
 }
 
+// Tiles of one image (flat ids 0 .. tiles) whose pixel centres a Gaussian can reach with
+// alpha >= 1/255: gsplat's tile range of the bounding box (float32 arithmetic as its kernel),
+// minus tiles where alpha < 1/255 at every pixel centre. Appended in row-major tile order.
+template <typename T>
+void tiles_of(const Splats<T>& s, int64_t slot, int64_t tiles_x, int64_t tiles_y,
+              std::vector<int32_t>& out) {
+  const float tile_f = static_cast<float>(s.tile);
+  const float cx = static_cast<float>(s.means2d[2 * slot]) / tile_f;
+  const float cy = static_cast<float>(s.means2d[2 * slot + 1]) / tile_f;
+  const float ex = static_cast<float>(s.radii[2 * slot]) / tile_f;
+  const float ey = static_cast<float>(s.radii[2 * slot + 1]) / tile_f;
+  auto range = [](float v, int64_t upper, bool up) {
+    const float r = up ? std::ceil(v) : std::floor(v);
+    if (!(r > 0.0f)) return int64_t(0);  // also NaN
+    return std::min(static_cast<int64_t>(std::min(r, 1e9f)), upper);
+  };
+  const int64_t x_lo = range(cx - ex, tiles_x, false), x_hi = range(cx + ex, tiles_x, true);
+  const int64_t y_lo = range(cy - ey, tiles_y, false), y_hi = range(cy + ey, tiles_y, true);
+  if (x_lo >= x_hi || y_lo >= y_hi) return;
+  const double mx = s.means2d[2 * slot], my = s.means2d[2 * slot + 1];
+  const double a = s.conics[3 * slot], b = s.conics[3 * slot + 1], c = s.conics[3 * slot + 2];
+  const double reach = std::log(static_cast<double>(s.opacities[slot]) / kAlphaThreshold);
+  const double limit = reach + 1e-3 * (1.0 + std::abs(reach));
+  for (int64_t ty = y_lo; ty < y_hi; ++ty) {
+    const double lo_y = ty * s.tile + 0.5 - my;
+    const double hi_y = std::min((ty + 1) * s.tile, s.height) - 0.5 - my;
+    for (int64_t tx = x_lo; tx < x_hi; ++tx) {
+      const double lo_x = tx * s.tile + 0.5 - mx;
+      const double hi_x = std::min((tx + 1) * s.tile, s.width) - 0.5 - mx;
+      if (min_sigma_over_box(lo_x, lo_y, hi_x, hi_y, a, b, c) <= limit) {
+        out.push_back(static_cast<int32_t>(ty * tiles_x + tx));
+      }
+    }
+  }
+}
+
+// Unsigned integers in the order of the floats (-0 as +0; depths of visible slots are finite).
+inline uint32_t order_bits(float v) {
+  uint32_t u;
+  v = v == 0.0f ? 0.0f : v;
+  std::memcpy(&u, &v, sizeof(u));
+  return (u >> 31) ? ~u : u | (uint32_t(1) << 31);
+}
+inline uint64_t order_bits(double v) {
+  uint64_t u;
+  v = v == 0.0 ? 0.0 : v;
+  std::memcpy(&u, &v, sizeof(u));
+  return (u >> 63) ? ~u : u | (uint64_t(1) << 63);
+}
+
+// Stable LSD radix sort of (key, slot) pairs by key, 8 bits a pass.
+template <typename U>
+void radix_sort(std::vector<std::pair<U, int32_t>>& items) {
+  std::vector<std::pair<U, int32_t>> buffer(items.size());
+  for (unsigned shift = 0; shift < 8 * sizeof(U); shift += 8) {
+    size_t count[257] = {0};
+    for (const auto& item : items) ++count[((item.first >> shift) & 255) + 1];
+    if (*std::max_element(count, count + 257) == items.size()) continue;  // one digit: no-op
+    for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
+    for (const auto& item : items) buffer[count[(item.first >> shift) & 255]++] = item;
+    items.swap(buffer);
+  }
+}
+
+// One image's tile lists on `threads` threads: ids in the order of flat tile ids, each tile's
+// Gaussians in depth order with ties by slot index (the torch backend's stable sort); counts
+// [tiles + 1] are the lists' offsets. The result does not depend on `threads`.
+template <typename T>
+void bin_image(const Splats<T>& s, int64_t image, int threads, std::vector<int32_t>& ids,
+               std::vector<int64_t>& counts) {
+  const int64_t tiles_x = ceil_div(s.width, s.tile), tiles_y = ceil_div(s.height, s.tile);
+  const int64_t tiles = tiles_x * tiles_y, base = image * s.num;
+  // Each slot's tiles, by chunks of slots (hits[chunk], the slot's first at first[n]), and the
+  // (depth, slot) keys of the slots with a tile. Chunk-local vectors until the chunk is done.
+  using Key = std::pair<decltype(order_bits(T())), int32_t>;
+  constexpr int64_t kChunk = 2048;
+  const int64_t chunks = ceil_div(s.num, kChunk);
+  std::vector<std::vector<int32_t>> hits(chunks);
+  std::vector<std::vector<Key>> keys(chunks);
+  std::vector<int32_t> first(s.num), number(s.num);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    std::vector<int32_t> out;
+    std::vector<Key> own;
+    for (int64_t n = chunk * kChunk; n < std::min((chunk + 1) * kChunk, s.num); ++n) {
+      first[n] = static_cast<int32_t>(out.size());
+      const int32_t* r = s.radii + 2 * (base + n);
+      if (r[0] > 0 || r[1] > 0) tiles_of(s, base + n, tiles_x, tiles_y, out);
+      number[n] = static_cast<int32_t>(out.size()) - first[n];
+      if (number[n] > 0) own.emplace_back(order_bits(s.depths[base + n]), static_cast<int32_t>(n));
+    }
+    hits[chunk] = std::move(out);
+    keys[chunk] = std::move(own);
+  }
+  // Those slots in depth order, ties by slot index (the keys are in slot order, the sort stable).
+  std::vector<Key> order;
+  for (const auto& own : keys) order.insert(order.end(), own.begin(), own.end());
+  radix_sort(order);
+  // Counting sort of the (tile, slot) pairs by tile, stable, so each tile's list stays in depth
+  // order: parts of `order` count their pairs per tile, then write from their own cursors.
+  const int64_t visible = static_cast<int64_t>(order.size());
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, visible / 4096));
+  std::vector<int64_t> cursor(parts * tiles, 0);
+  auto for_pairs = [&](int64_t part, auto&& visit) {
+    for (int64_t i = visible * part / parts; i < visible * (part + 1) / parts; ++i) {
+      const int32_t n = order[i].second;
+      const int32_t* t = hits[n / kChunk].data() + first[n];
+      for (int32_t j = 0; j < number[n]; ++j) visit(t[j], n);
+    }
+  };
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+  for (int64_t part = 0; part < parts; ++part) {
+    int64_t* own = cursor.data() + part * tiles;
+    for_pairs(part, [own](int32_t t, int32_t) { ++own[t]; });
+  }
+  counts.assign(tiles + 1, 0);
+  int64_t total = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    counts[t] = total;
+    for (int64_t part = 0; part < parts; ++part) {
+      const int64_t c = cursor[part * tiles + t];
+      cursor[part * tiles + t] = total;
+      total += c;
+    }
+  }
+  counts[tiles] = total;
+  ids.resize(total);
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+  for (int64_t part = 0; part < parts; ++part) {
+    int64_t* own = cursor.data() + part * tiles;
+    int32_t* out = ids.data();
+    for_pairs(part, [own, out](int32_t t, int32_t n) { out[own[t]++] = n; });
+  }
+}
 
 }  // namespace
 
 template <typename T>
 Bins bin_tiles(const Splats<T>& s, int threads) {
-  const int64_t tiles_x = ceil_div(s.width, s.tile), tiles_y = ceil_div(s.height, s.tile);
-  const int64_t tiles = tiles_x * tiles_y;
+  const int64_t tiles = ceil_div(s.width, s.tile) * ceil_div(s.height, s.tile);
   std::vector<std::vector<int32_t>> per_image_ids(s.images);
   std::vector<std::vector<int64_t>> per_image_counts(s.images);
-
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  // Threads over images when there are enough of them, else within each image.
+  const bool across = s.images >= threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(across ? threads : 1)
   for (int64_t image = 0; image < s.images; ++image) {
-    const int64_t base = image * s.num;
-    // Visible slots in depth order, ties by slot index (the torch backend's stable sort).
-    std::vector<int32_t> order;
-    for (int64_t n = 0; n < s.num; ++n) {
-      const int32_t* r = s.radii + 2 * (base + n);
-      if (r[0] > 0 || r[1] > 0) order.push_back(static_cast<int32_t>(n));
-    }
-    const T* depth = s.depths + base;
-    std::sort(order.begin(), order.end(), [depth](int32_t i, int32_t j) {
-      return depth[i] < depth[j] || (depth[i] == depth[j] && i < j);
-    });
-    // (tile, slot) intersections in depth order: gsplat's tile range of the bounding box
-    // (float32 arithmetic as its kernel), minus tiles where alpha < 1/255 at every pixel centre.
-    std::vector<int32_t> hit_tile, hit_slot;
-    const float tile_f = static_cast<float>(s.tile);
-    for (int32_t n : order) {
-      const int64_t slot = base + n;
-      const float cx = static_cast<float>(s.means2d[2 * slot]) / tile_f;
-      const float cy = static_cast<float>(s.means2d[2 * slot + 1]) / tile_f;
-      const float ex = static_cast<float>(s.radii[2 * slot]) / tile_f;
-      const float ey = static_cast<float>(s.radii[2 * slot + 1]) / tile_f;
-      auto range = [](float v, int64_t upper, bool up) {
-        const float r = up ? std::ceil(v) : std::floor(v);
-        if (!(r > 0.0f)) return int64_t(0);  // also NaN
-        return std::min(static_cast<int64_t>(std::min(r, 1e9f)), upper);
-      };
-      const int64_t x_lo = range(cx - ex, tiles_x, false), x_hi = range(cx + ex, tiles_x, true);
-      const int64_t y_lo = range(cy - ey, tiles_y, false), y_hi = range(cy + ey, tiles_y, true);
-      if (x_lo >= x_hi || y_lo >= y_hi) continue;
-      const double mx = s.means2d[2 * slot], my = s.means2d[2 * slot + 1];
-      const double a = s.conics[3 * slot], b = s.conics[3 * slot + 1], c = s.conics[3 * slot + 2];
-      const double reach = std::log(static_cast<double>(s.opacities[slot]) / kAlphaThreshold);
-      const double limit = reach + 1e-3 * (1.0 + std::abs(reach));
-      for (int64_t ty = y_lo; ty < y_hi; ++ty) {
-        const double lo_y = ty * s.tile + 0.5 - my;
-        const double hi_y = std::min((ty + 1) * s.tile, s.height) - 0.5 - my;
-        for (int64_t tx = x_lo; tx < x_hi; ++tx) {
-          const double lo_x = tx * s.tile + 0.5 - mx;
-          const double hi_x = std::min((tx + 1) * s.tile, s.width) - 0.5 - mx;
-          if (min_sigma_over_box(lo_x, lo_y, hi_x, hi_y, a, b, c) <= limit) {
-            hit_tile.push_back(static_cast<int32_t>(ty * tiles_x + tx));
-            hit_slot.push_back(n);
-          }
-        }
-      }
-    }
-    // Counting sort by tile, stable: each tile's list stays in depth order.
-    std::vector<int64_t> counts(tiles + 1, 0);
-    for (int32_t t : hit_tile) ++counts[t + 1];
-    std::partial_sum(counts.begin(), counts.end(), counts.begin());
-    std::vector<int64_t> cursor(counts.begin(), counts.end() - 1);
-    std::vector<int32_t> ids(hit_tile.size());
-    for (size_t k = 0; k < hit_tile.size(); ++k) ids[cursor[hit_tile[k]]++] = hit_slot[k];
-    per_image_ids[image] = std::move(ids);
-    per_image_counts[image] = std::move(counts);
+    bin_image(s, image, across ? 1 : threads, per_image_ids[image], per_image_counts[image]);
   }
 
   Bins bins;
@@ -436,8 +517,10 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
   V lane_offsets;
   for (int i = 0; i < W; ++i) lane_offsets[i] = static_cast<T>(i);
   // Per-intersection gradients: each entry belongs to one tile, so threads never share one and
-  // the result does not depend on the schedule.
-  std::vector<double> entry(total * kGrads, 0.0);
+  // the result does not depend on the schedule. Each tile zeroes its own entries.
+  std::unique_ptr<double[]> entry(new double[total * kGrads]);
+  // Slots are summed in `parts` ranges per image, each range by one thread.
+  const int64_t parts = ceil_div(threads, s.images);
 
 #pragma omp parallel num_threads(threads)
   {
@@ -452,6 +535,7 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
     for (int64_t flat = 0; flat < s.images * tiles; ++flat) {
       const int64_t start = bins.offsets[flat], end = bins.offsets[flat + 1];
       if (start == end) continue;
+      std::fill(entry.get() + start * kGrads, entry.get() + end * kGrads, 0.0);
       const int64_t image = flat / tiles, tile = flat % tiles;
       const int64_t x0 = (tile % tiles_x) * ts, y0 = (tile / tiles_x) * ts;
       const int64_t x1 = std::min(x0 + ts, s.width), y1 = std::min(y0 + ts, s.height);
@@ -545,7 +629,7 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
             v_o += unclamped ? vis * v_alpha : V{};
           }
         }
-        double* e = entry.data() + k * kGrads;
+        double* e = entry.get() + k * kGrads;
         e[0] = hsum(v_mx);
         e[1] = hsum(v_my);
         e[2] = hsum(v_ca);
@@ -559,13 +643,19 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
       }
     }
 
-    // Sum the entries of each slot, image by image (each image's slots are its own).
+    // Sum the entries of each slot in list order (each image's slots are its own), a range of
+    // slots at a time: every range reads the image's whole list and adds its own slots' entries.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t image = 0; image < s.images; ++image) {
+    for (int64_t job = 0; job < s.images * parts; ++job) {
+      const int64_t image = job / parts, part = job % parts;
+      const int32_t lo = static_cast<int32_t>(s.num * part / parts);
+      const int32_t hi = static_cast<int32_t>(s.num * (part + 1) / parts);
       double* out = grads + image * s.num * kGrads;
       for (int64_t k = bins.offsets[image * tiles]; k < bins.offsets[(image + 1) * tiles]; ++k) {
-        double* g = out + static_cast<int64_t>(bins.ids[k]) * kGrads;
-        const double* e = entry.data() + k * kGrads;
+        const int32_t n = bins.ids[k];
+        if (n < lo || n >= hi) continue;
+        double* g = out + static_cast<int64_t>(n) * kGrads;
+        const double* e = entry.get() + k * kGrads;
         for (int j = 0; j < kGrads; ++j) g[j] += e[j];
       }
     }
