@@ -64,8 +64,7 @@ def render_with_grads(
     pose_grad=True,
 ):
     """Render and differentiate a loss of colour, depth and alpha w.r.t. every field and, with
-    ``pose_grad``, the poses (the cpu backend then projects in PyTorch; without, it uses its
-    compiled projection)."""
+    ``pose_grad``, the poses."""
     params = {k: getattr(gaussians, k).clone().requires_grad_(True) for k in NAMES}
     poses = extrinsics.clone().requires_grad_(pose_grad)
     out = render(
@@ -427,10 +426,11 @@ def _projection_scene(dtype, degree: int) -> tuple[Gaussians, torch.Tensor, torc
 
 def _projection_and_grads(project, g, extrinsics, intrinsics, mode, seen):
     """The projection and the gradients of a random weighting of its outputs, where ``seen``
-    ``[B, V, N]`` (None: everywhere)."""
+    ``[B, V, N]`` (None: everywhere), to the Gaussians' fields and the poses."""
     leaves = [getattr(g, k).clone().requires_grad_(True) for k in NAMES]
+    poses = extrinsics.clone().requires_grad_(True)
     outputs = project(
-        Gaussians(*leaves, mask=g.mask), extrinsics, intrinsics, (45, 61), 0.05, 6.0, mode, 0.3
+        Gaussians(*leaves, mask=g.mask), poses, intrinsics, (45, 61), 0.05, 6.0, mode, 0.3
     )
     generator = torch.Generator().manual_seed(3)
     loss = 0.0
@@ -439,7 +439,7 @@ def _projection_and_grads(project, g, extrinsics, intrinsics, mode, seen):
         if seen is not None:
             weight = weight * seen.reshape(*seen.shape, *[1] * (output.ndim - 3))
         loss = loss + (output * weight).sum()
-    return outputs, torch.autograd.grad(loss, leaves)
+    return outputs, torch.autograd.grad(loss, [*leaves, poses])
 
 
 @pytest.mark.parametrize("mode", ["classic", "antialiased"])
@@ -447,7 +447,8 @@ def _projection_and_grads(project, g, extrinsics, intrinsics, mode, seen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_compiled_projection_matches_the_reference(cpu_backend, dtype, degree, mode):
     # project_cpu (one C++ pass per Gaussian, its backward written out) against the PyTorch
-    # projection and SH colours under autograd, with a gradient on every output. In float64 on
+    # projection and SH colours under autograd, with a gradient on every output, to every field
+    # and to the poses. In float64 on
     # every entry, culled ones too; in float32 on the pairs the rasteriser draws (a culled
     # Gaussian far beside the image or seen edge-on has an ill-conditioned footprint, where
     # float32 rounding alone moves its conic by 1e-4).
@@ -471,6 +472,21 @@ def test_compiled_projection_matches_the_reference(cpu_backend, dtype, degree, m
         loose = name == "opacities" and mode == "antialiased" and dtype == torch.float32
         scale = b.abs().max().item()  # relative to the largest, or to the entry itself
         assert ((a - b).abs() <= (1e-3 if loose else tol) * (b.abs() + scale)).all(), name
-    for name, a, b in zip(NAMES, ours_grads, ref_grads):
+    for name, a, b in zip((*NAMES, "extrinsics"), ours_grads, ref_grads):
         assert b.abs().max() > 0, name
         assert (a - b).abs().max().item() <= 10 * tol * b.abs().max().item(), name
+
+
+def test_intrinsics_gradient_comes_from_the_pytorch_projection(cpu_backend):
+    # The compiled projection does not differentiate the intrinsics: with intrinsics that need a
+    # gradient the cpu backend projects in PyTorch, and matches the torch backend.
+    g = random_gaussians(1, 300, degree=1, dtype=torch.float64, spread=0.8)
+    extrinsics, intrinsics = cameras(1, 2, torch.float64)
+    grads = []
+    for backend in ("cpu", "torch"):
+        focal = intrinsics.clone().requires_grad_(True)
+        out = render(g, extrinsics, focal, (37, 49), backend=backend)
+        (grad,) = torch.autograd.grad((out.color * out.color).sum() + out.alpha.sum(), focal)
+        grads.append(grad)
+    assert grads[1].abs().max() > 0
+    assert (grads[0] - grads[1]).abs().max() <= 1e-10 * grads[1].abs().max()

@@ -5,10 +5,9 @@ torch backend and of gsplat 1.5 (see :mod:`models.render`): per-tile lists of Ga
 depth, front-to-back compositing, and a backward pass that walks each tile's list back to front the
 way gsplat's CUDA kernel does, recovering each transmittance from the final one. The projection
 and SH colours are compiled too (:func:`project_cpu`: one pass per Gaussian over its views, with
-the backward written out, as gsplat's fully fused projection), except when a camera needs a
-gradient (a fit that refines its cameras): then PyTorch's projection (the reference the tests
-compare against) runs and autograd differentiates the cameras as well. The background is added in
-PyTorch. The rasteriser takes the projected means, conics, colours, opacities and depths of each
+the backward written out, as gsplat's fully fused projection; differentiable in the poses too),
+except when the intrinsics need a gradient: then PyTorch's projection (the reference the tests
+compare against) runs. The background is added in PyTorch. The rasteriser takes the projected means, conics, colours, opacities and depths of each
 image and returns colour, expected depth and alpha with their backward pass.
 
 The extension is built on first use with ``torch.utils.cpp_extension.load`` (needs a C++17/20
@@ -322,7 +321,8 @@ def rasterize_cpu(
 
 class _Project(torch.autograd.Function):
     """Differentiable wrapper around ``torch.ops.splatzoo_cpu.project_forward``/``backward``:
-    projection and SH colours in one pass (the camera is a constant here)."""
+    projection and SH colours in one pass, differentiable in the Gaussians' fields and in the
+    cameras' view matrices and centres (not in the intrinsics)."""
 
     @staticmethod
     def forward(ctx, means, scales, rotations, opacities, harmonics, *cameras):
@@ -341,8 +341,12 @@ class _Project(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, v_means2d, v_conics, v_colors, v_opacities, v_depths, _v_radii):
         grads = [g.contiguous() for g in (v_means2d, v_conics, v_colors, v_opacities, v_depths)]
-        inputs = torch.ops.splatzoo_cpu.project_backward(*ctx.saved_tensors, *ctx.options, *grads)
-        return (*inputs, *([None] * 10))
+        camera_grads = ctx.needs_input_grad[6] or ctx.needs_input_grad[7]
+        *fields, v_view, v_centres = torch.ops.splatzoo_cpu.project_backward(
+            *ctx.saved_tensors, *ctx.options, *grads, camera_grads
+        )
+        cameras = (v_view, v_centres) if camera_grads else (None, None)
+        return (*fields, None, *cameras, *([None] * 7))
 
 
 def _per_view(value: float | Tensor, batch: int, views: int, like: Tensor) -> Tensor:
@@ -364,8 +368,8 @@ def project_cpu(
 ) -> tuple[Tensor, ...]:
     """The compiled projection and SH colours of every scene's Gaussians in each of its views:
     what :func:`models.render.projection.project_views` and ``max(eval_sh(...) + 0.5, 0)``
-    compute (the reference the tests compare against), differentiable in the Gaussians' fields
-    (not in the cameras).
+    compute (the reference the tests compare against), differentiable in the Gaussians' fields and
+    the poses (not in the intrinsics).
 
     Returns:
         ``means2d [B, V, N, 2]``, ``conics [B, V, N, 3]``, ``colors [B, V, N, 3]``,
@@ -416,8 +420,8 @@ def _project_torch(gaussians, extrinsics, intrinsics, image_size, near, far, ras
     return projection.means2d, projection.conics, colors, opacities, projection.depths, radii
 
 
-def _cameras_differentiable(*cameras) -> bool:
-    return any(isinstance(t, Tensor) and t.requires_grad for t in cameras)
+def _intrinsics_differentiable(intrinsics: Tensor) -> bool:
+    return intrinsics.requires_grad
 
 
 def render_cpu(
@@ -434,14 +438,13 @@ def render_cpu(
 ):
     """``render``'s ``"cpu"`` backend (inputs checked and sanitised by ``render``).
 
-    The projection and SH colours are compiled too (:func:`project_cpu`) unless a camera needs a
-    gradient (a fit that refines its cameras): then they are PyTorch's, which autograd
-    differentiates in the cameras as well.
+    The projection and SH colours are compiled too (:func:`project_cpu`, differentiable in the
+    poses) unless the intrinsics need a gradient: then they are PyTorch's.
     """
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
     cameras = (extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d)
-    if _cameras_differentiable(extrinsics, intrinsics, near, far):
+    if _intrinsics_differentiable(intrinsics):
         projected = _project_torch(gaussians, *cameras)
     else:
         projected = project_cpu(gaussians, *cameras)

@@ -46,8 +46,9 @@ template <typename T>
 void project_forward(const Scene<T>& s, const Projected<T>& out, int threads);
 
 // Gradients of the outputs (same layouts as Projected, without radii) to the scene's means
-// [B, N, 3], scales [B, N, 3], rotations [B, N, 4], opacities [B, N] and harmonics [B, N, 3, K],
-// which are overwritten (summed over the views).
+// [B, N, 3], scales [B, N, 3], rotations [B, N, 4], opacities [B, N] and harmonics [B, N, 3, K]
+// (summed over the views), and optionally to the cameras' view matrices and centres (summed over
+// the Gaussians in a fixed order), all overwritten.
 template <typename T>
 struct ProjectedGrads {
   const T* means2d;
@@ -64,6 +65,8 @@ struct SceneGrads {
   T* rotations;
   T* opacities;
   T* harmonics;
+  T* view;     // [B, V, 4, 4] (row 3 zero), or null: no camera gradients
+  T* centres;  // [B, V, 3], or null
 };
 
 template <typename T>

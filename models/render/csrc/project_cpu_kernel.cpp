@@ -7,11 +7,13 @@
 // persp_proj_vjp, quat_scale_to_covar_vjp, inverse_vjp and add_blur_vjp, in the order of the
 // forward) and the SH basis's derivative by forward-mode dual numbers through the same
 // recurrence. Work is parallel over Gaussians, each looping over its scene's views, so the
-// sums over views need no atomics and do not depend on the thread count.
+// sums over views need no atomics; the cameras' gradients are summed per block of Gaussians and
+// the blocks in order, so no result depends on the thread count.
 #include "project_cpu.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace splatzoo {
 namespace {
@@ -319,11 +321,12 @@ void covariance_grad(const Pair<T>& q, const T* v_conic, T v_compensation, T eps
   }
 }
 
-// Adds one pair's gradients to the Gaussian's mean v_p (camera frame: added as W^T later by the
-// caller through v_mean), to v_m (d / d R diag(s), row-major).
+// Adds one pair's gradients to the Gaussian's mean, to v_m (d / d R diag(s), row-major) and, when
+// v_camera is not null, to the camera's world-to-camera rotation W (9, row-major) and translation.
 template <typename T>
-void pair_grad(const Camera<T>& c, const Shape<T>& g, const Pair<T>& q, const double* v_cov,
-               const T* v_uv, T v_depth, double* v_mean, double* v_m) {
+void pair_grad(const Camera<T>& c, const Shape<T>& g, const Pair<T>& q, const T* mean,
+               const double* v_cov, const T* v_uv, T v_depth, double* v_mean, double* v_m,
+               double* v_camera) {
   // cov = F F^T: v_F = (v_C + v_C^T) F
   double v_f[6];
   for (int k = 0; k < 3; ++k) {
@@ -367,6 +370,16 @@ void pair_grad(const Camera<T>& c, const Shape<T>& g, const Pair<T>& q, const do
   for (int k = 0; k < 3; ++k) {
     v_mean[k] += c.r[k] * v_p[0] + c.r[3 + k] * v_p[1] + c.r[6 + k] * v_p[2];
   }
+  if (v_camera == nullptr) return;
+  // p = W mean + t, and A = J W (J's non-zero entries: J00, J02, J11, J12)
+  const double j00 = fx / z, j02 = -fx * q.sx / z, j11 = fy / z, j12 = -fy * q.sy / z;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) v_camera[3 * i + j] += v_p[i] * mean[j];
+    v_camera[9 + i] += v_p[i];
+    v_camera[i] += j00 * v_a[i];
+    v_camera[3 + i] += j11 * v_a[3 + i];
+    v_camera[6 + i] += j02 * v_a[i] + j12 * v_a[3 + i];
+  }
 }
 
 // d / d quaternion (raw, before normalisation) and d / d scales from d / d (R diag(s)).
@@ -393,10 +406,11 @@ void shape_grad(const Shape<T>& g, const T* scale3, const double* v_m, T* v_scal
   for (int i = 0; i < 4; ++i) v_quat[i] = static_cast<T>((v_n[i] - g.q[i] * along) / g.qnorm);
 }
 
-// Adds the SH colour's gradient of one pair to v_h [3, K] and v_mean.
+// Adds the SH colour's gradient of one pair to v_h [3, K], v_mean and, when not null, the
+// camera centre's v_centre (the direction is mean - centre).
 template <typename T>
 void colour_grad(const Camera<T>& c, const T* mean, const T* h, int64_t bases, int degree,
-                 const T* v_colour, double* v_h, double* v_mean) {
+                 const T* v_colour, double* v_h, double* v_mean, double* v_centre) {
   T d[3] = {mean[0] - c.centre[0], mean[1] - c.centre[1], mean[2] - c.centre[2]};
   const T norm = direction_norm(d);
   const T n[3] = {d[0] / norm, d[1] / norm, d[2] / norm};
@@ -421,7 +435,73 @@ void colour_grad(const Camera<T>& c, const T* mean, const T* h, int64_t bases, i
     v_n[2] += v_basis * basis[k].dz;
   }
   const double along = norm > T(1e-12) ? n[0] * v_n[0] + n[1] * v_n[1] + n[2] * v_n[2] : 0.0;
-  for (int k = 0; k < 3; ++k) v_mean[k] += (v_n[k] - n[k] * along) / norm;
+  for (int k = 0; k < 3; ++k) {
+    const double v_d = (v_n[k] - n[k] * along) / norm;
+    v_mean[k] += v_d;
+    if (v_centre != nullptr) v_centre[k] -= v_d;
+  }
+}
+
+// Gaussians per block of the backward pass: each block sums its cameras' gradients on its own, and
+// the blocks are added in order, so the cameras' gradients do not depend on the thread count.
+constexpr int64_t kBlock = 1024;
+constexpr int kCameraGrads = 15;  // W (9), t (3), centre (3)
+
+// The gradients of one Gaussian (flat = b * N + n), its cameras' added to camera_block
+// [B * V, kCameraGrads] when not null.
+template <typename T>
+void gaussian_grad(const Scene<T>& s, const ProjectedGrads<T>& in, const SceneGrads<T>& out,
+                   int64_t flat, int degree, double* camera_block) {
+  const int64_t b = flat / s.num, n = flat % s.num;
+  const T* mean = s.means + 3 * flat;
+  const T* scale3 = s.scales + 3 * flat;
+  const Shape<T> g = shape(scale3, s.rotations + 4 * flat);
+  const T* h = s.harmonics + 3 * s.bases * flat;
+  double v_mean[3] = {0, 0, 0}, v_m[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, v_opacity = 0.0;
+  double v_h[3 * kMaxBases] = {};
+  bool any_shape = false;
+  for (int64_t v = 0; v < s.views; ++v) {
+    const int64_t slot = (b * s.views + v) * s.num + n;
+    const T* v_uv = in.means2d + 2 * slot;
+    const T* v_conic = in.conics + 3 * slot;
+    const T* v_colour = in.colors + 3 * slot;
+    const T v_depth = in.depths[slot], v_out_opacity = in.opacities[slot];
+    const bool geometry = v_uv[0] != T(0) || v_uv[1] != T(0) || v_conic[0] != T(0) ||
+                          v_conic[1] != T(0) || v_conic[2] != T(0) || v_depth != T(0) ||
+                          (s.antialiased && v_out_opacity != T(0));
+    const bool colour = v_colour[0] != T(0) || v_colour[1] != T(0) || v_colour[2] != T(0);
+    if (!geometry && !colour && v_out_opacity == T(0)) continue;  // not seen in this view
+    const Camera<T> c = camera(s, b, v);
+    double* v_camera =
+        camera_block == nullptr ? nullptr : camera_block + (b * s.views + v) * kCameraGrads;
+    if (geometry) {
+      const Pair<T> q = project_pair(c, g, mean, s.eps2d);
+      const T compensation = s.antialiased ? q.compensation : T(1);
+      v_opacity += double(v_out_opacity) * compensation;
+      const T v_compensation = s.antialiased ? v_out_opacity * s.opacities[flat] : T(0);
+      double v_cov[3];
+      covariance_grad(q, v_conic, v_compensation, s.eps2d, v_cov);
+      pair_grad(c, g, q, mean, v_cov, v_uv, v_depth, v_mean, v_m, v_camera);
+      any_shape = true;
+    } else {
+      v_opacity += double(v_out_opacity);
+    }
+    if (colour) {
+      colour_grad(c, mean, h, s.bases, degree, v_colour, v_h, v_mean,
+                  v_camera == nullptr ? nullptr : v_camera + 12);
+    }
+  }
+  for (int k = 0; k < 3; ++k) out.means[3 * flat + k] = static_cast<T>(v_mean[k]);
+  out.opacities[flat] = static_cast<T>(v_opacity);
+  for (int64_t k = 0; k < 3 * s.bases; ++k) {
+    out.harmonics[3 * s.bases * flat + k] = static_cast<T>(v_h[k]);
+  }
+  if (any_shape) {
+    shape_grad(g, scale3, v_m, out.scales + 3 * flat, out.rotations + 4 * flat);
+  } else {
+    for (int k = 0; k < 3; ++k) out.scales[3 * flat + k] = T(0);
+    for (int k = 0; k < 4; ++k) out.rotations[4 * flat + k] = T(0);
+  }
 }
 
 }  // namespace
@@ -430,51 +510,31 @@ template <typename T>
 void project_backward(const Scene<T>& s, const ProjectedGrads<T>& in, const SceneGrads<T>& out,
                       int threads) {
   const int degree = static_cast<int>(std::lround(std::sqrt(double(s.bases)))) - 1;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t flat = 0; flat < s.batch * s.num; ++flat) {
-    const int64_t b = flat / s.num, n = flat % s.num;
-    const T* mean = s.means + 3 * flat;
-    const T* scale3 = s.scales + 3 * flat;
-    const Shape<T> g = shape(scale3, s.rotations + 4 * flat);
-    const T* h = s.harmonics + 3 * s.bases * flat;
-    double v_mean[3] = {0, 0, 0}, v_m[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, v_opacity = 0.0;
-    double v_h[3 * kMaxBases] = {};
-    bool any_shape = false;
-    for (int64_t v = 0; v < s.views; ++v) {
-      const int64_t slot = (b * s.views + v) * s.num + n;
-      const T* v_uv = in.means2d + 2 * slot;
-      const T* v_conic = in.conics + 3 * slot;
-      const T* v_colour = in.colors + 3 * slot;
-      const T v_depth = in.depths[slot], v_out_opacity = in.opacities[slot];
-      const bool geometry = v_uv[0] != T(0) || v_uv[1] != T(0) || v_conic[0] != T(0) ||
-                            v_conic[1] != T(0) || v_conic[2] != T(0) || v_depth != T(0) ||
-                            (s.antialiased && v_out_opacity != T(0));
-      const bool colour = v_colour[0] != T(0) || v_colour[1] != T(0) || v_colour[2] != T(0);
-      if (!geometry && !colour && v_out_opacity == T(0)) continue;  // not seen in this view
-      const Camera<T> c = camera(s, b, v);
-      if (geometry) {
-        const Pair<T> q = project_pair(c, g, mean, s.eps2d);
-        const T compensation = s.antialiased ? q.compensation : T(1);
-        v_opacity += double(v_out_opacity) * compensation;
-        const T v_compensation = s.antialiased ? v_out_opacity * s.opacities[flat] : T(0);
-        double v_cov[3];
-        covariance_grad(q, v_conic, v_compensation, s.eps2d, v_cov);
-        pair_grad(c, g, q, v_cov, v_uv, v_depth, v_mean, v_m);
-        any_shape = true;
-      } else {
-        v_opacity += double(v_out_opacity);
-      }
-      if (colour) colour_grad(c, mean, h, s.bases, degree, v_colour, v_h, v_mean);
+  const int64_t total = s.batch * s.num, blocks = (total + kBlock - 1) / kBlock;
+  const int64_t cameras = s.batch * s.views;
+  const bool camera_grads = out.view != nullptr;
+  std::vector<double> partial(camera_grads ? blocks * cameras * kCameraGrads : 0, 0.0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t block = 0; block < blocks; ++block) {
+    double* camera_block = camera_grads ? partial.data() + block * cameras * kCameraGrads : nullptr;
+    for (int64_t flat = block * kBlock; flat < std::min(total, (block + 1) * kBlock); ++flat) {
+      gaussian_grad(s, in, out, flat, degree, camera_block);
     }
-    for (int k = 0; k < 3; ++k) out.means[3 * flat + k] = static_cast<T>(v_mean[k]);
-    out.opacities[flat] = static_cast<T>(v_opacity);
-    for (int64_t k = 0; k < 3 * s.bases; ++k) out.harmonics[3 * s.bases * flat + k] = static_cast<T>(v_h[k]);
-    if (any_shape) {
-      shape_grad(g, scale3, v_m, out.scales + 3 * flat, out.rotations + 4 * flat);
-    } else {
-      for (int k = 0; k < 3; ++k) out.scales[3 * flat + k] = T(0);
-      for (int k = 0; k < 4; ++k) out.rotations[4 * flat + k] = T(0);
+  }
+  if (!camera_grads) return;
+  for (int64_t camera = 0; camera < cameras; ++camera) {
+    double sum[kCameraGrads] = {};
+    for (int64_t block = 0; block < blocks; ++block) {
+      const double* p = partial.data() + (block * cameras + camera) * kCameraGrads;
+      for (int k = 0; k < kCameraGrads; ++k) sum[k] += p[k];
     }
+    T* view = out.view + 16 * camera;  // rows 0-2: [W | t]; row 3 has no gradient
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) view[4 * i + j] = static_cast<T>(sum[3 * i + j]);
+      view[4 * i + 3] = static_cast<T>(sum[9 + i]);
+    }
+    for (int j = 0; j < 4; ++j) view[12 + j] = T(0);
+    for (int k = 0; k < 3; ++k) out.centres[3 * camera + k] = static_cast<T>(sum[12 + k]);
   }
 }
 

@@ -112,14 +112,16 @@ project_forward(const at::Tensor& means, const at::Tensor& scales, const at::Ten
   return {means2d, conics, colors, out_opacities, depths, radii};
 }
 
-// Returns the gradients of means, scales, rotations, opacities and harmonics.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_backward(
-    const at::Tensor& means, const at::Tensor& scales, const at::Tensor& rotations,
-    const at::Tensor& opacities, const at::Tensor& harmonics, const at::Tensor& valid,
-    const at::Tensor& view, const at::Tensor& centres, const at::Tensor& intrinsics,
-    const at::Tensor& near, const at::Tensor& far, int64_t height, int64_t width, double eps2d,
-    bool antialiased, const at::Tensor& v_means2d, const at::Tensor& v_conics,
-    const at::Tensor& v_colors, const at::Tensor& v_opacities, const at::Tensor& v_depths) {
+// Returns the gradients of means, scales, rotations, opacities and harmonics, and, with
+// camera_grads, of view [B, V, 4, 4] and centres [B, V, 3] (else empty tensors).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+project_backward(const at::Tensor& means, const at::Tensor& scales, const at::Tensor& rotations,
+                 const at::Tensor& opacities, const at::Tensor& harmonics, const at::Tensor& valid,
+                 const at::Tensor& view, const at::Tensor& centres, const at::Tensor& intrinsics,
+                 const at::Tensor& near, const at::Tensor& far, int64_t height, int64_t width,
+                 double eps2d, bool antialiased, const at::Tensor& v_means2d,
+                 const at::Tensor& v_conics, const at::Tensor& v_colors,
+                 const at::Tensor& v_opacities, const at::Tensor& v_depths, bool camera_grads) {
   const Inputs in{means, scales, rotations, opacities, harmonics, valid, view, centres,
                   intrinsics, near, far, height, width, eps2d, antialiased};
   in.check();
@@ -133,17 +135,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_b
   at::Tensor g_means = at::empty_like(means), g_scales = at::empty_like(scales);
   at::Tensor g_rotations = at::empty_like(rotations), g_opacities = at::empty_like(opacities);
   at::Tensor g_harmonics = at::empty_like(harmonics);
+  at::Tensor g_view = at::empty(camera_grads ? view.sizes() : at::IntArrayRef{0}, view.options());
+  at::Tensor g_centres =
+      at::empty(camera_grads ? centres.sizes() : at::IntArrayRef{0}, centres.options());
   dispatch(dtype, [&](auto zero) {
     using T = decltype(zero);
     const splatzoo::ProjectedGrads<T> grads{v_means2d.data_ptr<T>(), v_conics.data_ptr<T>(),
                                             v_colors.data_ptr<T>(), v_opacities.data_ptr<T>(),
                                             v_depths.data_ptr<T>()};
-    const splatzoo::SceneGrads<T> out{g_means.data_ptr<T>(), g_scales.data_ptr<T>(),
-                                      g_rotations.data_ptr<T>(), g_opacities.data_ptr<T>(),
-                                      g_harmonics.data_ptr<T>()};
+    const splatzoo::SceneGrads<T> out{g_means.data_ptr<T>(),
+                                      g_scales.data_ptr<T>(),
+                                      g_rotations.data_ptr<T>(),
+                                      g_opacities.data_ptr<T>(),
+                                      g_harmonics.data_ptr<T>(),
+                                      camera_grads ? g_view.data_ptr<T>() : nullptr,
+                                      camera_grads ? g_centres.data_ptr<T>() : nullptr};
     splatzoo::project_backward<T>(in.scene<T>(), grads, out, at::get_num_threads());
   });
-  return {g_means, g_scales, g_rotations, g_opacities, g_harmonics};
+  return {g_means, g_scales, g_rotations, g_opacities, g_harmonics, g_view, g_centres};
 }
 
 }  // namespace
