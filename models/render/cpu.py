@@ -420,10 +420,6 @@ def _project_torch(gaussians, extrinsics, intrinsics, image_size, near, far, ras
     return projection.means2d, projection.conics, colors, opacities, projection.depths, radii
 
 
-def _intrinsics_differentiable(intrinsics: Tensor) -> bool:
-    return intrinsics.requires_grad
-
-
 def render_cpu(
     gaussians,
     extrinsics: Tensor,
@@ -444,7 +440,7 @@ def render_cpu(
     batch, views = extrinsics.shape[:2]
     num = gaussians.num_slots
     cameras = (extrinsics, intrinsics, image_size, near, far, rasterize_mode, eps2d)
-    if _intrinsics_differentiable(intrinsics):
+    if intrinsics.requires_grad:
         projected = _project_torch(gaussians, *cameras)
     else:
         projected = project_cpu(gaussians, *cameras)
