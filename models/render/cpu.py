@@ -7,8 +7,9 @@ way gsplat's CUDA kernel does, recovering each transmittance from the final one.
 and SH colours are compiled too (:func:`project_cpu`: one pass per Gaussian over its views, with
 the backward written out, as gsplat's fully fused projection; differentiable in the poses too),
 except when the intrinsics need a gradient: then PyTorch's projection (the reference the tests
-compare against) runs. The background is added in PyTorch. The rasteriser takes the projected means, conics, colours, opacities and depths of each
-image and returns colour, expected depth and alpha with their backward pass.
+compare against) runs. The background is added in PyTorch. The rasteriser takes the projected
+means, conics, colours, opacities and depths of each image and returns colour, expected depth and
+alpha with their backward pass.
 
 The extension is built on first use with ``torch.utils.cpp_extension.load`` (needs a C++17/20
 compiler and ninja; about ``BUILD_SECONDS``, said on stderr before it starts) into torch's
@@ -43,7 +44,7 @@ from torch.autograd.function import once_differentiable
 from models.core.sh import eval_sh
 from models.geometry.cameras import intrinsics_to_pixels, world_to_camera
 from models.render.output import RenderOutput
-from models.render.projection import EPS2D, project_views
+from models.render.projection import EPS2D, _per_view, project_views
 
 __all__ = [
     "CpuRasterizerUnavailable",
@@ -349,13 +350,6 @@ class _Project(torch.autograd.Function):
         return (*fields, None, *cameras, *([None] * 7))
 
 
-def _per_view(value: float | Tensor, batch: int, views: int, like: Tensor) -> Tensor:
-    """A near or far plane, a float or ``[B, V]``, as a contiguous ``[B, V]`` tensor."""
-    if isinstance(value, Tensor):
-        return value.to(like).expand(batch, views).contiguous()
-    return torch.full((batch, views), float(value), dtype=like.dtype, device=like.device)
-
-
 def project_cpu(
     gaussians,
     extrinsics: Tensor,
@@ -392,8 +386,8 @@ def project_cpu(
         world_to_camera(extrinsics),
         extrinsics[..., :3, 3],
         intrinsics_to_pixels(intrinsics, image_size),
-        _per_view(near, batch, views, gaussians.means),
-        _per_view(far, batch, views, gaussians.means),
+        _per_view(near, extrinsics)[..., 0].contiguous(),  # [B, V]
+        _per_view(far, extrinsics)[..., 0].contiguous(),
         int(height),
         int(width),
         float(eps2d),

@@ -114,10 +114,27 @@ void sh_bases(int degree, S x, S y, S z, S* out) {
   }
 }
 
-// F.normalize: d / max(|d|, 1e-12).
+// The SH degree of a coefficient count (d + 1)^2.
+inline int sh_degree(int64_t bases) {
+  return static_cast<int>(std::lround(std::sqrt(static_cast<double>(bases)))) - 1;
+}
+
+// The view direction centre -> mean as F.normalize makes it, d / max(|d|, 1e-12), into n;
+// returns the divisor.
 template <typename T>
-inline T direction_norm(const T* d) {
-  return std::max(std::sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), T(1e-12));
+inline T unit_direction(const T* mean, const T* centre, T* n) {
+  const T d[3] = {mean[0] - centre[0], mean[1] - centre[1], mean[2] - centre[2]};
+  const T norm = std::max(std::sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), T(1e-12));
+  for (int k = 0; k < 3; ++k) n[k] = d[k] / norm;
+  return norm;
+}
+
+// max(SH + 0.5, 0) before the clamp, of channel ch: sum_k h[ch, k] basis_k.
+template <typename T>
+inline T raw_colour(const T* h, const T* basis, int64_t bases, int ch) {
+  T sum = T(0);
+  for (int64_t k = 0; k < bases; ++k) sum += h[ch * bases + k] * basis[k];
+  return sum + T(0.5);
 }
 
 // ------------------------------------------------------------------------- one (view, Gaussian)
@@ -128,9 +145,8 @@ struct Camera {
 };
 
 template <typename T>
-Camera<T> camera(const Scene<T>& s, int64_t b, int64_t v) {
+Camera<T> camera(const Scene<T>& s, int64_t bv) {
   Camera<T> c;
-  const int64_t bv = b * s.views + v;
   const T* w = s.view + 16 * bv;
   for (int i = 0; i < 3; ++i) {
     for (int j = 0; j < 3; ++j) c.r[3 * i + j] = w[4 * i + j];
@@ -151,6 +167,14 @@ Camera<T> camera(const Scene<T>& s, int64_t b, int64_t v) {
   c.hi_x = (above * width - c.cx) / c.fx;
   c.hi_y = (above * height - c.cy) / c.fy;
   return c;
+}
+
+// Every camera of the batch ([B * V]), built once per call rather than per Gaussian.
+template <typename T>
+std::vector<Camera<T>> cameras_of(const Scene<T>& s) {
+  std::vector<Camera<T>> cameras(s.batch * s.views);
+  for (int64_t bv = 0; bv < s.batch * s.views; ++bv) cameras[bv] = camera(s, bv);
+  return cameras;
 }
 
 // R diag(s) of a Gaussian (row-major), the normalised quaternion and its norm.
@@ -187,6 +211,7 @@ struct Pair {
   T a[6];        // J W (2 x 3)
   T f[6];        // J W R S (2 x 3)
   T c00, c01, c11;  // the 2D covariance (before the dilation)
+  T shared;         // (c01 + c10) / 2, as projection._conics symmetrises it
   T d0, d1, det;    // the dilated diagonal and its determinant (1 when not invertible)
   bool invertible;
   T compensation;
@@ -222,8 +247,8 @@ Pair<T> project_pair(const Camera<T>& c, const Shape<T>& g, const T* mean, T eps
   q.c11 = q.f[3] * q.f[3] + q.f[4] * q.f[4] + q.f[5] * q.f[5];
   q.d0 = q.c00 + eps2d;
   q.d1 = q.c11 + eps2d;
-  const T shared = T(0.5) * (q.c01 + q.c01);
-  const T det = q.d0 * q.d1 - shared * shared;
+  q.shared = T(0.5) * (q.c01 + q.c01);
+  const T det = q.d0 * q.d1 - q.shared * q.shared;
   q.invertible = det > T(0);
   q.det = q.invertible ? det : T(1);
   const T off = q.c01 * q.c01;
@@ -254,16 +279,17 @@ void box_radii(const Pair<T>& q, T opacity, T u, T v, int64_t width, int64_t hei
 
 template <typename T>
 void project_forward(const Scene<T>& s, const Projected<T>& out, int threads) {
-  const int degree = static_cast<int>(std::lround(std::sqrt(double(s.bases)))) - 1;
+  const int degree = sh_degree(s.bases);
+  const std::vector<Camera<T>> cameras = cameras_of(s);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t flat = 0; flat < s.batch * s.num; ++flat) {
     const int64_t b = flat / s.num, n = flat % s.num;
     const T* mean = s.means + 3 * flat;
     const Shape<T> g = shape(s.scales + 3 * flat, s.rotations + 4 * flat);
     const T* h = s.harmonics + 3 * s.bases * flat;
-    T basis[kMaxBases];
+    T basis[kMaxBases], n_view[3];
     for (int64_t v = 0; v < s.views; ++v) {
-      const Camera<T> c = camera(s, b, v);
+      const Camera<T>& c = cameras[b * s.views + v];
       const Pair<T> q = project_pair(c, g, mean, s.eps2d);
       const int64_t slot = (b * s.views + v) * s.num + n;
       const T u = c.fx * q.p[0] / q.zs + c.cx, w = c.fy * q.p[1] / q.zs + c.cy;
@@ -271,20 +297,17 @@ void project_forward(const Scene<T>& s, const Projected<T>& out, int threads) {
       out.means2d[2 * slot + 1] = w;
       T* conic = out.conics + 3 * slot;
       conic[0] = q.d1 / q.det;
-      conic[1] = -(T(0.5) * (q.c01 + q.c01)) / q.det;
+      conic[1] = -q.shared / q.det;
       conic[2] = q.d0 / q.det;
       out.depths[slot] = q.p[2];
       const T opacity = s.opacities[flat] * (s.antialiased ? q.compensation : T(1));
       out.opacities[slot] = opacity;
       box_radii(q, opacity, u, w, s.width, s.height, out.radii + 2 * slot);
       if (!s.valid[flat]) out.radii[2 * slot] = out.radii[2 * slot + 1] = 0;
-      T d[3] = {mean[0] - c.centre[0], mean[1] - c.centre[1], mean[2] - c.centre[2]};
-      const T norm = direction_norm(d);
-      sh_bases<T, T>(degree, d[0] / norm, d[1] / norm, d[2] / norm, basis);
+      unit_direction(mean, c.centre, n_view);
+      sh_bases<T, T>(degree, n_view[0], n_view[1], n_view[2], basis);
       for (int ch = 0; ch < 3; ++ch) {
-        T sum = T(0);
-        for (int64_t k = 0; k < s.bases; ++k) sum += h[ch * s.bases + k] * basis[k];
-        out.colors[3 * slot + ch] = std::max(sum + T(0.5), T(0));
+        out.colors[3 * slot + ch] = std::max(raw_colour(h, basis, s.bases, ch), T(0));
       }
     }
   }
@@ -411,23 +434,22 @@ void shape_grad(const Shape<T>& g, const T* scale3, const double* v_m, T* v_scal
 template <typename T>
 void colour_grad(const Camera<T>& c, const T* mean, const T* h, int64_t bases, int degree,
                  const T* v_colour, double* v_h, double* v_mean, double* v_centre) {
-  T d[3] = {mean[0] - c.centre[0], mean[1] - c.centre[1], mean[2] - c.centre[2]};
-  const T norm = direction_norm(d);
-  const T n[3] = {d[0] / norm, d[1] / norm, d[2] / norm};
+  T n[3];
+  const T norm = unit_direction(mean, c.centre, n);
   Dual<T> basis[kMaxBases];
   sh_bases<T, Dual<T>>(degree, {n[0], T(1), T(0), T(0)}, {n[1], T(0), T(1), T(0)},
                        {n[2], T(0), T(0), T(1)}, basis);
+  T values[kMaxBases];
+  for (int64_t k = 0; k < bases; ++k) values[k] = basis[k].v;
   double v_raw[3];
-  for (int ch = 0; ch < 3; ++ch) {
-    T sum = T(0);
-    for (int64_t k = 0; k < bases; ++k) sum += h[ch * bases + k] * basis[k].v;
-    v_raw[ch] = sum + T(0.5) >= T(0) ? double(v_colour[ch]) : 0.0;  // clamp_min(0)
+  for (int ch = 0; ch < 3; ++ch) {  // clamp_min(0) passes the gradient where raw >= 0
+    v_raw[ch] = raw_colour(h, values, bases, ch) >= T(0) ? double(v_colour[ch]) : 0.0;
   }
   double v_n[3] = {0.0, 0.0, 0.0};
   for (int64_t k = 0; k < bases; ++k) {
     double v_basis = 0.0;
     for (int ch = 0; ch < 3; ++ch) {
-      v_h[ch * bases + k] += v_raw[ch] * basis[k].v;
+      v_h[ch * bases + k] += v_raw[ch] * values[k];
       v_basis += v_raw[ch] * h[ch * bases + k];
     }
     v_n[0] += v_basis * basis[k].dx;
@@ -450,8 +472,9 @@ constexpr int kCameraGrads = 15;  // W (9), t (3), centre (3)
 // The gradients of one Gaussian (flat = b * N + n), its cameras' added to camera_block
 // [B * V, kCameraGrads] when not null.
 template <typename T>
-void gaussian_grad(const Scene<T>& s, const ProjectedGrads<T>& in, const SceneGrads<T>& out,
-                   int64_t flat, int degree, double* camera_block) {
+void gaussian_grad(const Scene<T>& s, const std::vector<Camera<T>>& cameras,
+                   const ProjectedGrads<T>& in, const SceneGrads<T>& out, int64_t flat, int degree,
+                   double* camera_block) {
   const int64_t b = flat / s.num, n = flat % s.num;
   const T* mean = s.means + 3 * flat;
   const T* scale3 = s.scales + 3 * flat;
@@ -471,7 +494,7 @@ void gaussian_grad(const Scene<T>& s, const ProjectedGrads<T>& in, const SceneGr
                           (s.antialiased && v_out_opacity != T(0));
     const bool colour = v_colour[0] != T(0) || v_colour[1] != T(0) || v_colour[2] != T(0);
     if (!geometry && !colour && v_out_opacity == T(0)) continue;  // not seen in this view
-    const Camera<T> c = camera(s, b, v);
+    const Camera<T>& c = cameras[b * s.views + v];
     double* v_camera =
         camera_block == nullptr ? nullptr : camera_block + (b * s.views + v) * kCameraGrads;
     if (geometry) {
@@ -509,23 +532,24 @@ void gaussian_grad(const Scene<T>& s, const ProjectedGrads<T>& in, const SceneGr
 template <typename T>
 void project_backward(const Scene<T>& s, const ProjectedGrads<T>& in, const SceneGrads<T>& out,
                       int threads) {
-  const int degree = static_cast<int>(std::lround(std::sqrt(double(s.bases)))) - 1;
+  const int degree = sh_degree(s.bases);
+  const std::vector<Camera<T>> cameras = cameras_of(s);
   const int64_t total = s.batch * s.num, blocks = (total + kBlock - 1) / kBlock;
-  const int64_t cameras = s.batch * s.views;
+  const int64_t count = s.batch * s.views;
   const bool camera_grads = out.view != nullptr;
-  std::vector<double> partial(camera_grads ? blocks * cameras * kCameraGrads : 0, 0.0);
+  std::vector<double> partial(camera_grads ? blocks * count * kCameraGrads : 0, 0.0);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t block = 0; block < blocks; ++block) {
-    double* camera_block = camera_grads ? partial.data() + block * cameras * kCameraGrads : nullptr;
+    double* camera_block = camera_grads ? partial.data() + block * count * kCameraGrads : nullptr;
     for (int64_t flat = block * kBlock; flat < std::min(total, (block + 1) * kBlock); ++flat) {
-      gaussian_grad(s, in, out, flat, degree, camera_block);
+      gaussian_grad(s, cameras, in, out, flat, degree, camera_block);
     }
   }
   if (!camera_grads) return;
-  for (int64_t camera = 0; camera < cameras; ++camera) {
+  for (int64_t camera = 0; camera < count; ++camera) {
     double sum[kCameraGrads] = {};
     for (int64_t block = 0; block < blocks; ++block) {
-      const double* p = partial.data() + (block * cameras + camera) * kCameraGrads;
+      const double* p = partial.data() + (block * count + camera) * kCameraGrads;
       for (int k = 0; k < kCameraGrads; ++k) sum[k] += p[k];
     }
     T* view = out.view + 16 * camera;  // rows 0-2: [W | t]; row 3 has no gradient
