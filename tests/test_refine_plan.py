@@ -280,6 +280,53 @@ def test_an_optimistic_plan_is_replanned_from_the_real_steps(monkeypatch, capsys
     assert f"{first['steps']} steps (was 800)" in err
 
 
+class _RisingClock(_FakeClock):
+    """A step lasts ``step`` seconds until ``reads`` clock reads, then ``later`` seconds (a fit
+    whose steps grow dearer than the start's line says, as densification adds overlap)."""
+
+    def __init__(self, step: float, later: float, reads: int) -> None:
+        super().__init__(step)
+        self.later, self.reads = later / 4, reads
+
+    def __call__(self) -> float:
+        self.reads -= 1
+        if self.reads == 0:
+            self.tick = self.later
+        return super().__call__()
+
+
+def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
+    """The re-plans follow the recent steps (REPLAN_MEMORY) and re-make a plan that would miss
+    the budget by more than REPLAN_TIME_TOLERANCE, even by fewer than REPLAN_TOLERANCE's steps."""
+    from models.pipeline.refine import fit as fit_module
+
+    truth, images, extrinsics, intrinsics = _scene()
+    monkeypatch.setattr(fit_module, "measure_step_time", lambda *a, **k: StepTime(0.01, 0.0))
+    # 10 ms a step as measured for the first 100 steps (5 clock reads a step), then 13 ms
+    monkeypatch.setattr(fit_module, "clock", _RisingClock(0.01, 0.013, 500))
+    settings = RefineSettings(time=4.0, min_steps=50, max_screen_fraction=None, densify="none")
+    result = refine_gaussians(truth, images, extrinsics, intrinsics, settings, progress=False)
+    assert result.plan["initial_steps"] == 400
+    assert result.stopped == "steps" and result.steps == result.plan["steps"]
+    assert 3.9 <= result.seconds <= 4.0 * 1.03  # 100 x 10 ms, then ~230 x 13 ms
+    assert result.plan["replans"][-1]["factor"] == pytest.approx(1.3, abs=0.05)
+
+
+def test_replan_remakes_a_plan_that_would_miss_the_budget():
+    settings = RefineSettings(time=100.0, min_steps=100)
+    strategy = Strategy(1, None, None)
+    planned = budget_fit(StepTime(0.1, 0.0), 1000, 10**6, settings, strategy.expected_counts)
+    assert planned.steps == 1000
+    # 500 steps in 50 s, the rest 6% dearer: the old plan ends at 103 s, 3% of 100 s too late
+    dearer = replan(StepTime(0.106, 0.0), 500, 50.0, 1000, planned, 10**6, settings,
+                    strategy.expected_counts)  # fmt: skip
+    assert dearer is not None and dearer.steps == 500 + int(50.0 / 0.106)  # 971: a 3% move
+    assert dearer.seconds <= 100.0 + 1e-6
+    near = replan(StepTime(0.101, 0.0), 500, 50.0, 1000, planned, 10**6, settings,
+                  strategy.expected_counts)  # fmt: skip
+    assert near is None  # 100.5 s: within REPLAN_TIME_TOLERANCE, nothing announced
+
+
 def test_replan_prunes_to_buy_the_owed_steps_but_never_below_keep():
     settings = RefineSettings(time=100.0, min_steps=1000)
     strategy = Strategy(1, None, None)

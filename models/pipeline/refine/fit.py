@@ -43,6 +43,7 @@ from models.pipeline.refine import ops
 from models.pipeline.refine.loss import photometric_loss
 from models.pipeline.refine.plan import (
     REPLAN_FRACTION,
+    REPLAN_MEMORY,
     REPLAN_STEPS,
     TIME_GUARD,
     FitBudget,
@@ -205,8 +206,8 @@ class _Fit:
         self.count_before = 0
         # re-planning from the real steps (``_replan``): the step-time line measured on the
         # start, the floor of the working count, the memory's ceiling, the real and predicted
-        # (by the measured line) seconds of every step but the first, and the steps and real
-        # seconds since the last re-plan
+        # (by the measured line) seconds of every step but the first (earlier stretches weighed
+        # down at each re-plan), and the steps and real seconds since the last re-plan
         self.step_time: StepTime | None = None
         self.keep, self.ceiling = 0, budget.cap
         self.window = {"real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0}
@@ -431,13 +432,15 @@ def _prune(fit: _Fit, working: int) -> None:
 
 def _replan(fit: _Fit, bar) -> None:
     """Re-measure the step time from the steps done (all but the first: their real seconds
-    against the measured line's prediction at their counts; all of them, so that a passing load
-    spike does not swing the plan) and, when the plan moves, re-plan the rest
+    against the measured line's prediction at their counts, earlier stretches weighed down by
+    :data:`~models.pipeline.refine.plan.REPLAN_MEMORY`) and, when the plan moves, re-plan the rest
     (:func:`~models.pipeline.refine.plan.replan`): prune, move the cap and the steps; one line
     says what changed and why."""
     window, old = fit.window, fit.budget
     factor = window["real"] / max(window["predicted"], 1e-12)
     window["since"], window["since_real"] = 0, 0.0
+    window["real"] *= REPLAN_MEMORY
+    window["predicted"] *= REPLAN_MEMORY
     step_time = fit.step_time.scaled(factor)
     count = ops.count(fit.params)
     planner = fit.strategy.expected_counts

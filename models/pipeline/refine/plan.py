@@ -369,7 +369,8 @@ def budget_fit(
     target = int(settings.steps or settings.min_steps)
     floor = min(working, max(MIN_WORKING, int(keep)))
     if target * step_time(floor) > seconds:  # out of reach: prune only what costs more than
-        floor = min(working, max(floor, int(step_time.fixed / step_time.per_gaussian)))
+        worth = step_time.fixed / step_time.per_gaussian if step_time.per_gaussian > 0 else working
+        floor = min(working, max(floor, int(worth)))
     working = _largest(floor, working, lambda n: target * step_time(n) <= seconds)
     cap = ceiling
     if not settings.max_gaussians:
@@ -405,9 +406,18 @@ def peak_count(
 #: such stretch.
 REPLAN_STEPS = 50
 REPLAN_FRACTION = 0.1
+#: Each re-measurement weighs the steps before the previous one by this factor (so a stretch
+#: counts half as much one re-plan later): the cost of a step grows with the count faster than
+#: the line measured on the start says, and a passing load spike still moves the plan by half.
+REPLAN_MEMORY = 0.5
 #: A re-plan is taken (and announced) only when it moves the planned steps by more than this
-#: fraction, or prunes, or moves the densification cap by more than this fraction.
+#: fraction, or prunes, or moves the densification cap by more than this fraction, or when the
+#: plan it replaces would end more than :data:`REPLAN_TIME_TOLERANCE` of the budget away from it.
 REPLAN_TOLERANCE = 0.05
+#: Late in a long fit a 5% move of the steps is minutes (1,800 s drone fit: 400 steps of
+#: 0.3 s, it ran 1,920 s): the plan is also re-made when it would miss the budget by more
+#: than this fraction of it, either way.
+REPLAN_TIME_TOLERANCE = 0.02
 
 
 def replan(
@@ -451,7 +461,14 @@ def replan(
 
     remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
     steps = int(done) + max(1, remaining.steps)
+    owed_by_plan = max(0, budget.steps - int(done))
+    planned_end = float(seconds) + _seconds(
+        step_time, schedule(count, owed_by_plan, budget.cap), owed_by_plan
+    )
     moved = abs(steps - budget.steps) > REPLAN_TOLERANCE * budget.steps
+    moved |= steps != budget.steps and (
+        abs(planned_end - float(settings.time)) > REPLAN_TIME_TOLERANCE * float(settings.time)
+    )
     moved |= remaining.working < count
     moved |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
     if not moved:
