@@ -61,6 +61,7 @@ from models.geometry.similarity import Similarity, nearest_rotation
 from models.render.core import render
 
 __all__ = [
+    "agree_depths",
     "capture_frame",
     "depth_ratio",
     "fuse_windows",
@@ -384,6 +385,94 @@ def remove_floaters(
     return kept, removed
 
 
+def _agreed_depths(
+    sets: Sequence[Gaussians],
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    backend: str,
+    chunk: int = 8,
+) -> tuple[Tensor, Tensor]:
+    """At every camera of ``extrinsics [C, 4, 4]``: the per-pixel median, over the windows, of
+    the depth each window's set renders there (expected depth over alpha, where alpha > 0.5)
+    ``[C, H, W]`` (nan where no window has a surface) and how many windows have one there
+    ``[C, H, W]``; ``chunk`` cameras at a time."""
+    medians, votes = [], []
+    for start in range(0, len(extrinsics), chunk):
+        stack = []
+        for g in sets:
+            e = extrinsics[start : start + chunk][None].to(g.means)
+            k = intrinsics[start : start + chunk][None].to(g.means)
+            with torch.inference_mode():
+                out = render(g, e, k, shape, backend=backend)
+            alpha = out.alpha[0].float()  # [c, H, W]
+            depth = out.depth[0].float() / alpha.clamp_min(1e-6)
+            stack.append(torch.where(alpha > 0.5, depth, torch.full_like(depth, math.nan)).cpu())
+        depths = torch.stack(stack)  # [W, c, H, W]
+        votes.append((~depths.isnan()).sum(0))
+        medians.append(depths.nanmedian(dim=0).values)
+    return torch.cat(medians), torch.cat(votes)
+
+
+def _ray_ratios(
+    means: Tensor,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    median: Tensor,
+    votes: Tensor,
+    min_windows: int,
+) -> tuple[Tensor, Tensor]:
+    """Per point ``[N, 3]``: the agreed depth over its own depth in the nearest of its window's
+    cameras ``[V, 4, 4]`` (1 where under ``min_windows`` windows agree on a surface at its
+    pixel, or no camera sees it) ``[N]``, and that camera's centre ``[N, 3]``."""
+    height, width = median.shape[-2:]
+    local = transform_points(world_to_camera(extrinsics), means[None])  # [V, N, 3]
+    z = local[..., 2]
+    u = intrinsics[:, None, 0, 0] * local[..., 0] / z.clamp_min(1e-8) + intrinsics[:, None, 0, 2]
+    v = intrinsics[:, None, 1, 1] * local[..., 1] / z.clamp_min(1e-8) + intrinsics[:, None, 1, 2]
+    col, row = (u * width).floor().long(), (v * height).floor().long()
+    inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+    nearest, view = torch.where(inside, z, torch.full_like(z, math.inf)).min(dim=0)  # [N]
+    point = torch.arange(len(means))
+    row = row[view, point].clamp(0, height - 1)
+    col = col[view, point].clamp(0, width - 1)
+    target, count = median[view, row, col], votes[view, row, col]
+    agreed = torch.isfinite(nearest) & (count >= min_windows) & torch.isfinite(target)
+    ratio = torch.where(agreed, target / nearest.clamp_min(1e-8), torch.ones_like(nearest))
+    return ratio, camera_centers(extrinsics)[view]
+
+
+def agree_depths(
+    sets: Sequence[Gaussians],
+    cameras: Sequence[tuple[Tensor, Tensor]],
+    shape: tuple[int, int],
+    min_windows: int = 3,
+    backend: str = "auto",
+) -> tuple[list[Gaussians], int]:
+    """Per-window ``sets`` (batches of one, no mask) moved onto the depth the windows agree on
+    (module doc, "Depth agreement"); returns them and how many Gaussians moved."""
+    all_e = torch.cat([e.float().cpu() for e, _ in cameras])  # [C, 4, 4]
+    all_k = torch.cat([k.float().cpu() for _, k in cameras])
+    median, votes = _agreed_depths(sets, all_e, all_k, shape, backend)
+    moved_sets, moved, first = [], 0, 0
+    for g, (e, _) in zip(sets, cameras):
+        own = slice(first, first + len(e))
+        first += len(e)
+        means = g.means[0].detach().float().cpu()  # [N, 3]
+        ratio, centre = _ray_ratios(
+            means, all_e[own], all_k[own], median[own], votes[own], min_windows
+        )
+        moved += int((ratio != 1).sum())
+        new = centre + (means - centre) * ratio[:, None]  # along the camera's ray
+        moved_sets.append(
+            g.replace(
+                means=new[None].to(g.means),
+                scales=g.scales * ratio[None, :, None].to(g.scales),  # same footprint there
+            )
+        )
+    return moved_sets, moved
+
+
 # Windows whose floater check is timed before the rest is said (their median: the first one
 # took 3x the mean on the drone capture).
 TIMED_CHECKS = 3
@@ -438,13 +527,18 @@ def fuse_windows(
     backend: str = "auto",
     depth_tolerance: float = 0.3,
 ) -> tuple[Gaussians, dict]:
-    """:func:`remove_floaters`, :func:`merge_surfaces` (several windows; one window's set is kept
-    as the model made it), then ``fusion_max_gaussians`` (the most opaque); counts: ``predicted``, ``floaters_removed``, :func:`merge_surfaces`' counts,
-    ``fusion_max_gaussians`` and ``final``."""
+    """:func:`agree_depths`, :func:`remove_floaters`, :func:`merge_surfaces` (several windows;
+    one window's set is kept as the model made it), then ``fusion_max_gaussians`` (the most
+    opaque); counts: ``predicted``, ``depth_agreed`` (Gaussians moved), ``floaters_removed``,
+    :func:`merge_surfaces`' counts, ``fusion_max_gaussians`` and ``final``."""
     predicted = [int(g.count()[0]) for g in sets]
-    floaters = 0
+    floaters = agreed = 0
     seconds = {}
     if len(sets) > 1:  # one window: the model's own set (what the viewer re-runs live)
+        sets = [g.compact() if g.mask is not None else g for g in sets]
+        started = time.perf_counter()
+        sets, agreed = agree_depths(sets, cameras, shape, backend=backend)
+        seconds["depth_agreement"] = round(time.perf_counter() - started, 3)
         started = time.perf_counter()
         sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
         seconds["floaters"] = round(time.perf_counter() - started, 3)
@@ -460,6 +554,7 @@ def fuse_windows(
     counts = {
         "predicted": sum(predicted),
         "per_window_predicted": predicted,
+        "depth_agreed": agreed,
         "floaters_removed": floaters,
         **counts,
         "fusion_max_gaussians": fusion_max_gaussians,
