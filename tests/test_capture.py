@@ -367,6 +367,27 @@ def test_a_window_that_misjudges_depth_keeps_its_surface() -> None:
     assert int(kept[1].count()[0]) > 0.9 * int(windows[1].count()[0])
 
 
+def test_fusion_keeps_the_depth_agreement_that_renders_its_photos_better() -> None:
+    """With the windows' own photos, the fusion with and without the depth agreement are both
+    made and the one that renders those photos better is kept (and said)."""
+    e, k = _cameras(2)
+    truth = _wall(3.0)
+    truth.harmonics[..., 0, 0] = torch.linspace(-1.5, 1.5, truth.means.shape[1])
+    photos = render(truth, e[None], k[None], (32, 32), backend="torch").color[0]
+    windows = [truth, truth.replace(means=truth.means * 0.8, scales=truth.scales * 0.8), truth]
+    cameras = [(e, k)] * 3
+    fused, counts = fusion.fuse_windows(
+        windows, cameras, (32, 32), backend="torch", images=[photos] * 3
+    )
+    scores = counts["depth_agreement"]["input_psnr"]
+    assert counts["depth_agreement"]["used"] == (scores["agreed"] >= scores["as_placed"])
+    kept = fusion.input_psnr(fused, cameras, [photos] * 3, backend="torch")
+    assert kept == pytest.approx(max(scores.values()), abs=1e-2)
+    # the window that put the wall 20% nearer, moved back onto it: the agreed fusion wins
+    assert counts["depth_agreement"]["used"] and counts["depth_agreed"] > 0
+    assert scores["agreed"] > scores["as_placed"]
+
+
 # --------------------------------------------------------------------------- scoring
 
 

@@ -21,7 +21,10 @@ over alpha, where alpha > 0.5) at every window's camera; where ``min_windows`` o
 have a surface at a pixel, their per-pixel median is the agreed depth there. Each Gaussian moves
 along the ray of its own window's nearest camera to the agreed depth at its pixel, its scales
 with it, so that camera still sees it at the same pixel and size, and the windows that describe
-one surface put it in one place. The count does not change.
+one surface put it in one place. The count does not change. It suits models whose Gaussians lie
+on their views' rays (pixel-aligned) better than those that place them freely, so
+:func:`fuse_windows`, given the windows' own photos, fuses both ways and keeps the set that
+renders those photos better (:func:`input_psnr`; the held-out photos are never looked at).
 
 Merging. Where windows overlap, a surface is predicted once per window (and within a window
 once per view that sees it). :func:`merge_surfaces` merges what they say about one **surface
