@@ -330,6 +330,64 @@ def test_floaters_other_windows_see_through_are_removed() -> None:
     assert int(kept[0].count()[0]) == count == int(kept[1].count()[0])
 
 
+def _wall(depth: float, side: int = 40) -> Gaussians:
+    """An opaque grey wall of ``side`` x ``side`` Gaussians at ``z = depth``."""
+    xs, ys = torch.meshgrid(torch.linspace(-2, 2, side), torch.linspace(-2, 2, side), indexing="ij")
+    count = xs.numel()
+    return Gaussians(
+        means=torch.stack([xs.flatten(), ys.flatten(), torch.full((count,), depth)], -1)[None],
+        scales=torch.full((1, count, 3), 0.08 * depth / 3),
+        rotations=torch.tensor([1.0, 0, 0, 0]).expand(1, count, 4).clone(),
+        opacities=torch.full((1, count), 0.95),
+        harmonics=torch.zeros(1, count, 3, 1),
+    )
+
+
+def test_a_window_that_misjudges_depth_keeps_its_surface() -> None:
+    """Three windows see one wall at z = 3; one of them puts it 20% nearer. The floater check
+    alone removes that window's whole surface (the others see through it); agreeing on depth
+    first moves it onto the wall along its own cameras' rays, where it stays."""
+    e, k = _cameras(2)
+    windows = [_wall(3.0), _wall(2.4), _wall(3.0)]
+    cameras = [(e, k)] * 3
+    kept, removed = fusion.remove_floaters(windows, cameras, (32, 32), backend="torch")
+    seen = int(kept[1].count()[0])
+    assert seen < 0.6 * int(windows[1].count()[0])  # the old rule: most of it removed
+    agreed, moved = fusion.agree_depths(windows, cameras, (32, 32), backend="torch")
+    centre = e[0, :3, 3]
+    near = agreed[1].means[0]
+    inside = ((windows[1].means[0][:, :2]).abs() < 0.5).all(-1)  # seen by both cameras
+    assert moved > 0 and inside.any()
+    assert torch.allclose(near[inside, 2], torch.full_like(near[inside, 2], 3.0), atol=0.05)
+    ray = (windows[1].means[0] - centre)[inside]
+    along = (near[inside] - centre) / (near[inside, 2:] - centre[2]) * ray[:, 2:]
+    assert torch.allclose(along, ray, atol=0.05)  # moved along its camera's rays
+    assert torch.allclose(agreed[0].means, windows[0].means)  # the agreeing ones stay
+    kept, _ = fusion.remove_floaters(agreed, cameras, (32, 32), backend="torch")
+    assert int(kept[1].count()[0]) > 0.9 * int(windows[1].count()[0])
+
+
+def test_fusion_keeps_the_depth_agreement_that_renders_its_photos_better() -> None:
+    """With the windows' own photos, the fusion with and without the depth agreement are both
+    made and the one that renders those photos better is kept (and said)."""
+    e, k = _cameras(2)
+    truth = _wall(3.0)
+    truth.harmonics[..., 0, 0] = torch.linspace(-1.5, 1.5, truth.means.shape[1])
+    photos = render(truth, e[None], k[None], (32, 32), backend="torch").color[0]
+    windows = [truth, truth.replace(means=truth.means * 0.8, scales=truth.scales * 0.8), truth]
+    cameras = [(e, k)] * 3
+    fused, counts = fusion.fuse_windows(
+        windows, cameras, (32, 32), backend="torch", images=[photos] * 3
+    )
+    scores = counts["depth_agreement"]["input_psnr"]
+    assert counts["depth_agreement"]["used"] == (scores["agreed"] >= scores["as_placed"])
+    kept = fusion.input_psnr(fused, cameras, [photos] * 3, backend="torch")
+    assert kept == pytest.approx(max(scores.values()), abs=1e-2)
+    # the window that put the wall 20% nearer, moved back onto it: the agreed fusion wins
+    assert counts["depth_agreement"]["used"] and counts["depth_agreed"] > 0
+    assert scores["agreed"] > scores["as_placed"]
+
+
 # --------------------------------------------------------------------------- scoring
 
 

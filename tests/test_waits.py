@@ -49,6 +49,7 @@ def test_a_small_fusion_times_no_sample(monkeypatch) -> None:
     """Under BIG_SECONDS of floater check the merge is not sampled (nothing to say)."""
     calls = []
     monkeypatch.setattr(fusion, "_announce_merge", lambda *args: calls.append(args))
+    monkeypatch.setattr(fusion, "agree_depths", lambda sets, *a, **k: (list(sets), 0))
     monkeypatch.setattr(fusion, "remove_floaters", lambda sets, *a, **k: (list(sets), 0))
     monkeypatch.setattr(
         fusion, "merge_surfaces", lambda sets, *a: (sets[0], {"before": 2, "after": 1})

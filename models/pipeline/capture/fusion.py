@@ -14,6 +14,18 @@ orientations, scale from the spread of their centres (a window whose centres coi
 the centroids. Without capture poses (pose-free photos), the first window's frame is the capture
 frame and each next one is chained through the photos it shares with earlier ones.
 
+Depth agreement. The windows of a feed-forward model disagree on depth where they overlap, and
+the floater check below then removes whichever surface is nearer, even where it is what a
+window's own photos see. :func:`agree_depths` first renders every window's depth (expected depth
+over alpha, where alpha > 0.5) at every window's camera; where ``min_windows`` or more windows
+have a surface at a pixel, their per-pixel median is the agreed depth there. Each Gaussian moves
+along the ray of its own window's nearest camera to the agreed depth at its pixel, its scales
+with it, so that camera still sees it at the same pixel and size, and the windows that describe
+one surface put it in one place. The count does not change. It suits models whose Gaussians lie
+on their views' rays (pixel-aligned) better than those that place them freely, so
+:func:`fuse_windows`, given the windows' own photos, fuses both ways and keeps the set that
+renders those photos better (:func:`input_psnr`; the held-out photos are never looked at).
+
 Merging. Where windows overlap, a surface is predicted once per window (and within a window
 once per view that sees it). :func:`merge_surfaces` merges what they say about one **surface
 element**: each Gaussian is looked up in the input camera (of every window) that sees it
@@ -29,8 +41,8 @@ element closest dominate it. An element of one Gaussian keeps it unchanged. The 
 follows the capture's content at the windows' pixel size, not the number of windows.
 ``fusion_max_gaussians`` then keeps the most opaque.
 
-Floaters (per-view depth agreement). Before that, :func:`remove_floaters` drops the Gaussians that other windows see
-through: each window's own Gaussians give a depth map per camera (``render``'s expected depth
+Floaters. Before the merge, after the depth agreement, :func:`remove_floaters` drops the
+Gaussians that other windows see through: each window's own Gaussians give a depth map per camera (``render``'s expected depth
 over its alpha, where alpha > 0.5); a Gaussian of another window that projects into such a
 camera nearer than ``(1 - margin)`` of that depth lies in space the camera sees empty. A
 Gaussian is removed when most of the other windows' cameras that see its pixel say so. Without
@@ -58,12 +70,15 @@ from models.geometry.cameras import (
 )
 from models.geometry.rotations import matrix_to_quaternion, quaternion_to_matrix
 from models.geometry.similarity import Similarity, nearest_rotation
+from models.pipeline.metrics import psnr_per_image
 from models.render.core import render
 
 __all__ = [
+    "agree_depths",
     "capture_frame",
     "depth_ratio",
     "fuse_windows",
+    "input_psnr",
     "merge_surfaces",
     "pixel_footprint",
     "remove_floaters",
@@ -384,6 +399,94 @@ def remove_floaters(
     return kept, removed
 
 
+def _agreed_depths(
+    sets: Sequence[Gaussians],
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    shape: tuple[int, int],
+    backend: str,
+    chunk: int = 8,
+) -> tuple[Tensor, Tensor]:
+    """At every camera of ``extrinsics [C, 4, 4]``: the per-pixel median, over the windows, of
+    the depth each window's set renders there (expected depth over alpha, where alpha > 0.5)
+    ``[C, H, W]`` (nan where no window has a surface) and how many windows have one there
+    ``[C, H, W]``; ``chunk`` cameras at a time."""
+    medians, votes = [], []
+    for start in range(0, len(extrinsics), chunk):
+        stack = []
+        for g in sets:
+            e = extrinsics[start : start + chunk][None].to(g.means)
+            k = intrinsics[start : start + chunk][None].to(g.means)
+            with torch.inference_mode():
+                out = render(g, e, k, shape, backend=backend)
+            alpha = out.alpha[0].float()  # [c, H, W]
+            depth = out.depth[0].float() / alpha.clamp_min(1e-6)
+            stack.append(torch.where(alpha > 0.5, depth, torch.full_like(depth, math.nan)).cpu())
+        depths = torch.stack(stack)  # [W, c, H, W]
+        votes.append((~depths.isnan()).sum(0))
+        medians.append(depths.nanmedian(dim=0).values)
+    return torch.cat(medians), torch.cat(votes)
+
+
+def _ray_ratios(
+    means: Tensor,
+    extrinsics: Tensor,
+    intrinsics: Tensor,
+    median: Tensor,
+    votes: Tensor,
+    min_windows: int,
+) -> tuple[Tensor, Tensor]:
+    """Per point ``[N, 3]``: the agreed depth over its own depth in the nearest of its window's
+    cameras ``[V, 4, 4]`` (1 where under ``min_windows`` windows agree on a surface at its
+    pixel, or no camera sees it) ``[N]``, and that camera's centre ``[N, 3]``."""
+    height, width = median.shape[-2:]
+    local = transform_points(world_to_camera(extrinsics), means[None])  # [V, N, 3]
+    z = local[..., 2]
+    u = intrinsics[:, None, 0, 0] * local[..., 0] / z.clamp_min(1e-8) + intrinsics[:, None, 0, 2]
+    v = intrinsics[:, None, 1, 1] * local[..., 1] / z.clamp_min(1e-8) + intrinsics[:, None, 1, 2]
+    col, row = (u * width).floor().long(), (v * height).floor().long()
+    inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+    nearest, view = torch.where(inside, z, torch.full_like(z, math.inf)).min(dim=0)  # [N]
+    point = torch.arange(len(means))
+    row = row[view, point].clamp(0, height - 1)
+    col = col[view, point].clamp(0, width - 1)
+    target, count = median[view, row, col], votes[view, row, col]
+    agreed = torch.isfinite(nearest) & (count >= min_windows) & torch.isfinite(target)
+    ratio = torch.where(agreed, target / nearest.clamp_min(1e-8), torch.ones_like(nearest))
+    return ratio, camera_centers(extrinsics)[view]
+
+
+def agree_depths(
+    sets: Sequence[Gaussians],
+    cameras: Sequence[tuple[Tensor, Tensor]],
+    shape: tuple[int, int],
+    min_windows: int = 3,
+    backend: str = "auto",
+) -> tuple[list[Gaussians], int]:
+    """Per-window ``sets`` (batches of one, no mask) moved onto the depth the windows agree on
+    (module doc, "Depth agreement"); returns them and how many Gaussians moved."""
+    all_e = torch.cat([e.float().cpu() for e, _ in cameras])  # [C, 4, 4]
+    all_k = torch.cat([k.float().cpu() for _, k in cameras])
+    median, votes = _agreed_depths(sets, all_e, all_k, shape, backend)
+    moved_sets, moved, first = [], 0, 0
+    for g, (e, _) in zip(sets, cameras):
+        own = slice(first, first + len(e))
+        first += len(e)
+        means = g.means[0].detach().float().cpu()  # [N, 3]
+        ratio, centre = _ray_ratios(
+            means, all_e[own], all_k[own], median[own], votes[own], min_windows
+        )
+        moved += int((ratio != 1).sum())
+        new = centre + (means - centre) * ratio[:, None]  # along the camera's ray
+        moved_sets.append(
+            g.replace(
+                means=new[None].to(g.means),
+                scales=g.scales * ratio[None, :, None].to(g.scales),  # same footprint there
+            )
+        )
+    return moved_sets, moved
+
+
 # Windows whose floater check is timed before the rest is said (their median: the first one
 # took 3x the mean on the drone capture).
 TIMED_CHECKS = 3
@@ -429,6 +532,59 @@ def _announce_merge(
     )
 
 
+def _fuse_several(
+    sets: Sequence[Gaussians],
+    cameras: Sequence[tuple[Tensor, Tensor]],
+    shape: tuple[int, int],
+    cell: float,
+    depth_tolerance: float,
+    backend: str,
+    agree: bool,
+) -> tuple[Gaussians, dict]:
+    """Several windows' sets fused: :func:`agree_depths` (when ``agree``),
+    :func:`remove_floaters`, :func:`merge_surfaces`; counts with ``depth_agreed``,
+    ``floaters_removed`` and ``seconds``."""
+    sets = [g.compact() if g.mask is not None else g for g in sets]
+    seconds, agreed = {}, 0
+    if agree:
+        started = time.perf_counter()
+        sets, agreed = agree_depths(sets, cameras, shape, backend=backend)
+        seconds["depth_agreement"] = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
+    sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
+    seconds["floaters"] = round(time.perf_counter() - started, 3)
+    if seconds["floaters"] >= budget.BIG_SECONDS:  # a big fusion: its merge timed and said
+        _announce_merge(sets, cameras, shape, cell, depth_tolerance)
+    started = time.perf_counter()
+    fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
+    seconds["merge"] = round(time.perf_counter() - started, 3)
+    return fused, {
+        "depth_agreed": agreed,
+        "floaters_removed": floaters,
+        **counts,
+        "seconds": seconds,
+    }
+
+
+def input_psnr(
+    gaussians: Gaussians,
+    cameras: Sequence[tuple[Tensor, Tensor]],
+    images: Sequence[Tensor],
+    backend: str = "auto",
+) -> float:
+    """Mean PSNR of ``gaussians`` rendered at every window's cameras against the window's own
+    photos ``images`` (per window ``[V, 3, H, W]``): how well a fused set keeps its inputs."""
+    values = []
+    for (e, k), photos in zip(cameras, images):
+        shape = (int(photos.shape[-2]), int(photos.shape[-1]))
+        with torch.inference_mode():
+            out = render(gaussians, e[None].to(gaussians.means), k[None].to(gaussians.means),
+                         shape, backend=backend)  # fmt: skip
+        color = out.color[0].float().clamp(0, 1).cpu()  # [V, 3, H, W]
+        values.append(psnr_per_image(color, photos.float().cpu()))
+    return float(torch.cat(values).mean())
+
+
 def fuse_windows(
     sets: Sequence[Gaussians],
     cameras: Sequence[tuple[Tensor, Tensor]],
@@ -437,33 +593,41 @@ def fuse_windows(
     fusion_max_gaussians: int | None = None,
     backend: str = "auto",
     depth_tolerance: float = 0.3,
+    images: Sequence[Tensor] | None = None,
 ) -> tuple[Gaussians, dict]:
-    """:func:`remove_floaters`, :func:`merge_surfaces` (several windows; one window's set is kept
-    as the model made it), then ``fusion_max_gaussians`` (the most opaque); counts: ``predicted``, ``floaters_removed``, :func:`merge_surfaces`' counts,
+    """Several windows fused (:func:`agree_depths`, :func:`remove_floaters`,
+    :func:`merge_surfaces`; one window's set is kept as the model made it), then
+    ``fusion_max_gaussians`` (the most opaque). With the windows' own photos ``images`` (per
+    window ``[V, 3, H, W]``), the fusion is also made without the depth agreement and the one
+    that renders those photos better (:func:`input_psnr`) is kept; held-out photos are never
+    looked at. Counts: ``predicted``, ``depth_agreed`` (Gaussians moved), ``depth_agreement``
+    (used, and both input PSNRs), ``floaters_removed``, :func:`merge_surfaces`' counts,
     ``fusion_max_gaussians`` and ``final``."""
     predicted = [int(g.count()[0]) for g in sets]
-    floaters = 0
-    seconds = {}
     if len(sets) > 1:  # one window: the model's own set (what the viewer re-runs live)
-        started = time.perf_counter()
-        sets, floaters = remove_floaters(sets, cameras, shape, backend=backend)
-        seconds["floaters"] = round(time.perf_counter() - started, 3)
-        if seconds["floaters"] >= budget.BIG_SECONDS:  # a big fusion: its merge timed and said
-            _announce_merge(sets, cameras, shape, cell, depth_tolerance)
-        started = time.perf_counter()
-        fused, counts = merge_surfaces(sets, cameras, shape, cell, depth_tolerance)
-        seconds["merge"] = round(time.perf_counter() - started, 3)
+        fused, counts = _fuse_several(sets, cameras, shape, cell, depth_tolerance, backend, True)
+        choice = {"used": True}
+        if images is not None:
+            plain, plain_counts = _fuse_several(
+                sets, cameras, shape, cell, depth_tolerance, backend, False
+            )
+            choice["input_psnr"] = {
+                "agreed": round(input_psnr(fused, cameras, images, backend), 3),
+                "as_placed": round(input_psnr(plain, cameras, images, backend), 3),
+            }
+            if choice["input_psnr"]["as_placed"] > choice["input_psnr"]["agreed"]:
+                fused, counts, choice["used"] = plain, plain_counts, False
+        counts["depth_agreement"] = choice
     else:
         fused = sets[0]
-        counts = {"before": predicted[0], "after": predicted[0], "merged": 0}
+        counts = {"depth_agreed": 0, "floaters_removed": 0, "before": predicted[0]}
+        counts.update(after=predicted[0], merged=0, seconds={})
         counts.update(per_window_before=predicted, per_window=predicted)
     counts = {
         "predicted": sum(predicted),
         "per_window_predicted": predicted,
-        "floaters_removed": floaters,
         **counts,
         "fusion_max_gaussians": fusion_max_gaussians,
-        "seconds": seconds,
     }
     if fusion_max_gaussians is not None and int(fused.count()[0]) > int(fusion_max_gaussians):
         fused = fused.prune(max_count=int(fusion_max_gaussians))

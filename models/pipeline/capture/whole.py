@@ -643,9 +643,11 @@ def reconstruct_capture(
     start = time.perf_counter()
     cap = fusion_max_gaussians if len(plan.windows) > 1 else None
     shape = tuple(plan.images.images.shape[-2:])
+    images = [plan.images.images[window].float() for window in plan.windows]
     gaussians, counts = fusion.fuse_windows(
-        placed.sets, placed.cameras, shape, fusion_max_gaussians=cap, backend=backend
-    )
+        placed.sets, placed.cameras, shape, fusion_max_gaussians=cap, backend=backend,
+        images=images,
+    )  # fmt: skip
     fuse_s = round(time.perf_counter() - start, 3)
     recon = fused_reconstruction(model, plan, frame, placed, gaussians, fuse_s)
     angle = view_lib.max_rotation_deg(recon.extrinsics)
