@@ -296,8 +296,9 @@ class _RisingClock(_FakeClock):
 
 
 def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
-    """The re-plans follow the recent steps (REPLAN_MEMORY) and re-make a plan that would miss
-    the budget by more than REPLAN_TIME_TOLERANCE, even by fewer than REPLAN_TOLERANCE's steps."""
+    """The re-plans correct the steps of a plan that would miss the budget by more than
+    REPLAN_TIME_TOLERANCE by the latest steps' time (REPLAN_MEMORY), even when fewer than
+    REPLAN_TOLERANCE's steps move."""
     from models.pipeline.refine import fit as fit_module
 
     truth, images, extrinsics, intrinsics = _scene()
@@ -309,7 +310,13 @@ def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
     assert result.plan["initial_steps"] == 400
     assert result.stopped == "steps" and result.steps == result.plan["steps"]
     assert 3.9 <= result.seconds <= 4.0 * 1.03  # 100 x 10 ms, then ~230 x 13 ms
-    assert result.plan["replans"][-1]["factor"] == pytest.approx(1.3, abs=0.05)
+    replans = result.plan["replans"]
+    assert replans[-1]["recent_factor"] == pytest.approx(1.3, abs=0.05)
+    assert replans[-1]["factor"] < replans[-1]["recent_factor"]  # all the steps: 1.0 and 1.3
+    # every re-plan that cut steps was announced: the fit never does fewer than it said
+    announced = [r["steps"] for r in replans if r["announced"]]
+    assert announced and result.steps >= announced[-1]
+    assert all(r["announced"] for a, r in zip(replans, replans[1:]) if r["steps"] < a["steps"])
 
 
 def test_replan_remakes_a_plan_that_would_miss_the_budget():
@@ -324,7 +331,15 @@ def test_replan_remakes_a_plan_that_would_miss_the_budget():
     assert dearer.seconds <= 100.0 + 1e-6
     near = replan(StepTime(0.101, 0.0), 500, 50.0, 1000, planned, 10**6, settings,
                   strategy.expected_counts)  # fmt: skip
-    assert near is None  # 100.5 s: within REPLAN_TIME_TOLERANCE, nothing announced
+    assert near is None  # 100.5 s: within REPLAN_TIME_TOLERANCE, nothing moves
+    # all the steps say on time; the latest say 6% dearer: only the steps are corrected
+    late = replan(StepTime(0.1, 0.0), 500, 50.0, 1000, planned, 10**6, settings,
+                  strategy.expected_counts, recent=StepTime(0.106, 0.0))  # fmt: skip
+    assert late is not None
+    assert (late.steps, late.cap, late.working) == (dearer.steps, planned.cap, 1000)
+    fixed = RefineSettings(time=100.0, steps=1000)
+    assert replan(StepTime(0.1, 0.0), 500, 50.0, 1000, planned, 10**6, fixed,
+                  strategy.expected_counts, recent=StepTime(0.106, 0.0)) is None  # fmt: skip
 
 
 def test_replan_prunes_to_buy_the_owed_steps_but_never_below_keep():

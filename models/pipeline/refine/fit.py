@@ -9,8 +9,9 @@ adaptive density control) whose two hooks the loop calls; the surgery is :mod:`m
 Cost: before the first step the fit checks its memory (:func:`~models.pipeline.refine.plan.plan_fit`),
 shrinks the Gaussians larger than the screen-size cap, and with a time budget measures its step
 time on the start and plans the working count, the densification cap and the steps the budget
-buys (:func:`~models.pipeline.refine.plan.budget_fit`), announced in one line; it then does exactly the
-planned steps.
+buys (:func:`~models.pipeline.refine.plan.budget_fit`), announced in one line; it re-plans from
+its real steps as it goes (:func:`~models.pipeline.refine.plan.replan`) and never does fewer steps
+than it last announced.
 
 Robustness: a non-finite loss stops the fit and returns the last state that rendered finitely
 (``stopped="nan"``); Ctrl-C returns what the fit has (``stopped="interrupted"``); with a checkpoint
@@ -45,6 +46,7 @@ from models.pipeline.refine.plan import (
     REPLAN_FRACTION,
     REPLAN_MEMORY,
     REPLAN_STEPS,
+    REPLAN_TOLERANCE,
     TIME_GUARD,
     FitBudget,
     StepTime,
@@ -210,7 +212,8 @@ class _Fit:
         # down at each re-plan), and the steps and real seconds since the last re-plan
         self.step_time: StepTime | None = None
         self.keep, self.ceiling = 0, budget.cap
-        self.window = {"real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0}
+        self.window = {"real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0,
+                       "recent_real": 0.0, "recent_predicted": 0.0}  # fmt: skip
 
     def gaussians(self) -> Gaussians:
         """The activated set with the SH bands switched on so far (differentiable)."""
@@ -281,7 +284,7 @@ class _Fit:
         self.generator.set_state(state["generator"])
         if state.get("step_time") is not None:
             self.step_time = StepTime(**state["step_time"])
-        self.window = dict(state.get("window", self.window))
+        self.window = {**self.window, **state.get("window", {})}
 
 
 def _save_checkpoint(fit: _Fit, path: Path) -> None:
@@ -353,9 +356,11 @@ def _step(fit: _Fit, background: Tensor) -> float | None:
     fit.seconds += t4 - t0
     if fit.step > 1 and fit.step_time is not None:  # the first step warms up: not counted
         fit.window["since"] += 1
-        fit.window["real"] += t4 - t0
-        fit.window["since_real"] += t4 - t0
-        fit.window["predicted"] += fit.step_time(current.means.shape[1])
+        predicted = fit.step_time(current.means.shape[1])
+        for key in ("real", "since_real", "recent_real"):
+            fit.window[key] += t4 - t0
+        fit.window["predicted"] += predicted
+        fit.window["recent_predicted"] += predicted
     for name, seconds in zip(fit.timings, (t1 - t0, t2 - t1, t4 - t3, t3 - t2)):
         fit.timings[name] += seconds
     return loss.item()
@@ -432,20 +437,22 @@ def _prune(fit: _Fit, working: int) -> None:
 
 def _replan(fit: _Fit, bar) -> None:
     """Re-measure the step time from the steps done (all but the first: their real seconds
-    against the measured line's prediction at their counts, earlier stretches weighed down by
+    against the measured line's prediction at their counts; for the end time also from the
+    latest steps, earlier stretches weighed down by
     :data:`~models.pipeline.refine.plan.REPLAN_MEMORY`) and, when the plan moves, re-plan the rest
     (:func:`~models.pipeline.refine.plan.replan`): prune, move the cap and the steps; one line
     says what changed and why."""
     window, old = fit.window, fit.budget
     factor = window["real"] / max(window["predicted"], 1e-12)
+    recent = window["recent_real"] / max(window["recent_predicted"], 1e-12)
     window["since"], window["since_real"] = 0, 0.0
-    window["real"] *= REPLAN_MEMORY
-    window["predicted"] *= REPLAN_MEMORY
+    window["recent_real"] *= REPLAN_MEMORY
+    window["recent_predicted"] *= REPLAN_MEMORY
     step_time = fit.step_time.scaled(factor)
     count = ops.count(fit.params)
     planner = fit.strategy.expected_counts
     new = replan(step_time, fit.step, fit.seconds, count, old, fit.ceiling, fit.settings,
-                 planner, fit.keep)  # fmt: skip
+                 planner, fit.keep, fit.step_time.scaled(recent))  # fmt: skip
     if new is None:
         return
     if new.working < count:
@@ -453,11 +460,24 @@ def _replan(fit: _Fit, bar) -> None:
     fit.budget, fit.strategy.cap = new, new.cap
     bar.total = new.steps
     bar.refresh()
-    record = {"step": fit.step, "factor": round(factor, 3), "steps": new.steps,
-              "working": ops.count(fit.params), "pruned": count - ops.count(fit.params),
-              "cap": new.cap, "step_seconds": round(step_time(new.working), 4)}  # fmt: skip
+    record = {"step": fit.step, "factor": round(factor, 3), "recent_factor": round(recent, 3),
+              "steps": new.steps, "working": ops.count(fit.params),
+              "pruned": count - ops.count(fit.params), "cap": new.cap,
+              "step_seconds": round(step_time(new.working), 4)}  # fmt: skip
+    # a small correction upwards (the budget buys a few more steps) is not announced: the fit
+    # never does fewer steps than it last said
+    big = abs(new.steps - old.steps) > REPLAN_TOLERANCE * old.steps
+    big |= abs(new.cap - old.cap) > REPLAN_TOLERANCE * old.cap
+    record["announced"] = bool(record["pruned"]) or new.steps < old.steps or big
     fit.plan.setdefault("replans", []).append(record)
     fit.plan.update(steps=new.steps, cap=new.cap, seconds=round(new.seconds, 2))
+    if record["announced"]:
+        _announce_replan(fit, record, old, count, factor)
+
+
+def _announce_replan(fit: _Fit, record: dict, old: FitBudget, count: int, factor: float) -> None:
+    """One line above the progress bar: what the re-plan changed and why."""
+    new = fit.budget
     pruned = ""
     if record["pruned"]:
         pruned = f", pruned from {count} to {record['working']} by opacity x footprint"
@@ -467,8 +487,8 @@ def _replan(fit: _Fit, bar) -> None:
     tqdm.write(  # its own line, above the progress bar
         f"refine: re-planned at step {fit.step} from the steps done ({fit.seconds / fit.step:.3f} "
         f"s a step so far, {factor:.2f}x the measured time): {new.steps} steps (was {old.steps})"
-        f"{short}{pruned}, densification cap {new.cap} (was {old.cap}), about "
-        f"{new.seconds:.0f} s",
+        f"{short}{pruned}, densification cap {new.cap}"
+        f"{f' (was {old.cap})' if new.cap != old.cap else ''}, about {new.seconds:.0f} s",
         file=sys.stderr,
     )
 

@@ -50,7 +50,7 @@ __all__ = [
 #: ``min_steps`` of it.
 MIN_STEP_SECONDS = 0.01
 #: The fit stops at this multiple of ``time`` even before its planned steps (a machine much
-#: slower than measured); otherwise it does exactly the planned steps.
+#: slower than measured); otherwise it does the planned steps.
 TIME_GUARD = 2.0
 #: A time budget never prunes the start below this many Gaussians (when even that many cannot buy
 #: ``min_steps``, the fit plans the steps the budget buys, fewer, and says so).
@@ -406,17 +406,18 @@ def peak_count(
 #: such stretch.
 REPLAN_STEPS = 50
 REPLAN_FRACTION = 0.1
-#: Each re-measurement weighs the steps before the previous one by this factor (so a stretch
-#: counts half as much one re-plan later): the cost of a step grows with the count faster than
-#: the line measured on the start says, and a passing load spike still moves the plan by half.
+#: The step time of the latest steps (``replan``'s ``recent``) weighs each stretch before the
+#: latest by this factor once more: the cost of a step grows with the count faster than the line
+#: measured on the start says. The count and the cap follow all the steps alike (a noisier
+#: factor made the cap swing by one growth round and back, announced each time).
 REPLAN_MEMORY = 0.5
-#: A re-plan is taken (and announced) only when it moves the planned steps by more than this
-#: fraction, or prunes, or moves the densification cap by more than this fraction, or when the
-#: plan it replaces would end more than :data:`REPLAN_TIME_TOLERANCE` of the budget away from it.
+#: A re-plan is taken only when it moves the planned steps by more than this fraction, or
+#: prunes, or moves the densification cap by more than this fraction (else see
+#: :data:`REPLAN_TIME_TOLERANCE`).
 REPLAN_TOLERANCE = 0.05
 #: Late in a long fit a 5% move of the steps is minutes (1,800 s drone fit: 400 steps of
-#: 0.3 s, it ran 1,920 s): the plan is also re-made when it would miss the budget by more
-#: than this fraction of it, either way.
+#: 0.3 s, it ran 1,920 s): a plan that would miss the budget by more than this fraction of it,
+#: either way, has its steps corrected (:func:`replan`).
 REPLAN_TIME_TOLERANCE = 0.02
 
 
@@ -430,6 +431,7 @@ def replan(
     settings: RefineSettings,
     expected_counts: Callable[..., list[tuple[int, int]]],
     keep: int = 0,
+    recent: StepTime | None = None,
 ) -> FitBudget | None:
     """The plan again from step ``done`` after ``seconds`` of fitting with ``count`` Gaussians,
     ``step_time`` re-measured from the real steps: the rule of :func:`budget_fit` on what is
@@ -437,8 +439,11 @@ def replan(
     ``done``) (the remaining time; the steps still owed, ``steps`` or ``min_steps`` less those done;
     the count pruned to buy them, never below ``keep`` nor :data:`MIN_WORKING`, and not at all
     once the owed steps are done), expressed for
-    the whole fit (``steps`` and ``seconds`` counted from step 0). ``None`` when nothing moves
-    by more than :data:`REPLAN_TOLERANCE` (or without a time budget).
+    the whole fit (``steps`` and ``seconds`` counted from step 0), when it moves the steps or the
+    cap by more than :data:`REPLAN_TOLERANCE` or prunes. Otherwise, when the plan would end more
+    than :data:`REPLAN_TIME_TOLERANCE` of the budget away from it by ``recent`` (the step time of
+    the latest steps; default ``step_time``), only its steps are corrected (:func:`_on_time`).
+    ``None`` when nothing moves (or without a time budget).
     """
     if settings.time is None:
         return None
@@ -461,16 +466,37 @@ def replan(
 
     remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
     steps = int(done) + max(1, remaining.steps)
-    owed_by_plan = max(0, budget.steps - int(done))
-    planned_end = float(seconds) + _seconds(
-        step_time, schedule(count, owed_by_plan, budget.cap), owed_by_plan
-    )
     moved = abs(steps - budget.steps) > REPLAN_TOLERANCE * budget.steps
-    moved |= steps != budget.steps and (
-        abs(planned_end - float(settings.time)) > REPLAN_TIME_TOLERANCE * float(settings.time)
-    )
     moved |= remaining.working < count
     moved |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
-    if not moved:
+    if moved:
+        return FitBudget(
+            remaining.working, remaining.cap, steps, float(seconds) + remaining.seconds
+        )
+    if settings.steps is not None:
         return None
-    return FitBudget(remaining.working, remaining.cap, steps, float(seconds) + remaining.seconds)
+    return _on_time(recent or step_time, int(done), float(seconds), count, budget, settings,
+                    schedule)  # fmt: skip
+
+
+def _on_time(
+    step_time: StepTime,
+    done: int,
+    seconds: float,
+    count: int,
+    budget: FitBudget,
+    settings: RefineSettings,
+    schedule: Callable[[int, int, int], list[tuple[int, int]]],
+) -> FitBudget | None:
+    """``budget`` with its steps corrected to end on the time budget by ``step_time`` (its cap
+    and the count kept; never fewer than ``min_steps``), or ``None`` when it ends within
+    :data:`REPLAN_TIME_TOLERANCE` of it. Late in a long fit a 5% move of the steps is minutes."""
+    time, left = float(settings.time), max(float(settings.time) - seconds, 1e-6)
+    cost = lambda steps: _seconds(step_time, schedule(count, steps, budget.cap), steps)  # noqa: E731
+    if abs(seconds + cost(max(0, budget.steps - done)) - time) <= REPLAN_TIME_TOLERANCE * time:
+        return None
+    owed = max(1, int(settings.min_steps) - done)
+    steps = _largest(owed, max(owed, int(left / step_time(count)) + 1), lambda s: cost(s) <= left)
+    if done + steps == budget.steps:
+        return None
+    return FitBudget(count, budget.cap, done + steps, seconds + cost(steps))

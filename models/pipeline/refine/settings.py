@@ -126,8 +126,9 @@ class RefineSettings:
         steps: optimisation steps (one photo each); ``None``: the steps ``time`` buys.
         time: budget in seconds; ``None``: only ``steps``. Before the first step the fit measures
             its step time on the start and plans its steps, working count and cap from it
-            (:func:`models.pipeline.refine.plan.budget_fit`); it then does exactly the planned steps
-            (stopping early only at twice the budget, on Ctrl-C or on a non-finite loss). The
+            (:func:`models.pipeline.refine.plan.budget_fit`), re-plans from its real steps, and
+            never does fewer steps than it last announced (stopping early only at twice the
+            budget, on Ctrl-C or on a non-finite loss). The
             learning-rate decay and the densification window follow the fraction of the planned
             steps done.
         size: long side in pixels the photos are fitted at (``None``: their size capped at
