@@ -177,8 +177,15 @@ def test_time_budget_fit_prunes_announces_and_does_its_planned_steps(capsys):
     assert plan["working"] + plan["pruned"] == 3000
     line = capsys.readouterr().err
     assert f"refine: {plan['initial_steps']} steps" in line  # the first plan, then re-plans
-    last = line.strip().splitlines()[-1]
-    assert plan["steps"] == plan["initial_steps"] or f": {plan['steps']} steps (was" in last
+    # the steps last announced (the first plan or the last announced re-plan), or more after
+    # corrections upwards that were not announced
+    replans = plan.get("replans", [])
+    said = [plan["initial_steps"]] + [r["steps"] for r in replans if r["announced"]]
+    assert f"{said[-1]} steps" in line.strip().splitlines()[-1]
+    last_said = max([i for i, r in enumerate(replans) if r["announced"]], default=-1)
+    unsaid = replans[last_said + 1 :]
+    assert all(r["steps"] > said[-1] for r in unsaid)
+    assert plan["steps"] == (unsaid[-1]["steps"] if unsaid else said[-1])
     if plan["pruned"]:
         assert "pruned from 3000 by opacity x footprint" in line
 

@@ -411,13 +411,12 @@ REPLAN_FRACTION = 0.1
 #: measured on the start says. The count and the cap follow all the steps alike (a noisier
 #: factor made the cap swing by one growth round and back, announced each time).
 REPLAN_MEMORY = 0.5
-#: A re-plan is taken only when it moves the planned steps by more than this fraction, or
-#: prunes, or moves the densification cap by more than this fraction (else see
-#: :data:`REPLAN_TIME_TOLERANCE`).
+#: A re-plan moves the count and the cap only when it prunes or moves the cap by more than
+#: this fraction (its steps: :data:`REPLAN_TIME_TOLERANCE`).
 REPLAN_TOLERANCE = 0.05
-#: Late in a long fit a 5% move of the steps is minutes (1,800 s drone fit: 400 steps of
-#: 0.3 s, it ran 1,920 s): a plan that would miss the budget by more than this fraction of it,
-#: either way, has its steps corrected (:func:`replan`).
+#: A plan that would miss the budget by more than this fraction of it, either way, has its
+#: steps corrected (:func:`replan`). (A 5% move of the steps, the rule before, is minutes late
+#: in a long fit: the 1,800 s drone fit ran 1,920 s.)
 REPLAN_TIME_TOLERANCE = 0.02
 
 
@@ -433,17 +432,19 @@ def replan(
     keep: int = 0,
     recent: StepTime | None = None,
 ) -> FitBudget | None:
-    """The plan again from step ``done`` after ``seconds`` of fitting with ``count`` Gaussians,
-    ``step_time`` re-measured from the real steps: the rule of :func:`budget_fit` on what is
-    left (``expected_counts(start, steps, cap, done)``: the strategy's schedule from step
-    ``done``) (the remaining time; the steps still owed, ``steps`` or ``min_steps`` less those done;
-    the count pruned to buy them, never below ``keep`` nor :data:`MIN_WORKING`, and not at all
-    once the owed steps are done), expressed for
-    the whole fit (``steps`` and ``seconds`` counted from step 0), when it moves the steps or the
-    cap by more than :data:`REPLAN_TOLERANCE` or prunes. Otherwise, when the plan would end more
-    than :data:`REPLAN_TIME_TOLERANCE` of the budget away from it by ``recent`` (the step time of
-    the latest steps; default ``step_time``), only its steps are corrected (:func:`_on_time`).
-    ``None`` when nothing moves (or without a time budget).
+    """The plan again from step ``done`` after ``seconds`` of fitting with ``count`` Gaussians.
+
+    The count and the cap: the rule of :func:`budget_fit` on what is left, by ``step_time``
+    (re-measured from all the real steps; ``expected_counts(start, steps, cap, done)``: the
+    strategy's schedule from step ``done``): the remaining time, the steps still owed (``steps``
+    or ``min_steps`` less those done), the count pruned to buy them (never below ``keep`` nor
+    :data:`MIN_WORKING`, and not at all once the owed steps are done), taken when it prunes or
+    moves the cap by more than :data:`REPLAN_TOLERANCE`. The steps (unless ``steps`` is set):
+    what the remaining time buys by ``recent`` (the latest steps' time; default ``step_time``),
+    set after such a change or when the plan would end more than
+    :data:`REPLAN_TIME_TOLERANCE` of the budget away from it (:func:`_on_time`). Expressed for
+    the whole fit (``steps`` and ``seconds`` from step 0); ``None`` when nothing moves (or
+    without a time budget).
     """
     if settings.time is None:
         return None
@@ -465,38 +466,42 @@ def replan(
         return expected_counts(working, int(done) + steps, cap, int(done))  # from step done
 
     remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
-    steps = int(done) + max(1, remaining.steps)
-    moved = abs(steps - budget.steps) > REPLAN_TOLERANCE * budget.steps
-    moved |= remaining.working < count
-    moved |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
-    if moved:
-        return FitBudget(
+    structural = remaining.working < count
+    structural |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
+    base = budget
+    if structural:
+        steps = int(done) + max(1, remaining.steps)
+        base = FitBudget(
             remaining.working, remaining.cap, steps, float(seconds) + remaining.seconds
         )
     if settings.steps is not None:
-        return None
-    return _on_time(recent or step_time, int(done), float(seconds), count, budget, settings,
-                    schedule)  # fmt: skip
+        return base if structural else None
+    timed = _on_time(recent or step_time, int(done), float(seconds), base, settings, schedule,
+                     always=structural)  # fmt: skip
+    return timed if timed is not None else (base if structural else None)
 
 
 def _on_time(
     step_time: StepTime,
     done: int,
     seconds: float,
-    count: int,
     budget: FitBudget,
     settings: RefineSettings,
     schedule: Callable[[int, int, int], list[tuple[int, int]]],
+    always: bool = False,
 ) -> FitBudget | None:
-    """``budget`` with its steps corrected to end on the time budget by ``step_time`` (its cap
-    and the count kept; never fewer than ``min_steps``), or ``None`` when it ends within
-    :data:`REPLAN_TIME_TOLERANCE` of it. Late in a long fit a 5% move of the steps is minutes."""
+    """``budget`` with its steps set to end on the time budget by ``step_time`` (its count
+    ``working`` and cap kept; the ``min_steps`` still owed at least, where the time buys them;
+    as :func:`budget_fit`), or ``None`` when
+    it ends within :data:`REPLAN_TIME_TOLERANCE` of it (unless ``always``) or nothing moves."""
     time, left = float(settings.time), max(float(settings.time) - seconds, 1e-6)
-    cost = lambda steps: _seconds(step_time, schedule(count, steps, budget.cap), steps)  # noqa: E731
-    if abs(seconds + cost(max(0, budget.steps - done)) - time) <= REPLAN_TIME_TOLERANCE * time:
+    working, cap = budget.working, budget.cap
+    cost = lambda steps: _seconds(step_time, schedule(working, steps, cap), steps)  # noqa: E731
+    end = seconds + cost(max(0, budget.steps - done))
+    if not always and abs(end - time) <= REPLAN_TIME_TOLERANCE * time:
         return None
-    owed = max(1, int(settings.min_steps) - done)
-    steps = _largest(owed, max(owed, int(left / step_time(count)) + 1), lambda s: cost(s) <= left)
-    if done + steps == budget.steps:
+    owed, bought = max(1, int(settings.min_steps) - done), max(1, int(left / step_time(working)))
+    steps = _largest(min(owed, bought), max(owed, bought + 1), lambda s: cost(s) <= left)
+    if done + steps == budget.steps and not always:
         return None
-    return FitBudget(count, budget.cap, done + steps, seconds + cost(steps))
+    return FitBudget(working, cap, done + steps, seconds + cost(steps))
