@@ -318,7 +318,7 @@ def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
     assert result.stopped == "steps" and result.steps == result.plan["steps"]
     assert 3.9 <= result.seconds <= 4.0 * 1.03  # 100 x 10 ms, then ~230 x 13 ms
     replans = result.plan["replans"]
-    assert replans[-1]["recent_factor"] == pytest.approx(1.3, abs=0.05)
+    assert 1.2 < replans[-1]["recent_factor"] <= 1.3 + 1e-6  # the latest steps: near 1.3
     assert replans[-1]["factor"] < replans[-1]["recent_factor"]  # all the steps: 1.0 and 1.3
     # every re-plan that cut steps was announced: the fit never does fewer than it said
     announced = [r["steps"] for r in replans if r["announced"]]
