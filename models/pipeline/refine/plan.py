@@ -408,10 +408,10 @@ REPLAN_STEPS = 50
 REPLAN_FRACTION = 0.1
 #: The step time of the latest steps (``replan``'s ``recent``) weighs each stretch before the
 #: latest by this factor once more (a half-life of about three stretches): the cost of a step
-#: grows with the count faster than the line measured on the start says. At 0.5 the drone
-#: capture's stretch factors ran from 0.99 to 1.40 (MCMC's rounds every 100 steps make
-#: 50-step stretches alternate dear and cheap) and the steps moved back and forth. The count
-#: and the cap follow all the steps alike.
+#: grows with the count faster than the line measured on the start says. At 0.5 it ran from
+#: 0.99 to 1.40 on the drone capture (MCMC's rounds every 100 steps make 50-step stretches
+#: alternate dear and cheap) and the steps moved back and forth. The count and the cap follow
+#: all the steps alike.
 REPLAN_MEMORY = 0.8
 #: A re-plan moves the count and the cap only when it prunes or moves the cap by more than
 #: this fraction (its steps: :data:`REPLAN_TIME_TOLERANCE`).
