@@ -326,6 +326,25 @@ def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
     assert all(r["announced"] for a, r in zip(replans, replans[1:]) if r["steps"] < a["steps"])
 
 
+def test_each_quarter_is_evaluated_once_when_a_replan_adds_steps(monkeypatch):
+    """A re-plan that adds steps moves the progress back below a quarter already evaluated;
+    the quarter is not evaluated again (the drone capture's runs evaluated one up to 5 times)."""
+    from models.pipeline.refine import fit as fit_module
+
+    truth, images, extrinsics, intrinsics = _scene()
+    monkeypatch.setattr(fit_module, "measure_step_time", lambda *a, **k: StepTime(0.01, 0.0))
+    # 10 ms a step as measured for 60 steps (past the first quarter of 200), then 5 ms
+    monkeypatch.setattr(fit_module, "clock", _RisingClock(0.01, 0.005, 300))
+    settings = RefineSettings(time=2.0, min_steps=50, max_screen_fraction=None, densify="none")
+    result = refine_gaussians(truth, images, extrinsics, intrinsics, settings, progress=False,
+                              evaluate=lambda g, e: {"psnr": 0.0})  # fmt: skip
+    assert result.plan["initial_steps"] == 200 and result.steps > 250  # steps were added
+    steps = [e["step"] for e in result.evaluations]
+    assert steps[0] == 0 and steps[-1] == result.steps
+    inner = steps[1:-1]  # one per quarter: the first at the plan of 200, the rest later
+    assert len(inner) == 3 and inner == sorted(inner) and 50 <= inner[0] <= 60
+
+
 def test_replan_remakes_a_plan_that_would_miss_the_budget():
     settings = RefineSettings(time=100.0, min_steps=100)
     strategy = Strategy(1, None, None)

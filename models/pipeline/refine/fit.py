@@ -212,6 +212,8 @@ class _Fit:
         # down at each re-plan), and the steps and real seconds since the last re-plan
         self.step_time: StepTime | None = None
         self.keep, self.ceiling = 0, budget.cap
+        self.quarter = 0  # the last quarter of the planned steps evaluated (a re-plan that adds
+        # steps moves the progress back: the quarter is not evaluated twice)
         self.window = {"real": 0.0, "predicted": 0.0, "since": 0, "since_real": 0.0,
                        "recent_real": 0.0, "recent_predicted": 0.0}  # fmt: skip
 
@@ -263,6 +265,7 @@ class _Fit:
             "count_before": self.count_before,
             "step_time": None if self.step_time is None else asdict(self.step_time),
             "window": dict(self.window),
+            "quarter": self.quarter,
             "generator": self.generator.get_state(),
             "views": self.views,
         }
@@ -285,6 +288,7 @@ class _Fit:
         if state.get("step_time") is not None:
             self.step_time = StepTime(**state["step_time"])
         self.window = {**self.window, **state.get("window", {})}
+        self.quarter = int(state.get("quarter", math.floor(self.progress() * 4)))
 
 
 def _save_checkpoint(fit: _Fit, path: Path) -> None:
@@ -309,11 +313,15 @@ def _evaluate(fit: _Fit, evaluate: Evaluate | None, gaussians: Gaussians) -> Non
     )
 
 
-def _due_evaluation(fit: _Fit, eval_every: int | None, last_progress: float) -> bool:
+def _due_evaluation(fit: _Fit, eval_every: int | None) -> bool:
+    """Every ``eval_every`` steps, or else once at each quarter of the planned steps."""
     if eval_every:
         return fit.step % eval_every == 0
-    quarters = math.floor(fit.progress() * 4)
-    return quarters > math.floor(last_progress * 4) and quarters < 4
+    quarter = math.floor(fit.progress() * 4)
+    if fit.quarter < quarter < 4:
+        fit.quarter = quarter
+        return True
+    return False
 
 
 def _step(fit: _Fit, background: Tensor) -> float | None:
@@ -388,7 +396,6 @@ def _run(fit: _Fit, evaluate, eval_every, checkpoint: Path | None, progress: boo
         while fit.step < fit.budget.steps:
             if s.time and fit.seconds >= TIME_GUARD * max(s.time, fit.budget.seconds):
                 return "time"
-            last_progress = fit.progress()
             loss = _step(fit, background)
             if loss is None:
                 return "nan"
@@ -399,7 +406,7 @@ def _run(fit: _Fit, evaluate, eval_every, checkpoint: Path | None, progress: boo
             bar.set_postfix(loss=f"{loss:.4f}", gaussians=ops.count(fit.params), refresh=False)
             if _replan_due(fit):
                 _replan(fit, bar)
-            if _due_evaluation(fit, eval_every, last_progress):
+            if _due_evaluation(fit, eval_every):
                 _evaluate(fit, evaluate, fit.gaussians().detach())
             if checkpoint is not None and fit.step % s.checkpoint_every == 0:
                 _save_checkpoint(fit, checkpoint)
