@@ -302,7 +302,8 @@ class _RisingClock(_FakeClock):
         return super().__call__()
 
 
-def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
+@pytest.mark.parametrize("densify", ["none", "mcmc"])
+def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch, densify):
     """The re-plans correct the steps of a plan that would miss the budget by more than
     REPLAN_TIME_TOLERANCE by the latest steps' time (REPLAN_MEMORY), even when fewer than
     REPLAN_TOLERANCE's steps move."""
@@ -312,9 +313,10 @@ def test_a_fit_whose_steps_grow_dearer_ends_on_its_budget(monkeypatch):
     monkeypatch.setattr(fit_module, "measure_step_time", lambda *a, **k: StepTime(0.01, 0.0))
     # 10 ms a step as measured for the first 100 steps (5 clock reads a step), then 13 ms
     monkeypatch.setattr(fit_module, "clock", _RisingClock(0.01, 0.013, 500))
-    settings = RefineSettings(time=4.0, min_steps=50, max_screen_fraction=None, densify="none")
+    settings = RefineSettings(time=4.0, min_steps=50, max_screen_fraction=None, densify=densify)
     result = refine_gaussians(truth, images, extrinsics, intrinsics, settings, progress=False)
     assert result.plan["initial_steps"] == 400
+    assert all(r["pruned"] == 0 for r in result.plan["replans"])  # corrections never prune
     assert result.stopped == "steps" and result.steps == result.plan["steps"]
     assert 3.9 <= result.seconds <= 4.0 * 1.03  # 100 x 10 ms, then ~230 x 13 ms
     replans = result.plan["replans"]
@@ -363,6 +365,11 @@ def test_replan_remakes_a_plan_that_would_miss_the_budget():
                   strategy.expected_counts, recent=StepTime(0.106, 0.0))  # fmt: skip
     assert late is not None
     assert (late.steps, late.cap, late.working) == (dearer.steps, planned.cap, 1000)
+    # densification grew the set since the plan: a correction keeps what is there (pruning it
+    # back to the plan's count cut a real drone fit's cap from 115,981 to 24,334)
+    grown = replan(StepTime(0.1, 0.0), 500, 50.0, 1040, planned, 10**6, settings,
+                   strategy.expected_counts, recent=StepTime(0.106, 0.0))  # fmt: skip
+    assert grown is not None and (grown.working, grown.cap) == (1040, planned.cap)
     fixed = RefineSettings(time=100.0, steps=1000)
     assert replan(StepTime(0.1, 0.0), 500, 50.0, 1000, planned, 10**6, fixed,
                   strategy.expected_counts, recent=StepTime(0.106, 0.0)) is None  # fmt: skip

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -470,7 +471,7 @@ def replan(
     remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
     structural = remaining.working < count
     structural |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
-    base = budget
+    base = dataclasses.replace(budget, working=int(count))  # the count now, not at the plan
     if structural:
         steps = int(done) + max(1, remaining.steps)
         base = FitBudget(
