@@ -342,12 +342,32 @@ def _depth_maps(sets, cameras, shape: tuple[int, int], backend: str) -> list[Ten
                 "the merge (said when they start)",
                 time.perf_counter() - started, len(sets) - 1, "window",
             )  # fmt: skip
-        with torch.inference_mode():
-            out = render(g, e[None].to(g.means), k[None].to(g.means), shape, backend=backend)
-        alpha = out.alpha[0].float()  # [V, H, W]
-        depth = out.depth[0].float() / alpha.clamp_min(1e-6)
-        depth_maps.append(torch.where(alpha > 0.5, depth, torch.zeros_like(depth)).cpu())
+        depth_maps.append(_surface_depth(g, e, k, shape, backend, 0.0))
     return depth_maps
+
+
+def _surface_depth(g: Gaussians, e: Tensor, k: Tensor, shape, backend: str, empty: float) -> Tensor:
+    """``g``'s depth ``[V, H, W]`` (on the CPU) at cameras ``e [V, 4, 4]``, ``k [V, 3, 3]``: the
+    expected depth over alpha where alpha > 0.5, ``empty`` elsewhere."""
+    with torch.inference_mode():
+        out = render(g, e[None].to(g.means), k[None].to(g.means), shape, backend=backend)
+    alpha = out.alpha[0].float()  # [V, H, W]
+    depth = out.depth[0].float() / alpha.clamp_min(1e-6)
+    return torch.where(alpha > 0.5, depth, torch.full_like(depth, empty)).cpu()
+
+
+def _pixels(means: Tensor, e: Tensor, k: Tensor, shape) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Where points ``[N, 3]`` fall in cameras ``e [V, 4, 4]``, ``k [V, 3, 3]`` (float, CPU):
+    their depth, pixel row and column (unclamped) and whether that pixel is in the image and in
+    front of the camera, each ``[V, N]``."""
+    height, width = shape
+    local = transform_points(world_to_camera(e), means[None])  # [V, N, 3]
+    z = local[..., 2]
+    u = k[:, None, 0, 0] * local[..., 0] / z.clamp_min(1e-8) + k[:, None, 0, 2]
+    v = k[:, None, 1, 1] * local[..., 1] / z.clamp_min(1e-8) + k[:, None, 1, 2]
+    col, row = (u * width).floor().long(), (v * height).floor().long()
+    inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+    return z, row, col, inside
 
 
 def remove_floaters(
@@ -375,14 +395,7 @@ def remove_floaters(
         for w, (e, k) in enumerate(cameras):
             if w == v:
                 continue
-            local = transform_points(world_to_camera(e.float().cpu()), means[None])  # [V, N, 3]
-            z = local[..., 2]
-            k = k.float().cpu()
-            u = k[:, None, 0, 0] * local[..., 0] / z.clamp_min(1e-8) + k[:, None, 0, 2]
-            y = k[:, None, 1, 1] * local[..., 1] / z.clamp_min(1e-8) + k[:, None, 1, 2]
-            col = (u * width).floor().long()
-            row = (y * height).floor().long()
-            inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+            z, row, col, inside = _pixels(means, e.float().cpu(), k.float().cpu(), shape)
             views = torch.arange(len(e))[:, None].expand_as(col)
             surface = depth_maps[w][views, row.clamp(0, height - 1), col.clamp(0, width - 1)]
             looked = inside & (surface > 0)
@@ -414,14 +427,9 @@ def _agreed_depths(
     medians, votes = [], []
     for start in range(0, len(extrinsics), chunk):
         stack = []
+        e, k = extrinsics[start : start + chunk], intrinsics[start : start + chunk]
         for g in sets:
-            e = extrinsics[start : start + chunk][None].to(g.means)
-            k = intrinsics[start : start + chunk][None].to(g.means)
-            with torch.inference_mode():
-                out = render(g, e, k, shape, backend=backend)
-            alpha = out.alpha[0].float()  # [c, H, W]
-            depth = out.depth[0].float() / alpha.clamp_min(1e-6)
-            stack.append(torch.where(alpha > 0.5, depth, torch.full_like(depth, math.nan)).cpu())
+            stack.append(_surface_depth(g, e, k, shape, backend, math.nan))
         depths = torch.stack(stack)  # [W, c, H, W]
         votes.append((~depths.isnan()).sum(0))
         medians.append(depths.nanmedian(dim=0).values)
@@ -440,12 +448,7 @@ def _ray_ratios(
     cameras ``[V, 4, 4]`` (1 where under ``min_windows`` windows agree on a surface at its
     pixel, or no camera sees it) ``[N]``, and that camera's centre ``[N, 3]``."""
     height, width = median.shape[-2:]
-    local = transform_points(world_to_camera(extrinsics), means[None])  # [V, N, 3]
-    z = local[..., 2]
-    u = intrinsics[:, None, 0, 0] * local[..., 0] / z.clamp_min(1e-8) + intrinsics[:, None, 0, 2]
-    v = intrinsics[:, None, 1, 1] * local[..., 1] / z.clamp_min(1e-8) + intrinsics[:, None, 1, 2]
-    col, row = (u * width).floor().long(), (v * height).floor().long()
-    inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+    z, row, col, inside = _pixels(means, extrinsics, intrinsics, (height, width))
     nearest, view = torch.where(inside, z, torch.full_like(z, math.inf)).min(dim=0)  # [N]
     point = torch.arange(len(means))
     row = row[view, point].clamp(0, height - 1)

@@ -497,11 +497,12 @@ def _on_time(
     ``working`` and cap kept; the ``min_steps`` still owed at least, where the time buys them;
     as :func:`budget_fit`), or ``None`` when
     it ends within :data:`REPLAN_TIME_TOLERANCE` of it (unless ``always``) or nothing moves."""
-    time, left = float(settings.time), max(float(settings.time) - seconds, 1e-6)
+    budget_s = float(settings.time)
+    left = max(budget_s - seconds, 1e-6)
     working, cap = budget.working, budget.cap
     cost = lambda steps: _seconds(step_time, schedule(working, steps, cap), steps)  # noqa: E731
     end = seconds + cost(max(0, budget.steps - done))
-    if not always and abs(end - time) <= REPLAN_TIME_TOLERANCE * time:
+    if not always and abs(end - budget_s) <= REPLAN_TIME_TOLERANCE * budget_s:
         return None
     owed, bought = max(1, int(settings.min_steps) - done), max(1, int(left / step_time(working)))
     steps = _largest(min(owed, bought), max(owed, bought + 1), lambda s: cost(s) <= left)
