@@ -174,6 +174,38 @@ def test_mcmc_fit_is_the_same_in_a_larger_frame(capture):
     torch.testing.assert_close(large.opacities, small.opacities, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_mcmc_noise_equals_the_reference(dtype):
+    """``inject_noise`` on a CPU runs one compiled pass; it moves the means as the PyTorch
+    reference does (the same sample drawn), Gaussians below the gate not at all."""
+    from models.pipeline.refine.ops import inject_noise, inject_noise_reference
+    from models.render.cpu import cpu_rasterizer_error
+
+    if cpu_rasterizer_error(dtype) is not None:
+        pytest.skip(f"the compiled CPU library is not usable here: {cpu_rasterizer_error(dtype)}")
+    g = torch.Generator().manual_seed(3)
+    n = 5000
+    params = {
+        "means": torch.randn(n, 3, generator=g, dtype=dtype),
+        # logits from -8 (transparent: moved most) to 4 (opaque: gate below 1e-6, not moved)
+        "opacities": torch.linspace(-8.0, 4.0, n, dtype=dtype),
+        "rotations": torch.randn(n, 4, generator=g, dtype=dtype),
+        "scales": torch.randn(n, 3, generator=g, dtype=dtype) - 2.0,
+    }
+    params["rotations"][0] = 0.0  # a zero quaternion: normalised to zero as F.normalize does
+    compiled = {k: v.clone() for k, v in params.items()}
+    inject_noise(compiled, 0.3, torch.Generator().manual_seed(7))
+    reference = {k: v.clone() for k, v in params.items()}
+    sample = torch.randn((n, 3), generator=torch.Generator().manual_seed(7)).to(dtype)
+    inject_noise_reference(reference, sample, 0.3)
+    moved = reference["means"] - params["means"]
+    assert (moved.abs().sum(-1) > 0).sum() > n // 2 and (moved[-n // 4 :] == 0).all()
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    torch.testing.assert_close(compiled["means"] - params["means"], moved, atol=tol, rtol=tol)
+    for name in ("opacities", "rotations", "scales"):  # only the means move
+        assert torch.equal(compiled[name], params[name])
+
+
 def test_relocation_keeps_the_opacity_of_one_gaussian():
     opacity, scale = relocation(torch.tensor([0.6]), torch.ones(1, 3), torch.tensor([1]))
     assert torch.allclose(opacity, torch.tensor([0.6])) and torch.allclose(scale, torch.ones(1, 3))

@@ -375,6 +375,39 @@ def test_replan_remakes_a_plan_that_would_miss_the_budget():
                   strategy.expected_counts, recent=StepTime(0.106, 0.0)) is None  # fmt: skip
 
 
+def test_replan_moves_the_cap_by_more_than_one_round_of_the_schedule_only():
+    """MCMC's plan puts the cap on its schedule's rounds (5% each): a step time that wavers
+    by a few percent moved the cap one round up and down at every re-plan of a real drone fit
+    (11 announced lines in 8 minutes); the steps absorb such a move instead."""
+    from models.pipeline.refine import MCMCSettings
+
+    settings = RefineSettings(time=100.0, min_steps=1000)
+    strategy = MCMCStrategy(MCMCSettings(), 10**6, 1.0, None, torch.Generator())
+    assert strategy.round_growth == MCMCSettings().growth == 0.05
+    line = StepTime(0.005, 2e-7)
+    planned = budget_fit(line, 10_000, 10**6, settings, strategy.expected_counts)
+    schedule = strategy.expected_counts(planned.working, planned.steps, planned.cap)
+    count = max(n for step, n in schedule if step <= 1000)
+
+    def again(factor: float, round_growth: float):
+        seconds = sum(line.scaled(factor)(n) for n in _counts_per_step(schedule, 1000))
+        return replan(line.scaled(factor), 1000, seconds, count, planned, 10**6, settings,
+                      strategy.expected_counts, round_growth=round_growth)  # fmt: skip
+
+    # 4% cheaper than measured: without the rounds the cap moved one round up
+    assert again(0.96, 0.0).cap == pytest.approx(1.05 * planned.cap, rel=1e-3)
+    kept = again(0.96, strategy.round_growth)
+    assert kept.cap == planned.cap and kept.working == count
+    assert kept.steps > planned.steps and 98.0 <= kept.seconds <= 100.0  # the steps took it
+    # 9% cheaper: two rounds up, taken either way
+    assert again(0.91, strategy.round_growth).cap == pytest.approx(1.1025 * planned.cap, rel=1e-3)
+
+
+def _counts_per_step(schedule: list[tuple[int, int]], steps: int) -> list[int]:
+    """The count at each of the first ``steps`` steps of a ``[(from_step, count)]`` schedule."""
+    return [max(n for start, n in schedule if start <= step) for step in range(steps)]
+
+
 def test_replan_prunes_to_buy_the_owed_steps_but_never_below_keep():
     settings = RefineSettings(time=100.0, min_steps=1000)
     strategy = Strategy(1, None, None)

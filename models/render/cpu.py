@@ -61,6 +61,7 @@ SOURCES = (
     "rasterize_cpu_ops.cpp",
     "project_cpu_kernel.cpp",
     "project_cpu_ops.cpp",
+    "mcmc_cpu_ops.cpp",
 )
 HEADERS = ("rasterize_cpu.h", "project_cpu.h")
 SUPPORTED_DTYPES = (torch.float32, torch.float64)

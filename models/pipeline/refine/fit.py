@@ -459,7 +459,8 @@ def _replan(fit: _Fit, bar) -> None:
     count = ops.count(fit.params)
     planner = fit.strategy.expected_counts
     new = replan(step_time, fit.step, fit.seconds, count, old, fit.ceiling, fit.settings,
-                 planner, fit.keep, fit.step_time.scaled(recent))  # fmt: skip
+                 planner, fit.keep, fit.step_time.scaled(recent),
+                 fit.strategy.round_growth)  # fmt: skip
     if new is None:
         return
     if new.working < count:

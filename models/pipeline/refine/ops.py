@@ -19,6 +19,7 @@ from torch import Tensor
 
 from models.core.gaussians import Gaussians
 from models.geometry.rotations import quaternion_to_matrix
+from models.render.cpu import cpu_rasterizer_error
 
 __all__ = [
     "adam",
@@ -29,6 +30,7 @@ __all__ = [
     "duplicate",
     "gaussians_from_parameters",
     "inject_noise",
+    "inject_noise_reference",
     "keep",
     "load_parameters_state",
     "parameters_from_gaussians",
@@ -307,10 +309,23 @@ def sample_add(
 @torch.no_grad()
 def inject_noise(params: Params, scaler: float, generator: torch.Generator) -> None:
     """Move low-opacity means by noise shaped by their covariance (3DGS-MCMC's SGLD term; means
-    whose gate is below 1e-6 are left out, their noise being below 1e-6 of the others')."""
+    whose gate is below 1e-6 are left out, their noise being below 1e-6 of the others'). On a
+    CPU with the compiled library, one pass (``torch.ops.splatzoo_cpu.mcmc_noise``); else
+    :func:`inject_noise_reference`, which it equals to float rounding."""
+    means = params["means"]
+    sample = torch.randn(means.shape, generator=generator).to(means.device)  # [N, 3]
+    if means.device.type == "cpu" and cpu_rasterizer_error(means.dtype) is None:
+        fields = (params[k].detach().contiguous() for k in ("opacities", "rotations", "scales"))
+        torch.ops.splatzoo_cpu.mcmc_noise(means.detach(), *fields, sample.to(means.dtype), scaler)
+        return
+    inject_noise_reference(params, sample, scaler)
+
+
+@torch.no_grad()
+def inject_noise_reference(params: Params, sample: Tensor, scaler: float) -> None:
+    """:func:`inject_noise` in PyTorch, with its standard normal ``sample`` ``[N, 3]``."""
     opacity = torch.sigmoid(params["opacities"])
     gate = torch.sigmoid(100.0 * ((1.0 - opacity) - 0.995))  # [N]
-    sample = torch.randn(params["means"].shape, generator=generator).to(params["means"].device)
     moved = torch.nonzero(gate > 1e-6)[:, 0]
     if not moved.numel():
         return

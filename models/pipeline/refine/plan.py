@@ -415,7 +415,8 @@ REPLAN_FRACTION = 0.1
 #: all the steps alike.
 REPLAN_MEMORY = 0.8
 #: A re-plan moves the count and the cap only when it prunes or moves the cap by more than
-#: this fraction (its steps: :data:`REPLAN_TIME_TOLERANCE`).
+#: this fraction plus one round of the strategy's schedule (its steps:
+#: :data:`REPLAN_TIME_TOLERANCE`).
 REPLAN_TOLERANCE = 0.05
 #: A plan that would miss the budget by more than this fraction of it, either way, has its
 #: steps corrected (:func:`replan`). (A 5% move of the steps, the rule before, is minutes late
@@ -434,6 +435,7 @@ def replan(
     expected_counts: Callable[..., list[tuple[int, int]]],
     keep: int = 0,
     recent: StepTime | None = None,
+    round_growth: float = 0.0,
 ) -> FitBudget | None:
     """The plan again from step ``done`` after ``seconds`` of fitting with ``count`` Gaussians.
 
@@ -442,7 +444,9 @@ def replan(
     strategy's schedule from step ``done``): the remaining time, the steps still owed (``steps``
     or ``min_steps`` less those done), the count pruned to buy them (never below ``keep`` nor
     :data:`MIN_WORKING`, and not at all once the owed steps are done), taken when it prunes or
-    moves the cap by more than :data:`REPLAN_TOLERANCE`. The steps (unless ``steps`` is set):
+    moves the cap by more than :data:`REPLAN_TOLERANCE` plus ``round_growth`` (one round of the
+    strategy's schedule, on which the cap lands: a step time that wavers by a few percent would
+    move it up and down by one round at every re-plan). The steps (unless ``steps`` is set):
     what the remaining time buys by ``recent`` (the latest steps' time; default ``step_time``),
     set after such a change or when the plan would end more than
     :data:`REPLAN_TIME_TOLERANCE` of the budget away from it (:func:`_on_time`). Expressed for
@@ -470,7 +474,8 @@ def replan(
 
     remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
     structural = remaining.working < count
-    structural |= abs(remaining.cap - budget.cap) > REPLAN_TOLERANCE * budget.cap
+    moved = abs(remaining.cap - budget.cap)
+    structural |= moved > (REPLAN_TOLERANCE + round_growth) * budget.cap
     base = dataclasses.replace(budget, working=int(count))  # the count now, not at the plan
     if structural:
         steps = int(done) + max(1, remaining.steps)

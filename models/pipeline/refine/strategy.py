@@ -36,6 +36,9 @@ class Strategy:
     ``every`` steps."""
 
     every = 100
+    #: The fraction one densification round adds to the count in :meth:`expected_counts`: a
+    #: plan's cap lands on that schedule, so a re-plan moves it by whole rounds.
+    round_growth = 0.0
 
     def __init__(self, cap: int, max_screen_size: float | None, generator: torch.Generator) -> None:
         self.cap = int(cap)
@@ -105,6 +108,7 @@ class MCMCStrategy(Strategy):
         self.settings = settings
         self.every = settings.every
         self.extent = extent
+        self.round_growth = settings.growth
 
     def initialize_state(self) -> dict[str, Any]:
         return {"max_radii": None, "counts": {"relocated": 0, "added": 0, "shrunk": 0}}
