@@ -206,6 +206,31 @@ def test_compiled_mcmc_noise_equals_the_reference(dtype):
         assert torch.equal(compiled[name], params[name])
 
 
+def test_inject_noise_never_builds_the_compiled_library(tmp_path):
+    """A fit rendering with ``backend="torch"`` must not compile anything: ``inject_noise``
+    uses the compiled pass only where the library is already loaded, else the reference."""
+    script = (
+        "import torch\n"
+        "from models.pipeline.refine.ops import inject_noise, inject_noise_reference\n"
+        "from models.render.cpu import cpu_library_loaded\n"
+        "p = {'means': torch.zeros(4, 3), 'opacities': torch.full((4,), -6.0),\n"
+        "     'rotations': torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 4), 'scales': torch.zeros(4, 3)}\n"
+        "q = {k: v.clone() for k, v in p.items()}\n"
+        "inject_noise(p, 0.1, torch.Generator().manual_seed(0))\n"
+        "sample = torch.randn((4, 3), generator=torch.Generator().manual_seed(0))\n"
+        "inject_noise_reference(q, sample, 0.1)\n"
+        "assert not cpu_library_loaded()\n"
+        "assert torch.equal(p['means'], q['means']) and bool(p['means'].abs().sum() > 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT),
+           "TORCH_EXTENSIONS_DIR": str(tmp_path)}  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not any(tmp_path.iterdir())  # nothing was built
+
+
 def test_relocation_keeps_the_opacity_of_one_gaussian():
     opacity, scale = relocation(torch.tensor([0.6]), torch.ones(1, 3), torch.tensor([1]))
     assert torch.allclose(opacity, torch.tensor([0.6])) and torch.allclose(scale, torch.ones(1, 3))

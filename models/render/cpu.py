@@ -49,6 +49,7 @@ from models.render.projection import EPS2D, _per_view, project_views
 __all__ = [
     "CpuRasterizerUnavailable",
     "SUPPORTED_DTYPES",
+    "cpu_library_loaded",
     "cpu_rasterizer_error",
     "project_cpu",
     "rasterize_cpu",
@@ -238,6 +239,13 @@ def _build_error() -> str | None:
     except CpuRasterizerUnavailable as error:
         return str(error)
     return None
+
+
+def cpu_library_loaded(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the compiled library is loaded in this process for ``dtype`` tensors; unlike
+    :func:`cpu_rasterizer_error` it never builds it (for helpers such as the MCMC noise, which a
+    fit rendering with ``backend="torch"`` should not make compile)."""
+    return dtype in SUPPORTED_DTYPES and _loaded()
 
 
 def cpu_rasterizer_error(dtype: torch.dtype = torch.float32) -> str | None:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from models.core.gaussians import Gaussians
 from models.geometry.rotations import quaternion_to_matrix
-from models.render.cpu import cpu_rasterizer_error
+from models.render.cpu import cpu_library_loaded
 
 __all__ = [
     "adam",
@@ -310,11 +310,12 @@ def sample_add(
 def inject_noise(params: Params, scaler: float, generator: torch.Generator) -> None:
     """Move low-opacity means by noise shaped by their covariance (3DGS-MCMC's SGLD term; means
     whose gate is below 1e-6 are left out, their noise being below 1e-6 of the others'). On a
-    CPU with the compiled library, one pass (``torch.ops.splatzoo_cpu.mcmc_noise``); else
-    :func:`inject_noise_reference`, which it equals to float rounding."""
+    CPU where the compiled library is loaded (the ``cpu`` backend rendered), one pass
+    (``torch.ops.splatzoo_cpu.mcmc_noise``); else :func:`inject_noise_reference`, which it
+    equals to float rounding."""
     means = params["means"]
     sample = torch.randn(means.shape, generator=generator).to(means.device)  # [N, 3]
-    if means.device.type == "cpu" and cpu_rasterizer_error(means.dtype) is None:
+    if means.device.type == "cpu" and cpu_library_loaded(means.dtype):
         fields = (params[k].detach().contiguous() for k in ("opacities", "rotations", "scales"))
         torch.ops.splatzoo_cpu.mcmc_noise(means.detach(), *fields, sample.to(means.dtype), scaler)
         return
