@@ -178,11 +178,11 @@ def test_mcmc_fit_is_the_same_in_a_larger_frame(capture):
 def test_compiled_mcmc_noise_equals_the_reference(dtype):
     """``inject_noise`` on a CPU runs one compiled pass; it moves the means as the PyTorch
     reference does (the same sample drawn), Gaussians below the gate not at all."""
-    from models.pipeline.refine.ops import inject_noise, inject_noise_reference
-    from models.render.cpu import cpu_rasterizer_error
+    from test_render import cpu_backend_or_skip
 
-    if cpu_rasterizer_error(dtype) is not None:
-        pytest.skip(f"the compiled CPU library is not usable here: {cpu_rasterizer_error(dtype)}")
+    from models.pipeline.refine.ops import inject_noise, inject_noise_reference
+
+    cpu_backend_or_skip(dtype)  # fails where a toolchain is and the library does not build
     g = torch.Generator().manual_seed(3)
     n = 5000
     params = {

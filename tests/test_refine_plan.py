@@ -31,6 +31,7 @@ from models.pipeline.refine.fit import _working_start as fit_working_start
 from models.pipeline.refine.plan import (
     MIN_WORKING,
     StepTime,
+    _seconds,
     cap_screen_size,
     importance,
     replan,
@@ -390,7 +391,7 @@ def test_replan_moves_the_cap_by_more_than_one_round_of_the_schedule_only():
     count = max(n for step, n in schedule if step <= 1000)
 
     def again(factor: float, round_growth: float):
-        seconds = sum(line.scaled(factor)(n) for n in _counts_per_step(schedule, 1000))
+        seconds = _seconds(line.scaled(factor), schedule, 1000)  # the first 1000 steps
         return replan(line.scaled(factor), 1000, seconds, count, planned, 10**6, settings,
                       strategy.expected_counts, round_growth=round_growth)  # fmt: skip
 
@@ -401,11 +402,6 @@ def test_replan_moves_the_cap_by_more_than_one_round_of_the_schedule_only():
     assert kept.steps > planned.steps and 98.0 <= kept.seconds <= 100.0  # the steps took it
     # 9% cheaper: two rounds up, taken either way
     assert again(0.91, strategy.round_growth).cap == pytest.approx(1.1025 * planned.cap, rel=1e-3)
-
-
-def _counts_per_step(schedule: list[tuple[int, int]], steps: int) -> list[int]:
-    """The count at each of the first ``steps`` steps of a ``[(from_step, count)]`` schedule."""
-    return [max(n for start, n in schedule if start <= step) for step in range(steps)]
 
 
 def test_replan_prunes_to_buy_the_owed_steps_but_never_below_keep():

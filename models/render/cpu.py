@@ -64,7 +64,7 @@ SOURCES = (
     "project_cpu_ops.cpp",
     "mcmc_cpu_ops.cpp",
 )
-HEADERS = ("rasterize_cpu.h", "project_cpu.h")
+HEADERS = ("rasterize_cpu.h", "project_cpu.h", "ops_checks.h")
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _LDFLAGS = ["-fopenmp"]
 # Measured: 21 s on an idle 2-core machine, 25-45 s on a busy one (the project's CPU).

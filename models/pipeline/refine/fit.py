@@ -474,8 +474,8 @@ def _replan(fit: _Fit, bar) -> None:
               "step_seconds": round(step_time(new.working), 4)}  # fmt: skip
     # a small correction upwards (the budget buys a few more steps) is not announced: the fit
     # never does fewer steps than it last said
-    big = abs(new.steps - old.steps) > REPLAN_TOLERANCE * old.steps
-    big |= abs(new.cap - old.cap) > REPLAN_TOLERANCE * old.cap
+    # (a cap that moves at all moved by more than a round: replan's rule)
+    big = abs(new.steps - old.steps) > REPLAN_TOLERANCE * old.steps or new.cap != old.cap
     record["announced"] = bool(record["pruned"]) or new.steps < old.steps or big
     fit.plan.setdefault("replans", []).append(record)
     fit.plan.update(steps=new.steps, cap=new.cap, seconds=round(new.seconds, 2))

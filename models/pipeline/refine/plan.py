@@ -473,9 +473,8 @@ def replan(
         return expected_counts(working, int(done) + steps, cap, int(done))  # from step done
 
     remaining = budget_fit(step_time, count, ceiling, rest, schedule, keep)
-    structural = remaining.working < count
-    moved = abs(remaining.cap - budget.cap)
-    structural |= moved > (REPLAN_TOLERANCE + round_growth) * budget.cap
+    cap_moved = abs(remaining.cap - budget.cap) > (REPLAN_TOLERANCE + round_growth) * budget.cap
+    structural = remaining.working < count or cap_moved
     base = dataclasses.replace(budget, working=int(count))  # the count now, not at the plan
     if structural:
         steps = int(done) + max(1, remaining.steps)

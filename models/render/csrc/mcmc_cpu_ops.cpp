@@ -12,18 +12,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops_checks.h"
+
 namespace {
 
-void check(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t num,
-           int64_t last_dim) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  const bool vector = last_dim > 0;
-  TORCH_CHECK(t.dim() == (vector ? 2 : 1) && t.size(0) == num && (!vector || t.size(1) == last_dim),
-              name, " has shape ", t.sizes(), ", expected [", num,
-              vector ? ", " + std::to_string(last_dim) : std::string(), "]");
-}
+using splatzoo::check_shape;
 
 // Gaussian n: gate = sigmoid(100 ((1 - sigmoid(logit)) - 0.995)), skipped at gate <= 1e-6;
 // step = sample * gate * scaler; means += R diag(exp(2 log_scale)) R^T step, with R the rotation
@@ -71,11 +64,11 @@ void mcmc_noise(at::Tensor means, const at::Tensor& logits, const at::Tensor& qu
   const auto dtype = means.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
               "mcmc_noise supports float32 and float64, got ", dtype);
-  check(means, "means", dtype, num, 3);
-  check(logits, "opacity logits", dtype, num, 0);
-  check(quats, "quaternions", dtype, num, 4);
-  check(log_scales, "log-scales", dtype, num, 3);
-  check(sample, "sample", dtype, num, 3);
+  check_shape(means, "means", dtype, {num, 3});
+  check_shape(logits, "opacity logits", dtype, {num});
+  check_shape(quats, "quaternions", dtype, {num, 4});
+  check_shape(log_scales, "log-scales", dtype, {num, 3});
+  check_shape(sample, "sample", dtype, {num, 3});
   if (dtype == at::kFloat) {
     noise<float>(means.data_ptr<float>(), logits.data_ptr<float>(), quats.data_ptr<float>(),
                  log_scales.data_ptr<float>(), sample.data_ptr<float>(), scaler, num);

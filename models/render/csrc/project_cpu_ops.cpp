@@ -13,18 +13,12 @@
 #include <tuple>
 #include <vector>
 
+#include "ops_checks.h"
 #include "project_cpu.h"
 
 namespace {
 
-void check_shape(const at::Tensor& t, const char* name, at::ScalarType dtype,
-                 std::vector<int64_t> shape) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " has shape ", t.sizes(), ", expected ",
-              at::IntArrayRef(shape));
-}
+using splatzoo::check_shape;
 
 struct Inputs {
   const at::Tensor &means, &scales, &rotations, &opacities, &harmonics, &valid, &view, &centres,
