@@ -231,6 +231,52 @@ def test_inject_noise_never_builds_the_compiled_library(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was built
 
 
+def test_spatial_order_puts_neighbours_next_to_each_other():
+    """A shuffled 16^3 grid in Z-order: a permutation whose consecutive points are near each
+    other, an outlier in the last cell."""
+    from models.pipeline.refine.ops import spatial_order
+
+    axis = torch.arange(16.0)
+    grid = torch.cartesian_prod(axis, axis, axis)  # [4096, 3]
+    shuffled = grid[torch.randperm(len(grid), generator=torch.Generator().manual_seed(0))]
+    shuffled[5] = torch.tensor([1e6, 1e6, 1e6])  # an outlier shares the last cell
+    order = spatial_order(shuffled)
+    assert torch.equal(order.sort().values, torch.arange(len(grid)))
+    steps = (shuffled[order][1:] - shuffled[order][:-1]).norm(dim=-1)
+    random_steps = (shuffled[1:] - shuffled[:-1]).norm(dim=-1)
+    # Z-order: mostly unit and diagonal steps (1.46 on average here; 10.6 shuffled)
+    assert steps[steps < 1e5].mean() < 2.0 and random_steps.mean() > 8.0
+    assert 5 in order[-2:].tolist()  # in the last cell, with the grid point (15, 15, 15)
+    assert spatial_order(torch.zeros(1, 3)).tolist() == [0]
+
+
+def test_reordering_the_fit_moves_rows_with_their_moments_and_renders_the_same(capture):
+    """``ops.keep`` with :func:`spatial_order` (what the fit does every ``REORDER_EVERY`` steps)
+    changes the storage order only: the render, each row's Adam moments and statistics follow."""
+    from models.pipeline.refine import ops
+
+    cameras, intrinsics = capture["extrinsics"], capture["intrinsics"]
+    params, optimizers = ops.parameters_from_gaussians(
+        capture["truth"], 1, dict.fromkeys(ops.NAMES, 0.01)
+    )
+    loss = sum((p * p).sum() for p in params.values())
+    loss.backward()
+    for optimizer in optimizers.values():
+        optimizer.step()
+    state = {"max_radii": torch.arange(float(ops.count(params)))}
+    before = {k: v.detach().clone() for k, v in params.items()}
+    moments = optimizers["means"].state[params["means"]]["exp_avg"].clone()
+    order = ops.spatial_order(params["means"])
+    assert not torch.equal(order, torch.arange(len(order)))
+    ops.keep(params, optimizers, state, order)
+    assert torch.equal(params["scales"].detach(), before["scales"][order])
+    assert torch.equal(optimizers["means"].state[params["means"]]["exp_avg"], moments[order])
+    assert torch.equal(state["max_radii"], order.float())
+    views = [render(g, cameras[None, :2], intrinsics[None, :2], (SIZE, SIZE)).color
+             for g in (ops.gaussians_from_parameters(before), ops.gaussians_from_parameters(params))]  # fmt: skip
+    torch.testing.assert_close(views[1], views[0], atol=1e-6, rtol=0)
+
+
 def test_relocation_keeps_the_opacity_of_one_gaussian():
     opacity, scale = relocation(torch.tensor([0.6]), torch.ones(1, 3), torch.tensor([1]))
     assert torch.allclose(opacity, torch.tensor([0.6])) and torch.allclose(scale, torch.ones(1, 3))

@@ -41,6 +41,7 @@ __all__ = [
     "reset_opacity",
     "sample_add",
     "set_lr",
+    "spatial_order",
     "split",
 ]
 
@@ -172,6 +173,26 @@ def append(params: Params, optimizers: Optimizers, state: dict, extra: Params) -
     """Append ``extra`` rows (every name), zero moments and statistics."""
     new = extra["means"].shape[0]
     _rows(params, optimizers, state, lambda t: t, new, extra)
+
+
+def spatial_order(means: Tensor, bits: int = 10) -> Tensor:
+    """``[N]`` the permutation that puts ``means`` ``[N, 3]`` in Z-order (Morton) along a grid of
+    ``2^bits`` cells an axis over their 1st-99th percentile box (outliers share the edge cells).
+
+    A tile's list then visits Gaussians stored near each other, so the rasteriser reads its
+    fields from cache: about a tenth off a render and its backward pass on a CPU.
+    """
+    means = means.detach().float()
+    if means.shape[0] < 2:
+        return torch.arange(means.shape[0], device=means.device)
+    lo, hi = torch.quantile(means, torch.tensor([0.01, 0.99], device=means.device), dim=0)
+    unit = (means.clamp(lo, hi) - lo) / (hi - lo).clamp_min(1e-12)  # [N, 3] in [0, 1]
+    cells = (unit * ((1 << bits) - 1)).round().long()  # [N, 3]
+    code = torch.zeros(means.shape[0], dtype=torch.long, device=means.device)
+    for bit in range(bits):
+        for axis in range(3):
+            code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
+    return torch.argsort(code, stable=True)
 
 
 def duplicate(params: Params, optimizers: Optimizers, state: dict, mask: Tensor) -> None:

@@ -278,11 +278,13 @@ def _at_count(gaussians: Gaussians, order: Tensor, count: int) -> Gaussians:
     their opacity (as densification adds them: same places, same footprints)."""
     n = int(order.numel())
     if count <= n:
-        return gaussians.map(lambda t: t[:, order[:count]])
-    generator = torch.Generator().manual_seed(0)
-    weights = gaussians.opacities[0].detach().float().cpu().clamp_min(1e-6)
-    extra = torch.multinomial(weights, count - n, replacement=True, generator=generator)
-    index = torch.cat([torch.arange(n), extra]).to(gaussians.means.device)
+        index = order[:count]
+    else:
+        generator = torch.Generator().manual_seed(0)
+        weights = gaussians.opacities[0].detach().float().cpu().clamp_min(1e-6)
+        extra = torch.multinomial(weights, count - n, replacement=True, generator=generator)
+        index = torch.cat([torch.arange(n), extra]).to(gaussians.means.device)
+    index = index[ops.spatial_order(gaussians.means[0, index])]  # stored as the fit stores them
     return gaussians.map(lambda t: t[:, index])
 
 
