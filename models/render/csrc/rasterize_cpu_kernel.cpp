@@ -57,16 +57,12 @@ struct Footprint {
   inline void span(int64_t py, int64_t& x0, int64_t& x1) const {
     const double dy = y - (double(py) + 0.5);
     const double disc = cross * dy * dy + base;
-    if (!(disc >= 0.0)) {
-      x0 = x1 = tx0;
-      return;
-    }
-    const double root = std::sqrt(disc);
+    const double root = std::sqrt(std::max(disc, 0.0));
     // pixel centre u = x - dx with a dx^2 + 2 b dy dx + c dy^2 <= level
     const double u_lo = x - (-b * dy + root) * inv_a, u_hi = x - (-b * dy - root) * inv_a;
     x0 = static_cast<int64_t>(std::clamp(std::floor(u_lo - 0.5) - 1.0, double(box_x0), double(box_x1)));
     x1 = static_cast<int64_t>(std::clamp(std::ceil(u_hi - 0.5) + 2.0, double(box_x0), double(box_x1)));
-    if (x1 < x0) x1 = x0;
+    x1 = disc >= 0.0 ? std::max(x0, x1) : x0;  // no row of the ellipse here (or NaN): empty
   }
 };
 
@@ -132,6 +128,50 @@ inline double min_sigma_over_box(double lo_x, double lo_y, double hi_x, double h
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A tile's list visits slots in depth order, scattered over the arrays: fetching a slot's fields
+// a few entries ahead overlaps those cache misses with the evaluations in between.
+constexpr int64_t kLookahead = 4;
+
+// One lane chunk of a Gaussian's footprint in a tile: its first pixel (tile array index), first
+// column, the span's columns [lo, hi) and the row's dy, all tile-local.
+template <typename T>
+struct ChunkItem {
+  int32_t p;
+  T column, lo, hi, dy;
+};
+
+// A Gaussian's lane chunks in a tile that its span rows meet (rows where `row_alive` is 0
+// skipped; nullptr: none), row-major into `items`; their number. Appended without a branch on
+// the span, so the loop that evaluates them has no branch that waits on an evaluation and
+// consecutive chunks overlap (the loops over rows, then chunks, mispredicted at every exit).
+template <typename T, int W>
+inline int64_t chunk_items(const Footprint<T>& f, T mean_y, int64_t x0, int64_t y0, int64_t stride,
+                           int64_t chunks, const int32_t* row_alive, ChunkItem<T>* items) {
+  int64_t n = 0;
+  for (int64_t py = f.y0; py < f.y1; ++py) {
+    int64_t px0, px1;
+    f.span(py, px0, px1);
+    const bool live = row_alive == nullptr || row_alive[py - y0] != 0;
+    const T dy = mean_y - (static_cast<T>(py) + T(0.5));
+    const int64_t row = (py - y0) * stride;
+    for (int64_t c = 0; c < chunks; ++c) {
+      items[n] = {static_cast<int32_t>(row + c * W), static_cast<T>(c * W),
+                  static_cast<T>(px0 - x0), static_cast<T>(px1 - x0), dy};
+      n += live & (px0 - x0 < (c + 1) * W) & (px1 - x0 > c * W);
+    }
+  }
+  return n;
+}
+template <typename T>
+inline void prefetch_slot(const Splats<T>& s, int64_t slot) {
+  __builtin_prefetch(s.means2d + 2 * slot);
+  __builtin_prefetch(s.conics + 3 * slot);
+  __builtin_prefetch(s.opacities + slot);
+  __builtin_prefetch(s.radii + 2 * slot);
+  __builtin_prefetch(s.colors + 3 * slot);
+  __builtin_prefetch(s.depths + slot);
+}
 
 // ------------------------------------------------------------------------------- SIMD lanes
 // GCC vector extensions: 8 float or 4 double lanes over a tile row (the compiler splits them into
@@ -413,6 +453,7 @@ void rasterize_forward(const Splats<T>& s, const BinsView& bins, T* out, T* t_fi
         acc_z(ts * stride);
     std::vector<I> live(ts * stride);
     std::vector<int32_t> stop(ts * stride), row_alive(ts);
+    std::vector<ChunkItem<T>> items(ts * chunks);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t flat = 0; flat < s.images * tiles; ++flat) {
       const int64_t image = flat / tiles, tile = flat % tiles;
@@ -433,54 +474,53 @@ void rasterize_forward(const Splats<T>& s, const BinsView& bins, T* out, T* t_fi
       const int64_t base = image * s.num;
       for (int64_t k = start; k < end && alive > 0; ++k) {
         const int64_t slot = base + bins.ids[k];
+        if (k + kLookahead < end) prefetch_slot(s, base + bins.ids[k + kLookahead]);
         const Footprint<T> f = footprint(s, slot, x0, x1, y0, y1);
         if (f.empty) continue;
         const Splat<T> g = load_splat(s, slot);
         const T* color = s.colors + 3 * slot;
         const T depth = s.depths[slot];
         const int32_t position = static_cast<int32_t>(k - start);
-        for (int64_t py = f.y0; py < f.y1; ++py) {
-          if (row_alive[py - y0] == 0) continue;
-          int64_t px0, px1;
-          f.span(py, px0, px1);
-          if (px0 >= px1) continue;
-          const T dy = g.y - (static_cast<T>(py) + T(0.5));
+        // The lane chunks of the span rows first, then one flat loop over them: no branch there
+        // depends on an evaluation, so consecutive chunks' evaluations overlap.
+        const int64_t n = chunk_items<T, W>(f, g.y, x0, y0, stride, chunks, row_alive.data(), items.data());
+        for (int64_t i = 0; i < n; ++i) {
+          const ChunkItem<T> item = items[i];
+          const int64_t p = item.p;
+          const V lx = lane_offsets + item.column;  // tile-local columns
+          const T dy = item.dy;
           const T quad_y = g.neg_half_c * dy * dy;
-          for (int64_t c = (px0 - x0) / W; c * W < px1 - x0; ++c) {
-            const int64_t p = (py - y0) * stride + c * W;
-            const V lx = lane_offsets + static_cast<T>(c * W);  // tile-local columns
-            M mask = load<M>(live.data() + p) & (lx >= static_cast<T>(px0 - x0)) &
-                     (lx < static_cast<T>(px1 - x0));
-            if (!any(mask)) continue;
-            const V dx = g.x - ((lx + static_cast<T>(x0)) + T(0.5));
-            const V quad_x = g.neg_half_a * dx * dx;
-            const V cross_x = g.neg_b * dx;
-            const V ns = (quad_y + quad_x) + dy * cross_x;
-            mask &= (ns <= T(0)) & (ns >= f.skip);
-            V alpha = g.opacity * exp_lanes(ns);
-            alpha = alpha < max_alpha ? alpha : V{} + max_alpha;
-            mask &= alpha >= alpha_threshold;
-            const V t = load<V>(trans.data() + p);
-            const V next = t * (T(1) - alpha);
-            const M stops = mask & (next <= t_min);
-            if (any(stops)) {
-              for (int i = 0; i < W; ++i) {
-                if (stops[i]) {
-                  stop[p + i] = position;
-                  live[p + i] = 0;
-                  --alive;
-                  --row_alive[py - y0];
-                }
+          M mask = load<M>(live.data() + p) & (lx >= item.lo) & (lx < item.hi);
+          const V dx = g.x - ((lx + static_cast<T>(x0)) + T(0.5));
+          const V quad_x = g.neg_half_a * dx * dx;
+          const V cross_x = g.neg_b * dx;
+          const V ns = (quad_y + quad_x) + dy * cross_x;
+          mask &= (ns <= T(0)) & (ns >= f.skip);
+          V alpha = g.opacity * exp_lanes(ns);
+          alpha = alpha < max_alpha ? alpha : V{} + max_alpha;
+          mask &= alpha >= alpha_threshold;
+          const V t = load<V>(trans.data() + p);
+          const V next = t * (T(1) - alpha);
+          const M stops = mask & (next <= t_min);
+          if (__builtin_expect(any(stops), 0)) {
+            for (int j = 0; j < W; ++j) {
+              if (stops[j]) {
+                stop[p + j] = position;
+                live[p + j] = 0;
+                --alive;
+                --row_alive[p / stride];
               }
-              mask &= ~stops;
             }
-            const V weight = mask ? alpha * t : V{};
-            store(acc_r.data() + p, load<V>(acc_r.data() + p) + weight * color[0]);
-            store(acc_g.data() + p, load<V>(acc_g.data() + p) + weight * color[1]);
-            store(acc_b.data() + p, load<V>(acc_b.data() + p) + weight * color[2]);
-            store(acc_z.data() + p, load<V>(acc_z.data() + p) + weight * depth);
-            store(trans.data() + p, mask ? next : t);
+            mask &= ~stops;
           }
+          const V weight = alpha * t;
+          const V r = load<V>(acc_r.data() + p), gg = load<V>(acc_g.data() + p);
+          const V b = load<V>(acc_b.data() + p), z = load<V>(acc_z.data() + p);
+          store(acc_r.data() + p, mask ? r + weight * color[0] : r);
+          store(acc_g.data() + p, mask ? gg + weight * color[1] : gg);
+          store(acc_b.data() + p, mask ? b + weight * color[2] : b);
+          store(acc_z.data() + p, mask ? z + weight * depth : z);
+          store(trans.data() + p, mask ? next : t);
         }
       }
       T* image_out = out + image * 5 * plane;
@@ -531,6 +571,7 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
     std::vector<T> trans(size), t_end(size), behind_r(size), behind_g(size), behind_b(size),
         behind_z(size), go_r(size), go_g(size), go_b(size), go_z(size), go_a(size);
     std::vector<I> count(size);
+    std::vector<ChunkItem<T>> items(ts * chunks);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t flat = 0; flat < s.images * tiles; ++flat) {
       const int64_t start = bins.offsets[flat], end = bins.offsets[flat + 1];
@@ -562,6 +603,7 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
       const int64_t base = image * s.num;
       for (int64_t k = start + deepest - 1; k >= start; --k) {
         const int64_t slot = base + bins.ids[k];
+        if (k - kLookahead >= start) prefetch_slot(s, base + bins.ids[k - kLookahead]);
         const Footprint<T> f = footprint(s, slot, x0, x1, y0, y1);
         if (f.empty) continue;
         const Splat<T> g = load_splat(s, slot);
@@ -570,64 +612,58 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
         const T depth = s.depths[slot];
         const I position = static_cast<I>(k - start);
         V v_mx{}, v_my{}, v_ca{}, v_cb{}, v_cc{}, v_r{}, v_g{}, v_b{}, v_o{}, v_z{};
-        for (int64_t py = f.y0; py < f.y1; ++py) {
-          int64_t px0, px1;
-          f.span(py, px0, px1);
-          if (px0 >= px1) continue;
-          const T dy = g.y - (static_cast<T>(py) + T(0.5));
+        const int64_t n = chunk_items<T, W>(f, g.y, x0, y0, stride, chunks, nullptr, items.data());
+        for (int64_t i = 0; i < n; ++i) {
+          const ChunkItem<T> item = items[i];
+          const int64_t p = item.p;
+          const V lx = lane_offsets + item.column;
+          const T dy = item.dy;
           const T quad_y = g.neg_half_c * dy * dy;
-          for (int64_t ch = (px0 - x0) / W; ch * W < px1 - x0; ++ch) {
-            const int64_t p = (py - y0) * stride + ch * W;
-            const V lx = lane_offsets + static_cast<T>(ch * W);
-            // Entries before this pixel's stop only (this also excludes pixels outside).
-            M mask = (load<M>(count.data() + p) > position) &
-                     (lx >= static_cast<T>(px0 - x0)) & (lx < static_cast<T>(px1 - x0));
-            if (!any(mask)) continue;
-            const V dx = g.x - ((lx + static_cast<T>(x0)) + T(0.5));
-            const V quad_x = g.neg_half_a * dx * dx;
-            const V cross_x = g.neg_b * dx;
-            const V ns = (quad_y + quad_x) + dy * cross_x;
-            mask &= (ns <= T(0)) & (ns >= f.skip);
-            const V vis = exp_lanes(ns);
-            const V raw = g.opacity * vis;
-            const V alpha = raw < max_alpha ? raw : V{} + max_alpha;
-            mask &= alpha >= alpha_threshold;
-            if (!any(mask)) continue;
-            const V ra = T(1) / (T(1) - alpha);
-            const V t = load<V>(trans.data() + p);
-            const V t_before = t * ra;
-            const V weight = alpha * t_before;
-            const V gr = load<V>(go_r.data() + p), gg = load<V>(go_g.data() + p);
-            const V gb = load<V>(go_b.data() + p), gz = load<V>(go_z.data() + p);
-            const V ga = load<V>(go_a.data() + p);
-            const V br = load<V>(behind_r.data() + p), bg = load<V>(behind_g.data() + p);
-            const V bb = load<V>(behind_b.data() + p), bz = load<V>(behind_z.data() + p);
-            v_r += mask ? weight * gr : V{};
-            v_g += mask ? weight * gg : V{};
-            v_b += mask ? weight * gb : V{};
-            v_z += mask ? weight * gz : V{};
-            // d out / d alpha: this Gaussian's colour times T, minus what is behind it (and the
-            // final transmittance, for alpha) over 1 - alpha.
-            const V v_alpha = (color[0] * t_before - br * ra) * gr +
-                              (color[1] * t_before - bg * ra) * gg +
-                              (color[2] * t_before - bb * ra) * gb +
-                              (depth * t_before - bz * ra) * gz +
-                              load<V>(t_end.data() + p) * ra * ga;
-            store(behind_r.data() + p, mask ? br + color[0] * weight : br);
-            store(behind_g.data() + p, mask ? bg + color[1] * weight : bg);
-            store(behind_b.data() + p, mask ? bb + color[2] * weight : bb);
-            store(behind_z.data() + p, mask ? bz + depth * weight : bz);
-            store(trans.data() + p, mask ? t_before : t);
-            // Clamped alphas pass no gradient (torch's clamp_max).
-            const M unclamped = mask & (raw < max_alpha);
-            const V v_sigma = unclamped ? -raw * v_alpha : V{};
-            v_ca += T(0.5) * v_sigma * dx * dx;
-            v_cb += v_sigma * dx * dy;
-            v_cc += T(0.5) * v_sigma * dy * dy;
-            v_mx += v_sigma * (a * dx + b * dy);
-            v_my += v_sigma * (b * dx + c * dy);
-            v_o += unclamped ? vis * v_alpha : V{};
-          }
+          // Entries before this pixel's stop only (this also excludes pixels outside).
+          M mask = (load<M>(count.data() + p) > position) & (lx >= item.lo) & (lx < item.hi);
+          const V dx = g.x - ((lx + static_cast<T>(x0)) + T(0.5));
+          const V quad_x = g.neg_half_a * dx * dx;
+          const V cross_x = g.neg_b * dx;
+          const V ns = (quad_y + quad_x) + dy * cross_x;
+          mask &= (ns <= T(0)) & (ns >= f.skip);
+          const V vis = exp_lanes(ns);
+          const V raw = g.opacity * vis;
+          const V alpha = raw < max_alpha ? raw : V{} + max_alpha;
+          mask &= alpha >= alpha_threshold;
+          const V ra = T(1) / (T(1) - alpha);
+          const V t = load<V>(trans.data() + p);
+          const V t_before = t * ra;
+          const V weight = alpha * t_before;
+          const V gr = load<V>(go_r.data() + p), gg = load<V>(go_g.data() + p);
+          const V gb = load<V>(go_b.data() + p), gz = load<V>(go_z.data() + p);
+          const V ga = load<V>(go_a.data() + p);
+          const V br = load<V>(behind_r.data() + p), bg = load<V>(behind_g.data() + p);
+          const V bb = load<V>(behind_b.data() + p), bz = load<V>(behind_z.data() + p);
+          v_r += mask ? weight * gr : V{};
+          v_g += mask ? weight * gg : V{};
+          v_b += mask ? weight * gb : V{};
+          v_z += mask ? weight * gz : V{};
+          // d out / d alpha: this Gaussian's colour times T, minus what is behind it (and the
+          // final transmittance, for alpha) over 1 - alpha.
+          const V v_alpha = (color[0] * t_before - br * ra) * gr +
+                            (color[1] * t_before - bg * ra) * gg +
+                            (color[2] * t_before - bb * ra) * gb +
+                            (depth * t_before - bz * ra) * gz +
+                            load<V>(t_end.data() + p) * ra * ga;
+          store(behind_r.data() + p, mask ? br + color[0] * weight : br);
+          store(behind_g.data() + p, mask ? bg + color[1] * weight : bg);
+          store(behind_b.data() + p, mask ? bb + color[2] * weight : bb);
+          store(behind_z.data() + p, mask ? bz + depth * weight : bz);
+          store(trans.data() + p, mask ? t_before : t);
+          // Clamped alphas pass no gradient (torch's clamp_max).
+          const M unclamped = mask & (raw < max_alpha);
+          const V v_sigma = unclamped ? -raw * v_alpha : V{};
+          v_ca += T(0.5) * v_sigma * dx * dx;
+          v_cb += v_sigma * dx * dy;
+          v_cc += T(0.5) * v_sigma * dy * dy;
+          v_mx += v_sigma * (a * dx + b * dy);
+          v_my += v_sigma * (b * dx + c * dy);
+          v_o += unclamped ? vis * v_alpha : V{};
         }
         double* e = entry.get() + k * kGrads;
         e[0] = hsum(v_mx);
