@@ -277,6 +277,25 @@ def test_reordering_the_fit_moves_rows_with_their_moments_and_renders_the_same(c
     torch.testing.assert_close(views[1], views[0], atol=1e-6, rtol=0)
 
 
+def test_unit_quaternions_are_f_normalize_with_its_gradient():
+    """The fit's quaternion normalisation is ``F.normalize``: values, gradients (a zero
+    quaternion included) and torch's gradcheck in float64."""
+    from models.pipeline.refine.ops import _UnitQuaternions
+
+    q = torch.randn(64, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    q[0] = 0.0
+    grad = torch.randn(64, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    outputs = []
+    for fn in (_UnitQuaternions.apply, lambda t: F.normalize(t, dim=-1)):
+        leaf = q.clone().requires_grad_(True)
+        value = fn(leaf)
+        value.backward(grad)
+        outputs.append((value.detach(), leaf.grad))
+    for ours, theirs in zip(*outputs):
+        torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    assert torch.autograd.gradcheck(_UnitQuaternions.apply, (q[1:9].clone().requires_grad_(True),))
+
+
 def test_relocation_keeps_the_opacity_of_one_gaussian():
     opacity, scale = relocation(torch.tensor([0.6]), torch.ones(1, 3), torch.tensor([1]))
     assert torch.allclose(opacity, torch.tensor([0.6])) and torch.allclose(scale, torch.ones(1, 3))

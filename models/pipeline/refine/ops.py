@@ -88,6 +88,24 @@ def adam(tensors: list[Tensor], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(tensors, lr=lr, eps=1e-15, fused=fused)
 
 
+class _UnitQuaternions(torch.autograd.Function):
+    """``F.normalize(q, dim=-1)`` ``[N, 4]`` (``max(|q|, 1e-12)``) with its gradient in one
+    expression, ``(g - u (u . g)) / |q|``: half the time of F.normalize's autograd graph (norm,
+    clamp, broadcast division: 6.4 against 2.9 ms a step at 134k Gaussians on 2 threads)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor) -> Tensor:
+        inverse = (q * q).sum(-1, keepdim=True).clamp_min(1e-24).rsqrt()  # [N, 1]
+        unit = q * inverse
+        ctx.save_for_backward(unit, inverse)
+        return unit
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        unit, inverse = ctx.saved_tensors
+        return (grad - unit * (unit * grad).sum(-1, keepdim=True)) * inverse
+
+
 def gaussians_from_parameters(params: Params, degree: int | None = None) -> Gaussians:
     """The activated set (a batch of one), SH cut to ``degree`` bands (differentiable)."""
     harmonics = torch.cat([params["sh_dc"], params["sh_rest"]], dim=-1)
@@ -96,7 +114,7 @@ def gaussians_from_parameters(params: Params, degree: int | None = None) -> Gaus
     return Gaussians(
         means=params["means"][None],
         scales=params["scales"].exp()[None],
-        rotations=F.normalize(params["rotations"], dim=-1)[None],
+        rotations=_UnitQuaternions.apply(params["rotations"])[None],
         opacities=torch.sigmoid(params["opacities"])[None],
         harmonics=harmonics[None],
     )
