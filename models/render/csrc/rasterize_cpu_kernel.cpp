@@ -54,7 +54,8 @@ struct Footprint {
   T skip;               // -sigma below this: alpha < 1/255
 
   // Columns [lo[i], hi[i]) worth evaluating of rows py0 + i, i < rows (empty: hi = lo), as
-  // whole numbers. No branch in the loop, so the compiler evaluates four rows at a time.
+  // whole numbers. The loop has no branch (the rows one at a time, each tested, were about 3%
+  // slower a render pass).
   inline void spans(int64_t py0, int64_t rows, double* lo, double* hi) const {
     const double left = double(box_x0), right = double(box_x1);
     for (int64_t i = 0; i < rows; ++i) {
