@@ -70,8 +70,9 @@ Evaluate = Callable[[Gaussians, Tensor], dict[str, float]]
 #: The fit's clock (seconds); a test replaces it to give the steps a known duration.
 clock = time.perf_counter
 #: Steps between putting the Gaussians back in spatial order (:func:`ops.spatial_order`):
-#: densification appends rows and the noise moves means, so the order decays; about 30 ms a
-#: reorder at 130k Gaussians against ~10 ms it saves on every step.
+#: densification appends rows and the noise moves means, so the order decays. In 480 s drone
+#: fits the ~54 reorders added 2.5-3.5 s (counted under ``densify``); a step at 128k Gaussians
+#: is several milliseconds cheaper in that order.
 REORDER_EVERY = 100
 
 
@@ -97,7 +98,8 @@ class RefineResult:
         densify: the strategy's counts (``relocated``/``added`` or ``cloned``/``split``/
             ``pruned``/``resets``; ``shrunk`` by the screen-size cap).
         timings: seconds spent in ``forward`` (render + loss), ``backward``, ``densify`` (the
-            strategy's post-backward hook) and ``optimizer`` over the whole fit.
+            strategy's post-backward hook and the spatial reorder) and ``optimizer`` over the
+            whole fit.
         plan: ``working`` (Gaussians the fit started with), ``cap`` (the densification cap),
             ``steps`` (planned), ``seconds`` (expected), ``step_seconds`` (measured on the start,
             ``None`` without a time budget), ``pruned`` (by the budget), ``shrunk`` (by the

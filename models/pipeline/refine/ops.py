@@ -197,13 +197,15 @@ def spatial_order(means: Tensor, bits: int = 10) -> Tensor:
     """``[N]`` the permutation that puts ``means`` ``[N, 3]`` in Z-order (Morton) along a grid of
     ``2^bits`` cells an axis over their 1st-99th percentile box (outliers share the edge cells).
 
-    A tile's list then visits Gaussians stored near each other, so the rasteriser reads its
-    fields from cache: about a tenth off a render and its backward pass on a CPU.
+    A tile's list then visits Gaussians stored near each other: the compiled CPU rasteriser's
+    forward and backward passes took about a tenth less time on a 128k-Gaussian drone fit.
     """
     means = means.detach().float()
-    if means.shape[0] < 2:
-        return torch.arange(means.shape[0], device=means.device)
-    lo, hi = torch.quantile(means, torch.tensor([0.01, 0.99], device=means.device), dim=0)
+    n = means.shape[0]
+    if n < 2:
+        return torch.arange(n, device=means.device)
+    ranked = means.sort(dim=0).values  # [N, 3] (torch.quantile refuses over 16M entries)
+    lo, hi = ranked[int(0.01 * (n - 1))], ranked[int(0.99 * (n - 1))]
     unit = (means.clamp(lo, hi) - lo) / (hi - lo).clamp_min(1e-12)  # [N, 3] in [0, 1]
     cells = (unit * ((1 << bits) - 1)).round().long()  # [N, 3]
     code = torch.zeros(means.shape[0], dtype=torch.long, device=means.device)
