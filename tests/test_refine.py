@@ -251,8 +251,8 @@ def test_spatial_order_puts_neighbours_next_to_each_other():
 
 
 def test_reordering_the_fit_moves_rows_with_their_moments_and_renders_the_same(capture):
-    """``ops.keep`` with :func:`spatial_order` (what the fit does every ``REORDER_EVERY`` steps)
-    changes the storage order only: the render, each row's Adam moments and statistics follow."""
+    """``ops.sort_spatially`` (what the fit does every ``REORDER_EVERY`` steps) changes the
+    storage order only: the render, each row's Adam moments and statistics follow."""
     from models.pipeline.refine import ops
 
     cameras, intrinsics = capture["extrinsics"], capture["intrinsics"]
@@ -268,7 +268,7 @@ def test_reordering_the_fit_moves_rows_with_their_moments_and_renders_the_same(c
     moments = optimizers["means"].state[params["means"]]["exp_avg"].clone()
     order = ops.spatial_order(params["means"])
     assert not torch.equal(order, torch.arange(len(order)))
-    ops.keep(params, optimizers, state, order)
+    ops.sort_spatially(params, optimizers, state)
     assert torch.equal(params["scales"].detach(), before["scales"][order])
     assert torch.equal(optimizers["means"].state[params["means"]]["exp_avg"], moments[order])
     assert torch.equal(state["max_radii"], order.float())

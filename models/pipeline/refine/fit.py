@@ -191,7 +191,7 @@ class _Fit:
             "sh_rest": s.lr_sh / 20.0,
         }
         self.params, self.optimizers = ops.parameters_from_gaussians(start, degree, self.lrs)
-        ops.keep(self.params, self.optimizers, {}, ops.spatial_order(self.params["means"]))
+        ops.sort_spatially(self.params, self.optimizers, {})
         self.sh_degree = degree
         self.generator = torch.Generator(device="cpu").manual_seed(int(s.seed))
         limit = screen_limit(s.max_screen_fraction, self.shape)
@@ -368,7 +368,7 @@ def _step(fit: _Fit, background: Tensor) -> float | None:
     info["progress"] = fit.progress()
     fit.strategy.step_post_backward(fit.params, fit.optimizers, fit.state, fit.step, info)
     if fit.step % REORDER_EVERY == 0:
-        ops.keep(fit.params, fit.optimizers, fit.state, ops.spatial_order(fit.params["means"]))
+        ops.sort_spatially(fit.params, fit.optimizers, fit.state)
     t4 = timer()
     fit.seconds += t4 - t0
     if fit.step > 1 and fit.step_time is not None:  # the first step warms up: not counted

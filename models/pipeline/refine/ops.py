@@ -41,6 +41,7 @@ __all__ = [
     "reset_opacity",
     "sample_add",
     "set_lr",
+    "sort_spatially",
     "spatial_order",
     "split",
 ]
@@ -213,6 +214,11 @@ def spatial_order(means: Tensor, bits: int = 10) -> Tensor:
         for axis in range(3):
             code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
     return torch.argsort(code, stable=True)
+
+
+def sort_spatially(params: Params, optimizers: Optimizers, state: dict) -> None:
+    """Store the rows in :func:`spatial_order` of their means (moments and statistics follow)."""
+    keep(params, optimizers, state, spatial_order(params["means"]))
 
 
 def duplicate(params: Params, optimizers: Optimizers, state: dict, mask: Tensor) -> None:

@@ -49,7 +49,6 @@ struct Footprint {
   double x, y, a, b, c;  // mean (pixels) and conic in double
   double level;         // 2 * (ln(255 o) + margin)
   double inv_a, cross, base;  // 1 / a, b^2 - a c, a * level
-  int64_t tx0, tx1;     // the tile's columns [tx0, tx1)
   int64_t box_x0, box_x1;
   T skip;               // -sigma below this: alpha < 1/255
 
@@ -81,8 +80,6 @@ inline Footprint<T> footprint(const Splats<T>& s, int64_t slot, int64_t tx0, int
   f.a = s.conics[3 * slot];
   f.b = s.conics[3 * slot + 1];
   f.c = s.conics[3 * slot + 2];
-  f.tx0 = tx0;
-  f.tx1 = tx1;
   const double opacity = s.opacities[slot];
   const double rx = s.radii[2 * slot], ry = s.radii[2 * slot + 1];
   auto lo = [](double v, int64_t a, int64_t b) {
@@ -491,10 +488,8 @@ void rasterize_forward(const Splats<T>& s, const BinsView& bins, T* out, T* t_fi
         const T* color = s.colors + 3 * slot;
         const T depth = s.depths[slot];
         const int32_t position = static_cast<int32_t>(k - start);
-        // The lane chunks of the span rows first, then one flat loop over them: no branch there
-        // depends on an evaluation, so consecutive chunks' evaluations overlap.
-        const int64_t n = chunk_items<T, W>(f, g.y, x0, y0, stride, chunks, row_alive.data(), span_lo.data(),
-                                              span_hi.data(), items.data());
+        const int64_t n = chunk_items<T, W>(f, g.y, x0, y0, stride, chunks, row_alive.data(),
+                                            span_lo.data(), span_hi.data(), items.data());
         for (int64_t i = 0; i < n; ++i) {
           const ChunkItem<T> item = items[i];
           const int64_t p = item.p;
@@ -624,8 +619,8 @@ void rasterize_backward(const Splats<T>& s, const BinsView& bins, const T* t_fin
         const T depth = s.depths[slot];
         const I position = static_cast<I>(k - start);
         V v_mx{}, v_my{}, v_ca{}, v_cb{}, v_cc{}, v_r{}, v_g{}, v_b{}, v_o{}, v_z{};
-        const int64_t n = chunk_items<T, W>(f, g.y, x0, y0, stride, chunks, nullptr, span_lo.data(),
-                                              span_hi.data(), items.data());
+        const int64_t n = chunk_items<T, W>(f, g.y, x0, y0, stride, chunks, nullptr,
+                                            span_lo.data(), span_hi.data(), items.data());
         for (int64_t i = 0; i < n; ++i) {
           const ChunkItem<T> item = items[i];
           const int64_t p = item.p;
