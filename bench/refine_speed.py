@@ -7,12 +7,15 @@ every 8th photo left out), started from its SfM points (``refine_init=sfm``) or 
 (a set in the capture's frame, e.g. the ``gaussians.ply`` of an ``infer.py`` run on it: the step
 time at the counts a fit reaches), fitted at
 ``--size`` pixels on the long side for ``--steps`` steps per backend after ``--warmup`` untimed
-ones, with MCMC densification every 10 steps so that the densify column is not empty. It prints
+ones, with MCMC densification every 10 steps so that the densify column is not empty, and one SH
+band more every ``--sh-degree-every`` steps (default 1: the set's full degree from the third
+step, as a fit runs most of its steps; until 6 Dec 2026 the bench kept the fit's 250, so its
+short runs timed degree 0 only: ``--sh-degree-every 250`` gives those figures). It prints
 a Markdown table of milliseconds per step; the load average is printed beside it (the machine
 may be shared).
 
     python bench/refine_speed.py [--photos DIR] [--ply PATH] [--backends cpu,torch] [--steps 30]
-        [--size 240] [--threads N]
+        [--size 240] [--threads N] [--sh-degree-every 1]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def time_backend(gaussians, images, extrinsics, intrinsics, backend: str, args) 
         densify="mcmc",
         mcmc=MCMCSettings(start=0, every=10, growth=0.02),
         max_gaussians=int(gaussians.num_slots * 1.2),
+        sh_degree_every=args.sh_degree_every,
     )
     warm = refine_gaussians(
         gaussians,
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--size", type=int, default=240)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--sh-degree-every", type=int, default=1)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -106,7 +111,7 @@ def main() -> None:
     print(
         f"refinement step, {args.photos.name}: {len(train)} photos at {width}x{height}, "
         f"~{any_row['gaussians']} Gaussians ({'SfM start' if args.ply is None else args.ply.name}, "
-        f"SH {start.sh_degree}), {args.steps} steps, "
+        f"SH {start.sh_degree}, a band more every {args.sh_degree_every} steps), {args.steps} steps, "
         f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
     )
     print()
