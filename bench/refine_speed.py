@@ -8,8 +8,8 @@ every 8th photo left out), started from its SfM points (``refine_init=sfm``) or 
 time at the counts a fit reaches), fitted at
 ``--size`` pixels on the long side for ``--steps`` steps per backend after ``--warmup`` untimed
 ones, with MCMC densification every 10 steps so that the densify column is not empty, and one SH
-band more every ``--sh-degree-every`` steps (default 1: the set's full degree from the third
-step, as a fit runs most of its steps; until 6 Dec 2026 the bench kept the fit's 250, so its
+band more every ``--sh-degree-every`` steps (default 1: the set's full degree from each run's
+fourth step on, as a fit runs most of its steps; until 6 Dec 2026 the bench kept the fit's 250, so its
 short runs timed degree 0 only: ``--sh-degree-every 250`` gives those figures). It prints
 a Markdown table of milliseconds per step; the load average is printed beside it (the machine
 may be shared).
