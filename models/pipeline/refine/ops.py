@@ -205,8 +205,10 @@ def spatial_order(means: Tensor, bits: int = 10) -> Tensor:
     n = means.shape[0]
     if n < 2:
         return torch.arange(n, device=means.device)
-    ranked = means.sort(dim=0).values  # [N, 3] (torch.quantile refuses over 16M entries)
-    lo, hi = ranked[int(0.01 * (n - 1))], ranked[int(0.99 * (n - 1))]
+    # [3] each: order statistics by selection, not a sort of [N, 3] (4x cheaper at 130k;
+    # torch.quantile refuses over 16M entries)
+    lo = means.kthvalue(int(0.01 * (n - 1)) + 1, dim=0).values
+    hi = means.kthvalue(int(0.99 * (n - 1)) + 1, dim=0).values
     unit = (means.clamp(lo, hi) - lo) / (hi - lo).clamp_min(1e-12)  # [N, 3] in [0, 1]
     cells = (unit * ((1 << bits) - 1)).round().long()  # [N, 3]
     code = torch.zeros(means.shape[0], dtype=torch.long, device=means.device)
